@@ -1,0 +1,687 @@
+//! `PYTORCH_CUDA_ALLOC_CONF` / `PYTORCH_ALLOC_CONF`, parsed as PyTorch 2.11 parses it.
+//!
+//! PyTorch runs two parsers over the same string: the device-generic one
+//! (`c10/core/AllocatorConfig.cpp`), which skips keys it does not know, then the CUDA one
+//! (`c10/cuda/CUDAAllocatorConfig.cpp`), which rejects keys neither knows. Both work on
+//! the same token stream: keys, values and the single characters `,` `:` `[` `]`, with
+//! whitespace dropped. Error texts below are PyTorch's own where PyTorch checks a value.
+
+use std::fmt;
+
+/// 1 MiB, PyTorch's "MB" in option names.
+pub const MIB: u64 = 1 << 20;
+/// Every block size is a multiple of this, and at least this.
+pub const MIN_BLOCK_BYTES: u64 = 512;
+/// Largest (rounded) request served from the small pool, inclusive.
+pub const SMALL_SIZE_BYTES: u64 = MIB;
+/// Size of a small-pool segment; the small-pool page of expandable segments.
+pub const SMALL_BUFFER_BYTES: u64 = 2 * MIB;
+/// Large requests below this get a `large_segment_size` segment.
+pub const MIN_LARGE_ALLOC_BYTES: u64 = 10 * MIB;
+/// Default large segment size (`kLargeBuffer`).
+pub const LARGE_BUFFER_BYTES: u64 = 20 * MIB;
+/// Large requests of 10 MiB and more get a segment rounded up to a multiple of this.
+pub const ROUND_LARGE_BYTES: u64 = 2 * MIB;
+/// Number of power-of-two intervals (1 MiB .. 64 GiB) of `roundup_power2_divisions`.
+pub const ROUNDUP_INTERVALS: usize = 16;
+
+/// The settings of PyTorch's native caching allocator that change what it does with
+/// bytes. Host (pinned) allocator keys are parsed and validated but have no field here.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachingConfig {
+    /// Blocks of at least this size are never split (`max_split_size_mb`);
+    /// `u64::MAX` = unlimited, the default.
+    pub max_split_size_bytes: u64,
+    /// An oversize request may take a cached oversize block at most this much larger
+    /// (`max_non_split_rounding_mb`, default 20 MiB).
+    pub max_non_split_rounding_bytes: u64,
+    /// Divisions per power-of-two interval, index `i` covering `[2^(20+i), 2^(21+i))`
+    /// bytes (index 0 also everything below, index 15 everything above); 0 or 1 = off.
+    pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
+    /// Fraction of the memory limit above which cached whole segments are freed by age
+    /// (`garbage_collection_threshold`); 0 = off. Needs a memory limit to take effect.
+    pub garbage_collection_threshold: f64,
+    /// One growing virtual segment per stream and pool (`expandable_segments:True`).
+    pub expandable_segments: bool,
+    /// Segment size for 1–10 MiB requests and large-pool page of expandable segments
+    /// (`large_segment_size_mb`, default 20 MiB).
+    pub large_segment_size_bytes: u64,
+    /// `per_process_memory_fraction` from the string (1.0 = no limit), applied when the
+    /// allocator is created; an explicit [`MemoryLimit`] overrides it.
+    pub per_process_memory_fraction: f64,
+    /// `release_lock_on_cudamalloc`: only changes multi-threaded interleaving, kept for
+    /// completeness.
+    pub release_lock_on_cudamalloc: bool,
+    /// `backend:cudaMallocAsync` was asked for; this policy models only `native`.
+    pub backend_cuda_malloc_async: bool,
+    /// The limit on reserved bytes (`torch.cuda.set_per_process_memory_fraction`).
+    pub memory_limit: MemoryLimit,
+}
+
+impl Default for CachingConfig {
+    fn default() -> Self {
+        CachingConfig {
+            max_split_size_bytes: u64::MAX,
+            max_non_split_rounding_bytes: LARGE_BUFFER_BYTES,
+            roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
+            garbage_collection_threshold: 0.0,
+            expandable_segments: false,
+            large_segment_size_bytes: LARGE_BUFFER_BYTES,
+            per_process_memory_fraction: 1.0,
+            release_lock_on_cudamalloc: false,
+            backend_cuda_malloc_async: false,
+            memory_limit: MemoryLimit::FromConfig,
+        }
+    }
+}
+
+/// How the per-process limit on reserved bytes is set.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MemoryLimit {
+    /// Whatever `per_process_memory_fraction` in the config string says (default: none).
+    FromConfig,
+    /// `torch.cuda.set_per_process_memory_fraction(f)`: the limit is
+    /// `floor(f × total_bytes)` computed in IEEE double, as PyTorch does; 1.0 = none.
+    Fraction(f64),
+    /// An exact limit in bytes.
+    Bytes(u64),
+}
+
+impl CachingConfig {
+    /// Parses a `PYTORCH_CUDA_ALLOC_CONF` string on top of the defaults.
+    ///
+    /// # Errors
+    /// The first problem PyTorch would raise, with PyTorch's message where it has one.
+    pub fn from_alloc_conf(conf: &str) -> Result<CachingConfig, AllocConfError> {
+        let mut config = CachingConfig::default();
+        config.apply_alloc_conf(conf)?;
+        Ok(config)
+    }
+
+    /// Applies a `PYTORCH_CUDA_ALLOC_CONF` string, as
+    /// `torch.cuda.memory._set_allocator_settings` does: `max_split_size_mb`,
+    /// `roundup_power2_divisions` and `garbage_collection_threshold` go back to their
+    /// defaults first, other settings keep their value unless the string sets them.
+    ///
+    /// # Errors
+    /// See [`CachingConfig::from_alloc_conf`]. On error `self` is unchanged.
+    pub fn apply_alloc_conf(&mut self, conf: &str) -> Result<(), AllocConfError> {
+        let tokens = Tokens::new(conf);
+        let mut next = self.clone();
+        next.parse_common(&tokens)?;
+        next.parse_cuda(&tokens)?;
+        *self = next;
+        Ok(())
+    }
+
+    /// The limit on total reserved bytes for a device of `total_bytes`, if any.
+    pub fn allowed_bytes(&self, total_bytes: u64) -> Option<u64> {
+        let fraction = match self.memory_limit {
+            MemoryLimit::Bytes(bytes) => return Some(bytes),
+            MemoryLimit::Fraction(f) => f,
+            MemoryLimit::FromConfig => self.per_process_memory_fraction,
+        };
+        // PyTorch: `allowed_memory_maximum = static_cast<size_t>(fraction * total)`,
+        // set only for a fraction below 1.
+        (fraction < 1.0).then(|| (fraction * total_bytes as f64) as u64)
+    }
+
+    /// Divisions for a (rounded-to-be) size, PyTorch's `roundup_power2_divisions(size)`.
+    pub fn divisions_for(&self, size: u64) -> u64 {
+        let log_size = 63 - u64::from(size.max(1).leading_zeros());
+        let index = (log_size.saturating_sub(20) as usize).min(ROUNDUP_INTERVALS - 1);
+        self.roundup_power2_divisions[index]
+    }
+
+    /// Renders the settings that differ from the defaults back into
+    /// `PYTORCH_CUDA_ALLOC_CONF` syntax (for labels and reports).
+    pub fn to_alloc_conf(&self) -> String {
+        let defaults = CachingConfig::default();
+        let mut parts = Vec::new();
+        if self.max_split_size_bytes != defaults.max_split_size_bytes {
+            parts.push(format!("max_split_size_mb:{}", self.max_split_size_bytes / MIB));
+        }
+        if self.max_non_split_rounding_bytes != defaults.max_non_split_rounding_bytes {
+            parts.push(format!(
+                "max_non_split_rounding_mb:{}",
+                self.max_non_split_rounding_bytes / MIB
+            ));
+        }
+        if self.roundup_power2_divisions != defaults.roundup_power2_divisions {
+            let d = &self.roundup_power2_divisions;
+            if d.iter().all(|&x| x == d[0]) {
+                parts.push(format!("roundup_power2_divisions:{}", d[0]));
+            } else {
+                let list: Vec<String> = d
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| format!("{}:{}", 1u64 << i, v))
+                    .collect();
+                parts.push(format!("roundup_power2_divisions:[{}]", list.join(",")));
+            }
+        }
+        if self.garbage_collection_threshold != 0.0 {
+            parts.push(format!(
+                "garbage_collection_threshold:{}",
+                self.garbage_collection_threshold
+            ));
+        }
+        if self.expandable_segments {
+            parts.push("expandable_segments:True".to_string());
+        }
+        if self.large_segment_size_bytes != defaults.large_segment_size_bytes {
+            parts.push(format!(
+                "large_segment_size_mb:{}",
+                self.large_segment_size_bytes / MIB
+            ));
+        }
+        if self.per_process_memory_fraction != 1.0 {
+            parts.push(format!(
+                "per_process_memory_fraction:{}",
+                self.per_process_memory_fraction
+            ));
+        }
+        parts.join(",")
+    }
+
+    /// `AcceleratorAllocatorConfig::parseArgs`: the device-generic keys; unknown keys are
+    /// skipped here and rejected by [`CachingConfig::parse_cuda`].
+    fn parse_common(&mut self, t: &Tokens) -> Result<(), AllocConfError> {
+        // Reset on every (re)parse, as PyTorch does.
+        self.max_split_size_bytes = u64::MAX;
+        self.roundup_power2_divisions = [0; ROUNDUP_INTERVALS];
+        self.garbage_collection_threshold = 0.0;
+        self.max_non_split_rounding_bytes = self.large_segment_size_bytes;
+        let mut rounding_set = false;
+        let mut i = 0;
+        while i < t.len() {
+            let key = t.get(i)?;
+            i = match key {
+                "max_split_size_mb" => {
+                    t.expect(i + 1, ":")?;
+                    let mb = t.to_size(i + 2)?;
+                    let min_mb = self.large_segment_size_bytes / MIB;
+                    if mb < min_mb {
+                        return Err(AllocConfError::new(format!(
+                            "CachingAllocator option max_split_size_mb too small, must be >= {min_mb}"
+                        )));
+                    }
+                    self.max_split_size_bytes = mb.min(u64::MAX / MIB) * MIB;
+                    i + 2
+                }
+                "max_non_split_rounding_mb" => {
+                    t.expect(i + 1, ":")?;
+                    let mb = t.to_size(i + 2)?;
+                    let min_mb = LARGE_BUFFER_BYTES / MIB;
+                    if mb < min_mb {
+                        return Err(AllocConfError::new(format!(
+                            "CachingAllocator option max_non_split_rounding_mb too small, must be >= {min_mb}"
+                        )));
+                    }
+                    self.max_non_split_rounding_bytes = mb.min(u64::MAX / MIB) * MIB;
+                    rounding_set = true;
+                    i + 2
+                }
+                "large_segment_size_mb" => {
+                    t.expect(i + 1, ":")?;
+                    let mb = t.to_size(i + 2)?;
+                    if mb <= MIN_LARGE_ALLOC_BYTES / MIB || mb > u64::MAX / MIB {
+                        return Err(AllocConfError::new(format!(
+                            "CachingAllocator option large_segment_size_mb must be > {}, got {mb}",
+                            MIN_LARGE_ALLOC_BYTES / MIB
+                        )));
+                    }
+                    self.large_segment_size_bytes = mb * MIB;
+                    if !rounding_set {
+                        // The oversize tolerance defaults to the large segment size.
+                        self.max_non_split_rounding_bytes = self.large_segment_size_bytes;
+                    }
+                    i + 2
+                }
+                "garbage_collection_threshold" => {
+                    t.expect(i + 1, ":")?;
+                    let v = t.to_double(i + 2)?;
+                    if !(v > 0.0 && v < 1.0) {
+                        return Err(AllocConfError::new(
+                            "garbage_collect_threshold is invalid, set it in (0.0, 1.0)",
+                        ));
+                    }
+                    self.garbage_collection_threshold = v;
+                    i + 2
+                }
+                "roundup_power2_divisions" => self.parse_roundup(t, i)?,
+                "expandable_segments" => {
+                    t.expect(i + 1, ":")?;
+                    self.expandable_segments = t.to_bool(i + 2)?;
+                    i + 2
+                }
+                "pinned_use_background_threads" => {
+                    t.expect(i + 1, ":")?;
+                    t.to_bool(i + 2)?;
+                    i + 2
+                }
+                _ => t.skip_key(i)?,
+            };
+            if i + 1 < t.len() {
+                i += 1;
+                t.expect(i, ",")?;
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// The `roundup_power2_divisions` value: a single power of two, or a list
+    /// `[K1:D1,K2:D2,...,>:Dn]` of MiB interval starts.
+    fn parse_roundup(&mut self, t: &Tokens, key_index: usize) -> Result<usize, AllocConfError> {
+        t.expect(key_index + 1, ":")?;
+        let mut i = key_index + 2;
+        let table = &mut self.roundup_power2_divisions;
+        if t.get(i)? == "[" {
+            let mut first_value = true;
+            let mut last_index = 0usize;
+            loop {
+                i += 1;
+                if i >= t.len() {
+                    return Err(AllocConfError::new(
+                        "Expected closing bracket ']' in ConfigTokenizer but reached end of config",
+                    ));
+                }
+                if t.get(i)? == "]" {
+                    break;
+                }
+                let value_index = i;
+                t.expect(i + 1, ":")?;
+                i += 2;
+                let value = t.to_size(i)?;
+                if !(value == 0 || value.is_power_of_two()) {
+                    return Err(AllocConfError::new(
+                        "For roundups, the divisions has to be power of 2 or 0 to disable roundup ",
+                    ));
+                }
+                if t.get(value_index)? == ">" {
+                    for slot in table.iter_mut().skip(last_index + 1) {
+                        *slot = value;
+                    }
+                } else {
+                    let boundary = t.to_size(value_index)?;
+                    if !boundary.is_power_of_two() {
+                        return Err(AllocConfError::new(
+                            "For roundups, the intervals have to be power of 2 ",
+                        ));
+                    }
+                    let index = (63 - boundary.leading_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
+                    if first_value {
+                        for slot in table.iter_mut().take(index) {
+                            *slot = value;
+                        }
+                        first_value = false;
+                    }
+                    table[index] = value;
+                    last_index = index;
+                }
+                if t.get(i + 1)? != "]" {
+                    i += 1;
+                    t.expect(i, ",")?;
+                }
+            }
+            Ok(i)
+        } else {
+            let value = t.to_size(i)?;
+            if !value.is_power_of_two() {
+                return Err(AllocConfError::new(
+                    "For roundups, the divisions has to be power of 2 ",
+                ));
+            }
+            *table = [value; ROUNDUP_INTERVALS];
+            Ok(i)
+        }
+    }
+
+    /// `CUDAAllocatorConfig::parseArgs`: the CUDA-specific keys; every other key must be
+    /// one the device-generic parser knows.
+    fn parse_cuda(&mut self, t: &Tokens) -> Result<(), AllocConfError> {
+        let mut i = 0;
+        while i < t.len() {
+            let key = t.get(i)?;
+            i = match key {
+                "backend" => {
+                    t.expect(i + 1, ":")?;
+                    let value = t.get(i + 2)?;
+                    if value != "native" && value != "cudaMallocAsync" {
+                        return Err(AllocConfError::new(
+                            "Unknown allocator backend, options are native and cudaMallocAsync",
+                        ));
+                    }
+                    self.backend_cuda_malloc_async = value == "cudaMallocAsync";
+                    i + 2
+                }
+                "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => {
+                    t.expect(i + 1, ":")?;
+                    self.release_lock_on_cudamalloc = t.to_bool(i + 2)?;
+                    i + 2
+                }
+                "pinned_use_cuda_host_register"
+                | "pinned_use_hip_host_register"
+                | "graph_capture_record_stream_reuse" => {
+                    t.expect(i + 1, ":")?;
+                    t.to_bool(i + 2)?;
+                    i + 2
+                }
+                "pinned_num_register_threads" => {
+                    t.expect(i + 1, ":")?;
+                    let n = t.to_size(i + 2)?;
+                    if !n.is_power_of_two() {
+                        return Err(AllocConfError::new(format!(
+                            "Number of register threads has to be power of 2, got {n}"
+                        )));
+                    }
+                    if n > 128 {
+                        return Err(AllocConfError::new(format!(
+                            "Number of register threads should be less than or equal to 128, got {n}"
+                        )));
+                    }
+                    i + 2
+                }
+                "pinned_reserve_segment_size_mb" => {
+                    t.expect(i + 1, ":")?;
+                    if t.to_size(i + 2)? == 0 {
+                        return Err(AllocConfError::new(
+                            "Pinned reserve segment size has to be greater than 0",
+                        ));
+                    }
+                    i + 2
+                }
+                "per_process_memory_fraction" => {
+                    t.expect(i + 1, ":")?;
+                    let v = t.to_double(i + 2)?;
+                    if !(0.0..=1.0).contains(&v) {
+                        return Err(AllocConfError::new(
+                            "per_process_memory_fraction is invalid, set it in [0.0, 1.0]",
+                        ));
+                    }
+                    self.per_process_memory_fraction = v;
+                    i + 2
+                }
+                _ if COMMON_KEYS.contains(&key) => t.skip_key(i)?,
+                _ => {
+                    return Err(AllocConfError::new(format!(
+                        "Unrecognized key '{key}' in CUDA allocator config."
+                    )))
+                }
+            };
+            if i + 1 < t.len() {
+                i += 1;
+                t.expect(i, ",")?;
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Keys of the device-generic parser, accepted (and skipped) by the CUDA one.
+const COMMON_KEYS: &[&str] = &[
+    "max_split_size_mb",
+    "max_non_split_rounding_mb",
+    "garbage_collection_threshold",
+    "roundup_power2_divisions",
+    "expandable_segments",
+    "pinned_use_background_threads",
+    "large_segment_size_mb",
+];
+
+/// A configuration string PyTorch would refuse, with PyTorch's message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct AllocConfError {
+    message: String,
+}
+
+impl AllocConfError {
+    fn new(message: impl Into<String>) -> AllocConfError {
+        AllocConfError {
+            message: message.into(),
+        }
+    }
+}
+
+/// PyTorch's `ConfigTokenizer`.
+struct Tokens {
+    tokens: Vec<String>,
+}
+
+impl Tokens {
+    fn new(conf: &str) -> Tokens {
+        let mut tokens = Vec::new();
+        let mut buffer = String::new();
+        for ch in conf.chars() {
+            if matches!(ch, ',' | ':' | '[' | ']') {
+                if !buffer.is_empty() {
+                    tokens.push(std::mem::take(&mut buffer));
+                }
+                tokens.push(ch.to_string());
+            } else if !ch.is_ascii_whitespace() {
+                buffer.push(ch);
+            }
+        }
+        if !buffer.is_empty() {
+            tokens.push(buffer);
+        }
+        Tokens { tokens }
+    }
+
+    fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    fn get(&self, i: usize) -> Result<&str, AllocConfError> {
+        self.tokens
+            .get(i)
+            .map(String::as_str)
+            .ok_or_else(|| AllocConfError::new("Index out of bounds in ConfigTokenizer"))
+    }
+
+    fn expect(&self, i: usize, token: &str) -> Result<(), AllocConfError> {
+        let got = self.get(i)?;
+        if got == token {
+            Ok(())
+        } else {
+            Err(AllocConfError::new(format!(
+                "Expected '{token}' at index {i} in ConfigTokenizer but got '{got}'"
+            )))
+        }
+    }
+
+    fn to_size(&self, i: usize) -> Result<u64, AllocConfError> {
+        stoull(self.get(i)?)
+    }
+
+    fn to_double(&self, i: usize) -> Result<f64, AllocConfError> {
+        stod(self.get(i)?)
+    }
+
+    fn to_bool(&self, i: usize) -> Result<bool, AllocConfError> {
+        match self.get(i)? {
+            "True" => Ok(true),
+            "False" => Ok(false),
+            other => Err(AllocConfError::new(format!(
+                "Expected 'True' or 'False' at index {i} in ConfigTokenizer but got '{other}'"
+            ))),
+        }
+    }
+
+    /// Skips a key and its value (a single token or a bracketed list); returns the
+    /// index of the value's last token.
+    fn skip_key(&self, i: usize) -> Result<usize, AllocConfError> {
+        self.expect(i + 1, ":")?;
+        let mut j = i + 2;
+        if self.get(j)? != "[" {
+            return Ok(j);
+        }
+        loop {
+            j += 1;
+            match self.tokens.get(j) {
+                None => {
+                    return Err(AllocConfError::new(
+                        "Expected closing bracket ']' in ConfigTokenizer but reached end of config",
+                    ))
+                }
+                Some(t) if t == "]" => return Ok(j),
+                Some(_) => {}
+            }
+        }
+    }
+}
+
+/// `std::stoull`: optional sign, then the longest run of decimal digits; a negative
+/// value wraps around as in C++. Errors are C++'s `invalid_argument` / `out_of_range`.
+fn stoull(token: &str) -> Result<u64, AllocConfError> {
+    let (negative, rest) = match token.as_bytes().first() {
+        Some(b'-') => (true, &token[1..]),
+        Some(b'+') => (false, &token[1..]),
+        _ => (false, token),
+    };
+    let digits: &str = &rest[..rest.bytes().take_while(u8::is_ascii_digit).count()];
+    if digits.is_empty() {
+        return Err(AllocConfError::new(format!(
+            "stoull: no number in '{token}' (invalid_argument)"
+        )));
+    }
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| AllocConfError::new(format!("stoull: '{token}' is out of range")))?;
+    Ok(if negative { value.wrapping_neg() } else { value })
+}
+
+/// `std::stod`: the longest prefix that is a decimal floating-point number.
+fn stod(token: &str) -> Result<f64, AllocConfError> {
+    // Tokens are ASCII in practice; stop at a char boundary either way.
+    (1..=token.len())
+        .rev()
+        .filter(|&end| token.is_char_boundary(end))
+        .find_map(|end| token[..end].parse::<f64>().ok())
+        .ok_or_else(|| AllocConfError::new(format!("stod: no number in '{token}' (invalid_argument)")))
+}
+
+impl fmt::Display for MemoryLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryLimit::FromConfig => write!(f, "from config"),
+            MemoryLimit::Fraction(x) => write!(f, "fraction {x}"),
+            MemoryLimit::Bytes(b) => write!(f, "{b} bytes"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default string parses to the defaults.
+    #[test]
+    fn empty_string_is_default() {
+        assert_eq!(CachingConfig::from_alloc_conf("").unwrap(), CachingConfig::default());
+    }
+
+    /// Every documented key is read into its field.
+    #[test]
+    fn keys_set_fields() {
+        let c = CachingConfig::from_alloc_conf(
+            "max_split_size_mb:64, max_non_split_rounding_mb:40,garbage_collection_threshold:0.6,expandable_segments:True,per_process_memory_fraction:0.5,release_lock_on_cudamalloc:True,pinned_use_cuda_host_register:False",
+        )
+        .unwrap();
+        assert_eq!(c.max_split_size_bytes, 64 * MIB);
+        assert_eq!(c.max_non_split_rounding_bytes, 40 * MIB);
+        assert_eq!(c.garbage_collection_threshold, 0.6);
+        assert!(c.expandable_segments);
+        assert_eq!(c.per_process_memory_fraction, 0.5);
+        assert!(c.release_lock_on_cudamalloc);
+    }
+
+    /// A single divisions value fills every interval.
+    #[test]
+    fn roundup_single_value() {
+        let c = CachingConfig::from_alloc_conf("roundup_power2_divisions:4").unwrap();
+        assert_eq!(c.roundup_power2_divisions, [4; 16]);
+    }
+
+    /// The list form back-fills below the first key and `>` fills after the last one
+    /// (the 2.8+ semantics; older releases overwrote the last explicit interval).
+    #[test]
+    fn roundup_list_new_semantics() {
+        let c = CachingConfig::from_alloc_conf("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]")
+            .unwrap();
+        let d = c.roundup_power2_divisions;
+        assert!(d[..9].iter().all(|&x| x == 1), "{d:?}");
+        assert_eq!(d[9], 2);
+        assert_eq!(d[10], 4);
+        assert!(d[11..].iter().all(|&x| x == 8), "{d:?}");
+        // 700 MiB is in [512 MiB, 1 GiB): index 9.
+        assert_eq!(c.divisions_for(700 * MIB), 2);
+        assert_eq!(c.divisions_for(100), 1);
+    }
+
+    /// Bad values get PyTorch's messages.
+    #[test]
+    fn bad_values_get_pytorch_messages() {
+        let cases = [
+            ("max_split_size_mb:5", "CachingAllocator option max_split_size_mb too small, must be >= 20"),
+            ("max_non_split_rounding_mb:3", "CachingAllocator option max_non_split_rounding_mb too small, must be >= 20"),
+            ("garbage_collection_threshold:1.5", "garbage_collect_threshold is invalid, set it in (0.0, 1.0)"),
+            ("roundup_power2_divisions:3", "For roundups, the divisions has to be power of 2 "),
+            ("roundup_power2_divisions:[3:4]", "For roundups, the intervals have to be power of 2 "),
+            ("roundup_power2_divisions:[4:3]", "For roundups, the divisions has to be power of 2 or 0 to disable roundup "),
+            ("expandable_segments:true", "Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'true'"),
+            ("foo:1", "Unrecognized key 'foo' in CUDA allocator config."),
+            ("backend:magic", "Unknown allocator backend, options are native and cudaMallocAsync"),
+            ("per_process_memory_fraction:2", "per_process_memory_fraction is invalid, set it in [0.0, 1.0]"),
+            ("max_split_size_mb", "Index out of bounds in ConfigTokenizer"),
+        ];
+        for (conf, message) in cases {
+            let err = CachingConfig::from_alloc_conf(conf).unwrap_err();
+            assert_eq!(err.to_string(), message, "for {conf:?}");
+        }
+    }
+
+    /// Values are read with C++ `stoull` semantics: a numeric prefix is enough.
+    #[test]
+    fn stoull_prefix_semantics() {
+        assert_eq!(stoull("64abc").unwrap(), 64);
+        assert!(stoull("abc").is_err());
+        assert_eq!(stoull("-1").unwrap(), u64::MAX);
+    }
+
+    /// A limit from a fraction is floor(f × total) in double arithmetic, which can land
+    /// one byte under the cap it came from (so a cap on a 2 MiB boundary refuses it).
+    #[test]
+    fn fraction_limit_is_floor_of_double_product() {
+        let mut c = CachingConfig::default();
+        let total = 85_017_493_504u64;
+        let cap = 5_368_709_120u64;
+        c.memory_limit = MemoryLimit::Fraction(cap as f64 / total as f64);
+        let allowed = c.allowed_bytes(total).unwrap();
+        assert_eq!(allowed, ((cap as f64 / total as f64) * total as f64) as u64);
+        c.memory_limit = MemoryLimit::Fraction(1.0);
+        assert_eq!(c.allowed_bytes(total), None);
+    }
+
+    /// Re-applying a string resets the three resettable keys but keeps expandable segments.
+    #[test]
+    fn reparse_resets_some_keys() {
+        let mut c = CachingConfig::from_alloc_conf("max_split_size_mb:64,expandable_segments:True").unwrap();
+        c.apply_alloc_conf("release_lock_on_cudamalloc:False").unwrap();
+        assert_eq!(c.max_split_size_bytes, u64::MAX);
+        assert!(c.expandable_segments);
+    }
+
+    /// The rendering reads back to the same settings.
+    #[test]
+    fn to_alloc_conf_round_trips() {
+        let c = CachingConfig::from_alloc_conf(
+            "max_split_size_mb:64,roundup_power2_divisions:[256:1,512:2,>:8],expandable_segments:True,garbage_collection_threshold:0.6",
+        )
+        .unwrap();
+        assert_eq!(CachingConfig::from_alloc_conf(&c.to_alloc_conf()).unwrap(), c);
+    }
+}

@@ -1,0 +1,240 @@
+//! PyTorch's `DeviceStats`, field for field, so `torch.cuda.memory_stats()` can be
+//! compared key by key with a simulated run.
+
+/// One statistic: PyTorch's `Stat`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stat {
+    /// Present value.
+    pub current: u64,
+    /// Highest value since the start (or the last peak reset).
+    pub peak: u64,
+    /// Sum of all increases.
+    pub allocated: u64,
+    /// Sum of all decreases.
+    pub freed: u64,
+}
+
+impl Stat {
+    /// `current += amount`, raising the peak.
+    pub fn increase(&mut self, amount: u64) {
+        self.current += amount;
+        self.peak = self.peak.max(self.current);
+        self.allocated += amount;
+    }
+
+    /// `current -= amount`.
+    ///
+    /// # Panics
+    /// If the statistic would go negative (an accounting bug).
+    pub fn decrease(&mut self, amount: u64) {
+        self.current = self
+            .current
+            .checked_sub(amount)
+            .expect("caching allocator statistic went negative");
+        self.freed += amount;
+    }
+}
+
+/// Which pool a statistic update is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PoolKind {
+    /// Rounded requests up to 1 MiB, in 2 MiB segments.
+    Small,
+    /// Everything larger.
+    Large,
+}
+
+impl PoolKind {
+    /// PyTorch's name for the pool in `memory_stats()` keys.
+    pub fn stat_name(self) -> &'static str {
+        match self {
+            PoolKind::Small => "small_pool",
+            PoolKind::Large => "large_pool",
+        }
+    }
+}
+
+/// A statistic kept for all pools together and for each pool, PyTorch's `StatArray`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatArray {
+    /// Both pools (`.all.`).
+    pub all: Stat,
+    /// The small pool (`.small_pool.`).
+    pub small_pool: Stat,
+    /// The large pool (`.large_pool.`).
+    pub large_pool: Stat,
+}
+
+impl StatArray {
+    /// Increases `all` and the pool's statistic.
+    pub fn increase(&mut self, pool: PoolKind, amount: u64) {
+        self.all.increase(amount);
+        self.pool_mut(pool).increase(amount);
+    }
+
+    /// Decreases `all` and the pool's statistic.
+    pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
+        self.all.decrease(amount);
+        self.pool_mut(pool).decrease(amount);
+    }
+
+    /// Applies a signed change.
+    pub fn change(&mut self, pool: PoolKind, delta: i64) {
+        if delta > 0 {
+            self.increase(pool, delta.unsigned_abs());
+        } else if delta < 0 {
+            self.decrease(pool, delta.unsigned_abs());
+        }
+    }
+
+    fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
+        match pool {
+            PoolKind::Small => &mut self.small_pool,
+            PoolKind::Large => &mut self.large_pool,
+        }
+    }
+
+    fn reset_peak(&mut self) {
+        for s in [&mut self.all, &mut self.small_pool, &mut self.large_pool] {
+            s.peak = s.current;
+        }
+    }
+}
+
+/// PyTorch's per-device allocator statistics (`DeviceStats`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CachingStats {
+    /// Live allocations (`allocation`).
+    pub allocation: StatArray,
+    /// Live device segments (`segment`); expandable segments do not count.
+    pub segment: StatArray,
+    /// Allocated or pending-free blocks (`active`).
+    pub active: StatArray,
+    /// Free blocks that are part of a split segment (`inactive_split`).
+    pub inactive_split: StatArray,
+    /// Bytes of live allocations, block sizes (`allocated_bytes`).
+    pub allocated_bytes: StatArray,
+    /// Bytes held from the device (`reserved_bytes`).
+    pub reserved_bytes: StatArray,
+    /// Bytes of active blocks (`active_bytes`).
+    pub active_bytes: StatArray,
+    /// Bytes of inactive split blocks (`inactive_split_bytes`).
+    pub inactive_split_bytes: StatArray,
+    /// Bytes requested by active blocks' tenants (`requested_bytes`).
+    pub requested_bytes: StatArray,
+    /// Allocations of at least `max_split_size` (`oversize_allocations`).
+    pub oversize_allocations: Stat,
+    /// Segments of at least `max_split_size` (`oversize_segments`).
+    pub oversize_segments: Stat,
+    /// Third `cudaMalloc` attempts, after releasing the cache (`num_alloc_retries`).
+    pub num_alloc_retries: u64,
+    /// Out-of-memory errors raised (`num_ooms`).
+    pub num_ooms: u64,
+    /// Synchronizations of all outstanding events (`num_sync_all_streams`).
+    pub num_sync_all_streams: u64,
+    /// `cudaMalloc` calls and page mappings (`num_device_alloc`).
+    pub num_device_alloc: u64,
+    /// `cudaFree` calls and page unmappings (`num_device_free`).
+    pub num_device_free: u64,
+}
+
+impl CachingStats {
+    /// `torch.cuda.reset_peak_memory_stats()`: every peak becomes the current value.
+    pub fn reset_peaks(&mut self) {
+        for a in [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ] {
+            a.reset_peak();
+        }
+        self.oversize_allocations.peak = self.oversize_allocations.current;
+        self.oversize_segments.peak = self.oversize_segments.current;
+    }
+
+    /// The statistics flattened as `torch.cuda.memory_stats()` flattens them
+    /// (`allocated_bytes.all.peak`, `num_ooms`, ...), sorted by key.
+    /// `max_split_size` is the configured value, −1 when unlimited.
+    pub fn flatten(&self, max_split_size_bytes: u64) -> Vec<(String, i64)> {
+        let mut out = Vec::new();
+        let arrays: [(&str, &StatArray); 9] = [
+            ("allocation", &self.allocation),
+            ("segment", &self.segment),
+            ("active", &self.active),
+            ("inactive_split", &self.inactive_split),
+            ("allocated_bytes", &self.allocated_bytes),
+            ("reserved_bytes", &self.reserved_bytes),
+            ("active_bytes", &self.active_bytes),
+            ("inactive_split_bytes", &self.inactive_split_bytes),
+            ("requested_bytes", &self.requested_bytes),
+        ];
+        let mut push_stat = |prefix: String, s: &Stat| {
+            out.push((format!("{prefix}.current"), s.current as i64));
+            out.push((format!("{prefix}.peak"), s.peak as i64));
+            out.push((format!("{prefix}.allocated"), s.allocated as i64));
+            out.push((format!("{prefix}.freed"), s.freed as i64));
+        };
+        for (name, a) in arrays {
+            push_stat(format!("{name}.all"), &a.all);
+            push_stat(format!("{name}.small_pool"), &a.small_pool);
+            push_stat(format!("{name}.large_pool"), &a.large_pool);
+        }
+        push_stat("oversize_allocations".into(), &self.oversize_allocations);
+        push_stat("oversize_segments".into(), &self.oversize_segments);
+        out.push(("num_alloc_retries".into(), self.num_alloc_retries as i64));
+        out.push(("num_ooms".into(), self.num_ooms as i64));
+        out.push(("num_sync_all_streams".into(), self.num_sync_all_streams as i64));
+        out.push(("num_device_alloc".into(), self.num_device_alloc as i64));
+        out.push(("num_device_free".into(), self.num_device_free as i64));
+        let max_split = if max_split_size_bytes == u64::MAX {
+            -1
+        } else {
+            max_split_size_bytes as i64
+        };
+        out.push(("max_split_size".into(), max_split));
+        out.sort();
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Increases move the peak and the running total; decreases only the freed total.
+    #[test]
+    fn stat_tracks_peak_and_totals() {
+        let mut s = Stat::default();
+        s.increase(10);
+        s.decrease(4);
+        s.increase(2);
+        assert_eq!(s, Stat { current: 8, peak: 10, allocated: 12, freed: 4 });
+    }
+
+    /// A peak reset makes every peak equal its current value.
+    #[test]
+    fn reset_peaks_sets_peak_to_current() {
+        let mut st = CachingStats::default();
+        st.reserved_bytes.increase(PoolKind::Large, 100);
+        st.reserved_bytes.decrease(PoolKind::Large, 60);
+        st.reset_peaks();
+        assert_eq!(st.reserved_bytes.all.peak, 40);
+        assert_eq!(st.reserved_bytes.large_pool.peak, 40);
+    }
+
+    /// Flattened keys follow PyTorch's naming and `max_split_size` is −1 when unlimited.
+    #[test]
+    fn flatten_uses_pytorch_keys() {
+        let flat = CachingStats::default().flatten(u64::MAX);
+        let keys: Vec<&str> = flat.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(keys.contains(&"allocated_bytes.all.peak"));
+        assert!(keys.contains(&"inactive_split_bytes.small_pool.current"));
+        assert!(flat.contains(&("max_split_size".to_string(), -1)));
+    }
+}

@@ -1,0 +1,184 @@
+//! The device side of the policy boundary: what a policy can ask a GPU (or a
+//! simulated one) for. Devices hand out whole segments; policies carve them.
+
+use std::fmt;
+
+/// A device address. Same width as CUDA's `CUdeviceptr`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DeviceAddr(pub u64);
+
+impl fmt::Display for DeviceAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// Identifies one segment or address range for as long as it lives on its device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SegmentId(pub u64);
+
+/// One region handed out by [`Device::allocate_segment`] (one `cuMemAlloc`).
+///
+/// Not `Clone`: [`Device::free_segment`] consumes it, so a segment cannot be freed twice.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// Device-local identity.
+    pub id: SegmentId,
+    /// First byte.
+    pub addr: DeviceAddr,
+    /// Size as the policy asked for it (the driver may charge more, see
+    /// [`DeviceStats::charged_bytes`]).
+    pub size_bytes: u64,
+}
+
+/// A reserved range of virtual addresses with no physical memory behind it until
+/// pages are mapped ([`VirtualMemory`]). Not `Clone`, like [`Segment`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct AddressRange {
+    /// Device-local identity.
+    pub id: SegmentId,
+    /// First byte of the range.
+    pub addr: DeviceAddr,
+    /// Length of the range in bytes.
+    pub size_bytes: u64,
+}
+
+/// Accounting a device keeps about itself. Cheap: the engine reads it after every event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Bytes the device can hand out in all (for a GPU: what is left after the context).
+    pub capacity_bytes: u64,
+    /// The device's total memory as `cuMemGetInfo` reports it (PyTorch's `total_memory`);
+    /// memory fractions and expandable-segment address ranges are computed from it.
+    pub total_bytes: u64,
+    /// Sum of live segment sizes plus mapped pages, as the policy asked for them.
+    pub reserved_bytes: u64,
+    /// What the driver really takes for them (page rounding, packing of small
+    /// allocations), comparable to the drop in `cuMemGetInfo` free memory.
+    pub charged_bytes: u64,
+    /// Live segments plus live address ranges.
+    pub segment_count: u64,
+    /// Successful segment allocations and page mappings so far.
+    pub allocate_count: u64,
+    /// Segment frees and page unmappings so far.
+    pub free_count: u64,
+}
+
+impl DeviceStats {
+    /// Bytes still free on the device by its own accounting.
+    pub fn free_bytes(&self) -> u64 {
+        self.capacity_bytes.saturating_sub(self.charged_bytes)
+    }
+}
+
+/// Why a device call failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// The device cannot supply `requested_bytes` more. Expected; policies react to it.
+    #[error("out of device memory allocating {requested_bytes} bytes")]
+    OutOfMemory {
+        /// Size of the refused request.
+        requested_bytes: u64,
+    },
+    /// Any other driver failure, e.g. `CUDA_ERROR_ILLEGAL_ADDRESS (700): ...`. The replay stops.
+    #[error("driver error {code}: {message}")]
+    Driver {
+        /// The driver's numeric error code.
+        code: u32,
+        /// The driver's name and description of the error.
+        message: String,
+    },
+    /// The device lacks a capability the policy needs (virtual memory management).
+    #[error("the device does not support {what}")]
+    Unsupported {
+        /// The missing capability.
+        what: &'static str,
+    },
+}
+
+/// A source of device memory in whole segments.
+///
+/// Implemented by the simulated device (`sim::SimDevice`) and by the real one
+/// (`gpu_backend::CudaDevice`), so one policy runs unchanged on both.
+pub trait Device {
+    /// Reserves one segment of `size_bytes` (already rounded by the policy).
+    ///
+    /// # Errors
+    /// [`DeviceError::OutOfMemory`] when the device cannot supply it; other variants for
+    /// failures that stop the run.
+    fn allocate_segment(&mut self, size_bytes: u64) -> Result<Segment, DeviceError>;
+
+    /// Returns a segment.
+    ///
+    /// # Errors
+    /// Only for driver failures.
+    ///
+    /// # Panics
+    /// If this device did not hand the segment out (a bug, not an error).
+    fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError>;
+
+    /// The device's own accounting.
+    fn stats(&self) -> DeviceStats;
+
+    /// Virtual memory management (reserve, map, unmap), if the device has it.
+    /// Expandable segments need it.
+    fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
+        None
+    }
+
+    /// Used bytes as the hardware reports them (total − `cuMemGetInfo` free).
+    /// `None` for simulated devices.
+    fn observed_used_bytes(&mut self) -> Option<u64> {
+        None
+    }
+}
+
+/// Virtual memory management in the style of the CUDA driver's `cuMemAddressReserve`,
+/// `cuMemCreate`, `cuMemMap` and `cuMemUnmap`: address space costs nothing, each mapped
+/// page is one physical allocation.
+pub trait VirtualMemory {
+    /// Reserves `size_bytes` of address space, with no physical memory behind it.
+    ///
+    /// # Errors
+    /// When the address space cannot be reserved.
+    fn reserve_range(&mut self, size_bytes: u64) -> Result<AddressRange, DeviceError>;
+
+    /// Creates `page_count` physical pages of `page_bytes` each and maps them at
+    /// `range.addr + offset_bytes`, all or nothing: if one page cannot be created, the
+    /// pages created by this call are released and the call fails.
+    ///
+    /// # Errors
+    /// [`DeviceError::OutOfMemory`] when a page cannot be created.
+    ///
+    /// # Panics
+    /// If a page in the span is already mapped or the span leaves the range.
+    fn map_pages(
+        &mut self,
+        range: &AddressRange,
+        offset_bytes: u64,
+        page_bytes: u64,
+        page_count: u64,
+    ) -> Result<(), DeviceError>;
+
+    /// Unmaps and releases `page_count` pages of `page_bytes` at `range.addr + offset_bytes`.
+    ///
+    /// # Errors
+    /// Only for driver failures.
+    ///
+    /// # Panics
+    /// If a page in the span is not mapped.
+    fn unmap_pages(
+        &mut self,
+        range: &AddressRange,
+        offset_bytes: u64,
+        page_bytes: u64,
+        page_count: u64,
+    ) -> Result<(), DeviceError>;
+
+    /// Gives the address space back. Every page must have been unmapped.
+    ///
+    /// # Errors
+    /// Only for driver failures.
+    fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError>;
+}

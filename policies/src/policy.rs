@@ -1,0 +1,176 @@
+//! The policy side of the boundary: requests in, allocations out.
+
+use crate::device::{Device, DeviceAddr, DeviceError};
+
+/// A CUDA stream as PyTorch records it: the raw `cudaStream_t` value, 0 for the
+/// default stream. Ordered by value, as PyTorch's free-block sets are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamId(pub u64);
+
+/// What a policy is asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Bytes as the program asked; must be > 0.
+    pub size_bytes: u64,
+    /// The stream the memory is used on.
+    pub stream: StreamId,
+}
+
+/// Requests of this size or more are refused at once, as PyTorch refuses them
+/// ("Tried to allocate more than 1EB memory"); it also keeps every policy's
+/// arithmetic far from overflow.
+pub const MAX_REQUEST_BYTES: u64 = 1 << 60;
+
+/// A live allocation. Not `Clone`: [`Policy::free`] takes it by value, so it cannot be
+/// freed twice.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Allocation {
+    /// First byte handed to the program.
+    pub addr: DeviceAddr,
+    /// Bytes as asked.
+    pub requested_bytes: u64,
+    /// Bytes the policy set aside for it (after rounding, and including any remainder
+    /// it chose not to split off).
+    pub block_bytes: u64,
+    /// The stream it was requested on.
+    pub stream: StreamId,
+    /// Policy-private handle to its block.
+    pub(crate) block: u32,
+    /// Policy-private serial number, unique over the policy's lifetime.
+    pub(crate) serial: u64,
+}
+
+/// Current state only; peaks and time belong to `sim::metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyStats {
+    /// Sum of `requested_bytes` of live allocations.
+    pub requested_bytes: u64,
+    /// Sum of `block_bytes` of live allocations.
+    pub allocated_bytes: u64,
+    /// Bytes held from the device: live segments plus mapped pages.
+    pub reserved_bytes: u64,
+    /// Live allocations.
+    pub allocation_count: u64,
+    /// Live device segments (an expandable segment counts once).
+    pub segment_count: u64,
+}
+
+impl PolicyStats {
+    /// Reserved but not allocated: memory the policy holds for later.
+    pub fn cached_bytes(&self) -> u64 {
+        self.reserved_bytes - self.allocated_bytes
+    }
+}
+
+/// Why a request was not served.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AllocError {
+    /// No memory could be had, even after the policy's own recovery (the caching policy
+    /// frees cached segments and retries, as PyTorch does). A result, not a failure: the
+    /// policy's live allocations are untouched.
+    #[error("out of memory: tried to allocate {tried_bytes} bytes for a request of {requested_bytes}")]
+    OutOfMemory {
+        /// Bytes the program asked for.
+        requested_bytes: u64,
+        /// Bytes the policy last tried to get from the device (PyTorch's "Tried to
+        /// allocate": the segment size, not the request).
+        tried_bytes: u64,
+        /// The policy's state after the failed attempt.
+        stats: PolicyStats,
+    },
+    /// A request of zero bytes: there is nothing to allocate (PyTorch hands out a null
+    /// pointer without calling its allocator).
+    #[error("a request of zero bytes")]
+    ZeroSize,
+    /// A device failure other than running out of memory; the run cannot go on.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// State of one block in a [`SegmentSnapshot`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed out and live.
+    Allocated,
+    /// Freed by the program but not yet reusable (waiting on other streams).
+    PendingFree,
+    /// Free and cached by the policy.
+    Free,
+}
+
+/// One block of a [`SegmentSnapshot`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockSnapshot {
+    /// First byte.
+    pub addr: DeviceAddr,
+    /// Size of the block.
+    pub size_bytes: u64,
+    /// Bytes the current (or last) tenant asked for; 0 if never used.
+    pub requested_bytes: u64,
+    /// Whether it is in use.
+    pub state: BlockState,
+}
+
+/// One segment (or mapped range of an expandable segment) with its blocks, in address
+/// order, in the spirit of PyTorch's `memory_snapshot()`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentSnapshot {
+    /// First byte.
+    pub addr: DeviceAddr,
+    /// Sum of its block sizes.
+    pub size_bytes: u64,
+    /// Stream that owns the segment (0 where the policy has no streams).
+    pub stream: StreamId,
+    /// A short pool name ("small", "large", "buddy", ...).
+    pub pool: &'static str,
+    /// Blocks tiling the segment in address order.
+    pub blocks: Vec<BlockSnapshot>,
+}
+
+/// An allocation policy: carves device segments into allocations.
+///
+/// Policies know nothing about traces, files, time or CUDA: they see requests and a
+/// `&mut dyn Device`, so the same code runs in simulation and on a GPU.
+pub trait Policy {
+    /// A short label, e.g. `caching` or `buddy`.
+    fn name(&self) -> &str;
+
+    /// Serves one request.
+    ///
+    /// # Errors
+    /// [`AllocError::OutOfMemory`] when the request cannot be served (live allocations
+    /// are untouched; cached memory may have been released);
+    /// [`AllocError::ZeroSize`] for a zero-byte request; [`AllocError::Device`] for a
+    /// device failure that stops the run.
+    fn allocate(
+        &mut self,
+        device: &mut dyn Device,
+        request: Request,
+    ) -> Result<Allocation, AllocError>;
+
+    /// Returns an allocation to the policy.
+    ///
+    /// # Errors
+    /// Only for device failures (a policy that frees segments at once).
+    ///
+    /// # Panics
+    /// If the allocation did not come from this policy (a bug, not an error).
+    fn free(&mut self, device: &mut dyn Device, allocation: Allocation) -> Result<(), DeviceError>;
+
+    /// Returns every segment the policy can give back (`torch.cuda.empty_cache()`).
+    ///
+    /// # Errors
+    /// Only for device failures.
+    fn empty_cache(&mut self, device: &mut dyn Device) -> Result<(), DeviceError>;
+
+    /// Current accounting.
+    fn stats(&self) -> PolicyStats;
+
+    /// Every segment with its blocks, in address order.
+    fn snapshot(&self) -> Vec<SegmentSnapshot>;
+
+    /// Walks the internal structures and panics at the first broken invariant.
+    /// Called after every event when the replay engine checks invariants (always in tests).
+    fn check_invariants(&self);
+}
