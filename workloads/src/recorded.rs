@@ -1,0 +1,381 @@
+//! Recorded PyTorch runs: the allocator's own event trace, as in
+//! `torch.cuda.memory._snapshot()["device_traces"]`, with what PyTorch decided
+//! (segment allocations, OOMs) and, for runs recorded with `record_torch.py`, its
+//! statistics at checkpoints.
+//!
+//! Two sources produce a [`RecordedRun`]: the JSON files of `record_torch.py`
+//! ([`read_recorded_json`]) and PyTorch's snapshot pickles
+//! ([`crate::snapshot::read_snapshot_pickle`]).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::trace::{AllocId, Event, LocationKind, Trace};
+use crate::ReadError;
+
+/// What a trace entry records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A block handed out; `size` is the requested bytes.
+    Alloc,
+    /// `free()` called; the block may still wait for other streams.
+    FreeRequested,
+    /// The block is back in its pool.
+    FreeCompleted,
+    /// `cudaMalloc` of a segment.
+    SegmentAlloc,
+    /// `cudaFree` of a segment.
+    SegmentFree,
+    /// Pages mapped into an expandable segment.
+    SegmentMap,
+    /// Pages unmapped from an expandable segment.
+    SegmentUnmap,
+    /// A malloc failed; `size` is the rounded request.
+    Oom,
+    /// `torch.cuda.empty_cache()` was called (a marker `record_torch.py` inserts).
+    EmptyCache,
+    /// `_snapshot()` was called; no effect.
+    Snapshot,
+    /// Annotations and actions of other PyTorch versions; no effect.
+    Other,
+}
+
+impl Action {
+    /// Parses PyTorch's action name; unknown names become [`Action::Other`].
+    pub fn from_name(name: &str) -> Action {
+        match name {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "oom" => Action::Oom,
+            "empty_cache" => Action::EmptyCache,
+            "snapshot" => Action::Snapshot,
+            _ => Action::Other,
+        }
+    }
+
+    /// PyTorch's name for the action.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Oom => "oom",
+            Action::EmptyCache => "empty_cache",
+            Action::Snapshot => "snapshot",
+            Action::Other => "other",
+        }
+    }
+
+    /// Whether the entry is a decision about device memory (`segment_*`).
+    pub fn is_segment_op(self) -> bool {
+        matches!(
+            self,
+            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
+        )
+    }
+}
+
+/// One entry of a recorded trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordedEntry {
+    /// What happened.
+    pub action: Action,
+    /// Block or segment address (for `oom`, 0).
+    pub addr: u64,
+    /// Bytes (see [`Action`] for which bytes).
+    pub size: u64,
+    /// Raw stream handle, 0 for the default stream.
+    pub stream: u64,
+}
+
+/// PyTorch's statistics at a labelled point of a recorded run.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Checkpoint {
+    /// The label given by the recording script.
+    pub label: String,
+    /// Number of trace entries recorded at that moment, not counting inserted
+    /// `empty_cache` markers.
+    pub trace_len: u64,
+    /// `allocated_bytes.all.current`.
+    pub allocated: u64,
+    /// `reserved_bytes.all.current`.
+    pub reserved: u64,
+    /// `allocated_bytes.all.peak`.
+    pub max_allocated: u64,
+    /// `reserved_bytes.all.peak`.
+    pub max_reserved: u64,
+    /// `inactive_split_bytes.all.current`.
+    pub inactive_split: u64,
+    /// `num_alloc_retries`.
+    pub num_alloc_retries: u64,
+    /// `num_ooms`.
+    pub num_ooms: u64,
+    /// `segment.all.current`.
+    pub segments: u64,
+    /// `cudaMemGetInfo` free bytes.
+    pub driver_free: u64,
+}
+
+/// The OOM a recorded run raised.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct RecordedOom {
+    /// First line of PyTorch's `OutOfMemoryError` message.
+    pub message: String,
+    /// Trace length when it was raised.
+    pub trace_len: u64,
+}
+
+/// A segment of the final `memory_snapshot()`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct RecordedSegment {
+    /// Segment base address.
+    pub address: u64,
+    /// Segment bytes.
+    pub total_size: u64,
+    /// Raw stream handle.
+    pub stream: u64,
+    /// `"small"` or `"large"`.
+    pub segment_type: String,
+    /// Bytes of allocated blocks.
+    pub allocated_size: u64,
+    /// Blocks as (size, state).
+    pub blocks: Vec<(u64, String)>,
+}
+
+/// A recorded PyTorch run: its allocator trace and, where recorded, its settings,
+/// limit and statistics.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecordedRun {
+    /// Short name (the file stem).
+    pub name: String,
+    /// The file it was read from.
+    pub path: PathBuf,
+    /// The recording script's workload name, if recorded.
+    pub workload: Option<String>,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string in force ("" = defaults).
+    pub alloc_conf: String,
+    /// The cap given to `set_per_process_memory_fraction(cap / total)`, if any.
+    pub cap_bytes: Option<u64>,
+    /// `cudaMemGetInfo` total of the device, if recorded.
+    pub total_bytes: Option<u64>,
+    /// Device name, if recorded.
+    pub device: Option<String>,
+    /// PyTorch version, if recorded.
+    pub torch_version: Option<String>,
+    /// The trace, oldest first.
+    pub entries: Vec<RecordedEntry>,
+    /// Statistics at labelled points.
+    pub checkpoints: Vec<Checkpoint>,
+    /// The OOM raised, if any.
+    pub oom: Option<RecordedOom>,
+    /// Final segments.
+    pub segments: Vec<RecordedSegment>,
+    /// `torch.cuda.memory_stats()` at the end, flattened.
+    pub final_stats: Vec<(String, f64)>,
+}
+
+impl RecordedRun {
+    /// The requests of the run as a trace: `alloc` → alloc, `free_completed` → free,
+    /// `empty_cache` markers → empty_cache, and each `oom` → the alloc that failed
+    /// (with the rounded size PyTorch recorded; rounding is idempotent). Locations are
+    /// entry indexes.
+    ///
+    /// # Errors
+    /// When an entry frees an address with no live allocation: the recording did not
+    /// start from an empty allocator (it started after allocations existed, or its ring
+    /// buffer wrapped).
+    pub fn to_trace(&self) -> Result<Trace, ReadError> {
+        let mut events = Vec::new();
+        let mut locations = Vec::new();
+        let mut live: HashMap<u64, AllocId> = HashMap::new();
+        let mut next_id = 0u64;
+        for (index, e) in self.entries.iter().enumerate() {
+            let event = match e.action {
+                Action::Alloc | Action::Oom => {
+                    let id = AllocId(next_id);
+                    next_id += 1;
+                    if e.action == Action::Alloc && live.insert(e.addr, id).is_some() {
+                        return Err(self.not_from_empty(index, "allocates an address that is already live"));
+                    }
+                    Event::Alloc { id, size_bytes: e.size, stream: e.stream }
+                }
+                Action::FreeCompleted => match live.remove(&e.addr) {
+                    Some(id) => Event::Free { id },
+                    None => return Err(self.not_from_empty(index, "frees an address that was never allocated in the trace")),
+                },
+                Action::FreeRequested => {
+                    if !live.contains_key(&e.addr) {
+                        return Err(self.not_from_empty(index, "frees an address that was never allocated in the trace"));
+                    }
+                    continue;
+                }
+                Action::EmptyCache => Event::EmptyCache,
+                _ => continue,
+            };
+            events.push(event);
+            locations.push(index as u64);
+        }
+        Ok(Trace {
+            name: self.name.clone(),
+            path: Some(self.path.clone()),
+            events,
+            locations,
+            location_kind: LocationKind::Entry,
+        })
+    }
+
+    /// The memory limit PyTorch applied: `floor((cap / total) × total)` in double
+    /// arithmetic, as `set_per_process_memory_fraction(cap / total)` computes it.
+    pub fn memory_fraction(&self) -> Option<f64> {
+        match (self.cap_bytes, self.total_bytes) {
+            (Some(cap), Some(total)) if total > 0 => Some(cap as f64 / total as f64),
+            _ => None,
+        }
+    }
+
+    fn not_from_empty(&self, index: usize, what: &str) -> ReadError {
+        ReadError::invalid(
+            &self.path,
+            Some(format!("entry {index}")),
+            format!(
+                "the recorded trace {what}: recording started after allocations existed or its ring buffer wrapped, \
+                 so it cannot be replayed from an empty allocator (record with \
+                 torch.cuda.memory._record_memory_history(max_entries=...) before the first CUDA allocation)"
+            ),
+        )
+    }
+}
+
+#[derive(Deserialize)]
+struct RecordedJson {
+    #[serde(default)]
+    workload: Option<String>,
+    #[serde(default)]
+    alloc_conf: String,
+    #[serde(default)]
+    cap_bytes: Option<u64>,
+    #[serde(default)]
+    total_bytes: Option<u64>,
+    #[serde(default)]
+    device: Option<String>,
+    #[serde(default)]
+    torch: Option<String>,
+    events: Vec<(String, u64, u64, u64, serde::de::IgnoredAny)>,
+    #[serde(default)]
+    checkpoints: Vec<Checkpoint>,
+    #[serde(default)]
+    oom: Option<RecordedOom>,
+    #[serde(default)]
+    segments: Vec<RecordedSegment>,
+    #[serde(default)]
+    final_stats: std::collections::BTreeMap<String, f64>,
+}
+
+/// Reads a recorded run written by `record_torch.py` (see the oracle README for the
+/// format).
+///
+/// # Errors
+/// I/O errors and JSON that does not have the recorded-run shape, with the line and
+/// column where parsing stopped.
+pub fn read_recorded_json(path: &Path) -> Result<RecordedRun, ReadError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ReadError::io(path, &e))?;
+    let json: RecordedJson = serde_json::from_str(&text).map_err(|e| {
+        ReadError::syntax(
+            path,
+            Some(format!("line {} column {}", e.line(), e.column())),
+            format!("not a recorded PyTorch run (record_torch.py JSON): {e}"),
+        )
+    })?;
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(RecordedRun {
+        name,
+        path: path.to_path_buf(),
+        workload: json.workload,
+        alloc_conf: json.alloc_conf,
+        cap_bytes: json.cap_bytes,
+        total_bytes: json.total_bytes,
+        device: json.device,
+        torch_version: json.torch,
+        entries: json
+            .events
+            .into_iter()
+            .map(|(action, addr, size, stream, _)| RecordedEntry {
+                action: Action::from_name(&action),
+                addr,
+                size,
+                stream,
+            })
+            .collect(),
+        checkpoints: json.checkpoints,
+        oom: json.oom,
+        segments: json.segments,
+        final_stats: json.final_stats.into_iter().collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(action: Action, addr: u64, size: u64) -> RecordedEntry {
+        RecordedEntry { action, addr, size, stream: 0 }
+    }
+
+    /// Requests become trace events; segment decisions and snapshots are dropped, and
+    /// each event remembers its entry index.
+    #[test]
+    fn requests_become_events() {
+        let run = RecordedRun {
+            name: "r".into(),
+            entries: vec![
+                entry(Action::SegmentAlloc, 100, 2 << 20),
+                entry(Action::Alloc, 100, 7),
+                entry(Action::Snapshot, 0, 0),
+                entry(Action::FreeRequested, 100, 7),
+                entry(Action::FreeCompleted, 100, 7),
+                entry(Action::EmptyCache, 0, 0),
+                entry(Action::SegmentFree, 100, 2 << 20),
+                entry(Action::Oom, 0, 1 << 30),
+            ],
+            ..RecordedRun::default()
+        };
+        let t = run.to_trace().unwrap();
+        assert_eq!(
+            t.events,
+            vec![
+                Event::Alloc { id: AllocId(0), size_bytes: 7, stream: 0 },
+                Event::Free { id: AllocId(0) },
+                Event::EmptyCache,
+                Event::Alloc { id: AllocId(1), size_bytes: 1 << 30, stream: 0 },
+            ]
+        );
+        assert_eq!(t.locations, vec![1, 4, 5, 7]);
+        assert_eq!(t.location(1), "entry 4");
+    }
+
+    /// A free of an address never allocated means the recording is incomplete.
+    #[test]
+    fn wrapped_recording_is_refused() {
+        let run = RecordedRun {
+            path: "x.pickle".into(),
+            entries: vec![entry(Action::FreeCompleted, 5, 7)],
+            ..RecordedRun::default()
+        };
+        let err = run.to_trace().unwrap_err().to_string();
+        assert!(err.starts_with("x.pickle: entry 0: the recorded trace frees an address"), "{err}");
+    }
+}
