@@ -18,7 +18,11 @@ pub struct ArenaOptions {
 
 impl Default for ArenaOptions {
     fn default() -> Self {
-        ArenaOptions { superblock_bytes: 1 << 20, growth_bytes: 1 << 30, threshold_bytes: 1 << 19 }
+        ArenaOptions {
+            superblock_bytes: 1 << 20,
+            growth_bytes: 1 << 30,
+            threshold_bytes: 1 << 19,
+        }
     }
 }
 
@@ -48,13 +52,27 @@ impl ArenaPolicy {
 }
 
 impl Policy for ArenaPolicy {
-    fn name(&self) -> &str { "arena" }
-    fn allocate(&mut self, _: &mut dyn Device, r: Request) -> Result<Allocation, AllocError> {
-        Err(AllocError::OutOfMemory { requested_bytes: r.size_bytes, tried_bytes: 0, stats: PolicyStats::default() })
+    fn name(&self) -> &str {
+        "arena"
     }
-    fn free(&mut self, _: &mut dyn Device, _: Allocation) -> Result<(), DeviceError> { Ok(()) }
-    fn empty_cache(&mut self, _: &mut dyn Device) -> Result<(), DeviceError> { Ok(()) }
-    fn stats(&self) -> PolicyStats { PolicyStats::default() }
-    fn snapshot(&self) -> Vec<SegmentSnapshot> { Vec::new() }
+    fn allocate(&mut self, _: &mut dyn Device, r: Request) -> Result<Allocation, AllocError> {
+        Err(AllocError::OutOfMemory {
+            requested_bytes: r.size_bytes,
+            tried_bytes: 0,
+            stats: PolicyStats::default(),
+        })
+    }
+    fn free(&mut self, _: &mut dyn Device, _: Allocation) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    fn empty_cache(&mut self, _: &mut dyn Device) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    fn stats(&self) -> PolicyStats {
+        PolicyStats::default()
+    }
+    fn snapshot(&self) -> Vec<SegmentSnapshot> {
+        Vec::new()
+    }
     fn check_invariants(&self) {}
 }

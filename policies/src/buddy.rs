@@ -16,7 +16,10 @@ pub struct BuddyOptions {
 
 impl Default for BuddyOptions {
     fn default() -> Self {
-        BuddyOptions { min_block_bytes: 512, segment_bytes: 1 << 30 }
+        BuddyOptions {
+            min_block_bytes: 512,
+            segment_bytes: 1 << 30,
+        }
     }
 }
 
@@ -46,13 +49,27 @@ impl BuddyPolicy {
 }
 
 impl Policy for BuddyPolicy {
-    fn name(&self) -> &str { "buddy" }
-    fn allocate(&mut self, _: &mut dyn Device, r: Request) -> Result<Allocation, AllocError> {
-        Err(AllocError::OutOfMemory { requested_bytes: r.size_bytes, tried_bytes: 0, stats: PolicyStats::default() })
+    fn name(&self) -> &str {
+        "buddy"
     }
-    fn free(&mut self, _: &mut dyn Device, _: Allocation) -> Result<(), DeviceError> { Ok(()) }
-    fn empty_cache(&mut self, _: &mut dyn Device) -> Result<(), DeviceError> { Ok(()) }
-    fn stats(&self) -> PolicyStats { PolicyStats::default() }
-    fn snapshot(&self) -> Vec<SegmentSnapshot> { Vec::new() }
+    fn allocate(&mut self, _: &mut dyn Device, r: Request) -> Result<Allocation, AllocError> {
+        Err(AllocError::OutOfMemory {
+            requested_bytes: r.size_bytes,
+            tried_bytes: 0,
+            stats: PolicyStats::default(),
+        })
+    }
+    fn free(&mut self, _: &mut dyn Device, _: Allocation) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    fn empty_cache(&mut self, _: &mut dyn Device) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    fn stats(&self) -> PolicyStats {
+        PolicyStats::default()
+    }
+    fn snapshot(&self) -> Vec<SegmentSnapshot> {
+        Vec::new()
+    }
     fn check_invariants(&self) {}
 }

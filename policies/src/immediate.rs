@@ -28,7 +28,11 @@ impl Policy for ImmediatePolicy {
         "immediate"
     }
 
-    fn allocate(&mut self, device: &mut dyn Device, request: Request) -> Result<Allocation, AllocError> {
+    fn allocate(
+        &mut self,
+        device: &mut dyn Device,
+        request: Request,
+    ) -> Result<Allocation, AllocError> {
         if request.size_bytes == 0 {
             return Err(AllocError::ZeroSize);
         }
@@ -123,9 +127,19 @@ impl Policy for ImmediatePolicy {
     fn check_invariants(&self) {
         let live: Vec<_> = self.live.iter().flatten().collect();
         let bytes: u64 = live.iter().map(|(_, size, _)| size).sum();
-        assert_eq!(bytes, self.stats.allocated_bytes, "immediate: allocated bytes");
-        assert_eq!(bytes, self.stats.reserved_bytes, "immediate: reserved bytes");
-        assert_eq!(live.len() as u64, self.stats.allocation_count, "immediate: allocation count");
+        assert_eq!(
+            bytes, self.stats.allocated_bytes,
+            "immediate: allocated bytes"
+        );
+        assert_eq!(
+            bytes, self.stats.reserved_bytes,
+            "immediate: reserved bytes"
+        );
+        assert_eq!(
+            live.len() as u64,
+            self.stats.allocation_count,
+            "immediate: allocation count"
+        );
         assert_eq!(
             live.len() + self.free_slots.len(),
             self.live.len(),
@@ -144,8 +158,24 @@ mod tests {
     fn one_segment_per_request() {
         let mut d = TestDevice::unbounded();
         let mut p = ImmediatePolicy::default();
-        let a = p.allocate(&mut d, Request { size_bytes: 1000, stream: StreamId(0) }).unwrap();
-        let b = p.allocate(&mut d, Request { size_bytes: 3, stream: StreamId(0) }).unwrap();
+        let a = p
+            .allocate(
+                &mut d,
+                Request {
+                    size_bytes: 1000,
+                    stream: StreamId(0),
+                },
+            )
+            .unwrap();
+        let b = p
+            .allocate(
+                &mut d,
+                Request {
+                    size_bytes: 3,
+                    stream: StreamId(0),
+                },
+            )
+            .unwrap();
         assert_eq!(p.stats().reserved_bytes, 1003);
         assert_eq!(d.live_segments().len(), 2);
         p.free(&mut d, a).unwrap();
@@ -160,10 +190,32 @@ mod tests {
     fn oom_changes_nothing() {
         let mut d = TestDevice::with_capacity(4096);
         let mut p = ImmediatePolicy::default();
-        let _a = p.allocate(&mut d, Request { size_bytes: 4000, stream: StreamId(0) }).unwrap();
+        let _a = p
+            .allocate(
+                &mut d,
+                Request {
+                    size_bytes: 4000,
+                    stream: StreamId(0),
+                },
+            )
+            .unwrap();
         let before = p.stats();
-        let err = p.allocate(&mut d, Request { size_bytes: 200, stream: StreamId(0) }).unwrap_err();
-        assert!(matches!(err, AllocError::OutOfMemory { tried_bytes: 200, .. }));
+        let err = p
+            .allocate(
+                &mut d,
+                Request {
+                    size_bytes: 200,
+                    stream: StreamId(0),
+                },
+            )
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            AllocError::OutOfMemory {
+                tried_bytes: 200,
+                ..
+            }
+        ));
         assert_eq!(p.stats(), before);
     }
 }

@@ -69,7 +69,9 @@ pub enum AllocError {
     /// No memory could be had, even after the policy's own recovery (the caching policy
     /// frees cached segments and retries, as PyTorch does). A result, not a failure: the
     /// policy's live allocations are untouched.
-    #[error("out of memory: tried to allocate {tried_bytes} bytes for a request of {requested_bytes}")]
+    #[error(
+        "out of memory: tried to allocate {tried_bytes} bytes for a request of {requested_bytes}"
+    )]
     OutOfMemory {
         /// Bytes the program asked for.
         requested_bytes: u64,

@@ -13,7 +13,9 @@ pub struct NullDevice;
 
 impl Device for NullDevice {
     fn allocate_segment(&mut self, size_bytes: u64) -> Result<Segment, DeviceError> {
-        Err(DeviceError::OutOfMemory { requested_bytes: size_bytes })
+        Err(DeviceError::OutOfMemory {
+            requested_bytes: size_bytes,
+        })
     }
 
     fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError> {
@@ -21,7 +23,10 @@ impl Device for NullDevice {
     }
 
     fn stats(&self) -> DeviceStats {
-        DeviceStats { total_bytes: 80 << 30, ..DeviceStats::default() }
+        DeviceStats {
+            total_bytes: 80 << 30,
+            ..DeviceStats::default()
+        }
     }
 
     fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
@@ -31,11 +36,23 @@ impl Device for NullDevice {
 
 impl VirtualMemory for NullDevice {
     fn reserve_range(&mut self, size_bytes: u64) -> Result<AddressRange, DeviceError> {
-        Ok(AddressRange { id: SegmentId(0), addr: DeviceAddr(1 << 40), size_bytes })
+        Ok(AddressRange {
+            id: SegmentId(0),
+            addr: DeviceAddr(1 << 40),
+            size_bytes,
+        })
     }
 
-    fn map_pages(&mut self, _: &AddressRange, _: u64, page_bytes: u64, page_count: u64) -> Result<(), DeviceError> {
-        Err(DeviceError::OutOfMemory { requested_bytes: page_bytes * page_count })
+    fn map_pages(
+        &mut self,
+        _: &AddressRange,
+        _: u64,
+        page_bytes: u64,
+        page_count: u64,
+    ) -> Result<(), DeviceError> {
+        Err(DeviceError::OutOfMemory {
+            requested_bytes: page_bytes * page_count,
+        })
     }
 
     fn unmap_pages(&mut self, _: &AddressRange, _: u64, _: u64, _: u64) -> Result<(), DeviceError> {
@@ -69,7 +86,11 @@ impl TestDevice {
     pub fn with_capacity(capacity_bytes: u64) -> TestDevice {
         TestDevice {
             capacity_bytes,
-            total_bytes: if capacity_bytes == u64::MAX { 80 << 30 } else { capacity_bytes },
+            total_bytes: if capacity_bytes == u64::MAX {
+                80 << 30
+            } else {
+                capacity_bytes
+            },
             next_addr: 1 << 40,
             next_id: 1,
             used_bytes: 0,
@@ -106,7 +127,9 @@ impl TestDevice {
 impl Device for TestDevice {
     fn allocate_segment(&mut self, size_bytes: u64) -> Result<Segment, DeviceError> {
         if size_bytes > self.capacity_bytes.saturating_sub(self.used_bytes) {
-            return Err(DeviceError::OutOfMemory { requested_bytes: size_bytes });
+            return Err(DeviceError::OutOfMemory {
+                requested_bytes: size_bytes,
+            });
         }
         self.used_bytes += size_bytes;
         let addr = self.take_addr(size_bytes);
@@ -114,7 +137,11 @@ impl Device for TestDevice {
         self.next_id += 1;
         self.segments.insert(addr, (size_bytes, id));
         self.allocate_count += 1;
-        Ok(Segment { id: SegmentId(id), addr: DeviceAddr(addr), size_bytes })
+        Ok(Segment {
+            id: SegmentId(id),
+            addr: DeviceAddr(addr),
+            size_bytes,
+        })
     }
 
     fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError> {
@@ -122,7 +149,11 @@ impl Device for TestDevice {
             .segments
             .remove(&segment.addr.0)
             .expect("TestDevice: freeing a segment it did not hand out");
-        assert_eq!((size, id), (segment.size_bytes, segment.id.0), "TestDevice: segment mismatch");
+        assert_eq!(
+            (size, id),
+            (segment.size_bytes, segment.id.0),
+            "TestDevice: segment mismatch"
+        );
         self.used_bytes -= size;
         self.free_count += 1;
         Ok(())
@@ -151,28 +182,56 @@ impl VirtualMemory for TestDevice {
         let id = self.next_id;
         self.next_id += 1;
         self.ranges.insert(addr, (size_bytes, id));
-        Ok(AddressRange { id: SegmentId(id), addr: DeviceAddr(addr), size_bytes })
+        Ok(AddressRange {
+            id: SegmentId(id),
+            addr: DeviceAddr(addr),
+            size_bytes,
+        })
     }
 
-    fn map_pages(&mut self, range: &AddressRange, offset_bytes: u64, page_bytes: u64, page_count: u64) -> Result<(), DeviceError> {
-        assert!(offset_bytes + page_bytes * page_count <= range.size_bytes, "mapping past the range");
+    fn map_pages(
+        &mut self,
+        range: &AddressRange,
+        offset_bytes: u64,
+        page_bytes: u64,
+        page_count: u64,
+    ) -> Result<(), DeviceError> {
+        assert!(
+            offset_bytes + page_bytes * page_count <= range.size_bytes,
+            "mapping past the range"
+        );
         let bytes = page_bytes * page_count;
         if bytes > self.capacity_bytes.saturating_sub(self.used_bytes) {
-            return Err(DeviceError::OutOfMemory { requested_bytes: bytes });
+            return Err(DeviceError::OutOfMemory {
+                requested_bytes: bytes,
+            });
         }
         for p in 0..page_count {
             let at = range.addr.0 + offset_bytes + p * page_bytes;
-            assert!(self.pages.insert((range.addr.0, at), page_bytes).is_none(), "page mapped twice");
+            assert!(
+                self.pages.insert((range.addr.0, at), page_bytes).is_none(),
+                "page mapped twice"
+            );
         }
         self.used_bytes += bytes;
         self.allocate_count += 1;
         Ok(())
     }
 
-    fn unmap_pages(&mut self, range: &AddressRange, offset_bytes: u64, page_bytes: u64, page_count: u64) -> Result<(), DeviceError> {
+    fn unmap_pages(
+        &mut self,
+        range: &AddressRange,
+        offset_bytes: u64,
+        page_bytes: u64,
+        page_count: u64,
+    ) -> Result<(), DeviceError> {
         for p in 0..page_count {
             let at = range.addr.0 + offset_bytes + p * page_bytes;
-            assert_eq!(self.pages.remove(&(range.addr.0, at)), Some(page_bytes), "unmapping a page that is not mapped");
+            assert_eq!(
+                self.pages.remove(&(range.addr.0, at)),
+                Some(page_bytes),
+                "unmapping a page that is not mapped"
+            );
         }
         self.used_bytes -= page_bytes * page_count;
         self.free_count += 1;
@@ -181,10 +240,15 @@ impl VirtualMemory for TestDevice {
 
     fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError> {
         assert!(
-            self.pages.range((range.addr.0, 0)..(range.addr.0 + 1, 0)).next().is_none(),
+            self.pages
+                .range((range.addr.0, 0)..(range.addr.0 + 1, 0))
+                .next()
+                .is_none(),
             "releasing a range with mapped pages"
         );
-        self.ranges.remove(&range.addr.0).expect("TestDevice: unknown range");
+        self.ranges
+            .remove(&range.addr.0)
+            .expect("TestDevice: unknown range");
         Ok(())
     }
 }

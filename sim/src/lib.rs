@@ -1,1 +1,38 @@
-//! placeholder
+//! The replay engine, the simulated device, metrics and batch comparisons, and the
+//! fidelity harness that checks the caching policy against recorded PyTorch runs.
+//!
+//! Design choices, and why:
+//!
+//! - **Determinism is a contract.** The same trace, policy configuration, device options
+//!   and replay options give byte-identical output: no clock, no environment, no GPU, no
+//!   randomness here (generators take explicit seeds in `workloads`). Parallel
+//!   comparisons keep input order.
+//! - **The engine is a function.** [`replay`] holds all control flow; policies and
+//!   devices only react. An OOM ends up in the [`Replay`] result, never in `Err`.
+//! - **Check the same fact twice.** With `check_invariants` the engine compares the
+//!   policy's reserved bytes with the device's, and the live allocations with the
+//!   policy's blocks, after every event.
+//! - **The device is a measured model.** [`SimDevice`] charges bytes the way the CUDA
+//!   driver did when measured on an H100 (2 MiB pages, packed small allocations) and can
+//!   load other measured profiles ([`DeviceProfile`]).
+//! - **Fidelity is measured, not assumed.** [`fidelity`] replays a recorded PyTorch run
+//!   with its own configuration and compares every segment decision, peak, OOM point and
+//!   checkpoint.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod compare;
+mod device;
+pub mod fidelity;
+mod metrics;
+mod profile;
+mod replay;
+pub mod report;
+pub mod spec;
+
+pub use compare::{compare, CompareInput, Row};
+pub use device::{AddressHints, AddressModel, SimDevice, SimDeviceOptions};
+pub use metrics::{Oom, Recorder, Sample, Summary};
+pub use profile::{DeviceProfile, ProfileError};
+pub use replay::{replay, Replay, ReplayError, ReplayOptions};

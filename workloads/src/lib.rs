@@ -58,22 +58,42 @@ impl ReadError {
 
     /// The file could not be read.
     pub fn io(path: &Path, error: &std::io::Error) -> ReadError {
-        ReadError { path: path.to_path_buf(), location: None, message: error.to_string(), kind: ReadErrorKind::Io }
+        ReadError {
+            path: path.to_path_buf(),
+            location: None,
+            message: error.to_string(),
+            kind: ReadErrorKind::Io,
+        }
     }
 
     /// The file is not in the expected format.
     pub fn syntax(path: &Path, location: Option<String>, message: impl Into<String>) -> ReadError {
-        ReadError { path: path.to_path_buf(), location, message: message.into(), kind: ReadErrorKind::Syntax }
+        ReadError {
+            path: path.to_path_buf(),
+            location,
+            message: message.into(),
+            kind: ReadErrorKind::Syntax,
+        }
     }
 
     /// A value is not allowed.
     pub fn invalid(path: &Path, location: Option<String>, message: impl Into<String>) -> ReadError {
-        ReadError { path: path.to_path_buf(), location, message: message.into(), kind: ReadErrorKind::Invalid }
+        ReadError {
+            path: path.to_path_buf(),
+            location,
+            message: message.into(),
+            kind: ReadErrorKind::Invalid,
+        }
     }
 
     /// The format could not be determined.
     pub fn unknown_format(path: &Path, message: impl Into<String>) -> ReadError {
-        ReadError { path: path.to_path_buf(), location: None, message: message.into(), kind: ReadErrorKind::UnknownFormat }
+        ReadError {
+            path: path.to_path_buf(),
+            location: None,
+            message: message.into(),
+            kind: ReadErrorKind::UnknownFormat,
+        }
     }
 }
 

@@ -206,17 +206,31 @@ impl RecordedRun {
                     let id = AllocId(next_id);
                     next_id += 1;
                     if e.action == Action::Alloc && live.insert(e.addr, id).is_some() {
-                        return Err(self.not_from_empty(index, "allocates an address that is already live"));
+                        return Err(
+                            self.not_from_empty(index, "allocates an address that is already live")
+                        );
                     }
-                    Event::Alloc { id, size_bytes: e.size, stream: e.stream }
+                    Event::Alloc {
+                        id,
+                        size_bytes: e.size,
+                        stream: e.stream,
+                    }
                 }
                 Action::FreeCompleted => match live.remove(&e.addr) {
                     Some(id) => Event::Free { id },
-                    None => return Err(self.not_from_empty(index, "frees an address that was never allocated in the trace")),
+                    None => {
+                        return Err(self.not_from_empty(
+                            index,
+                            "frees an address that was never allocated in the trace",
+                        ))
+                    }
                 },
                 Action::FreeRequested => {
                     if !live.contains_key(&e.addr) {
-                        return Err(self.not_from_empty(index, "frees an address that was never allocated in the trace"));
+                        return Err(self.not_from_empty(
+                            index,
+                            "frees an address that was never allocated in the trace",
+                        ));
                     }
                     continue;
                 }
@@ -332,7 +346,12 @@ mod tests {
     use super::*;
 
     fn entry(action: Action, addr: u64, size: u64) -> RecordedEntry {
-        RecordedEntry { action, addr, size, stream: 0 }
+        RecordedEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+        }
     }
 
     /// Requests become trace events; segment decisions and snapshots are dropped, and
@@ -357,10 +376,18 @@ mod tests {
         assert_eq!(
             t.events,
             vec![
-                Event::Alloc { id: AllocId(0), size_bytes: 7, stream: 0 },
+                Event::Alloc {
+                    id: AllocId(0),
+                    size_bytes: 7,
+                    stream: 0
+                },
                 Event::Free { id: AllocId(0) },
                 Event::EmptyCache,
-                Event::Alloc { id: AllocId(1), size_bytes: 1 << 30, stream: 0 },
+                Event::Alloc {
+                    id: AllocId(1),
+                    size_bytes: 1 << 30,
+                    stream: 0
+                },
             ]
         );
         assert_eq!(t.locations, vec![1, 4, 5, 7]);
@@ -376,6 +403,9 @@ mod tests {
             ..RecordedRun::default()
         };
         let err = run.to_trace().unwrap_err().to_string();
-        assert!(err.starts_with("x.pickle: entry 0: the recorded trace frees an address"), "{err}");
+        assert!(
+            err.starts_with("x.pickle: entry 0: the recorded trace frees an address"),
+            "{err}"
+        );
     }
 }

@@ -139,7 +139,10 @@ impl CachingConfig {
         let defaults = CachingConfig::default();
         let mut parts = Vec::new();
         if self.max_split_size_bytes != defaults.max_split_size_bytes {
-            parts.push(format!("max_split_size_mb:{}", self.max_split_size_bytes / MIB));
+            parts.push(format!(
+                "max_split_size_mb:{}",
+                self.max_split_size_bytes / MIB
+            ));
         }
         if self.max_non_split_rounding_bytes != defaults.max_non_split_rounding_bytes {
             parts.push(format!(
@@ -551,7 +554,11 @@ fn stoull(token: &str) -> Result<u64, AllocConfError> {
     let value: u64 = digits
         .parse()
         .map_err(|_| AllocConfError::new(format!("stoull: '{token}' is out of range")))?;
-    Ok(if negative { value.wrapping_neg() } else { value })
+    Ok(if negative {
+        value.wrapping_neg()
+    } else {
+        value
+    })
 }
 
 /// `std::stod`: the longest prefix that is a decimal floating-point number.
@@ -561,7 +568,9 @@ fn stod(token: &str) -> Result<f64, AllocConfError> {
         .rev()
         .filter(|&end| token.is_char_boundary(end))
         .find_map(|end| token[..end].parse::<f64>().ok())
-        .ok_or_else(|| AllocConfError::new(format!("stod: no number in '{token}' (invalid_argument)")))
+        .ok_or_else(|| {
+            AllocConfError::new(format!("stod: no number in '{token}' (invalid_argument)"))
+        })
 }
 
 impl fmt::Display for MemoryLimit {
@@ -581,7 +590,10 @@ mod tests {
     /// The default string parses to the defaults.
     #[test]
     fn empty_string_is_default() {
-        assert_eq!(CachingConfig::from_alloc_conf("").unwrap(), CachingConfig::default());
+        assert_eq!(
+            CachingConfig::from_alloc_conf("").unwrap(),
+            CachingConfig::default()
+        );
     }
 
     /// Every documented key is read into its field.
@@ -626,17 +638,47 @@ mod tests {
     #[test]
     fn bad_values_get_pytorch_messages() {
         let cases = [
-            ("max_split_size_mb:5", "CachingAllocator option max_split_size_mb too small, must be >= 20"),
-            ("max_non_split_rounding_mb:3", "CachingAllocator option max_non_split_rounding_mb too small, must be >= 20"),
-            ("garbage_collection_threshold:1.5", "garbage_collect_threshold is invalid, set it in (0.0, 1.0)"),
-            ("roundup_power2_divisions:3", "For roundups, the divisions has to be power of 2 "),
-            ("roundup_power2_divisions:[3:4]", "For roundups, the intervals have to be power of 2 "),
-            ("roundup_power2_divisions:[4:3]", "For roundups, the divisions has to be power of 2 or 0 to disable roundup "),
-            ("expandable_segments:true", "Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'true'"),
+            (
+                "max_split_size_mb:5",
+                "CachingAllocator option max_split_size_mb too small, must be >= 20",
+            ),
+            (
+                "max_non_split_rounding_mb:3",
+                "CachingAllocator option max_non_split_rounding_mb too small, must be >= 20",
+            ),
+            (
+                "garbage_collection_threshold:1.5",
+                "garbage_collect_threshold is invalid, set it in (0.0, 1.0)",
+            ),
+            (
+                "roundup_power2_divisions:3",
+                "For roundups, the divisions has to be power of 2 ",
+            ),
+            (
+                "roundup_power2_divisions:[3:4]",
+                "For roundups, the intervals have to be power of 2 ",
+            ),
+            (
+                "roundup_power2_divisions:[4:3]",
+                "For roundups, the divisions has to be power of 2 or 0 to disable roundup ",
+            ),
+            (
+                "expandable_segments:true",
+                "Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'true'",
+            ),
             ("foo:1", "Unrecognized key 'foo' in CUDA allocator config."),
-            ("backend:magic", "Unknown allocator backend, options are native and cudaMallocAsync"),
-            ("per_process_memory_fraction:2", "per_process_memory_fraction is invalid, set it in [0.0, 1.0]"),
-            ("max_split_size_mb", "Index out of bounds in ConfigTokenizer"),
+            (
+                "backend:magic",
+                "Unknown allocator backend, options are native and cudaMallocAsync",
+            ),
+            (
+                "per_process_memory_fraction:2",
+                "per_process_memory_fraction is invalid, set it in [0.0, 1.0]",
+            ),
+            (
+                "max_split_size_mb",
+                "Index out of bounds in ConfigTokenizer",
+            ),
         ];
         for (conf, message) in cases {
             let err = CachingConfig::from_alloc_conf(conf).unwrap_err();
@@ -669,8 +711,10 @@ mod tests {
     /// Re-applying a string resets the three resettable keys but keeps expandable segments.
     #[test]
     fn reparse_resets_some_keys() {
-        let mut c = CachingConfig::from_alloc_conf("max_split_size_mb:64,expandable_segments:True").unwrap();
-        c.apply_alloc_conf("release_lock_on_cudamalloc:False").unwrap();
+        let mut c = CachingConfig::from_alloc_conf("max_split_size_mb:64,expandable_segments:True")
+            .unwrap();
+        c.apply_alloc_conf("release_lock_on_cudamalloc:False")
+            .unwrap();
         assert_eq!(c.max_split_size_bytes, u64::MAX);
         assert!(c.expandable_segments);
     }
@@ -682,6 +726,9 @@ mod tests {
             "max_split_size_mb:64,roundup_power2_divisions:[256:1,512:2,>:8],expandable_segments:True,garbage_collection_threshold:0.6",
         )
         .unwrap();
-        assert_eq!(CachingConfig::from_alloc_conf(&c.to_alloc_conf()).unwrap(), c);
+        assert_eq!(
+            CachingConfig::from_alloc_conf(&c.to_alloc_conf()).unwrap(),
+            c
+        );
     }
 }

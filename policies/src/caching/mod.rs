@@ -285,9 +285,18 @@ impl CachingPolicy {
             if let (true, Some(allowed)) = (gc_enabled, allowed) {
                 self.garbage_collect_cached_blocks(device, allowed)?;
             }
-            let args = AllocArgs { pool, stream, size, alloc_size, expandable, allowed };
+            let args = AllocArgs {
+                pool,
+                stream,
+                size,
+                alloc_size,
+                expandable,
+                allowed,
+            };
             found = self.alloc_block(device, &args, false)?;
-            if found.is_none() && self.release_available_cached_blocks(device, pool, stream, size)? {
+            if found.is_none()
+                && self.release_available_cached_blocks(device, pool, stream, size)?
+            {
                 found = self.alloc_block(device, &args, false)?;
             }
             if found.is_none() {
@@ -327,7 +336,11 @@ impl CachingPolicy {
         if gc_enabled {
             pool.get_free_blocks_call_count += 1;
         }
-        let b = |id: u32| blocks[id as usize].as_ref().expect("pool holds a dead block");
+        let b = |id: u32| {
+            blocks[id as usize]
+                .as_ref()
+                .expect("pool holds a dead block")
+        };
         let expandable_size = |id: u32| {
             let blk = b(id);
             let next_unmapped = match blk.next {
@@ -433,7 +446,9 @@ impl CachingPolicy {
             if already_split && !expandable {
                 self.stats.inactive_split_bytes.decrease(pool, size);
             } else if !expandable {
-                self.stats.inactive_split_bytes.increase(pool, remaining_size);
+                self.stats
+                    .inactive_split_bytes
+                    .increase(pool, remaining_size);
                 self.stats.inactive_split.increase(pool, 1);
             }
             new_id
@@ -548,7 +563,12 @@ impl CachingPolicy {
         }
         let key_size = size.max(max_split);
         let key = (stream.0, key_size, 0);
-        let hit = self.pool(pool_kind).blocks.range(key..).next().map(|(_, &id)| id);
+        let hit = self
+            .pool(pool_kind)
+            .blocks
+            .range(key..)
+            .next()
+            .map(|(_, &id)| id);
         let usable = hit.filter(|&id| {
             let b = self.block(id);
             b.stream == stream && !b.expandable
@@ -558,7 +578,12 @@ impl CachingPolicy {
             return Ok(true);
         }
         // No single block is large enough: free oversize blocks from the largest down.
-        let mut cursor = self.pool(pool_kind).blocks.range(..key).next_back().map(|(k, &id)| (*k, id));
+        let mut cursor = self
+            .pool(pool_kind)
+            .blocks
+            .range(..key)
+            .next_back()
+            .map(|(k, &id)| (*k, id));
         let mut total_released = 0u64;
         while let Some((cur_key, cur)) = cursor {
             let (cur_size, cur_stream, cur_expandable) = {
@@ -568,7 +593,12 @@ impl CachingPolicy {
             if !(total_released < key_size && cur_size >= max_split && cur_stream == stream) {
                 break;
             }
-            cursor = self.pool(pool_kind).blocks.range(..cur_key).next_back().map(|(k, &id)| (*k, id));
+            cursor = self
+                .pool(pool_kind)
+                .blocks
+                .range(..cur_key)
+                .next_back()
+                .map(|(k, &id)| (*k, id));
             if !cur_expandable {
                 total_released += cur_size;
                 self.release_block(device, cur)?;
@@ -597,7 +627,11 @@ impl CachingPolicy {
     }
 
     /// `release_blocks`: frees whole free segments of one pool, in free-set order.
-    fn release_blocks(&mut self, device: &mut dyn Device, pool_kind: PoolKind) -> Result<(), DeviceError> {
+    fn release_blocks(
+        &mut self,
+        device: &mut dyn Device,
+        pool_kind: PoolKind,
+    ) -> Result<(), DeviceError> {
         let ids: Vec<u32> = self.pool(pool_kind).blocks.values().copied().collect();
         let mut to_unmap = Vec::new();
         for id in ids {
@@ -634,14 +668,20 @@ impl CachingPolicy {
         if b.size >= self.config.max_split_size_bytes {
             self.stats.oversize_segments.decrease(1);
         }
-        self.pool_mut(b.pool).blocks.remove(&(b.stream.0, b.size, b.addr));
+        self.pool_mut(b.pool)
+            .blocks
+            .remove(&(b.stream.0, b.size, b.addr));
         self.delete_block(id);
         Ok(())
     }
 
     /// `garbage_collect_cached_blocks`: above `threshold × limit` reserved, frees whole
     /// free large-pool segments at least as old as the mean, pass after pass.
-    fn garbage_collect_cached_blocks(&mut self, device: &mut dyn Device, allowed: u64) -> Result<(), DeviceError> {
+    fn garbage_collect_cached_blocks(
+        &mut self,
+        device: &mut dyn Device,
+        allowed: u64,
+    ) -> Result<(), DeviceError> {
         let gc_threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
         if self.total_allocated <= gc_threshold {
             return Ok(());
@@ -723,7 +763,10 @@ impl CachingPolicy {
         size: u64,
     ) -> Result<u32, DeviceError> {
         let allocatable = |blocks: &Vec<Option<Block>>, id: u32| {
-            id != NIL && blocks[id as usize].as_ref().is_some_and(|b| b.state == State::Free)
+            id != NIL
+                && blocks[id as usize]
+                    .as_ref()
+                    .is_some_and(|b| b.state == State::Free)
         };
         let unmapped: Vec<u32> = self
             .pool(pool_kind)
@@ -787,16 +830,25 @@ impl CachingPolicy {
             gc_count_base: 0,
             serial: 0,
         });
-        self.pool_mut(pool_kind).unmapped.insert((stream.0, addr), id);
+        self.pool_mut(pool_kind)
+            .unmapped
+            .insert((stream.0, addr), id);
         Ok(id)
     }
 
     /// `map_block`: maps the pages under the first `size` bytes of an unmapped block and
     /// merges them with free neighbours. `Ok(false)` when the device is out of memory.
-    fn map_block(&mut self, device: &mut dyn Device, id: u32, size: u64) -> Result<bool, DeviceError> {
+    fn map_block(
+        &mut self,
+        device: &mut dyn Device,
+        id: u32,
+        size: u64,
+    ) -> Result<bool, DeviceError> {
         let b = self.block(id).clone();
         debug_assert!(!b.mapped && size <= b.size);
-        let es = self.expandables[b.segment as usize].as_mut().expect("dead expandable segment");
+        let es = self.expandables[b.segment as usize]
+            .as_mut()
+            .expect("dead expandable segment");
         let page = es.page_bytes;
         let base = es.range.addr.0;
         let begin = (b.addr - base) / page;
@@ -837,7 +889,9 @@ impl CachingPolicy {
                 self.block_mut(b.next).prev = rest;
             }
             self.block_mut(id).next = rest;
-            self.pool_mut(b.pool).unmapped.insert((b.stream.0, b.addr + mapped_size), rest);
+            self.pool_mut(b.pool)
+                .unmapped
+                .insert((b.stream.0, b.addr + mapped_size), rest);
             self.block_mut(id).size = mapped_size;
         }
         let prev = self.block(id).prev;
@@ -854,7 +908,9 @@ impl CachingPolicy {
     /// `unmap_block`: unmaps every page lying wholly inside a free expandable block.
     fn unmap_block(&mut self, device: &mut dyn Device, id: u32) -> Result<(), DeviceError> {
         let b = self.block(id).clone();
-        let es = self.expandables[b.segment as usize].as_mut().expect("dead expandable segment");
+        let es = self.expandables[b.segment as usize]
+            .as_mut()
+            .expect("dead expandable segment");
         let page = es.page_bytes;
         let base = es.range.addr.0;
         let begin = (b.addr - base).div_ceil(page);
@@ -872,7 +928,9 @@ impl CachingPolicy {
         let unmapped_addr = base + begin * page;
         let unmapped_size = (end - begin) * page;
         es.mapped_bytes -= unmapped_size;
-        self.pool_mut(b.pool).blocks.remove(&(b.stream.0, b.size, b.addr));
+        self.pool_mut(b.pool)
+            .blocks
+            .remove(&(b.stream.0, b.size, b.addr));
         let before_size = unmapped_addr - b.addr;
         if before_size > 0 {
             let before = self.insert_block(Block {
@@ -939,12 +997,19 @@ impl CachingPolicy {
     }
 
     /// `release_expandable_segment`: drops a segment whose every page is unmapped.
-    fn release_expandable_segment(&mut self, device: &mut dyn Device, id: u32) -> Result<(), DeviceError> {
+    fn release_expandable_segment(
+        &mut self,
+        device: &mut dyn Device,
+        id: u32,
+    ) -> Result<(), DeviceError> {
         let b = self.block(id).clone();
         let es = self.expandables[b.segment as usize]
             .take()
             .expect("dead expandable segment");
-        assert!(!b.mapped && b.size == es.range.size_bytes, "block disagrees with segment");
+        assert!(
+            !b.mapped && b.size == es.range.size_bytes,
+            "block disagrees with segment"
+        );
         self.pool_mut(b.pool).unmapped.remove(&(b.stream.0, b.addr));
         self.delete_block(id);
         let vm = device.virtual_memory().ok_or(DeviceError::Unsupported {
@@ -1133,11 +1198,19 @@ impl Policy for CachingPolicy {
         &self.label
     }
 
-    fn allocate(&mut self, device: &mut dyn Device, request: Request) -> Result<Allocation, AllocError> {
+    fn allocate(
+        &mut self,
+        device: &mut dyn Device,
+        request: Request,
+    ) -> Result<Allocation, AllocError> {
         self.malloc(device, request.size_bytes, request.stream)
     }
 
-    fn free(&mut self, _device: &mut dyn Device, allocation: Allocation) -> Result<(), DeviceError> {
+    fn free(
+        &mut self,
+        _device: &mut dyn Device,
+        allocation: Allocation,
+    ) -> Result<(), DeviceError> {
         if self.completed_early.remove(&allocation.serial) {
             // A cache release already returned this pending block to its pool.
             return Ok(());
@@ -1217,16 +1290,34 @@ impl Policy for CachingPolicy {
         for (id, b) in self.blocks.iter().enumerate() {
             let Some(b) = b else { continue };
             let id = id as u32;
-            assert!(b.size > 0 && b.size % MIN_BLOCK_BYTES == 0, "block size {} not a positive multiple of 512", b.size);
+            assert!(
+                b.size > 0 && b.size % MIN_BLOCK_BYTES == 0,
+                "block size {} not a positive multiple of 512",
+                b.size
+            );
             for (n, forward) in [(b.prev, false), (b.next, true)] {
                 if n == NIL {
                     continue;
                 }
                 let nb = self.block(n);
-                assert_eq!(if forward { nb.prev } else { nb.next }, id, "broken block links");
+                assert_eq!(
+                    if forward { nb.prev } else { nb.next },
+                    id,
+                    "broken block links"
+                );
                 let (lo, hi) = if forward { (b, nb) } else { (nb, b) };
-                assert_eq!(lo.addr + lo.size, hi.addr, "neighbouring blocks do not touch");
-                assert!(nb.segment == b.segment && nb.expandable == b.expandable && nb.stream == b.stream && nb.pool == b.pool, "neighbours in different segments");
+                assert_eq!(
+                    lo.addr + lo.size,
+                    hi.addr,
+                    "neighbouring blocks do not touch"
+                );
+                assert!(
+                    nb.segment == b.segment
+                        && nb.expandable == b.expandable
+                        && nb.stream == b.stream
+                        && nb.pool == b.pool,
+                    "neighbours in different segments"
+                );
                 if forward && b.state == State::Free && nb.state == State::Free {
                     assert_ne!(b.mapped, nb.mapped, "two free neighbours were not merged");
                 }
@@ -1234,7 +1325,11 @@ impl Policy for CachingPolicy {
             match (b.state, b.mapped) {
                 (State::Free, true) => {
                     free_mapped += 1;
-                    assert_eq!(self.pool(b.pool).blocks.get(&(b.stream.0, b.size, b.addr)), Some(&id), "free block missing from its pool");
+                    assert_eq!(
+                        self.pool(b.pool).blocks.get(&(b.stream.0, b.size, b.addr)),
+                        Some(&id),
+                        "free block missing from its pool"
+                    );
                     if !b.expandable && (b.prev != NIL || b.next != NIL) {
                         inactive_split.0 += 1;
                         inactive_split.1 += b.size;
@@ -1243,7 +1338,11 @@ impl Policy for CachingPolicy {
                 (State::Free, false) => {
                     assert!(b.expandable, "unmapped block outside an expandable segment");
                     unmapped += 1;
-                    assert_eq!(self.pool(b.pool).unmapped.get(&(b.stream.0, b.addr)), Some(&id), "unmapped block missing from its pool");
+                    assert_eq!(
+                        self.pool(b.pool).unmapped.get(&(b.stream.0, b.addr)),
+                        Some(&id),
+                        "unmapped block missing from its pool"
+                    );
                 }
                 (State::Allocated, _) | (State::Pending, _) => {
                     assert!(b.mapped, "allocated block is not mapped");
@@ -1260,8 +1359,13 @@ impl Policy for CachingPolicy {
                 }
             }
             if b.prev == NIL && !b.expandable {
-                let seg = self.segments[b.segment as usize].as_ref().expect("block of a freed segment");
-                assert_eq!(seg.addr.0, b.addr, "segment head is not at the segment base");
+                let seg = self.segments[b.segment as usize]
+                    .as_ref()
+                    .expect("block of a freed segment");
+                assert_eq!(
+                    seg.addr.0, b.addr,
+                    "segment head is not at the segment base"
+                );
                 let mut covered = 0;
                 let mut cur = id;
                 while cur != NIL {
@@ -1272,8 +1376,13 @@ impl Policy for CachingPolicy {
                 reserved += seg.size_bytes;
             }
             if b.prev == NIL && b.expandable {
-                let es = self.expandables[b.segment as usize].as_ref().expect("block of a released expandable segment");
-                assert_eq!(es.range.addr.0, b.addr, "expandable head is not at the range base");
+                let es = self.expandables[b.segment as usize]
+                    .as_ref()
+                    .expect("block of a released expandable segment");
+                assert_eq!(
+                    es.range.addr.0, b.addr,
+                    "expandable head is not at the range base"
+                );
                 let mut covered = 0;
                 let mut cur = id;
                 while cur != NIL {
@@ -1282,34 +1391,94 @@ impl Policy for CachingPolicy {
                     let last_page = (c.addr + c.size - 1 - es.range.addr.0) / es.page_bytes;
                     if c.mapped {
                         for p in first_page..=last_page {
-                            assert!(es.mapped_pages[p as usize], "mapped block over an unmapped page");
+                            assert!(
+                                es.mapped_pages[p as usize],
+                                "mapped block over an unmapped page"
+                            );
                         }
                     } else {
-                        assert_eq!((c.addr - es.range.addr.0) % es.page_bytes, 0, "unmapped block not page aligned");
+                        assert_eq!(
+                            (c.addr - es.range.addr.0) % es.page_bytes,
+                            0,
+                            "unmapped block not page aligned"
+                        );
                         assert_eq!(c.size % es.page_bytes, 0, "unmapped block not whole pages");
                         for p in first_page..=last_page {
-                            assert!(!es.mapped_pages[p as usize], "unmapped block over a mapped page");
+                            assert!(
+                                !es.mapped_pages[p as usize],
+                                "unmapped block over a mapped page"
+                            );
                         }
                     }
                     covered += c.size;
                     cur = c.next;
                 }
-                assert_eq!(covered, es.range.size_bytes, "blocks do not tile their expandable segment");
+                assert_eq!(
+                    covered, es.range.size_bytes,
+                    "blocks do not tile their expandable segment"
+                );
                 let mapped = es.mapped_pages.iter().filter(|&&m| m).count() as u64 * es.page_bytes;
                 assert_eq!(mapped, es.mapped_bytes, "expandable segment mapped bytes");
                 reserved += es.mapped_bytes;
             }
         }
         let s = &self.stats;
-        assert_eq!(free_mapped, self.small.blocks.len() + self.large.blocks.len(), "pool holds stale blocks");
-        assert_eq!(unmapped, self.small.unmapped.len() + self.large.unmapped.len(), "unmapped set holds stale blocks");
-        assert_eq!(reserved, s.reserved_bytes.all.current, "reserved_bytes disagrees with the segments");
-        assert_eq!(reserved, self.total_allocated, "total_allocated_memory disagrees with the segments");
-        assert_eq!(allocated, (s.allocation.all.current, s.allocated_bytes.all.current), "allocated stats");
-        assert_eq!(active, (s.active.all.current, s.active_bytes.all.current, s.requested_bytes.all.current), "active stats");
-        assert_eq!(inactive_split, (s.inactive_split.all.current, s.inactive_split_bytes.all.current), "inactive_split stats");
-        for a in [&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes] {
-            assert_eq!(a.all.current, a.small_pool.current + a.large_pool.current, "pool stats do not add up");
+        assert_eq!(
+            free_mapped,
+            self.small.blocks.len() + self.large.blocks.len(),
+            "pool holds stale blocks"
+        );
+        assert_eq!(
+            unmapped,
+            self.small.unmapped.len() + self.large.unmapped.len(),
+            "unmapped set holds stale blocks"
+        );
+        assert_eq!(
+            reserved, s.reserved_bytes.all.current,
+            "reserved_bytes disagrees with the segments"
+        );
+        assert_eq!(
+            reserved, self.total_allocated,
+            "total_allocated_memory disagrees with the segments"
+        );
+        assert_eq!(
+            allocated,
+            (s.allocation.all.current, s.allocated_bytes.all.current),
+            "allocated stats"
+        );
+        assert_eq!(
+            active,
+            (
+                s.active.all.current,
+                s.active_bytes.all.current,
+                s.requested_bytes.all.current
+            ),
+            "active stats"
+        );
+        assert_eq!(
+            inactive_split,
+            (
+                s.inactive_split.all.current,
+                s.inactive_split_bytes.all.current
+            ),
+            "inactive_split stats"
+        );
+        for a in [
+            &s.allocation,
+            &s.segment,
+            &s.active,
+            &s.inactive_split,
+            &s.allocated_bytes,
+            &s.reserved_bytes,
+            &s.active_bytes,
+            &s.inactive_split_bytes,
+            &s.requested_bytes,
+        ] {
+            assert_eq!(
+                a.all.current,
+                a.small_pool.current + a.large_pool.current,
+                "pool stats do not add up"
+            );
         }
     }
 }

@@ -189,7 +189,10 @@ impl CachingStats {
         push_stat("oversize_segments".into(), &self.oversize_segments);
         out.push(("num_alloc_retries".into(), self.num_alloc_retries as i64));
         out.push(("num_ooms".into(), self.num_ooms as i64));
-        out.push(("num_sync_all_streams".into(), self.num_sync_all_streams as i64));
+        out.push((
+            "num_sync_all_streams".into(),
+            self.num_sync_all_streams as i64,
+        ));
         out.push(("num_device_alloc".into(), self.num_device_alloc as i64));
         out.push(("num_device_free".into(), self.num_device_free as i64));
         let max_split = if max_split_size_bytes == u64::MAX {
@@ -214,7 +217,15 @@ mod tests {
         s.increase(10);
         s.decrease(4);
         s.increase(2);
-        assert_eq!(s, Stat { current: 8, peak: 10, allocated: 12, freed: 4 });
+        assert_eq!(
+            s,
+            Stat {
+                current: 8,
+                peak: 10,
+                allocated: 12,
+                freed: 4
+            }
+        );
     }
 
     /// A peak reset makes every peak equal its current value.

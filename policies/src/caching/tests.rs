@@ -4,11 +4,17 @@ use crate::testing::{NullDevice, TestDevice};
 const GIB: u64 = 1 << 30;
 
 fn req(size_bytes: u64) -> Request {
-    Request { size_bytes, stream: StreamId(0) }
+    Request {
+        size_bytes,
+        stream: StreamId(0),
+    }
 }
 
 fn on(stream: u64, size_bytes: u64) -> Request {
-    Request { size_bytes, stream: StreamId(stream) }
+    Request {
+        size_bytes,
+        stream: StreamId(stream),
+    }
 }
 
 fn policy(conf: &str) -> CachingPolicy {
@@ -53,7 +59,9 @@ fn ten_mib_step() {
 fn thousand_small_requests_share_one_segment() {
     let mut d = TestDevice::unbounded();
     let mut p = CachingPolicy::default();
-    let live: Vec<_> = (0..1000).map(|_| p.allocate(&mut d, req(512)).unwrap()).collect();
+    let live: Vec<_> = (0..1000)
+        .map(|_| p.allocate(&mut d, req(512)).unwrap())
+        .collect();
     assert_eq!(p.stats().reserved_bytes, 2 * MIB);
     assert_eq!(p.stats().allocated_bytes, 512 * 1000);
     for a in live {
@@ -101,7 +109,10 @@ fn best_fit_prefers_smallest_then_lowest_address() {
     p.free(&mut d, second).unwrap();
     p.free(&mut d, first).unwrap();
     let again = p.allocate(&mut d, req(12 * MIB)).unwrap();
-    assert_eq!(again.addr, first_addr, "equal 12 MiB blocks: lowest address wins");
+    assert_eq!(
+        again.addr, first_addr,
+        "equal 12 MiB blocks: lowest address wins"
+    );
     let bigger = p.allocate(&mut d, req(30 * MIB)).unwrap();
     assert_eq!(bigger.addr, big_addr, "only the 40 MiB block fits");
     p.check_invariants();
@@ -117,7 +128,11 @@ fn no_cross_stream_reuse() {
     let _b = p.allocate(&mut d, on(9, 64 * MIB)).unwrap();
     assert_eq!(p.stats().reserved_bytes, 128 * MIB);
     let _c = p.allocate(&mut d, on(7, 64 * MIB)).unwrap();
-    assert_eq!(p.stats().reserved_bytes, 128 * MIB, "stream 7 reuses its own block");
+    assert_eq!(
+        p.stats().reserved_bytes,
+        128 * MIB,
+        "stream 7 reuses its own block"
+    );
     p.check_invariants();
 }
 
@@ -129,7 +144,11 @@ fn split_thresholds() {
     let a = p.allocate(&mut d, req(19 * MIB)).unwrap();
     assert_eq!(a.block_bytes, 20 * MIB);
     let s = p.allocate(&mut d, req(2 * MIB - 512)).unwrap();
-    assert_eq!(s.block_bytes, 2 * MIB - 512, "rounded size 2 MiB - 512 is large pool");
+    assert_eq!(
+        s.block_bytes,
+        2 * MIB - 512,
+        "rounded size 2 MiB - 512 is large pool"
+    );
     let mut small = CachingPolicy::default();
     let t = small.allocate(&mut d, req(MIB + MIB / 2)).unwrap();
     assert_eq!(t.block_bytes, MIB + MIB / 2);
@@ -147,15 +166,36 @@ fn inactive_split_accounting() {
     let mut p = CachingPolicy::default();
     let a = p.allocate(&mut d, req(512)).unwrap();
     let st = p.caching_stats();
-    assert_eq!((st.inactive_split.all.current, st.inactive_split_bytes.all.current), (1, 2 * MIB - 512));
+    assert_eq!(
+        (
+            st.inactive_split.all.current,
+            st.inactive_split_bytes.all.current
+        ),
+        (1, 2 * MIB - 512)
+    );
     let b = p.allocate(&mut d, req(1024)).unwrap();
-    assert_eq!(p.caching_stats().inactive_split_bytes.all.current, 2 * MIB - 1536);
+    assert_eq!(
+        p.caching_stats().inactive_split_bytes.all.current,
+        2 * MIB - 1536
+    );
     p.free(&mut d, a).unwrap();
     let st = p.caching_stats();
-    assert_eq!((st.inactive_split.all.current, st.inactive_split_bytes.all.current), (2, 2 * MIB - 1024));
+    assert_eq!(
+        (
+            st.inactive_split.all.current,
+            st.inactive_split_bytes.all.current
+        ),
+        (2, 2 * MIB - 1024)
+    );
     p.free(&mut d, b).unwrap();
     let st = p.caching_stats();
-    assert_eq!((st.inactive_split.all.current, st.inactive_split_bytes.all.current), (0, 0));
+    assert_eq!(
+        (
+            st.inactive_split.all.current,
+            st.inactive_split_bytes.all.current
+        ),
+        (0, 0)
+    );
     p.check_invariants();
 }
 
@@ -175,7 +215,11 @@ fn oom_retry_releases_cache_then_fails() {
     let before = p.stats();
     let err = p.allocate(&mut d, req(500 * MIB)).unwrap_err();
     match err {
-        AllocError::OutOfMemory { tried_bytes, requested_bytes, stats } => {
+        AllocError::OutOfMemory {
+            tried_bytes,
+            requested_bytes,
+            stats,
+        } => {
             assert_eq!((tried_bytes, requested_bytes), (500 * MIB, 500 * MIB));
             assert_eq!(stats.allocated_bytes, before.allocated_bytes);
         }
@@ -197,7 +241,7 @@ fn memory_limit_uses_segment_size() {
     let mut p = CachingPolicy::default();
     p.set_memory_limit(MemoryLimit::Bytes(30 * MIB));
     let _a = p.allocate(&mut d, req(15 * MIB)).unwrap(); // 16 MiB segment
-    // A 2 MiB request needs a 20 MiB segment: 16 + 20 > 30.
+                                                         // A 2 MiB request needs a 20 MiB segment: 16 + 20 > 30.
     let err = p.allocate(&mut d, req(2 * MIB)).unwrap_err();
     assert!(matches!(err, AllocError::OutOfMemory { tried_bytes, .. } if tried_bytes == 20 * MIB));
     // A small one needs 2 MiB: fits.
@@ -217,9 +261,17 @@ fn oversize_rules() {
     assert_eq!(big.block_bytes, 100 * MIB);
     p.free(&mut d, big).unwrap();
     let _normal = p.allocate(&mut d, req(30 * MIB)).unwrap();
-    assert_eq!(p.stats().reserved_bytes, 130 * MIB, "rule A: no reuse of the 100 MiB block");
+    assert_eq!(
+        p.stats().reserved_bytes,
+        130 * MIB,
+        "rule A: no reuse of the 100 MiB block"
+    );
     let within = p.allocate(&mut d, req(90 * MIB)).unwrap();
-    assert_eq!(within.block_bytes, 100 * MIB, "rule B: 100 < 90 + 20, taken whole, unsplit");
+    assert_eq!(
+        within.block_bytes,
+        100 * MIB,
+        "rule B: 100 < 90 + 20, taken whole, unsplit"
+    );
     p.free(&mut d, within).unwrap();
     let _beyond = p.allocate(&mut d, req(70 * MIB)).unwrap();
     // 100 >= 70 + 20: not taken; a 70 MiB segment is needed. cudaMalloc succeeds first.
@@ -245,7 +297,11 @@ fn release_available_cached_blocks_frees_one_oversize_block() {
     // 120 fails (270 used of 300); release_available frees the 150 MiB block.
     let c = p.allocate(&mut d, req(120 * MIB)).unwrap();
     assert_eq!(c.block_bytes, 120 * MIB);
-    assert_eq!(p.caching_stats().num_alloc_retries, 0, "no full release needed");
+    assert_eq!(
+        p.caching_stats().num_alloc_retries,
+        0,
+        "no full release needed"
+    );
     assert_eq!(p.stats().reserved_bytes, 240 * MIB);
     p.check_invariants();
 }
@@ -305,11 +361,19 @@ fn expandable_segments_map_and_unmap_pages() {
     let a = p.allocate(&mut d, req(30 * MIB)).unwrap();
     assert_eq!(p.stats().reserved_bytes, 40 * MIB, "two 20 MiB pages");
     let b = p.allocate(&mut d, req(5 * MIB)).unwrap();
-    assert_eq!(b.addr.0, a.addr.0 + 30 * MIB, "packed after a in the same segment");
+    assert_eq!(
+        b.addr.0,
+        a.addr.0 + 30 * MIB,
+        "packed after a in the same segment"
+    );
     assert_eq!(p.stats().reserved_bytes, 40 * MIB);
     let c = p.allocate(&mut d, req(10 * MIB)).unwrap();
     assert_eq!(p.stats().reserved_bytes, 60 * MIB);
-    assert_eq!(p.caching_stats().segment.all.current, 0, "expandable segments do not count");
+    assert_eq!(
+        p.caching_stats().segment.all.current,
+        0,
+        "expandable segments do not count"
+    );
     let s = p.allocate(&mut d, req(4096)).unwrap();
     assert_eq!(p.stats().reserved_bytes, 62 * MIB);
     p.check_invariants();
@@ -323,7 +387,11 @@ fn expandable_segments_map_and_unmap_pages() {
     }
     p.empty_cache(&mut d).unwrap();
     assert_eq!(p.stats().reserved_bytes, 0);
-    assert_eq!(p.stats().segment_count, 0, "fully unmapped segments are released");
+    assert_eq!(
+        p.stats().segment_count,
+        0,
+        "fully unmapped segments are released"
+    );
     p.check_invariants();
 }
 
@@ -338,10 +406,18 @@ fn pending_free_blocks() {
     assert_eq!(p.stats().allocated_bytes, 0);
     assert_eq!(p.caching_stats().active_bytes.all.current, 64 * MIB);
     let b = p.allocate(&mut d, req(64 * MIB)).unwrap();
-    assert_eq!(p.stats().reserved_bytes, 128 * MIB, "pending block is not reusable");
+    assert_eq!(
+        p.stats().reserved_bytes,
+        128 * MIB,
+        "pending block is not reusable"
+    );
     p.check_invariants();
     p.empty_cache(&mut d).unwrap();
-    assert_eq!(p.stats().reserved_bytes, 64 * MIB, "release completed the pending free");
+    assert_eq!(
+        p.stats().reserved_bytes,
+        64 * MIB,
+        "release completed the pending free"
+    );
     p.free(&mut d, a).unwrap(); // the late completion is a no-op
     p.free(&mut d, b).unwrap();
     p.check_invariants();
@@ -353,10 +429,16 @@ fn pending_free_blocks() {
 fn null_device_always_oom() {
     let mut d = NullDevice;
     let mut p = CachingPolicy::default();
-    assert!(matches!(p.allocate(&mut d, req(1)), Err(AllocError::OutOfMemory { .. })));
+    assert!(matches!(
+        p.allocate(&mut d, req(1)),
+        Err(AllocError::OutOfMemory { .. })
+    ));
     assert_eq!(p.stats(), PolicyStats::default());
     let mut e = policy("expandable_segments:True");
-    assert!(matches!(e.allocate(&mut d, req(1)), Err(AllocError::OutOfMemory { .. })));
+    assert!(matches!(
+        e.allocate(&mut d, req(1)),
+        Err(AllocError::OutOfMemory { .. })
+    ));
     e.check_invariants();
 }
 
@@ -366,7 +448,10 @@ fn degenerate_sizes() {
     let mut d = TestDevice::unbounded();
     let mut p = CachingPolicy::default();
     assert_eq!(p.allocate(&mut d, req(0)), Err(AllocError::ZeroSize));
-    assert!(matches!(p.allocate(&mut d, req(1 << 60)), Err(AllocError::OutOfMemory { .. })));
+    assert!(matches!(
+        p.allocate(&mut d, req(1 << 60)),
+        Err(AllocError::OutOfMemory { .. })
+    ));
     assert_eq!(p.caching_stats().num_ooms, 0);
     assert_eq!(p.stats(), PolicyStats::default());
 }
@@ -388,7 +473,14 @@ fn double_free_panics() {
     let mut d = TestDevice::unbounded();
     let mut p = CachingPolicy::default();
     let a = p.allocate(&mut d, req(100)).unwrap();
-    let twin = Allocation { addr: a.addr, requested_bytes: 100, block_bytes: 512, stream: a.stream, block: a.block, serial: a.serial };
+    let twin = Allocation {
+        addr: a.addr,
+        requested_bytes: 100,
+        block_bytes: 512,
+        stream: a.stream,
+        block: a.block,
+        serial: a.serial,
+    };
     p.free(&mut d, a).unwrap();
     p.free(&mut d, twin).unwrap();
 }

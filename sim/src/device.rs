@@ -1,0 +1,597 @@
+//! The simulated GPU: a capacity, deterministic addresses, and the bytes the CUDA
+//! driver would charge for each allocation.
+//!
+//! The charge model comes from measurement on an H100 (`../shared/oracle/
+//! h100-driver-granularity.json`, `h100-cudarc-probe.txt`): the driver backs device
+//! memory with 2 MiB pages; an allocation of more than 1 MiB takes whole pages of its
+//! own (`2 MiB + 1` costs 4 MiB), while allocations of up to 1 MiB are packed into shared
+//! 2 MiB pages at 512-byte alignment (eight 1-byte allocations cost one page; eight 1 MiB
+//! allocations cost four). A packed page is returned when its last allocation is freed.
+//! Virtual-memory pages (expandable segments) are charged exactly. Policies that only ask
+//! for multiples of 2 MiB, as PyTorch's caching allocator does, are charged exactly what
+//! they reserve.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use policies::{
+    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, Segment, SegmentId, VirtualMemory,
+};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// Where the simulated device places new allocations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AddressModel {
+    /// Each new region goes just below the previous one (2 MiB aligned), never reusing
+    /// addresses: the dominant pattern of the CUDA driver on an H100 for large
+    /// allocations, where newer segments get lower addresses.
+    #[default]
+    TopDown,
+    /// Each new region goes just above the previous one.
+    BottomUp,
+}
+
+/// How the simulated device is built. Every field is set explicitly; the same options
+/// give the same device, addresses included.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimDeviceOptions {
+    /// A name for reports.
+    pub name: String,
+    /// Bytes the device can hand out in all (what is left after the CUDA context).
+    pub capacity_bytes: u64,
+    /// Total memory as `cuMemGetInfo` reports it (memory fractions use it).
+    pub total_bytes: u64,
+    /// The driver's page (2 MiB on current NVIDIA GPUs).
+    pub page_bytes: u64,
+    /// Allocations up to this size share pages (1 MiB measured on H100); 0 = no packing.
+    pub small_alloc_max_bytes: u64,
+    /// Alignment of packed small allocations (512 B measured).
+    pub small_alloc_align_bytes: u64,
+    /// Address placement.
+    pub address_model: AddressModel,
+}
+
+impl Default for SimDeviceOptions {
+    /// An 80 GiB device with the H100 page model.
+    fn default() -> Self {
+        SimDeviceOptions {
+            name: "simulated 80 GiB".to_string(),
+            capacity_bytes: 80 * GIB,
+            total_bytes: 80 * GIB,
+            page_bytes: 2 * MIB,
+            small_alloc_max_bytes: MIB,
+            small_alloc_align_bytes: 512,
+            address_model: AddressModel::TopDown,
+        }
+    }
+}
+
+impl SimDeviceOptions {
+    /// The same device with another capacity (the total grows with it if needed).
+    pub fn with_capacity(mut self, capacity_bytes: u64) -> SimDeviceOptions {
+        self.capacity_bytes = capacity_bytes;
+        self.total_bytes = self.total_bytes.max(capacity_bytes);
+        self
+    }
+}
+
+/// Addresses a recorded run actually got, fed back so best-fit ties (lowest address
+/// first) break as they did on the real device. A hint is used while the simulation
+/// asks for the same sizes in the same order; at the first difference the device falls
+/// back to its address model for good.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AddressHints {
+    /// (size, address) of each `cudaMalloc`, in order.
+    pub segments: VecDeque<(u64, u64)>,
+    /// Base address of each expandable segment's reserved range, in order of creation.
+    pub ranges: VecDeque<u64>,
+}
+
+impl AddressHints {
+    fn lowest(&self) -> Option<u64> {
+        self.segments
+            .iter()
+            .map(|&(_, a)| a)
+            .chain(self.ranges.iter().copied())
+            .min()
+    }
+}
+
+#[derive(Debug)]
+struct LiveSegment {
+    id: u64,
+    size: u64,
+    charge: u64,
+    /// Index of the packed page this allocation lives in.
+    packed_page: Option<u64>,
+}
+
+#[derive(Debug)]
+struct PackedPage {
+    base: u64,
+    used: u64,
+    live: u64,
+}
+
+#[derive(Debug)]
+struct LiveRange {
+    id: u64,
+    size: u64,
+    /// Mapped pages: offset → page bytes.
+    pages: BTreeMap<u64, u64>,
+}
+
+/// The simulated device. See the module docs for the charge model.
+#[derive(Debug)]
+pub struct SimDevice {
+    options: SimDeviceOptions,
+    hints: AddressHints,
+    next_low: u64,
+    next_high: u64,
+    next_id: u64,
+    segments: BTreeMap<u64, LiveSegment>,
+    packed: BTreeMap<u64, PackedPage>,
+    open_page: Option<u64>,
+    next_page_id: u64,
+    ranges: BTreeMap<u64, LiveRange>,
+    stats: DeviceStats,
+}
+
+/// Where the top-down model starts: below the canonical user address space top, like
+/// the CUDA driver's allocations on Linux (0x7f...).
+const TOP_DOWN_START: u64 = 0x7f00_0000_0000;
+const BOTTOM_UP_START: u64 = 0x1000_0000_0000;
+
+impl SimDevice {
+    /// A device with these options and no recorded addresses.
+    pub fn new(options: SimDeviceOptions) -> SimDevice {
+        SimDevice::with_hints(options, AddressHints::default())
+    }
+
+    /// A device that gives out recorded addresses while the requests match them.
+    pub fn with_hints(options: SimDeviceOptions, hints: AddressHints) -> SimDevice {
+        // Fallback addresses stay clear of the recorded ones.
+        let top = hints
+            .lowest()
+            .map_or(TOP_DOWN_START, |low| low & !(2 * MIB - 1));
+        let stats = DeviceStats {
+            capacity_bytes: options.capacity_bytes,
+            total_bytes: options.total_bytes,
+            ..DeviceStats::default()
+        };
+        SimDevice {
+            options,
+            hints,
+            next_low: top,
+            next_high: BOTTOM_UP_START,
+            next_id: 1,
+            segments: BTreeMap::new(),
+            packed: BTreeMap::new(),
+            open_page: None,
+            next_page_id: 0,
+            ranges: BTreeMap::new(),
+            stats,
+        }
+    }
+
+    /// The options it was built with.
+    pub fn options(&self) -> &SimDeviceOptions {
+        &self.options
+    }
+
+    /// Live segments and mapped ranges as (address, size), in address order; for the
+    /// engine's overlap checks.
+    pub fn live_regions(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = self.segments.iter().map(|(&a, s)| (a, s.size)).collect();
+        for (&base, r) in &self.ranges {
+            out.extend(r.pages.iter().map(|(&off, &len)| (base + off, len)));
+        }
+        out.sort_unstable();
+        out
+    }
+
+    fn fresh_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// A new 2 MiB-aligned region from the address model.
+    fn place(&mut self, size: u64) -> u64 {
+        let span = size.max(1).div_ceil(2 * MIB) * 2 * MIB;
+        match self.options.address_model {
+            AddressModel::TopDown => {
+                self.next_low -= span;
+                self.next_low
+            }
+            AddressModel::BottomUp => {
+                let addr = self.next_high;
+                self.next_high += span;
+                addr
+            }
+        }
+    }
+
+    fn take_hint(&mut self, size: u64) -> Option<u64> {
+        match self.hints.segments.front() {
+            Some(&(s, a)) if s == size && !self.overlaps(a, size) => {
+                self.hints.segments.pop_front();
+                Some(a)
+            }
+            Some(_) => {
+                // The simulation left the recorded path: no more hints.
+                self.hints.segments.clear();
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn overlaps(&self, addr: u64, size: u64) -> bool {
+        let end = addr + size;
+        let seg = self
+            .segments
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&a, s)| a + s.size > addr);
+        let range = self
+            .ranges
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&a, r)| a + r.size > addr);
+        seg || range
+    }
+
+    fn charge_for(&self, size: u64) -> u64 {
+        size.div_ceil(self.options.page_bytes) * self.options.page_bytes
+    }
+
+    fn refuse(&self, charge: u64, size: u64) -> Result<(), DeviceError> {
+        if charge
+            > self
+                .options
+                .capacity_bytes
+                .saturating_sub(self.stats.charged_bytes)
+        {
+            Err(DeviceError::OutOfMemory {
+                requested_bytes: size,
+            })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Device for SimDevice {
+    fn allocate_segment(&mut self, size_bytes: u64) -> Result<Segment, DeviceError> {
+        if size_bytes == 0 || size_bytes >= 1 << 60 {
+            return Err(DeviceError::OutOfMemory {
+                requested_bytes: size_bytes,
+            });
+        }
+        let small = size_bytes <= self.options.small_alloc_max_bytes;
+        let (addr, charge, packed_page) = if small {
+            let align = self.options.small_alloc_align_bytes.max(1);
+            let len = size_bytes.div_ceil(align) * align;
+            let page = self.options.page_bytes;
+            match self
+                .open_page
+                .and_then(|p| self.packed.get(&p).map(|pg| (p, pg.base, pg.used)))
+            {
+                Some((p, base, used)) if used + len <= page => {
+                    let pg = self.packed.get_mut(&p).expect("open page exists");
+                    pg.used += len;
+                    pg.live += 1;
+                    (base + used, 0, Some(p))
+                }
+                _ => {
+                    self.refuse(page, size_bytes)?;
+                    let base = self.place(page);
+                    let p = self.next_page_id;
+                    self.next_page_id += 1;
+                    self.packed.insert(
+                        p,
+                        PackedPage {
+                            base,
+                            used: len,
+                            live: 1,
+                        },
+                    );
+                    self.open_page = Some(p);
+                    (base, page, Some(p))
+                }
+            }
+        } else {
+            let charge = self.charge_for(size_bytes);
+            self.refuse(charge, size_bytes)?;
+            let addr = match self.take_hint(size_bytes) {
+                Some(a) => a,
+                None => self.place(size_bytes),
+            };
+            (addr, charge, None)
+        };
+        let id = self.fresh_id();
+        self.segments.insert(
+            addr,
+            LiveSegment {
+                id,
+                size: size_bytes,
+                charge,
+                packed_page,
+            },
+        );
+        let s = &mut self.stats;
+        s.reserved_bytes += size_bytes;
+        s.charged_bytes += charge;
+        s.segment_count += 1;
+        s.allocate_count += 1;
+        Ok(Segment {
+            id: SegmentId(id),
+            addr: DeviceAddr(addr),
+            size_bytes,
+        })
+    }
+
+    fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError> {
+        let live = self
+            .segments
+            .remove(&segment.addr.0)
+            .filter(|l| l.id == segment.id.0 && l.size == segment.size_bytes)
+            .unwrap_or_else(|| {
+                panic!(
+                    "SimDevice: freeing segment {:?} it did not hand out",
+                    segment
+                )
+            });
+        // A packed allocation's page is charged once, to the page; it is returned with
+        // the page's last allocation.
+        let released = match live.packed_page {
+            None => live.charge,
+            Some(p) => {
+                let pg = self
+                    .packed
+                    .get_mut(&p)
+                    .expect("packed page of a live allocation");
+                pg.live -= 1;
+                if pg.live > 0 {
+                    0
+                } else {
+                    self.packed.remove(&p);
+                    if self.open_page == Some(p) {
+                        self.open_page = None;
+                    }
+                    self.options.page_bytes
+                }
+            }
+        };
+        let s = &mut self.stats;
+        s.reserved_bytes -= live.size;
+        s.charged_bytes -= released;
+        s.segment_count -= 1;
+        s.free_count += 1;
+        Ok(())
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.stats
+    }
+
+    fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
+        Some(self)
+    }
+}
+
+impl VirtualMemory for SimDevice {
+    fn reserve_range(&mut self, size_bytes: u64) -> Result<AddressRange, DeviceError> {
+        let addr = match self.hints.ranges.pop_front() {
+            Some(a) if !self.overlaps(a, size_bytes) => a,
+            _ => {
+                self.hints.ranges.clear();
+                self.place(size_bytes)
+            }
+        };
+        let id = self.fresh_id();
+        self.ranges.insert(
+            addr,
+            LiveRange {
+                id,
+                size: size_bytes,
+                pages: BTreeMap::new(),
+            },
+        );
+        self.stats.segment_count += 1;
+        Ok(AddressRange {
+            id: SegmentId(id),
+            addr: DeviceAddr(addr),
+            size_bytes,
+        })
+    }
+
+    fn map_pages(
+        &mut self,
+        range: &AddressRange,
+        offset_bytes: u64,
+        page_bytes: u64,
+        page_count: u64,
+    ) -> Result<(), DeviceError> {
+        let bytes = page_bytes * page_count;
+        let charge = self.charge_for(page_bytes) * page_count;
+        self.refuse(charge, bytes)?;
+        let r = self
+            .ranges
+            .get_mut(&range.addr.0)
+            .expect("SimDevice: mapping into an unknown range");
+        assert!(
+            offset_bytes + bytes <= r.size,
+            "SimDevice: mapping past the end of the range"
+        );
+        for p in 0..page_count {
+            let previous = r.pages.insert(offset_bytes + p * page_bytes, page_bytes);
+            assert!(previous.is_none(), "SimDevice: page mapped twice");
+        }
+        let s = &mut self.stats;
+        s.reserved_bytes += bytes;
+        s.charged_bytes += charge;
+        s.allocate_count += 1;
+        Ok(())
+    }
+
+    fn unmap_pages(
+        &mut self,
+        range: &AddressRange,
+        offset_bytes: u64,
+        page_bytes: u64,
+        page_count: u64,
+    ) -> Result<(), DeviceError> {
+        let charge = self.charge_for(page_bytes) * page_count;
+        let r = self
+            .ranges
+            .get_mut(&range.addr.0)
+            .expect("SimDevice: unmapping in an unknown range");
+        for p in 0..page_count {
+            let removed = r.pages.remove(&(offset_bytes + p * page_bytes));
+            assert_eq!(
+                removed,
+                Some(page_bytes),
+                "SimDevice: unmapping a page that is not mapped"
+            );
+        }
+        let s = &mut self.stats;
+        s.reserved_bytes -= page_bytes * page_count;
+        s.charged_bytes -= charge;
+        s.free_count += 1;
+        Ok(())
+    }
+
+    fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError> {
+        let r = self
+            .ranges
+            .remove(&range.addr.0)
+            .expect("SimDevice: releasing an unknown range");
+        assert_eq!(r.id, range.id.0, "SimDevice: range mismatch");
+        assert!(
+            r.pages.is_empty(),
+            "SimDevice: releasing a range with mapped pages"
+        );
+        self.stats.segment_count -= 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc(d: &mut SimDevice, size: u64) -> Segment {
+        d.allocate_segment(size).unwrap()
+    }
+
+    /// The measured H100 charges: whole 2 MiB pages above 1 MiB, packing at or below.
+    #[test]
+    fn charges_follow_the_h100_measurements() {
+        // (size, charge of 8 live allocations), from h100-driver-granularity.json.
+        let cases = [
+            (1, 2 * MIB),
+            (512, 2 * MIB),
+            (4096, 2 * MIB),
+            (65536, 2 * MIB),
+            (MIB, 8 * MIB),
+            (2 * MIB - 1, 16 * MIB),
+            (2 * MIB, 16 * MIB),
+            (2 * MIB + 1, 32 * MIB),
+            (3 * MIB, 32 * MIB),
+            (20 * MIB, 160 * MIB),
+            (20 * MIB + 512, 176 * MIB),
+            (64 * MIB + 1, 528 * MIB),
+            (GIB, 8 * GIB),
+        ];
+        for (size, charge8) in cases {
+            let mut d = SimDevice::new(SimDeviceOptions::default());
+            let segs: Vec<_> = (0..8).map(|_| alloc(&mut d, size)).collect();
+            assert_eq!(d.stats().charged_bytes, charge8, "8 x {size}");
+            assert_eq!(d.stats().reserved_bytes, 8 * size);
+            for s in segs {
+                d.free_segment(s).unwrap();
+            }
+            assert_eq!(d.stats().charged_bytes, 0, "everything returned for {size}");
+        }
+    }
+
+    /// Capacity is enforced on charged bytes, and an allocation that does not fit
+    /// changes nothing.
+    #[test]
+    fn capacity_refuses_without_side_effects() {
+        let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(10 * MIB));
+        let _a = alloc(&mut d, 7 * MIB); // charged 8 MiB
+        let before = d.stats();
+        assert_eq!(
+            d.allocate_segment(3 * MIB),
+            Err(DeviceError::OutOfMemory {
+                requested_bytes: 3 * MIB
+            })
+        );
+        assert_eq!(d.stats(), before);
+        let _b = alloc(&mut d, 2 * MIB);
+        assert_eq!(d.stats().free_bytes(), 0);
+    }
+
+    /// The top-down model places each new region below the last, 2 MiB aligned, and is
+    /// deterministic.
+    #[test]
+    fn top_down_addresses_are_deterministic() {
+        let mut d = SimDevice::new(SimDeviceOptions::default());
+        let a = alloc(&mut d, 20 * MIB);
+        let b = alloc(&mut d, 3 * MIB);
+        assert_eq!(a.addr.0, TOP_DOWN_START - 20 * MIB);
+        assert_eq!(b.addr.0, a.addr.0 - 4 * MIB);
+        let mut e = SimDevice::new(SimDeviceOptions::default());
+        assert_eq!(alloc(&mut e, 20 * MIB).addr, a.addr);
+    }
+
+    /// Recorded addresses are used while sizes match, then abandoned for good.
+    #[test]
+    fn hints_are_followed_until_the_first_mismatch() {
+        let hints = AddressHints {
+            segments: [
+                (20 * MIB, 0x7fc0_0000_0000),
+                (2 * MIB, 0x7fc1_0000_0000),
+                (4 * MIB, 0x7fc2_0000_0000),
+            ]
+            .into(),
+            ranges: VecDeque::new(),
+        };
+        let mut d = SimDevice::with_hints(SimDeviceOptions::default(), hints);
+        assert_eq!(alloc(&mut d, 20 * MIB).addr.0, 0x7fc0_0000_0000);
+        let off = alloc(&mut d, 6 * MIB);
+        assert!(
+            off.addr.0 < 0x7fc0_0000_0000,
+            "fallback stays below recorded addresses"
+        );
+        assert_ne!(
+            alloc(&mut d, 4 * MIB).addr.0,
+            0x7fc2_0000_0000,
+            "hints abandoned"
+        );
+    }
+
+    /// Mapped pages are charged exactly and returned on unmap.
+    #[test]
+    fn virtual_memory_pages() {
+        let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(100 * MIB));
+        let r = d.reserve_range(GIB).unwrap();
+        assert_eq!(d.stats().charged_bytes, 0);
+        d.map_pages(&r, 0, 20 * MIB, 3).unwrap();
+        assert_eq!(d.stats().reserved_bytes, 60 * MIB);
+        assert!(matches!(
+            d.map_pages(&r, 60 * MIB, 20 * MIB, 3),
+            Err(DeviceError::OutOfMemory { .. })
+        ));
+        d.unmap_pages(&r, 20 * MIB, 20 * MIB, 2).unwrap();
+        assert_eq!(d.live_regions(), vec![(r.addr.0, 20 * MIB)]);
+        d.unmap_pages(&r, 0, 20 * MIB, 1).unwrap();
+        d.release_range(r).unwrap();
+        assert_eq!(d.stats().charged_bytes, 0);
+        assert_eq!(d.stats().segment_count, 0);
+    }
+}

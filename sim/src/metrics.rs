@@ -1,0 +1,115 @@
+//! What a replay measured: peaks, the OOM point, and optionally a timeline.
+
+use policies::{DeviceStats, PolicyStats};
+
+/// Peaks and totals of one replay. Plain data; [`Summary::utilization`] is derived.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Events replayed (all kinds).
+    pub event_count: u64,
+    /// Highest sum of requested bytes of live allocations.
+    pub requested_bytes_peak: u64,
+    /// Highest sum of block bytes of live allocations.
+    pub allocated_bytes_peak: u64,
+    /// Highest bytes held from the device.
+    pub reserved_bytes_peak: u64,
+    /// Highest bytes the driver charged (page model).
+    pub charged_bytes_peak: u64,
+    /// Highest number of live segments.
+    pub segment_count_peak: u64,
+    /// Allocated bytes when reserved bytes first reached their peak.
+    pub allocated_bytes_at_reserved_peak: u64,
+    /// Index of the event at which reserved bytes first reached their peak.
+    pub reserved_peak_event_index: Option<u64>,
+    /// Segment allocations (and page mappings) the device performed.
+    pub device_allocate_count: u64,
+    /// Segment frees (and page unmappings) the device performed.
+    pub device_free_count: u64,
+}
+
+impl Summary {
+    /// Allocated peak ÷ reserved peak: how much of the memory held at most was ever
+    /// in use at most. `None` when nothing was reserved.
+    pub fn utilization(&self) -> Option<f64> {
+        (self.reserved_bytes_peak > 0)
+            .then(|| self.allocated_bytes_peak as f64 / self.reserved_bytes_peak as f64)
+    }
+
+    /// Reserved − allocated at the reserved peak: memory held but unused when it
+    /// mattered most.
+    pub fn cached_bytes_at_reserved_peak(&self) -> u64 {
+        self.reserved_bytes_peak - self.allocated_bytes_at_reserved_peak
+    }
+}
+
+/// State after one event, for timelines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// Index of the event in the trace.
+    pub event_index: u64,
+    /// Policy accounting after the event.
+    pub policy: PolicyStats,
+    /// Bytes the driver charged after the event.
+    pub charged_bytes: u64,
+}
+
+/// The first request that could not be served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Oom {
+    /// Index of the event in the trace.
+    pub event_index: u64,
+    /// Bytes the program asked for.
+    pub requested_bytes: u64,
+    /// Bytes the policy last tried to get from the device.
+    pub tried_bytes: u64,
+    /// Policy accounting after the failed attempt.
+    pub policy: PolicyStats,
+    /// Device accounting after the failed attempt.
+    pub device: DeviceStats,
+}
+
+/// Accumulates a [`Summary`] (and optionally samples) as events are replayed.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    summary: Summary,
+    timeline: Option<Vec<Sample>>,
+}
+
+impl Recorder {
+    /// A recorder; `timeline` keeps one sample per event.
+    pub fn new(timeline: bool) -> Recorder {
+        Recorder {
+            summary: Summary::default(),
+            timeline: timeline.then(Vec::new),
+        }
+    }
+
+    /// Notes the state after event `event_index`.
+    pub fn observe(&mut self, event_index: u64, policy: &PolicyStats, device: &DeviceStats) {
+        let s = &mut self.summary;
+        s.event_count = event_index + 1;
+        s.requested_bytes_peak = s.requested_bytes_peak.max(policy.requested_bytes);
+        s.allocated_bytes_peak = s.allocated_bytes_peak.max(policy.allocated_bytes);
+        if policy.reserved_bytes > s.reserved_bytes_peak {
+            s.reserved_bytes_peak = policy.reserved_bytes;
+            s.allocated_bytes_at_reserved_peak = policy.allocated_bytes;
+            s.reserved_peak_event_index = Some(event_index);
+        }
+        s.charged_bytes_peak = s.charged_bytes_peak.max(device.charged_bytes);
+        s.segment_count_peak = s.segment_count_peak.max(policy.segment_count);
+        s.device_allocate_count = device.allocate_count;
+        s.device_free_count = device.free_count;
+        if let Some(t) = &mut self.timeline {
+            t.push(Sample {
+                event_index,
+                policy: *policy,
+                charged_bytes: device.charged_bytes,
+            });
+        }
+    }
+
+    /// The summary and the timeline (empty unless asked for).
+    pub fn finish(self) -> (Summary, Vec<Sample>) {
+        (self.summary, self.timeline.unwrap_or_default())
+    }
+}
