@@ -169,6 +169,12 @@ pub trait Policy {
     /// Current accounting.
     fn stats(&self) -> PolicyStats;
 
+    /// The policy's own words for an out-of-memory it just returned (the caching policy
+    /// gives PyTorch's message), with the device's figures. `None` if it has none.
+    fn describe_oom(&mut self, _tried_bytes: u64, _device: &dyn Device) -> Option<String> {
+        None
+    }
+
     /// Every segment with its blocks, in address order.
     fn snapshot(&self) -> Vec<SegmentSnapshot>;
 

@@ -66,6 +66,8 @@ pub struct Oom {
     pub policy: PolicyStats,
     /// Device accounting after the failed attempt.
     pub device: DeviceStats,
+    /// The policy's own message (PyTorch's, for the caching policy).
+    pub message: Option<String>,
 }
 
 /// Accumulates a [`Summary`] (and optionally samples) as events are replayed.

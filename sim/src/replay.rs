@@ -178,6 +178,7 @@ pub fn replay(
                                 tried_bytes,
                                 policy: stats,
                                 device: device.stats(),
+                                message: policy.describe_oom(tried_bytes, device),
                             });
                         }
                         if !options.continue_after_oom {

@@ -1229,6 +1229,10 @@ impl Policy for CachingPolicy {
         self.release_cached_blocks(device)
     }
 
+    fn describe_oom(&mut self, tried_bytes: u64, device: &dyn Device) -> Option<String> {
+        Some(self.oom_message(tried_bytes, device))
+    }
+
     fn stats(&self) -> PolicyStats {
         let s = &self.stats;
         PolicyStats {

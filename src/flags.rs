@@ -1,0 +1,282 @@
+//! Command-line flags (clap). Raw values only; `load.rs` turns them into validated
+//! options.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// How much GPU memory will this workload take under allocator X, where will it run
+/// out, and which allocator or configuration would fit it?
+#[derive(Debug, Parser)]
+#[command(name = "allocsim", version, about, max_term_width = 100)]
+pub struct Cli {
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Replay one trace under one policy and print a summary.
+    Replay(ReplayArgs),
+    /// Replay traces × policies × capacities and write one CSV row each.
+    Compare(CompareArgs),
+    /// Write a synthetic trace.
+    Generate(GenerateArgs),
+    /// Validate traces and list every problem found.
+    Check(CheckArgs),
+    /// Convert a trace (YAML, CSV, recorded JSON, snapshot pickle) to YAML or CSV.
+    Convert(ConvertArgs),
+    /// Replay recorded PyTorch runs under the caching policy and compare with what
+    /// PyTorch did (CSV on stdout).
+    Fidelity(FidelityArgs),
+    /// Measure the GPU this runs on and write a device profile (needs a CUDA driver).
+    Probe(ProbeArgs),
+    /// Replay traces in the simulator and on the GPU, side by side (needs a CUDA driver).
+    Validate(ValidateArgs),
+}
+
+/// How traces are read.
+#[derive(Debug, Args, Clone)]
+pub struct InputArgs {
+    /// Trace format, instead of guessing it from the extension.
+    #[arg(long, value_enum)]
+    pub format: Option<FormatArg>,
+    /// Replay traces that fail validation (unknown frees and zero-size requests are
+    /// skipped) instead of refusing them.
+    #[arg(long)]
+    pub lenient: bool,
+    /// Which GPU's trace to take from a snapshot pickle (default 0).
+    #[arg(long, value_name = "N")]
+    pub snapshot_device: Option<usize>,
+}
+
+/// Trace formats.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum FormatArg {
+    /// The YAML trace format.
+    Yaml,
+    /// The CSV trace format.
+    Csv,
+    /// A recorded run (record_torch.py JSON).
+    Json,
+    /// A PyTorch memory snapshot pickle.
+    Pickle,
+}
+
+/// The simulated device and the caching policy's memory limit.
+#[derive(Debug, Args, Clone)]
+pub struct DeviceArgs {
+    /// Device capacity: bytes the simulated GPU can hand out (`80GiB`, `24GiB`, ...).
+    /// Default: 80 GiB, or the profile's measured capacity.
+    #[arg(long, value_name = "SIZE")]
+    pub capacity: Option<String>,
+    /// A built-in device profile (`h100`), or for snapshot pickles a number: the GPU
+    /// whose trace to read (same as --snapshot-device).
+    #[arg(long, value_name = "NAME|N")]
+    pub device: Option<String>,
+    /// A device profile measured by `allocsim probe`.
+    #[arg(long, value_name = "FILE", conflicts_with = "device")]
+    pub device_profile: Option<PathBuf>,
+    /// The device's total memory as cudaMemGetInfo reports it (memory fractions use it).
+    #[arg(long, value_name = "SIZE")]
+    pub total_bytes: Option<String>,
+    /// A `PYTORCH_CUDA_ALLOC_CONF` string for every caching policy, parsed as PyTorch
+    /// 2.11 parses it.
+    #[arg(long, value_name = "CONF")]
+    pub alloc_conf: Option<String>,
+    /// Exact limit on the caching policy's reserved bytes.
+    #[arg(long, value_name = "SIZE", conflicts_with = "memory_fraction")]
+    pub cap: Option<String>,
+    /// `torch.cuda.set_per_process_memory_fraction(F)`: limit = floor(F × total bytes).
+    #[arg(long, value_name = "F")]
+    pub memory_fraction: Option<f64>,
+    /// Check every policy invariant after every event (slow).
+    #[arg(long)]
+    pub check_invariants: bool,
+    /// Keep replaying after an out-of-memory instead of stopping at the first one.
+    #[arg(long)]
+    pub continue_after_oom: bool,
+}
+
+/// `allocsim replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The trace: .yaml, .csv, .json (recorded run) or .pickle (PyTorch snapshot).
+    pub trace: PathBuf,
+    /// The policy, e.g. `caching`, `buddy:min_block=4KiB,segment=1GiB`.
+    #[arg(long, short, default_value = "caching")]
+    pub policy: String,
+    /// Write requested, allocated, reserved and charged bytes after every event here.
+    #[arg(long, value_name = "FILE.csv")]
+    pub timeline: Option<PathBuf>,
+    #[command(flatten)]
+    pub input: InputArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// `allocsim compare`.
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Traces to replay.
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+    /// Comma-separated policies, e.g. `caching,immediate,buddy,arena`.
+    #[arg(long, default_value = "caching,immediate,buddy,arena")]
+    pub policies: Vec<String>,
+    /// Write the CSV here instead of stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub input: InputArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// `allocsim generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// The generator.
+    #[arg(value_enum)]
+    pub generator: GeneratorArg,
+    /// Random seed: the same seed and options give the same trace.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Number of alloc and free events before the final frees.
+    #[arg(long, default_value_t = 10_000)]
+    pub events: u64,
+    /// Size distribution.
+    #[arg(long, value_enum, default_value = "log-uniform")]
+    pub sizes: SizesArg,
+    /// Smallest request (log-uniform).
+    #[arg(long, default_value = "512")]
+    pub min_bytes: String,
+    /// Largest request (log-uniform).
+    #[arg(long, default_value = "256MiB")]
+    pub max_bytes: String,
+    /// Median request (log-normal).
+    #[arg(long, default_value = "1MiB")]
+    pub median_bytes: String,
+    /// Spread of ln(size) (log-normal).
+    #[arg(long, default_value_t = 2.0)]
+    pub sigma: f64,
+    /// Mean lifetime of an allocation, in events (geometric).
+    #[arg(long, default_value_t = 50.0)]
+    pub mean_lifetime: f64,
+    /// Number of streams (ids 0..N).
+    #[arg(long, default_value_t = 1)]
+    pub streams: u64,
+    /// Insert a mark every N events.
+    #[arg(long, value_name = "N")]
+    pub mark_every: Option<u64>,
+    /// Leave the allocations live at the end instead of freeing them.
+    #[arg(long)]
+    pub leave_live: bool,
+    /// Output file (.yaml or .csv).
+    #[arg(long, short)]
+    pub output: PathBuf,
+    /// Output format, instead of guessing it from the extension.
+    #[arg(long, value_enum)]
+    pub format: Option<FormatArg>,
+}
+
+/// Generators.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum GeneratorArg {
+    /// Random sizes and lifetimes.
+    Random,
+}
+
+/// Size distributions.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SizesArg {
+    /// Uniform in log(size) between --min-bytes and --max-bytes.
+    LogUniform,
+    /// Log-normal with --median-bytes and --sigma.
+    LogNormal,
+}
+
+/// `allocsim check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Traces to validate.
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+    #[command(flatten)]
+    pub input: InputArgs,
+}
+
+/// `allocsim convert`.
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// Input trace.
+    pub input: PathBuf,
+    /// Output file (.yaml or .csv).
+    #[arg(long, short)]
+    pub output: PathBuf,
+    /// Input format, instead of guessing it from the extension.
+    #[arg(long, value_enum)]
+    pub format: Option<FormatArg>,
+    /// Output format, instead of guessing it from the extension.
+    #[arg(long, value_enum)]
+    pub to: Option<FormatArg>,
+    /// Which GPU's trace to take from a snapshot pickle (default 0).
+    #[arg(long, value_name = "N")]
+    pub snapshot_device: Option<usize>,
+}
+
+/// `allocsim fidelity`.
+#[derive(Debug, Args)]
+pub struct FidelityArgs {
+    /// Recorded runs: record_torch.py JSON or PyTorch snapshot pickles.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// For each run that is not exact, print the first divergence (the entries before
+    /// it and both sides' decisions) and any other disagreement, on stderr.
+    #[arg(long)]
+    pub explain: bool,
+    /// Ignore the recorded segment addresses and use the simulated device's own address
+    /// model (shows how much best-fit ties depend on the driver's placement).
+    #[arg(long)]
+    pub no_recorded_addresses: bool,
+    /// Which GPU's trace to take from a snapshot pickle (default 0).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
+    /// Check every policy invariant after every request (slow).
+    #[arg(long)]
+    pub check_invariants: bool,
+}
+
+/// `allocsim probe`.
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// Write the device profile here (YAML) instead of stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// CUDA device index.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+}
+
+/// `allocsim validate`.
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// Traces to replay.
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+    /// Comma-separated policies.
+    #[arg(long, default_value = "caching,immediate,buddy,arena")]
+    pub policies: Vec<String>,
+    /// Write the CSV here instead of stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// CUDA device index.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    #[command(flatten)]
+    pub input: InputArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
