@@ -1,11 +1,81 @@
-//! Arena allocation in the style of RAPIDS RMM. (Placeholder: the policy is being
-//! written; only its options exist yet.)
+//! Arena allocation in the style of RAPIDS RMM's `arena_memory_resource`.
+//!
+//! RMM's arena resource keeps one *global arena* of large chunks drawn from the device and
+//! one small *arena per stream* that takes fixed-size *superblocks* from the global arena.
+//! Small requests are served from the stream's own superblocks, so streams never share a
+//! superblock and need not synchronise with each other; large requests go to the global
+//! arena directly. Both levels use address-ordered first fit with coalescing, which keeps
+//! allocations packed towards low addresses and lets freed neighbours merge.
+//!
+//! # Rules
+//!
+//! - **Alignment.** Every request is rounded up to a multiple of 256 bytes (RMM's
+//!   allocation alignment); [`Allocation::block_bytes`] is that rounded size.
+//! - **Global arena.** A set of chunks, each one device segment of
+//!   `max(growth_bytes, needed bytes rounded up to 2 MiB)` bytes, where the needed bytes
+//!   are a large request's rounded size or one superblock. Each chunk keeps an
+//!   address-ordered list of free ranges, coalesced on free. Allocation is first fit over
+//!   the chunks in address order and each chunk's ranges in address order, carving from
+//!   the front of the range; if nothing fits, the arena grows by one chunk.
+//! - **Large requests** (rounded size above `threshold_bytes`) are served by the global
+//!   arena directly.
+//! - **Small requests** (rounded size at or below `threshold_bytes`) are served by the
+//!   arena of the request's stream: first fit over its superblocks in address order, each
+//!   with its own address-ordered free list, coalesced on free. If none fits, the stream
+//!   takes a new superblock of `superblock_bytes` from the global arena (first fit there,
+//!   growing if needed). A small request always fits an empty superblock, since the
+//!   threshold is at most one superblock.
+//! - **Caching.** A superblock that becomes entirely free stays with its stream arena, and
+//!   a chunk that becomes entirely free stays in the global arena, until
+//!   [`Policy::empty_cache`] or memory pressure.
+//! - **Memory pressure.** When the device refuses a new chunk, the policy returns every
+//!   empty superblock of every stream arena to the global arena (coalescing), releases
+//!   every wholly free chunk to the device, and retries the global allocation once (it
+//!   may now fit without growing, or growing may now succeed). If that fails too, the
+//!   request ends in [`AllocError::OutOfMemory`] with `tried_bytes` the chunk size asked
+//!   for. Live allocations are never touched.
+//! - **empty_cache** does the same release: empty superblocks back to the global arena,
+//!   then wholly free chunks back to the device.
+//!
+//! Streams matter only for which arena serves a small request; a block freed on one
+//! stream is reused at once by the same stream (its own order of work keeps that safe).
+//! Large blocks in the global arena are shared by all streams, as in RMM; cross-stream
+//! safety there is the caller's job.
+//!
+//! # Options ([`ArenaOptions`])
+//!
+//! - `superblock_bytes` (default 1 MiB): the unit stream arenas take from the global
+//!   arena; a positive multiple of 256.
+//! - `growth_bytes` (default 1 GiB): the smallest chunk the global arena draws from the
+//!   device; at least one superblock.
+//! - `threshold_bytes` (default 512 KiB, half the default superblock): the largest
+//!   (rounded) request a stream arena serves; at most one superblock.
+//!
+//! # Snapshots
+//!
+//! Each chunk is reported as consecutive [`SegmentSnapshot`]s that together tile it in
+//! address order: each superblock as one entry of pool `arena-superblock` (with its
+//! owning stream and its small blocks), and each stretch of the chunk between superblocks
+//! as one entry of pool `arena-global` (stream 0, with the large blocks and free ranges
+//! of the global arena). Free ranges report 0 requested bytes.
 
-use crate::device::{Device, DeviceError};
-use crate::policy::{AllocError, Allocation, Policy, PolicyStats, Request, SegmentSnapshot};
+use std::collections::BTreeMap;
+
+use crate::device::{Device, DeviceAddr, DeviceError, Segment};
+use crate::policy::{
+    AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
+    SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
+};
 use crate::registry::OptionsError;
 
-/// Options of the arena policy.
+/// Every allocation size is rounded up to a multiple of this (RMM's
+/// `CUDA_ALLOCATION_ALIGNMENT`).
+pub const ALIGNMENT_BYTES: u64 = 256;
+
+/// Chunks larger than `growth_bytes` are rounded up to a multiple of this.
+pub const CHUNK_ROUNDING_BYTES: u64 = 2 << 20;
+
+/// Options of the arena policy. See the module docs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ArenaOptions {
     /// Size of the superblocks per-stream arenas take from the global arena (default 1 MiB).
@@ -27,52 +97,1144 @@ impl Default for ArenaOptions {
 }
 
 impl ArenaOptions {
-    /// Checks the options.
+    /// Checks the options: the superblock a positive multiple of 256 bytes, growth at
+    /// least one superblock, threshold at most one superblock.
     ///
     /// # Errors
-    /// When a size is not a power of two or the minimum block exceeds the segment.
+    /// When one of those does not hold.
     pub fn validate(&self) -> Result<(), OptionsError> {
+        let err = |message: String| {
+            Err(OptionsError {
+                policy: "arena",
+                message,
+            })
+        };
+        let (superblock, growth, threshold) = (
+            self.superblock_bytes,
+            self.growth_bytes,
+            self.threshold_bytes,
+        );
+        if superblock == 0 || superblock % ALIGNMENT_BYTES != 0 {
+            return err(format!(
+                "superblock must be a positive multiple of 256, got {superblock}"
+            ));
+        }
+        if growth < superblock {
+            return err(format!(
+                "growth ({growth}) must be at least superblock ({superblock})"
+            ));
+        }
+        if threshold > superblock {
+            return err(format!(
+                "threshold ({threshold}) must not exceed superblock ({superblock})"
+            ));
+        }
         Ok(())
     }
 }
 
-/// Placeholder.
+/// Free ranges of one chunk or superblock: address → length, coalesced.
+#[derive(Debug, Default)]
+struct FreeList {
+    ranges: BTreeMap<u64, u64>,
+    /// Sum of the range lengths (lets a search skip lists that cannot fit).
+    free_bytes: u64,
+}
+
+impl FreeList {
+    /// A list with one free range.
+    fn whole(addr: u64, len: u64) -> FreeList {
+        FreeList {
+            ranges: BTreeMap::from([(addr, len)]),
+            free_bytes: len,
+        }
+    }
+
+    /// Whether the list is the single range `addr..addr + len`.
+    fn is_whole(&self, addr: u64, len: u64) -> bool {
+        self.ranges.len() == 1 && self.ranges.get(&addr) == Some(&len)
+    }
+
+    /// Address-ordered first fit: carves `bytes` from the front of the first range that
+    /// holds them.
+    fn first_fit(&mut self, bytes: u64) -> Option<u64> {
+        if self.free_bytes < bytes {
+            return None;
+        }
+        let (&addr, &len) = self.ranges.iter().find(|(_, &len)| len >= bytes)?;
+        self.ranges.remove(&addr);
+        if len > bytes {
+            self.ranges.insert(addr + bytes, len - bytes);
+        }
+        self.free_bytes -= bytes;
+        Some(addr)
+    }
+
+    /// Returns a range, merging it with free neighbours.
+    fn insert(&mut self, addr: u64, len: u64) {
+        let (mut start, mut end) = (addr, addr + len);
+        if let Some((&p, &plen)) = self.ranges.range(..addr).next_back() {
+            assert!(
+                p + plen <= addr,
+                "arena: freed range {addr:#x} overlaps a free range"
+            );
+            if p + plen == addr {
+                self.ranges.remove(&p);
+                start = p;
+            }
+        }
+        if let Some((&n, &nlen)) = self.ranges.range(addr..).next() {
+            assert!(
+                n >= end,
+                "arena: freed range {addr:#x} overlaps a free range"
+            );
+            if n == end {
+                self.ranges.remove(&n);
+                end = n + nlen;
+            }
+        }
+        self.ranges.insert(start, end - start);
+        self.free_bytes += len;
+    }
+
+    /// Panics unless the ranges lie in `lo..hi`, are non-empty, disjoint and coalesced,
+    /// and sum to `free_bytes`.
+    fn check(&self, lo: u64, hi: u64, what: &str) {
+        let mut prev_end = None;
+        let mut sum = 0;
+        for (&addr, &len) in &self.ranges {
+            assert!(len > 0, "arena: empty free range in {what}");
+            assert!(
+                addr >= lo && addr + len <= hi,
+                "arena: free range {addr:#x} outside its {what}"
+            );
+            if let Some(end) = prev_end {
+                assert!(
+                    addr > end,
+                    "arena: free ranges in {what} overlap or were not coalesced at {addr:#x}"
+                );
+            }
+            prev_end = Some(addr + len);
+            sum += len;
+        }
+        assert_eq!(sum, self.free_bytes, "arena: free bytes of {what}");
+    }
+}
+
+/// One device segment of the global arena.
 #[derive(Debug)]
-pub struct ArenaPolicy;
+struct Chunk {
+    segment: Segment,
+    free: FreeList,
+}
+
+/// A handed-out block.
+#[derive(Debug)]
+struct LiveBlock {
+    addr: u64,
+    block_bytes: u64,
+    requested_bytes: u64,
+    stream: StreamId,
+    /// The superblock (of `stream`'s arena) holding it; `None` for a global-arena block.
+    superblock: Option<u64>,
+    serial: u64,
+}
+
+/// RMM-style arena allocator. See the module docs.
+#[derive(Debug)]
+pub struct ArenaPolicy {
+    options: ArenaOptions,
+    /// The global arena: chunks by base address.
+    chunks: BTreeMap<u64, Chunk>,
+    /// Per-stream arenas: superblock address → its free list. No empty arena is kept.
+    arenas: BTreeMap<StreamId, BTreeMap<u64, FreeList>>,
+    /// Live blocks; an allocation's `block` indexes it.
+    live: Vec<Option<LiveBlock>>,
+    free_slots: Vec<u32>,
+    stats: PolicyStats,
+    next_serial: u64,
+}
 
 impl ArenaPolicy {
-    /// Placeholder.
+    /// An arena allocator with the given options.
     ///
     /// # Errors
-    /// Invalid options.
+    /// See [`ArenaOptions::validate`].
     pub fn new(options: ArenaOptions) -> Result<ArenaPolicy, OptionsError> {
         options.validate()?;
-        Ok(ArenaPolicy)
+        Ok(ArenaPolicy {
+            options,
+            chunks: BTreeMap::new(),
+            arenas: BTreeMap::new(),
+            live: Vec::new(),
+            free_slots: Vec::new(),
+            stats: PolicyStats::default(),
+            next_serial: 1,
+        })
     }
+
+    /// The options in force.
+    pub fn options(&self) -> &ArenaOptions {
+        &self.options
+    }
+
+    /// The block size for a request of `size_bytes`: rounded up to 256 bytes.
+    pub fn block_bytes_for(size_bytes: u64) -> u64 {
+        size_bytes.div_ceil(ALIGNMENT_BYTES) * ALIGNMENT_BYTES
+    }
+
+    /// The chunk the global arena draws from the device when `bytes` do not fit.
+    pub fn chunk_bytes_for(&self, bytes: u64) -> u64 {
+        self.options
+            .growth_bytes
+            .max(bytes.div_ceil(CHUNK_ROUNDING_BYTES) * CHUNK_ROUNDING_BYTES)
+    }
+
+    /// First fit over the global arena, without growing.
+    fn global_first_fit(&mut self, bytes: u64) -> Option<u64> {
+        self.chunks
+            .values_mut()
+            .find_map(|c| c.free.first_fit(bytes))
+    }
+
+    /// First fit over the global arena; grows by a chunk if nothing fits, and under
+    /// memory pressure releases cached memory and tries once more.
+    fn global_allocate(
+        &mut self,
+        device: &mut dyn Device,
+        bytes: u64,
+        requested_bytes: u64,
+    ) -> Result<u64, AllocError> {
+        if let Some(addr) = self.global_first_fit(bytes) {
+            return Ok(addr);
+        }
+        let chunk_bytes = self.chunk_bytes_for(bytes);
+        if !self.grow(device, chunk_bytes)? {
+            self.release_cached(device)?;
+            if let Some(addr) = self.global_first_fit(bytes) {
+                return Ok(addr);
+            }
+            if !self.grow(device, chunk_bytes)? {
+                return Err(AllocError::OutOfMemory {
+                    requested_bytes,
+                    tried_bytes: chunk_bytes,
+                    stats: self.stats,
+                });
+            }
+        }
+        Ok(self
+            .global_first_fit(bytes)
+            .expect("a new chunk holds the request"))
+    }
+
+    /// Adds one chunk of `chunk_bytes` to the global arena; `false` if the device is out
+    /// of memory.
+    fn grow(&mut self, device: &mut dyn Device, chunk_bytes: u64) -> Result<bool, DeviceError> {
+        let segment = match device.allocate_segment(chunk_bytes) {
+            Ok(segment) => segment,
+            Err(DeviceError::OutOfMemory { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let base = segment.addr.0;
+        let free = FreeList::whole(base, segment.size_bytes);
+        self.stats.reserved_bytes += segment.size_bytes;
+        self.stats.segment_count += 1;
+        let previous = self.chunks.insert(base, Chunk { segment, free });
+        assert!(
+            previous.is_none(),
+            "arena: the device handed out one base address twice"
+        );
+        Ok(true)
+    }
+
+    /// Returns a range to the global arena.
+    fn global_free(&mut self, addr: u64, len: u64) {
+        let (_, chunk) = self
+            .chunks
+            .range_mut(..=addr)
+            .next_back()
+            .expect("arena: freed range below every chunk");
+        assert!(
+            addr + len <= chunk.segment.addr.0 + chunk.segment.size_bytes,
+            "arena: freed range {addr:#x} leaves its chunk"
+        );
+        chunk.free.insert(addr, len);
+    }
+
+    /// Empty superblocks back to the global arena, then wholly free chunks back to the
+    /// device.
+    fn release_cached(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
+        let superblock_bytes = self.options.superblock_bytes;
+        for (stream, mut superblocks) in std::mem::take(&mut self.arenas) {
+            let empty: Vec<u64> = superblocks
+                .iter()
+                .filter(|(&addr, free)| free.is_whole(addr, superblock_bytes))
+                .map(|(&addr, _)| addr)
+                .collect();
+            for addr in empty {
+                superblocks.remove(&addr);
+                self.global_free(addr, superblock_bytes);
+            }
+            if !superblocks.is_empty() {
+                self.arenas.insert(stream, superblocks);
+            }
+        }
+        let whole: Vec<u64> = self
+            .chunks
+            .iter()
+            .filter(|(&base, c)| c.free.is_whole(base, c.segment.size_bytes))
+            .map(|(&base, _)| base)
+            .collect();
+        for base in whole {
+            let chunk = self.chunks.remove(&base).expect("listed above");
+            self.stats.reserved_bytes -= chunk.segment.size_bytes;
+            self.stats.segment_count -= 1;
+            device.free_segment(chunk.segment)?;
+        }
+        Ok(())
+    }
+
+    fn insert_live(&mut self, block: LiveBlock) -> u32 {
+        match self.free_slots.pop() {
+            Some(slot) => {
+                self.live[slot as usize] = Some(block);
+                slot
+            }
+            None => {
+                self.live.push(Some(block));
+                u32::try_from(self.live.len() - 1).expect("more than 4 billion live allocations")
+            }
+        }
+    }
+}
+
+impl Default for ArenaPolicy {
+    fn default() -> Self {
+        ArenaPolicy::new(ArenaOptions::default()).expect("default arena options are valid")
+    }
+}
+
+/// Panics unless the (address, length) pieces tile `lo..hi` exactly.
+fn assert_tiles(pieces: &BTreeMap<u64, u64>, lo: u64, hi: u64, what: &str) {
+    let mut cursor = lo;
+    for (&addr, &len) in pieces {
+        assert_eq!(
+            addr, cursor,
+            "arena: {what} at {lo:#x} is not tiled (gap or overlap at {addr:#x})"
+        );
+        cursor += len;
+    }
+    assert_eq!(
+        cursor, hi,
+        "arena: {what} at {lo:#x} is not tiled to its end"
+    );
 }
 
 impl Policy for ArenaPolicy {
     fn name(&self) -> &str {
         "arena"
     }
-    fn allocate(&mut self, _: &mut dyn Device, r: Request) -> Result<Allocation, AllocError> {
-        Err(AllocError::OutOfMemory {
-            requested_bytes: r.size_bytes,
-            tried_bytes: 0,
-            stats: PolicyStats::default(),
+
+    fn allocate(
+        &mut self,
+        device: &mut dyn Device,
+        request: Request,
+    ) -> Result<Allocation, AllocError> {
+        let size = request.size_bytes;
+        if size == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        if size >= MAX_REQUEST_BYTES {
+            return Err(AllocError::OutOfMemory {
+                requested_bytes: size,
+                tried_bytes: size,
+                stats: self.stats,
+            });
+        }
+        let bytes = ArenaPolicy::block_bytes_for(size);
+        let stream = request.stream;
+        let (addr, superblock) = if bytes > self.options.threshold_bytes {
+            (self.global_allocate(device, bytes, size)?, None)
+        } else {
+            let found = self.arenas.get_mut(&stream).and_then(|sbs| {
+                sbs.iter_mut()
+                    .find_map(|(&sb, free)| free.first_fit(bytes).map(|a| (a, sb)))
+            });
+            match found {
+                Some((addr, sb)) => (addr, Some(sb)),
+                None => {
+                    let superblock_bytes = self.options.superblock_bytes;
+                    let sb = self.global_allocate(device, superblock_bytes, size)?;
+                    let mut free = FreeList::whole(sb, superblock_bytes);
+                    let addr = free
+                        .first_fit(bytes)
+                        .expect("a small request fits an empty superblock");
+                    self.arenas.entry(stream).or_default().insert(sb, free);
+                    (addr, Some(sb))
+                }
+            }
+        };
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let slot = self.insert_live(LiveBlock {
+            addr,
+            block_bytes: bytes,
+            requested_bytes: size,
+            stream,
+            superblock,
+            serial,
+        });
+        self.stats.requested_bytes += size;
+        self.stats.allocated_bytes += bytes;
+        self.stats.allocation_count += 1;
+        Ok(Allocation {
+            addr: DeviceAddr(addr),
+            requested_bytes: size,
+            block_bytes: bytes,
+            stream,
+            block: slot,
+            serial,
         })
     }
-    fn free(&mut self, _: &mut dyn Device, _: Allocation) -> Result<(), DeviceError> {
+
+    fn free(
+        &mut self,
+        _device: &mut dyn Device,
+        allocation: Allocation,
+    ) -> Result<(), DeviceError> {
+        let block = self
+            .live
+            .get_mut(allocation.block as usize)
+            .and_then(|entry| {
+                entry.take_if(|b| b.serial == allocation.serial && b.addr == allocation.addr.0)
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "arena: allocation at {} is not live in this policy (freed twice, or from another policy)",
+                    allocation.addr
+                )
+            });
+        self.free_slots.push(allocation.block);
+        self.stats.requested_bytes -= block.requested_bytes;
+        self.stats.allocated_bytes -= block.block_bytes;
+        self.stats.allocation_count -= 1;
+        match block.superblock {
+            Some(sb) => self
+                .arenas
+                .get_mut(&block.stream)
+                .and_then(|sbs| sbs.get_mut(&sb))
+                .expect("arena: a live block's superblock left its stream arena")
+                .insert(block.addr, block.block_bytes),
+            None => self.global_free(block.addr, block.block_bytes),
+        }
         Ok(())
     }
-    fn empty_cache(&mut self, _: &mut dyn Device) -> Result<(), DeviceError> {
-        Ok(())
+
+    fn empty_cache(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
+        self.release_cached(device)
     }
+
     fn stats(&self) -> PolicyStats {
-        PolicyStats::default()
+        self.stats
     }
+
     fn snapshot(&self) -> Vec<SegmentSnapshot> {
-        Vec::new()
+        let superblock_bytes = self.options.superblock_bytes;
+        let live: BTreeMap<u64, &LiveBlock> =
+            self.live.iter().flatten().map(|b| (b.addr, b)).collect();
+        let superblocks: BTreeMap<u64, (StreamId, &FreeList)> = self
+            .arenas
+            .iter()
+            .flat_map(|(&stream, sbs)| sbs.iter().map(move |(&addr, free)| (addr, (stream, free))))
+            .collect();
+        let free_block = |addr: u64, size_bytes: u64| BlockSnapshot {
+            addr: DeviceAddr(addr),
+            size_bytes,
+            requested_bytes: 0,
+            state: BlockState::Free,
+        };
+        let live_block = |b: &LiveBlock| BlockSnapshot {
+            addr: DeviceAddr(b.addr),
+            size_bytes: b.block_bytes,
+            requested_bytes: b.requested_bytes,
+            state: BlockState::Allocated,
+        };
+        let entry = |pool, stream, blocks: Vec<BlockSnapshot>| SegmentSnapshot {
+            addr: blocks[0].addr,
+            size_bytes: blocks.iter().map(|b| b.size_bytes).sum(),
+            stream,
+            pool,
+            blocks,
+        };
+        let mut out = Vec::new();
+        for (&base, chunk) in &self.chunks {
+            let end = base + chunk.segment.size_bytes;
+            // The chunk's pieces in address order: global blocks, or a superblock.
+            let mut pieces: BTreeMap<u64, Option<BlockSnapshot>> = BTreeMap::new();
+            for (&addr, &len) in &chunk.free.ranges {
+                pieces.insert(addr, Some(free_block(addr, len)));
+            }
+            for (_, b) in live
+                .range(base..end)
+                .filter(|(_, b)| b.superblock.is_none())
+            {
+                pieces.insert(b.addr, Some(live_block(b)));
+            }
+            for (&addr, _) in superblocks.range(base..end) {
+                pieces.insert(addr, None);
+            }
+            let mut run = Vec::new();
+            for (addr, piece) in pieces {
+                match piece {
+                    Some(block) => run.push(block),
+                    None => {
+                        if !run.is_empty() {
+                            out.push(entry("arena-global", StreamId(0), std::mem::take(&mut run)));
+                        }
+                        let (stream, free) = superblocks[&addr];
+                        let sb_end = addr + superblock_bytes;
+                        let mut blocks: BTreeMap<u64, BlockSnapshot> = free
+                            .ranges
+                            .iter()
+                            .map(|(&a, &len)| (a, free_block(a, len)))
+                            .collect();
+                        for (_, b) in live.range(addr..sb_end) {
+                            blocks.insert(b.addr, live_block(b));
+                        }
+                        out.push(entry(
+                            "arena-superblock",
+                            stream,
+                            blocks.into_values().collect(),
+                        ));
+                    }
+                }
+            }
+            if !run.is_empty() {
+                out.push(entry("arena-global", StreamId(0), run));
+            }
+        }
+        out
     }
-    fn check_invariants(&self) {}
+
+    fn check_invariants(&self) {
+        let o = &self.options;
+        // Live blocks, split by where they live.
+        let mut global_live: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut small_live: BTreeMap<u64, BTreeMap<u64, u64>> = BTreeMap::new();
+        let (mut requested, mut allocated, mut count) = (0u64, 0u64, 0u64);
+        for b in self.live.iter().flatten() {
+            assert!(
+                b.serial > 0 && b.serial < self.next_serial,
+                "arena: live block without a valid serial"
+            );
+            assert!(
+                b.requested_bytes > 0,
+                "arena: live block for a zero-byte request"
+            );
+            assert_eq!(
+                b.block_bytes,
+                ArenaPolicy::block_bytes_for(b.requested_bytes),
+                "arena: block not the 256-rounded request"
+            );
+            match b.superblock {
+                Some(sb) => {
+                    assert!(
+                        b.block_bytes <= o.threshold_bytes,
+                        "arena: large block in a superblock"
+                    );
+                    let owned = self
+                        .arenas
+                        .get(&b.stream)
+                        .is_some_and(|sbs| sbs.contains_key(&sb));
+                    assert!(
+                        owned,
+                        "arena: block {:#x} names a superblock its stream does not own",
+                        b.addr
+                    );
+                    small_live
+                        .entry(sb)
+                        .or_default()
+                        .insert(b.addr, b.block_bytes);
+                }
+                None => {
+                    assert!(
+                        b.block_bytes > o.threshold_bytes,
+                        "arena: small block in the global arena"
+                    );
+                    assert!(
+                        global_live.insert(b.addr, b.block_bytes).is_none(),
+                        "arena: two global blocks at one address"
+                    );
+                }
+            }
+            requested += b.requested_bytes;
+            allocated += b.block_bytes;
+            count += 1;
+        }
+        // Superblocks: their free ranges and small blocks tile them.
+        let mut owner: BTreeMap<u64, StreamId> = BTreeMap::new();
+        for (&stream, sbs) in &self.arenas {
+            assert!(!sbs.is_empty(), "arena: empty stream arena kept");
+            for (&sb, free) in sbs {
+                assert!(
+                    owner.insert(sb, stream).is_none(),
+                    "arena: superblock {sb:#x} owned by two streams"
+                );
+                free.check(sb, sb + o.superblock_bytes, "superblock");
+                let mut pieces = small_live.get(&sb).cloned().unwrap_or_default();
+                for (&a, &len) in &free.ranges {
+                    assert!(
+                        pieces.insert(a, len).is_none(),
+                        "arena: free range over a live block at {a:#x}"
+                    );
+                }
+                assert_tiles(&pieces, sb, sb + o.superblock_bytes, "superblock");
+            }
+        }
+        // Chunks: free ranges, global blocks and superblocks tile them.
+        let mut reserved = 0u64;
+        let mut placed = 0usize;
+        for (&base, chunk) in &self.chunks {
+            assert_eq!(
+                chunk.segment.addr.0, base,
+                "arena: chunk filed under the wrong address"
+            );
+            let end = base + chunk.segment.size_bytes;
+            chunk.free.check(base, end, "chunk");
+            let mut pieces: BTreeMap<u64, u64> = chunk.free.ranges.clone();
+            for (&a, &len) in global_live.range(base..end) {
+                assert!(
+                    pieces.insert(a, len).is_none(),
+                    "arena: global block over a free range at {a:#x}"
+                );
+                placed += 1;
+            }
+            for (&sb, _) in owner.range(base..end) {
+                assert!(
+                    pieces.insert(sb, o.superblock_bytes).is_none(),
+                    "arena: superblock over another piece at {sb:#x}"
+                );
+                placed += 1;
+            }
+            assert_tiles(&pieces, base, end, "chunk");
+            reserved += chunk.segment.size_bytes;
+        }
+        assert_eq!(
+            placed,
+            global_live.len() + owner.len(),
+            "arena: a block or superblock lies outside every chunk"
+        );
+        let live_slots = self.live.iter().filter(|b| b.is_some()).count();
+        assert_eq!(
+            live_slots + self.free_slots.len(),
+            self.live.len(),
+            "arena: slot bookkeeping"
+        );
+        assert_eq!(
+            self.stats.requested_bytes, requested,
+            "arena: requested bytes"
+        );
+        assert_eq!(
+            self.stats.allocated_bytes, allocated,
+            "arena: allocated bytes"
+        );
+        assert_eq!(
+            self.stats.allocation_count, count,
+            "arena: allocation count"
+        );
+        assert_eq!(self.stats.reserved_bytes, reserved, "arena: reserved bytes");
+        assert_eq!(
+            self.stats.segment_count,
+            self.chunks.len() as u64,
+            "arena: segment count"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::PolicyConfig;
+    use crate::testing::{NullDevice, TestDevice};
+    use crate::DeviceStats;
+    use proptest::prelude::*;
+
+    const KIB: u64 = 1 << 10;
+    const MIB: u64 = 1 << 20;
+
+    fn on(stream: u64, size_bytes: u64) -> Request {
+        Request {
+            size_bytes,
+            stream: StreamId(stream),
+        }
+    }
+
+    /// 1 MiB superblocks, 4 MiB chunks, threshold 512 KiB.
+    fn small() -> ArenaPolicy {
+        ArenaPolicy::new(ArenaOptions {
+            superblock_bytes: MIB,
+            growth_bytes: 4 * MIB,
+            threshold_bytes: 512 * KIB,
+        })
+        .unwrap()
+    }
+
+    fn check(p: &ArenaPolicy, d: &TestDevice) {
+        p.check_invariants();
+        assert_eq!(
+            p.stats().reserved_bytes,
+            d.stats().reserved_bytes,
+            "reserved disagrees with the device"
+        );
+        assert_eq!(
+            p.stats().segment_count,
+            d.live_segments().len() as u64,
+            "segment count disagrees with the device"
+        );
+        let snapshot = p.snapshot();
+        for s in &snapshot {
+            let mut cursor = s.addr.0;
+            for b in &s.blocks {
+                assert_eq!(b.addr.0, cursor, "snapshot blocks do not tile their entry");
+                cursor += b.size_bytes;
+            }
+            assert_eq!(cursor, s.addr.0 + s.size_bytes);
+        }
+        assert_eq!(
+            snapshot.iter().map(|s| s.size_bytes).sum::<u64>(),
+            p.stats().reserved_bytes
+        );
+    }
+
+    /// (pool, stream, offset from the first chunk, size) of every snapshot entry.
+    fn entries(p: &ArenaPolicy, base: u64) -> Vec<(&'static str, u64, u64, u64)> {
+        p.snapshot()
+            .iter()
+            .map(|s| (s.pool, s.stream.0, s.addr.0 - base, s.size_bytes))
+            .collect()
+    }
+
+    /// Sizes round up to 256 bytes; a small request takes a superblock at the front of a growth-sized chunk.
+    #[test]
+    fn rounding_and_first_superblock() {
+        let mut d = TestDevice::unbounded();
+        let mut p = ArenaPolicy::default();
+        let a = p.allocate(&mut d, on(0, 1)).unwrap();
+        let b = p.allocate(&mut d, on(0, 257)).unwrap();
+        assert_eq!((a.block_bytes, b.block_bytes), (256, 512));
+        let base = d.live_segments()[0].0;
+        assert_eq!(d.live_segments(), vec![(base, 1 << 30)]);
+        assert_eq!((a.addr.0, b.addr.0), (base, base + 256));
+        assert_eq!(p.stats().allocated_bytes, 768);
+        assert_eq!(
+            entries(&p, base),
+            vec![
+                ("arena-superblock", 0, 0, MIB),
+                ("arena-global", 0, MIB, (1 << 30) - MIB)
+            ]
+        );
+        check(&p, &d);
+    }
+
+    /// Requests above the threshold go to the global arena, after the superblocks already taken.
+    #[test]
+    fn large_requests_go_to_the_global_arena() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let s = p.allocate(&mut d, on(0, 512 * KIB)).unwrap();
+        let l = p.allocate(&mut d, on(0, 512 * KIB + 1)).unwrap();
+        let base = d.live_segments()[0].0;
+        assert_eq!(s.addr.0, base, "at the threshold: stream arena");
+        assert_eq!(
+            (l.addr.0, l.block_bytes),
+            (base + MIB, 512 * KIB + 256),
+            "above it: global arena"
+        );
+        check(&p, &d);
+    }
+
+    /// A chunk is growth_bytes, or the need rounded up to 2 MiB when that is larger.
+    #[test]
+    fn chunk_sizes() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let _a = p.allocate(&mut d, on(0, 5 * MIB + 1)).unwrap();
+        let _b = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
+        let sizes: Vec<u64> = d.live_segments().iter().map(|s| s.1).collect();
+        assert_eq!(sizes, vec![6 * MIB, 4 * MIB]);
+        assert_eq!(p.chunk_bytes_for(MIB), 4 * MIB);
+        check(&p, &d);
+    }
+
+    /// Each stream gets its own superblocks; an emptied superblock stays with its stream.
+    #[test]
+    fn superblocks_per_stream_and_cached() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let a = p.allocate(&mut d, on(1, 1000)).unwrap();
+        let b = p.allocate(&mut d, on(2, 1000)).unwrap();
+        let base = d.live_segments()[0].0;
+        assert_eq!((a.addr.0 - base, b.addr.0 - base), (0, MIB));
+        p.free(&mut d, a).unwrap();
+        assert_eq!(p.stats().reserved_bytes, 4 * MIB);
+        assert_eq!(
+            entries(&p, base),
+            vec![
+                ("arena-superblock", 1, 0, MIB),
+                ("arena-superblock", 2, MIB, MIB),
+                ("arena-global", 0, 2 * MIB, 2 * MIB)
+            ]
+        );
+        let c = p.allocate(&mut d, on(3, 1000)).unwrap();
+        assert_eq!(
+            c.addr.0 - base,
+            2 * MIB,
+            "another stream does not take stream 1's empty superblock"
+        );
+        let e = p.allocate(&mut d, on(1, 1000)).unwrap();
+        assert_eq!(e.addr.0 - base, 0, "stream 1 reuses it");
+        check(&p, &d);
+    }
+
+    /// Freed neighbours inside a superblock coalesce and first fit reuses the merged range.
+    #[test]
+    fn coalescing_inside_a_superblock() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let a = p.allocate(&mut d, on(0, 256)).unwrap();
+        let b = p.allocate(&mut d, on(0, 1000)).unwrap();
+        let _c = p.allocate(&mut d, on(0, 256)).unwrap();
+        let sb = a.addr.0;
+        p.free(&mut d, a).unwrap();
+        p.free(&mut d, b).unwrap();
+        let s = &p.snapshot()[0];
+        let layout: Vec<_> = s
+            .blocks
+            .iter()
+            .map(|b| (b.addr.0 - sb, b.size_bytes, b.state))
+            .collect();
+        use BlockState::{Allocated as A, Free as F};
+        assert_eq!(
+            layout,
+            vec![(0, 1280, F), (1280, 256, A), (1536, MIB - 1536, F)]
+        );
+        let e = p.allocate(&mut d, on(0, 1200)).unwrap();
+        assert_eq!(e.addr.0, sb, "first fit takes the merged range");
+        check(&p, &d);
+    }
+
+    /// Freed neighbours in the global arena coalesce and first fit reuses the merged range.
+    #[test]
+    fn coalescing_in_the_global_arena() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let a = p.allocate(&mut d, on(0, MIB)).unwrap();
+        let b = p.allocate(&mut d, on(0, MIB)).unwrap();
+        let _c = p.allocate(&mut d, on(0, MIB)).unwrap();
+        let at = a.addr;
+        p.free(&mut d, a).unwrap();
+        p.free(&mut d, b).unwrap();
+        let e = p.allocate(&mut d, on(0, 2 * MIB)).unwrap();
+        assert_eq!(e.addr, at);
+        assert_eq!(d.live_segments().len(), 1);
+        check(&p, &d);
+    }
+
+    /// Under memory pressure empty superblocks return to the global arena and the retry fits.
+    #[test]
+    fn pressure_returns_empty_superblocks() {
+        let mut d = TestDevice::with_capacity(4 * MIB);
+        let mut p = small();
+        let s = p.allocate(&mut d, on(1, 1000)).unwrap();
+        p.free(&mut d, s).unwrap();
+        let big = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
+        let base = d.live_segments()[0].0;
+        assert_eq!(big.addr.0 - base, MIB);
+        let l = p.allocate(&mut d, on(0, MIB)).unwrap();
+        assert_eq!(l.addr.0, base, "the empty superblock of stream 1 made room");
+        assert_eq!(entries(&p, base), vec![("arena-global", 0, 0, 4 * MIB)]);
+        check(&p, &d);
+    }
+
+    /// Under memory pressure wholly free chunks go back to the device so a larger one can grow.
+    #[test]
+    fn pressure_releases_free_chunks() {
+        let mut d = TestDevice::with_capacity(10 * MIB);
+        let mut p = small();
+        let _a = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
+        let b = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
+        p.free(&mut d, b).unwrap();
+        assert_eq!(p.stats().reserved_bytes, 8 * MIB);
+        let c = p.allocate(&mut d, on(0, 5 * MIB)).unwrap();
+        assert_eq!(c.block_bytes, 5 * MIB);
+        assert_eq!(p.stats().reserved_bytes, 10 * MIB);
+        assert_eq!(d.stats().free_count, 1);
+        check(&p, &d);
+    }
+
+    /// A failed request leaves live allocations and allocated bytes as they were.
+    #[test]
+    fn oom_leaves_allocations_unchanged() {
+        let mut d = TestDevice::with_capacity(4 * MIB);
+        let mut p = small();
+        let _a = p.allocate(&mut d, on(1, 1000)).unwrap();
+        let _b = p.allocate(&mut d, on(0, 2 * MIB)).unwrap();
+        let before = p.stats();
+        let snapshot = p.snapshot();
+        let err = p.allocate(&mut d, on(0, 1536 * KIB)).unwrap_err();
+        let AllocError::OutOfMemory {
+            requested_bytes,
+            tried_bytes,
+            stats,
+        } = err
+        else {
+            panic!("{err:?}")
+        };
+        assert_eq!((requested_bytes, tried_bytes), (1536 * KIB, 4 * MIB));
+        assert_eq!(stats, before);
+        assert_eq!(p.stats(), before);
+        assert_eq!(p.snapshot(), snapshot);
+        check(&p, &d);
+        let err = p.allocate(&mut NullDevice, on(2, 2 * MIB)).unwrap_err();
+        assert!(
+            matches!(err, AllocError::OutOfMemory { tried_bytes, .. } if tried_bytes == 4 * MIB),
+            "{err:?}"
+        );
+        assert_eq!(p.stats(), before);
+    }
+
+    /// empty_cache returns empty superblocks to the global arena and every wholly free chunk to the device.
+    #[test]
+    fn empty_cache_returns_every_free_chunk() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let x = p.allocate(&mut d, on(1, 1000)).unwrap();
+        let y = p.allocate(&mut d, on(2, 1000)).unwrap();
+        let l = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
+        let base = d.live_segments()[0].0;
+        assert_eq!(
+            l.addr.0 - base,
+            4 * MIB,
+            "3 MiB does not fit after two superblocks: a second chunk"
+        );
+        p.free(&mut d, y).unwrap();
+        p.free(&mut d, l).unwrap();
+        assert_eq!(p.stats().segment_count, 2);
+        p.empty_cache(&mut d).unwrap();
+        assert_eq!(d.live_segments(), vec![(base, 4 * MIB)]);
+        assert_eq!(
+            entries(&p, base),
+            vec![
+                ("arena-superblock", 1, 0, MIB),
+                ("arena-global", 0, MIB, 3 * MIB)
+            ]
+        );
+        check(&p, &d);
+        p.free(&mut d, x).unwrap();
+        p.empty_cache(&mut d).unwrap();
+        assert!(d.live_segments().is_empty());
+        check(&p, &d);
+    }
+
+    /// Freeing everything and emptying the cache leaves nothing reserved.
+    #[test]
+    fn free_all_then_empty_cache_reserves_nothing() {
+        let mut d = TestDevice::unbounded();
+        let mut p = ArenaPolicy::default();
+        let live: Vec<_> = [
+            (0, 1),
+            (1, 700),
+            (0, 3 * MIB),
+            (2, 2 << 30),
+            (1, 512 * KIB),
+            (3, 5),
+        ]
+        .iter()
+        .map(|&(s, n)| p.allocate(&mut d, on(s, n)).unwrap())
+        .collect();
+        for a in live {
+            p.free(&mut d, a).unwrap();
+        }
+        p.empty_cache(&mut d).unwrap();
+        assert_eq!(p.stats(), PolicyStats::default());
+        assert!(d.live_segments().is_empty());
+        check(&p, &d);
+    }
+
+    /// Zero-byte and 1 EiB requests are refused without touching the device.
+    #[test]
+    fn zero_and_huge_requests() {
+        let mut p = ArenaPolicy::default();
+        assert_eq!(
+            p.allocate(&mut NullDevice, on(0, 0)),
+            Err(AllocError::ZeroSize)
+        );
+        let err = p
+            .allocate(&mut NullDevice, on(0, MAX_REQUEST_BYTES))
+            .unwrap_err();
+        assert!(matches!(err, AllocError::OutOfMemory { .. }));
+        assert_eq!(p.stats(), PolicyStats::default());
+    }
+
+    /// Invalid options are refused with a message naming the problem.
+    #[test]
+    fn option_validation() {
+        let bad = |superblock_bytes, growth_bytes, threshold_bytes| {
+            ArenaOptions {
+                superblock_bytes,
+                growth_bytes,
+                threshold_bytes,
+            }
+            .validate()
+            .unwrap_err()
+        };
+        let e = bad(1000, MIB, 0);
+        assert_eq!(
+            (e.policy, e.message.as_str()),
+            (
+                "arena",
+                "superblock must be a positive multiple of 256, got 1000"
+            )
+        );
+        assert_eq!(
+            bad(0, MIB, 0).message,
+            "superblock must be a positive multiple of 256, got 0"
+        );
+        assert_eq!(
+            bad(MIB, MIB - 256, 0).message,
+            format!("growth ({}) must be at least superblock ({MIB})", MIB - 256)
+        );
+        assert_eq!(
+            bad(MIB, MIB, MIB + 1).message,
+            format!("threshold ({}) must not exceed superblock ({MIB})", MIB + 1)
+        );
+        assert!(ArenaOptions {
+            superblock_bytes: 256,
+            growth_bytes: 256,
+            threshold_bytes: 256
+        }
+        .validate()
+        .is_ok());
+        let invalid = ArenaOptions {
+            superblock_bytes: 100,
+            ..ArenaOptions::default()
+        };
+        assert!(ArenaPolicy::new(invalid.clone()).is_err());
+        assert!(PolicyConfig::Arena(invalid).build().is_err());
+        assert!(PolicyConfig::Arena(ArenaOptions::default()).build().is_ok());
+    }
+
+    /// Freeing an allocation twice panics, naming the broken invariant.
+    #[test]
+    #[should_panic(expected = "not live in this policy")]
+    fn stale_free_panics() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let a = p.allocate(&mut d, on(0, 512)).unwrap();
+        let copy = Allocation {
+            addr: a.addr,
+            requested_bytes: 512,
+            block_bytes: 512,
+            stream: a.stream,
+            block: a.block,
+            serial: a.serial,
+        };
+        p.free(&mut d, a).unwrap();
+        let _b = p.allocate(&mut d, on(0, 512)).unwrap();
+        p.free(&mut d, copy).unwrap();
+    }
+
+    /// A driver failure other than out of memory propagates as a device error.
+    #[test]
+    fn driver_errors_propagate() {
+        struct Broken;
+        impl Device for Broken {
+            fn allocate_segment(&mut self, _: u64) -> Result<Segment, DeviceError> {
+                Err(DeviceError::Driver {
+                    code: 700,
+                    message: "illegal address".into(),
+                })
+            }
+            fn free_segment(&mut self, _: Segment) -> Result<(), DeviceError> {
+                unreachable!()
+            }
+            fn stats(&self) -> DeviceStats {
+                DeviceStats::default()
+            }
+        }
+        let mut p = small();
+        let err = p.allocate(&mut Broken, on(0, 512)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                AllocError::Device(DeviceError::Driver { code: 700, .. })
+            ),
+            "{err:?}"
+        );
+        p.check_invariants();
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Alloc(u64, u64),
+        Free(usize),
+        EmptyCache,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            8 => (0u64..3, 1u64..=32 * KIB).prop_map(|(s, n)| Op::Alloc(s, n)),
+            2 => (0u64..3, 1u64..=3 * MIB).prop_map(|(s, n)| Op::Alloc(s, n)),
+            6 => any::<usize>().prop_map(Op::Free),
+            1 => Just(Op::EmptyCache),
+        ]
+    }
+
+    proptest! {
+        /// Random alloc/free/empty_cache runs over three streams on a small device keep every
+        /// invariant, and an OOM never changes live allocations.
+        #[test]
+        fn random_sequences_keep_invariants(ops in prop::collection::vec(op(), 1..120)) {
+            let mut d = TestDevice::with_capacity(8 * MIB);
+            let mut p = ArenaPolicy::new(ArenaOptions {
+                superblock_bytes: 64 * KIB,
+                growth_bytes: 2 * MIB,
+                threshold_bytes: 32 * KIB,
+            })
+            .unwrap();
+            let mut live: Vec<Allocation> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Alloc(stream, size) => {
+                        let before = p.stats();
+                        match p.allocate(&mut d, on(stream, size)) {
+                            Ok(a) => {
+                                prop_assert_eq!(a.block_bytes, size.div_ceil(256) * 256);
+                                live.push(a);
+                            }
+                            Err(AllocError::OutOfMemory { .. }) => {
+                                let after = p.stats();
+                                prop_assert_eq!(after.allocated_bytes, before.allocated_bytes);
+                                prop_assert_eq!(after.allocation_count, before.allocation_count);
+                            }
+                            Err(e) => panic!("{e:?}"),
+                        }
+                    }
+                    Op::Free(i) if !live.is_empty() => {
+                        let a = live.swap_remove(i % live.len());
+                        p.free(&mut d, a).unwrap();
+                    }
+                    Op::Free(_) => {}
+                    Op::EmptyCache => p.empty_cache(&mut d).unwrap(),
+                }
+                check(&p, &d);
+            }
+            for a in live {
+                p.free(&mut d, a).unwrap();
+            }
+            p.empty_cache(&mut d).unwrap();
+            check(&p, &d);
+            prop_assert_eq!(p.stats(), PolicyStats::default());
+        }
+    }
 }

@@ -1,11 +1,64 @@
-//! Binary buddy allocation inside large segments. (Placeholder: the policy is being
-//! written; only its options exist yet.)
+//! Binary buddy allocation inside large segments.
+//!
+//! The classic buddy system (Knuth, TAOCP vol. 1 §2.5), run inside segments of one
+//! fixed size drawn from the device. It trades internal fragmentation (every block is a
+//! power of two, so up to half of it can be slack) for constant-shape bookkeeping and
+//! merging that needs no neighbour links: a block's buddy is found by arithmetic.
+//!
+//! # Rules
+//!
+//! - **Rounding.** A request of `n` bytes gets a block of `max(n.next_power_of_two(),
+//!   min_block_bytes)` bytes; [`Allocation::block_bytes`] and the allocated bytes count
+//!   the whole block.
+//! - **Normal requests** (block ≤ `segment_bytes`) are carved from segments of exactly
+//!   `segment_bytes`. Free blocks sit in one address-ordered set per order (order `k`
+//!   holds blocks of `min_block_bytes << k`), shared by all segments. The search takes
+//!   the smallest order that has a free block and is at least the request's order, and
+//!   the lowest address within it; a larger block is split in halves down to the
+//!   request's order, the upper halves going back to the free sets. Only if no free
+//!   block fits is a new segment drawn from the device.
+//! - **Merging.** On free, a block merges with its buddy (address `segment base +
+//!   (offset XOR block size)`) while the buddy is free and of the same order, up to a
+//!   whole segment.
+//! - **Oversize requests** (block > `segment_bytes`, e.g. a 1 GiB + 1 B request with the
+//!   defaults: a 2 GiB block) get a segment of exactly the block size to themselves.
+//!   When freed, such a segment is cached whole and reused by the next oversize request
+//!   of the same block size (lowest address first).
+//! - **Caching.** A segment whose blocks are all free (one whole free block) stays cached
+//!   until [`Policy::empty_cache`] or memory pressure, as do free oversize segments.
+//! - **Out of memory.** When the device refuses a segment, the policy releases every
+//!   wholly free segment (normal and oversize) and asks once more; if that fails too, the
+//!   request ends in [`AllocError::OutOfMemory`] with `tried_bytes` the segment size asked
+//!   for. Live allocations are never touched.
+//! - **Streams are ignored.** There is a single pool; the policy does not track which
+//!   stream uses a block, so stream safety (not reusing a block while another stream may
+//!   still read it) is the caller's job, as with a plain `cudaMalloc`/`cudaFree` pair.
+//!
+//! # Options ([`BuddyOptions`])
+//!
+//! - `min_block_bytes` (default 512 B): the smallest block, a power of two ≥ 1.
+//! - `segment_bytes` (default 1 GiB): the size of each normal segment, a power of two
+//!   between `min_block_bytes` and 2^40 bytes.
+//!
+//! # Snapshots
+//!
+//! Each live segment is one [`SegmentSnapshot`] (pool `buddy` or `buddy-oversize`,
+//! stream 0), its blocks tiling it in address order. Free blocks report 0 requested
+//! bytes: after merging there is no single last tenant.
 
-use crate::device::{Device, DeviceError};
-use crate::policy::{AllocError, Allocation, Policy, PolicyStats, Request, SegmentSnapshot};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::device::{Device, DeviceAddr, DeviceError, Segment};
+use crate::policy::{
+    AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
+    SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
+};
 use crate::registry::OptionsError;
 
-/// Options of the buddy policy.
+/// Largest allowed `segment_bytes`: 2^40 bytes (1 TiB).
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 40;
+
+/// Options of the buddy policy. See the module docs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BuddyOptions {
     /// Smallest block, a power of two (default 512 B).
@@ -24,27 +77,220 @@ impl Default for BuddyOptions {
 }
 
 impl BuddyOptions {
-    /// Checks the options.
+    /// Checks the options: both sizes powers of two, `1 ≤ min_block_bytes ≤
+    /// segment_bytes ≤ 2^40`.
     ///
     /// # Errors
-    /// When a size is not a power of two or the minimum block exceeds the segment.
+    /// When a size is not a power of two, the minimum block exceeds the segment, or the
+    /// segment exceeds [`MAX_SEGMENT_BYTES`].
     pub fn validate(&self) -> Result<(), OptionsError> {
+        let err = |message: String| {
+            Err(OptionsError {
+                policy: "buddy",
+                message,
+            })
+        };
+        let (min_block, segment) = (self.min_block_bytes, self.segment_bytes);
+        if min_block == 0 {
+            return err("min_block must be at least 1, got 0".to_string());
+        }
+        if !min_block.is_power_of_two() {
+            return err(format!("min_block must be a power of two, got {min_block}"));
+        }
+        if !segment.is_power_of_two() {
+            return err(format!("segment must be a power of two, got {segment}"));
+        }
+        if min_block > segment {
+            return err(format!(
+                "min_block ({min_block}) must not exceed segment ({segment})"
+            ));
+        }
+        if segment > MAX_SEGMENT_BYTES {
+            return err(format!("segment must be at most 2^40 bytes, got {segment}"));
+        }
         Ok(())
     }
 }
 
-/// Placeholder.
+/// One device segment and what kind it is.
 #[derive(Debug)]
-pub struct BuddyPolicy;
+struct BuddySegment {
+    segment: Segment,
+    /// Holds one oversize block of exactly its size.
+    oversize: bool,
+}
+
+/// A handed-out block.
+#[derive(Debug)]
+struct LiveBlock {
+    addr: u64,
+    block_bytes: u64,
+    requested_bytes: u64,
+    oversize: bool,
+    serial: u64,
+}
+
+/// Binary buddy allocator. See the module docs.
+#[derive(Debug)]
+pub struct BuddyPolicy {
+    options: BuddyOptions,
+    /// Order of a whole normal segment: `segment_bytes = min_block_bytes << max_order`.
+    max_order: u32,
+    /// Free blocks of normal segments, one address-ordered set per order.
+    free_lists: Vec<BTreeSet<u64>>,
+    /// Free (whole) oversize segments by (size, address).
+    free_oversize: BTreeSet<(u64, u64)>,
+    /// Every live device segment by base address.
+    segments: BTreeMap<u64, BuddySegment>,
+    /// Live blocks; an allocation's `block` indexes it.
+    live: Vec<Option<LiveBlock>>,
+    free_slots: Vec<u32>,
+    stats: PolicyStats,
+    next_serial: u64,
+}
 
 impl BuddyPolicy {
-    /// Placeholder.
+    /// A buddy allocator with the given options.
     ///
     /// # Errors
-    /// Invalid options.
+    /// See [`BuddyOptions::validate`].
     pub fn new(options: BuddyOptions) -> Result<BuddyPolicy, OptionsError> {
         options.validate()?;
-        Ok(BuddyPolicy)
+        let max_order = (options.segment_bytes / options.min_block_bytes).trailing_zeros();
+        Ok(BuddyPolicy {
+            options,
+            max_order,
+            free_lists: vec![BTreeSet::new(); max_order as usize + 1],
+            free_oversize: BTreeSet::new(),
+            segments: BTreeMap::new(),
+            live: Vec::new(),
+            free_slots: Vec::new(),
+            stats: PolicyStats::default(),
+            next_serial: 1,
+        })
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &BuddyOptions {
+        &self.options
+    }
+
+    /// The block size for a request of `size_bytes` (> 0, below [`MAX_REQUEST_BYTES`]).
+    pub fn block_bytes_for(&self, size_bytes: u64) -> u64 {
+        size_bytes
+            .next_power_of_two()
+            .max(self.options.min_block_bytes)
+    }
+
+    fn block_size(&self, order: u32) -> u64 {
+        self.options.min_block_bytes << order
+    }
+
+    fn order_of(&self, block_bytes: u64) -> u32 {
+        (block_bytes / self.options.min_block_bytes).trailing_zeros()
+    }
+
+    /// Base address of the segment holding `addr`.
+    fn segment_base(&self, addr: u64) -> u64 {
+        let (&base, _) = self
+            .segments
+            .range(..=addr)
+            .next_back()
+            .expect("buddy: block below every segment");
+        base
+    }
+
+    /// Takes the free block of the smallest order ≥ `order` (lowest address), splitting
+    /// it down to `order`. `None` if no free block is large enough.
+    fn take_free(&mut self, order: u32) -> Option<u64> {
+        let found = (order..=self.max_order).find(|&k| !self.free_lists[k as usize].is_empty())?;
+        let addr = self.free_lists[found as usize]
+            .pop_first()
+            .expect("non-empty free list");
+        for k in (order..found).rev() {
+            let upper = addr + self.block_size(k);
+            self.free_lists[k as usize].insert(upper);
+        }
+        Some(addr)
+    }
+
+    /// Asks the device for a segment; on out of memory releases every wholly free
+    /// segment and asks once more.
+    fn draw_segment(
+        &mut self,
+        device: &mut dyn Device,
+        size_bytes: u64,
+        requested_bytes: u64,
+    ) -> Result<Segment, AllocError> {
+        match device.allocate_segment(size_bytes) {
+            Ok(segment) => return Ok(segment),
+            Err(DeviceError::OutOfMemory { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.release_free_segments(device)?;
+        match device.allocate_segment(size_bytes) {
+            Ok(segment) => Ok(segment),
+            Err(DeviceError::OutOfMemory { .. }) => Err(AllocError::OutOfMemory {
+                requested_bytes,
+                tried_bytes: size_bytes,
+                stats: self.stats,
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn add_segment(&mut self, segment: Segment, oversize: bool) -> u64 {
+        let base = segment.addr.0;
+        self.stats.reserved_bytes += segment.size_bytes;
+        self.stats.segment_count += 1;
+        let previous = self
+            .segments
+            .insert(base, BuddySegment { segment, oversize });
+        assert!(
+            previous.is_none(),
+            "buddy: the device handed out one base address twice"
+        );
+        base
+    }
+
+    /// Returns every wholly free segment, normal and oversize, to the device.
+    fn release_free_segments(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
+        let whole: Vec<u64> = std::mem::take(&mut self.free_lists[self.max_order as usize])
+            .into_iter()
+            .collect();
+        let oversize: Vec<u64> = std::mem::take(&mut self.free_oversize)
+            .into_iter()
+            .map(|(_, a)| a)
+            .collect();
+        for base in whole.into_iter().chain(oversize) {
+            let entry = self
+                .segments
+                .remove(&base)
+                .expect("buddy: free segment not in the segment table");
+            self.stats.reserved_bytes -= entry.segment.size_bytes;
+            self.stats.segment_count -= 1;
+            device.free_segment(entry.segment)?;
+        }
+        Ok(())
+    }
+
+    fn insert_live(&mut self, block: LiveBlock) -> u32 {
+        match self.free_slots.pop() {
+            Some(slot) => {
+                self.live[slot as usize] = Some(block);
+                slot
+            }
+            None => {
+                self.live.push(Some(block));
+                u32::try_from(self.live.len() - 1).expect("more than 4 billion live allocations")
+            }
+        }
+    }
+}
+
+impl Default for BuddyPolicy {
+    fn default() -> Self {
+        BuddyPolicy::new(BuddyOptions::default()).expect("default buddy options are valid")
     }
 }
 
@@ -52,24 +298,809 @@ impl Policy for BuddyPolicy {
     fn name(&self) -> &str {
         "buddy"
     }
-    fn allocate(&mut self, _: &mut dyn Device, r: Request) -> Result<Allocation, AllocError> {
-        Err(AllocError::OutOfMemory {
-            requested_bytes: r.size_bytes,
-            tried_bytes: 0,
-            stats: PolicyStats::default(),
+
+    fn allocate(
+        &mut self,
+        device: &mut dyn Device,
+        request: Request,
+    ) -> Result<Allocation, AllocError> {
+        let size = request.size_bytes;
+        if size == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        if size >= MAX_REQUEST_BYTES {
+            return Err(AllocError::OutOfMemory {
+                requested_bytes: size,
+                tried_bytes: size,
+                stats: self.stats,
+            });
+        }
+        let block_bytes = self.block_bytes_for(size);
+        let oversize = block_bytes > self.options.segment_bytes;
+        let addr = if oversize {
+            let cached = self
+                .free_oversize
+                .range((block_bytes, 0)..=(block_bytes, u64::MAX))
+                .next()
+                .copied();
+            match cached {
+                Some(key) => {
+                    self.free_oversize.remove(&key);
+                    key.1
+                }
+                None => {
+                    let segment = self.draw_segment(device, block_bytes, size)?;
+                    self.add_segment(segment, true)
+                }
+            }
+        } else {
+            let order = self.order_of(block_bytes);
+            match self.take_free(order) {
+                Some(addr) => addr,
+                None => {
+                    let segment = self.draw_segment(device, self.options.segment_bytes, size)?;
+                    let base = self.add_segment(segment, false);
+                    self.free_lists[self.max_order as usize].insert(base);
+                    self.take_free(order)
+                        .expect("a new segment holds any normal block")
+                }
+            }
+        };
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let slot = self.insert_live(LiveBlock {
+            addr,
+            block_bytes,
+            requested_bytes: size,
+            oversize,
+            serial,
+        });
+        self.stats.requested_bytes += size;
+        self.stats.allocated_bytes += block_bytes;
+        self.stats.allocation_count += 1;
+        Ok(Allocation {
+            addr: DeviceAddr(addr),
+            requested_bytes: size,
+            block_bytes,
+            stream: request.stream,
+            block: slot,
+            serial,
         })
     }
-    fn free(&mut self, _: &mut dyn Device, _: Allocation) -> Result<(), DeviceError> {
+
+    fn free(
+        &mut self,
+        _device: &mut dyn Device,
+        allocation: Allocation,
+    ) -> Result<(), DeviceError> {
+        let block = self
+            .live
+            .get_mut(allocation.block as usize)
+            .and_then(|entry| {
+                entry.take_if(|b| b.serial == allocation.serial && b.addr == allocation.addr.0)
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "buddy: allocation at {} is not live in this policy (freed twice, or from another policy)",
+                    allocation.addr
+                )
+            });
+        self.free_slots.push(allocation.block);
+        self.stats.requested_bytes -= block.requested_bytes;
+        self.stats.allocated_bytes -= block.block_bytes;
+        self.stats.allocation_count -= 1;
+        if block.oversize {
+            self.free_oversize.insert((block.block_bytes, block.addr));
+            return Ok(());
+        }
+        let base = self.segment_base(block.addr);
+        let mut addr = block.addr;
+        let mut order = self.order_of(block.block_bytes);
+        while order < self.max_order {
+            let buddy = base + ((addr - base) ^ self.block_size(order));
+            if !self.free_lists[order as usize].remove(&buddy) {
+                break;
+            }
+            addr = addr.min(buddy);
+            order += 1;
+        }
+        self.free_lists[order as usize].insert(addr);
         Ok(())
     }
-    fn empty_cache(&mut self, _: &mut dyn Device) -> Result<(), DeviceError> {
-        Ok(())
+
+    fn empty_cache(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
+        self.release_free_segments(device)
     }
+
     fn stats(&self) -> PolicyStats {
-        PolicyStats::default()
+        self.stats
     }
+
     fn snapshot(&self) -> Vec<SegmentSnapshot> {
-        Vec::new()
+        let mut blocks: BTreeMap<u64, BlockSnapshot> = BTreeMap::new();
+        for (order, list) in self.free_lists.iter().enumerate() {
+            for &addr in list {
+                let size_bytes = self.block_size(order as u32);
+                blocks.insert(
+                    addr,
+                    BlockSnapshot {
+                        addr: DeviceAddr(addr),
+                        size_bytes,
+                        requested_bytes: 0,
+                        state: BlockState::Free,
+                    },
+                );
+            }
+        }
+        for &(size_bytes, addr) in &self.free_oversize {
+            blocks.insert(
+                addr,
+                BlockSnapshot {
+                    addr: DeviceAddr(addr),
+                    size_bytes,
+                    requested_bytes: 0,
+                    state: BlockState::Free,
+                },
+            );
+        }
+        for b in self.live.iter().flatten() {
+            blocks.insert(
+                b.addr,
+                BlockSnapshot {
+                    addr: DeviceAddr(b.addr),
+                    size_bytes: b.block_bytes,
+                    requested_bytes: b.requested_bytes,
+                    state: BlockState::Allocated,
+                },
+            );
+        }
+        self.segments
+            .iter()
+            .map(|(&base, s)| SegmentSnapshot {
+                addr: DeviceAddr(base),
+                size_bytes: s.segment.size_bytes,
+                stream: StreamId(0),
+                pool: if s.oversize {
+                    "buddy-oversize"
+                } else {
+                    "buddy"
+                },
+                blocks: blocks
+                    .range(base..base + s.segment.size_bytes)
+                    .map(|(_, b)| b.clone())
+                    .collect(),
+            })
+            .collect()
     }
-    fn check_invariants(&self) {}
+
+    fn check_invariants(&self) {
+        let seg_bytes = self.options.segment_bytes;
+        assert_eq!(
+            self.free_lists.len(),
+            self.max_order as usize + 1,
+            "buddy: one free list per order"
+        );
+        // Every block (free or live) by address: (size, is_free).
+        let mut blocks: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
+        let mut add = |addr: u64, size: u64, free: bool| {
+            assert!(
+                blocks.insert(addr, (size, free)).is_none(),
+                "buddy: two blocks at {addr:#x}"
+            );
+        };
+        for (order, list) in self.free_lists.iter().enumerate() {
+            let size = self.block_size(order as u32);
+            for &addr in list {
+                let base = self.segment_base(addr);
+                let seg = &self.segments[&base];
+                assert!(
+                    !seg.oversize,
+                    "buddy: free-list block {addr:#x} inside an oversize segment"
+                );
+                assert_eq!(
+                    (addr - base) % size,
+                    0,
+                    "buddy: free block {addr:#x} not aligned to its order"
+                );
+                if order < self.max_order as usize {
+                    let buddy = base + ((addr - base) ^ size);
+                    assert!(
+                        !list.contains(&buddy),
+                        "buddy: free buddies {addr:#x} and {buddy:#x} were not merged"
+                    );
+                }
+                add(addr, size, true);
+            }
+        }
+        for &(size, addr) in &self.free_oversize {
+            let seg = self
+                .segments
+                .get(&addr)
+                .expect("buddy: cached oversize block is not a segment");
+            assert!(
+                seg.oversize && seg.segment.size_bytes == size,
+                "buddy: cached oversize block disagrees with its segment"
+            );
+            add(addr, size, true);
+        }
+        let (mut requested, mut allocated, mut count) = (0u64, 0u64, 0u64);
+        for b in self.live.iter().flatten() {
+            assert!(
+                b.serial > 0 && b.serial < self.next_serial,
+                "buddy: live block without a valid serial"
+            );
+            assert!(
+                b.requested_bytes > 0 && b.requested_bytes <= b.block_bytes,
+                "buddy: block smaller than its request"
+            );
+            assert_eq!(
+                b.block_bytes,
+                self.block_bytes_for(b.requested_bytes),
+                "buddy: block not the rounded request"
+            );
+            let base = self.segment_base(b.addr);
+            let seg = &self.segments[&base];
+            assert_eq!(
+                seg.oversize, b.oversize,
+                "buddy: live block in the wrong kind of segment"
+            );
+            if b.oversize {
+                assert_eq!(
+                    (base, seg.segment.size_bytes),
+                    (b.addr, b.block_bytes),
+                    "buddy: oversize block does not fill its segment"
+                );
+            } else {
+                assert_eq!(
+                    (b.addr - base) % b.block_bytes,
+                    0,
+                    "buddy: live block not aligned to its order"
+                );
+            }
+            requested += b.requested_bytes;
+            allocated += b.block_bytes;
+            count += 1;
+            add(b.addr, b.block_bytes, false);
+        }
+        let mut reserved = 0u64;
+        for (&base, s) in &self.segments {
+            assert_eq!(
+                s.segment.addr.0, base,
+                "buddy: segment filed under the wrong address"
+            );
+            let size = s.segment.size_bytes;
+            if s.oversize {
+                assert!(
+                    size.is_power_of_two() && size > seg_bytes,
+                    "buddy: oversize segment of {size} bytes"
+                );
+            } else {
+                assert_eq!(size, seg_bytes, "buddy: normal segment of the wrong size");
+            }
+            let mut cursor = base;
+            for (&addr, &(block_size, _)) in blocks.range(base..base + size) {
+                assert_eq!(addr, cursor, "buddy: blocks do not tile the segment at {base:#x} (gap or overlap at {addr:#x})");
+                cursor += block_size;
+            }
+            assert_eq!(
+                cursor,
+                base + size,
+                "buddy: blocks do not tile the segment at {base:#x}"
+            );
+            reserved += size;
+        }
+        let tiled: usize = self
+            .segments
+            .iter()
+            .map(|(&b, s)| blocks.range(b..b + s.segment.size_bytes).count())
+            .sum();
+        assert_eq!(
+            tiled,
+            blocks.len(),
+            "buddy: a block lies outside every segment"
+        );
+        let live_slots = self.live.iter().filter(|b| b.is_some()).count();
+        assert_eq!(
+            live_slots + self.free_slots.len(),
+            self.live.len(),
+            "buddy: slot bookkeeping"
+        );
+        assert_eq!(
+            self.stats.requested_bytes, requested,
+            "buddy: requested bytes"
+        );
+        assert_eq!(
+            self.stats.allocated_bytes, allocated,
+            "buddy: allocated bytes"
+        );
+        assert_eq!(
+            self.stats.allocation_count, count,
+            "buddy: allocation count"
+        );
+        assert_eq!(self.stats.reserved_bytes, reserved, "buddy: reserved bytes");
+        assert_eq!(
+            self.stats.segment_count,
+            self.segments.len() as u64,
+            "buddy: segment count"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::PolicyConfig;
+    use crate::testing::{NullDevice, TestDevice};
+    use crate::DeviceStats;
+    use proptest::prelude::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn req(size_bytes: u64) -> Request {
+        Request {
+            size_bytes,
+            stream: StreamId(0),
+        }
+    }
+
+    /// A policy with 512 B blocks in 4 KiB segments: small enough to reason about.
+    fn small() -> BuddyPolicy {
+        BuddyPolicy::new(BuddyOptions {
+            min_block_bytes: 512,
+            segment_bytes: 4096,
+        })
+        .unwrap()
+    }
+
+    /// (offset in segment, size, state) of every block of the snapshot's segment `i`.
+    fn layout(p: &BuddyPolicy, i: usize) -> Vec<(u64, u64, BlockState)> {
+        let s = &p.snapshot()[i];
+        s.blocks
+            .iter()
+            .map(|b| (b.addr.0 - s.addr.0, b.size_bytes, b.state))
+            .collect()
+    }
+
+    fn check(p: &BuddyPolicy, d: &TestDevice) {
+        p.check_invariants();
+        assert_eq!(
+            p.stats().reserved_bytes,
+            d.stats().reserved_bytes,
+            "reserved disagrees with the device"
+        );
+        assert_eq!(
+            p.stats().segment_count,
+            d.live_segments().len() as u64,
+            "segment count disagrees with the device"
+        );
+    }
+
+    /// With the default options a 1 GiB + 1 B request gets a 2 GiB block in its own 2 GiB segment.
+    #[test]
+    fn golden_one_gib_plus_one() {
+        let mut d = TestDevice::unbounded();
+        let mut p = BuddyPolicy::default();
+        let a = p.allocate(&mut d, req(GIB + 1)).unwrap();
+        assert_eq!(a.block_bytes, 2 * GIB);
+        assert_eq!(p.stats().reserved_bytes, 2 * GIB);
+        assert_eq!(p.stats().allocated_bytes, 2 * GIB);
+        assert_eq!(d.live_segments(), vec![(a.addr.0, 2 * GIB)]);
+        assert_eq!(p.snapshot()[0].pool, "buddy-oversize");
+        check(&p, &d);
+    }
+
+    /// Requests round up to a power of two of at least the minimum block, in 1 GiB segments.
+    #[test]
+    fn rounding_with_defaults() {
+        for (request, block) in [
+            (1, 512),
+            (512, 512),
+            (513, 1024),
+            (4096, 4096),
+            (5000, 8192),
+            (GIB, GIB),
+        ] {
+            let mut d = TestDevice::unbounded();
+            let mut p = BuddyPolicy::default();
+            let a = p.allocate(&mut d, req(request)).unwrap();
+            assert_eq!(a.block_bytes, block, "block for {request}");
+            assert_eq!(p.stats().reserved_bytes, GIB, "reserved for {request}");
+            assert_eq!(
+                (p.stats().requested_bytes, p.stats().allocated_bytes),
+                (request, block)
+            );
+            check(&p, &d);
+        }
+    }
+
+    /// The first small block splits a fresh segment into halves down to its order.
+    #[test]
+    fn splitting_a_fresh_segment() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let a = p.allocate(&mut d, req(100)).unwrap();
+        assert_eq!(a.addr.0, d.live_segments()[0].0);
+        use BlockState::{Allocated as A, Free as F};
+        assert_eq!(
+            layout(&p, 0),
+            vec![(0, 512, A), (512, 512, F), (1024, 1024, F), (2048, 2048, F)]
+        );
+        let b = p.allocate(&mut d, req(600)).unwrap();
+        assert_eq!(
+            b.addr.0 - a.addr.0,
+            1024,
+            "a 1 KiB block takes the free 1 KiB buddy, no split"
+        );
+        check(&p, &d);
+    }
+
+    /// Freeing merges buddies back into a whole segment, which is then reused without the device.
+    #[test]
+    fn merging_back_to_a_whole_segment() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let blocks: Vec<_> = (0..8)
+            .map(|_| p.allocate(&mut d, req(512)).unwrap())
+            .collect();
+        assert_eq!(p.stats().segment_count, 1);
+        for a in blocks.into_iter().rev() {
+            p.free(&mut d, a).unwrap();
+            check(&p, &d);
+        }
+        assert_eq!(layout(&p, 0), vec![(0, 4096, BlockState::Free)]);
+        let whole = p.allocate(&mut d, req(4096)).unwrap();
+        assert_eq!(whole.addr.0, d.live_segments()[0].0);
+        assert_eq!(d.stats().allocate_count, 1, "the cached segment was reused");
+        check(&p, &d);
+    }
+
+    /// Adjacent free blocks that are not buddies stay apart.
+    #[test]
+    fn only_buddies_merge() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let _a = p.allocate(&mut d, req(512)).unwrap();
+        let b = p.allocate(&mut d, req(512)).unwrap();
+        let c = p.allocate(&mut d, req(1024)).unwrap();
+        p.free(&mut d, b).unwrap();
+        p.free(&mut d, c).unwrap();
+        use BlockState::{Allocated as A, Free as F};
+        assert_eq!(
+            layout(&p, 0),
+            vec![(0, 512, A), (512, 512, F), (1024, 1024, F), (2048, 2048, F)]
+        );
+        check(&p, &d);
+    }
+
+    /// The search takes the smallest order with a free block before splitting a larger one.
+    #[test]
+    fn smallest_order_first() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let a = p.allocate(&mut d, req(2048)).unwrap();
+        let _b = p.allocate(&mut d, req(512)).unwrap();
+        p.free(&mut d, a).unwrap();
+        // Free now: 2048 at 0, 512 at 2560, 1024 at 3072.
+        let c = p.allocate(&mut d, req(1024)).unwrap();
+        assert_eq!(c.addr.0 - d.live_segments()[0].0, 3072);
+        let e = p.allocate(&mut d, req(512)).unwrap();
+        assert_eq!(e.addr.0 - d.live_segments()[0].0, 2560);
+        check(&p, &d);
+    }
+
+    /// Freed oversize segments are cached whole and reused only for the same block size.
+    #[test]
+    fn oversize_segments_are_cached_by_size() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let a = p.allocate(&mut d, req(5000)).unwrap();
+        assert_eq!(a.block_bytes, 8192);
+        let addr = a.addr;
+        p.free(&mut d, a).unwrap();
+        assert_eq!(p.stats().reserved_bytes, 8192, "kept cached");
+        let b = p.allocate(&mut d, req(20_000)).unwrap();
+        assert_eq!(b.block_bytes, 32768);
+        assert_ne!(b.addr, addr, "a different block size does not reuse it");
+        let c = p.allocate(&mut d, req(6000)).unwrap();
+        assert_eq!(c.addr, addr, "the same block size does");
+        assert_eq!(d.stats().allocate_count, 2);
+        check(&p, &d);
+    }
+
+    /// On device OOM the policy releases wholly free segments and the retry succeeds.
+    #[test]
+    fn oom_recovery_releases_free_segments() {
+        let mut d = TestDevice::with_capacity(3 * 4096);
+        let mut p = small();
+        let keep = p.allocate(&mut d, req(512)).unwrap();
+        let whole = p.allocate(&mut d, req(4096)).unwrap();
+        p.free(&mut d, whole).unwrap();
+        assert_eq!(p.stats().reserved_bytes, 8192);
+        let big = p.allocate(&mut d, req(8192)).unwrap();
+        assert_eq!(
+            p.stats().reserved_bytes,
+            4096 + 8192,
+            "the cached segment made room"
+        );
+        assert_eq!(d.stats().free_count, 1);
+        check(&p, &d);
+        p.free(&mut d, big).unwrap();
+        p.free(&mut d, keep).unwrap();
+        check(&p, &d);
+    }
+
+    /// A failed request leaves live allocations and allocated bytes as they were.
+    #[test]
+    fn oom_leaves_allocations_unchanged() {
+        let mut d = TestDevice::with_capacity(2 * 4096);
+        let mut p = small();
+        let _live: Vec<_> = (0..4)
+            .map(|_| p.allocate(&mut d, req(1024)).unwrap())
+            .collect();
+        let cached = p.allocate(&mut d, req(4096)).unwrap();
+        p.free(&mut d, cached).unwrap();
+        let before = p.stats();
+        let live_blocks = |p: &BuddyPolicy| {
+            p.snapshot()
+                .into_iter()
+                .flat_map(|s| s.blocks)
+                .filter(|b| b.state == BlockState::Allocated)
+                .collect::<Vec<_>>()
+        };
+        let blocks_before = live_blocks(&p);
+        let err = p.allocate(&mut d, req(3 * 4096)).unwrap_err();
+        let AllocError::OutOfMemory {
+            requested_bytes,
+            tried_bytes,
+            stats,
+        } = err
+        else {
+            panic!("{err:?}")
+        };
+        assert_eq!((requested_bytes, tried_bytes), (3 * 4096, 4 * 4096));
+        assert_eq!(stats, p.stats());
+        assert_eq!(live_blocks(&p), blocks_before);
+        let after = p.stats();
+        assert_eq!(
+            (
+                after.requested_bytes,
+                after.allocated_bytes,
+                after.allocation_count
+            ),
+            (
+                before.requested_bytes,
+                before.allocated_bytes,
+                before.allocation_count
+            )
+        );
+        assert_eq!(
+            after.reserved_bytes, 4096,
+            "recovery released the cached segment"
+        );
+        check(&p, &d);
+
+        let err = p.allocate(&mut NullDevice, req(512)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                AllocError::OutOfMemory {
+                    tried_bytes: 4096,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    /// empty_cache returns every wholly free segment, normal and oversize, and keeps used ones.
+    #[test]
+    fn empty_cache_returns_every_free_segment() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let used = p.allocate(&mut d, req(512)).unwrap();
+        let whole1 = p.allocate(&mut d, req(4096)).unwrap();
+        let whole2 = p.allocate(&mut d, req(4096)).unwrap();
+        let over = p.allocate(&mut d, req(10_000)).unwrap();
+        p.free(&mut d, whole1).unwrap();
+        p.free(&mut d, whole2).unwrap();
+        p.free(&mut d, over).unwrap();
+        assert_eq!(p.stats().segment_count, 4);
+        p.empty_cache(&mut d).unwrap();
+        assert_eq!(d.live_segments(), vec![(used.addr.0, 4096)]);
+        check(&p, &d);
+    }
+
+    /// Freeing everything and emptying the cache leaves nothing reserved.
+    #[test]
+    fn free_all_then_empty_cache_reserves_nothing() {
+        let mut d = TestDevice::unbounded();
+        let mut p = BuddyPolicy::default();
+        let live: Vec<_> = [1, 700, 3 << 20, GIB, GIB + 1, 5]
+            .iter()
+            .map(|&s| p.allocate(&mut d, req(s)).unwrap())
+            .collect();
+        for a in live {
+            p.free(&mut d, a).unwrap();
+        }
+        p.empty_cache(&mut d).unwrap();
+        assert_eq!(p.stats(), PolicyStats::default());
+        assert!(d.live_segments().is_empty());
+        check(&p, &d);
+    }
+
+    /// Zero-byte and 1 EiB requests are refused without touching the device.
+    #[test]
+    fn zero_and_huge_requests() {
+        let mut p = BuddyPolicy::default();
+        assert_eq!(
+            p.allocate(&mut NullDevice, req(0)),
+            Err(AllocError::ZeroSize)
+        );
+        let err = p
+            .allocate(&mut NullDevice, req(MAX_REQUEST_BYTES))
+            .unwrap_err();
+        assert!(matches!(err, AllocError::OutOfMemory { .. }));
+        assert_eq!(p.stats(), PolicyStats::default());
+    }
+
+    /// Invalid options are refused with a message naming the problem.
+    #[test]
+    fn option_validation() {
+        let bad = |min_block_bytes, segment_bytes| {
+            BuddyOptions {
+                min_block_bytes,
+                segment_bytes,
+            }
+            .validate()
+            .unwrap_err()
+        };
+        let e = bad(3000, 1 << 30);
+        assert_eq!(
+            (e.policy, e.message.as_str()),
+            ("buddy", "min_block must be a power of two, got 3000")
+        );
+        assert_eq!(
+            bad(0, 1 << 30).message,
+            "min_block must be at least 1, got 0"
+        );
+        assert_eq!(
+            bad(512, 3 << 20).message,
+            format!("segment must be a power of two, got {}", 3 << 20)
+        );
+        assert_eq!(
+            bad(8192, 4096).message,
+            "min_block (8192) must not exceed segment (4096)"
+        );
+        assert_eq!(
+            bad(512, 1 << 41).message,
+            format!("segment must be at most 2^40 bytes, got {}", 1u64 << 41)
+        );
+        assert!(BuddyOptions {
+            min_block_bytes: 1,
+            segment_bytes: 1 << 40
+        }
+        .validate()
+        .is_ok());
+        assert!(BuddyPolicy::new(BuddyOptions {
+            min_block_bytes: 3,
+            segment_bytes: 4
+        })
+        .is_err());
+        assert!(PolicyConfig::Buddy(BuddyOptions {
+            min_block_bytes: 3,
+            segment_bytes: 4
+        })
+        .build()
+        .is_err());
+        assert!(PolicyConfig::Buddy(BuddyOptions::default()).build().is_ok());
+    }
+
+    /// Freeing an allocation twice panics, naming the broken invariant.
+    #[test]
+    #[should_panic(expected = "not live in this policy")]
+    fn stale_free_panics() {
+        let mut d = TestDevice::unbounded();
+        let mut p = small();
+        let a = p.allocate(&mut d, req(512)).unwrap();
+        let copy = Allocation {
+            addr: a.addr,
+            requested_bytes: 512,
+            block_bytes: 512,
+            stream: a.stream,
+            block: a.block,
+            serial: a.serial,
+        };
+        p.free(&mut d, a).unwrap();
+        let _b = p.allocate(&mut d, req(512)).unwrap();
+        p.free(&mut d, copy).unwrap();
+    }
+
+    /// A driver failure other than out of memory propagates as a device error.
+    #[test]
+    fn driver_errors_propagate() {
+        struct Broken;
+        impl Device for Broken {
+            fn allocate_segment(&mut self, _: u64) -> Result<Segment, DeviceError> {
+                Err(DeviceError::Driver {
+                    code: 700,
+                    message: "illegal address".into(),
+                })
+            }
+            fn free_segment(&mut self, _: Segment) -> Result<(), DeviceError> {
+                unreachable!()
+            }
+            fn stats(&self) -> DeviceStats {
+                DeviceStats::default()
+            }
+        }
+        let mut p = small();
+        let err = p.allocate(&mut Broken, req(512)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                AllocError::Device(DeviceError::Driver { code: 700, .. })
+            ),
+            "{err:?}"
+        );
+        p.check_invariants();
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Alloc(u64),
+        Free(usize),
+        EmptyCache,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (1u64..=20_000).prop_map(Op::Alloc),
+            1 => (1u64..=70_000).prop_map(Op::Alloc),
+            5 => any::<usize>().prop_map(Op::Free),
+            1 => Just(Op::EmptyCache),
+        ]
+    }
+
+    proptest! {
+        /// Random alloc/free/empty_cache runs on a small device keep every invariant, and
+        /// an OOM never changes live allocations.
+        #[test]
+        fn random_sequences_keep_invariants(ops in prop::collection::vec(op(), 1..120)) {
+            let mut d = TestDevice::with_capacity(96 << 10);
+            let mut p = BuddyPolicy::new(BuddyOptions { min_block_bytes: 512, segment_bytes: 16 << 10 }).unwrap();
+            let mut live: Vec<Allocation> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Alloc(size) => {
+                        let before = p.stats();
+                        match p.allocate(&mut d, req(size)) {
+                            Ok(a) => {
+                                prop_assert_eq!(a.block_bytes, size.next_power_of_two().max(512));
+                                live.push(a);
+                            }
+                            Err(AllocError::OutOfMemory { .. }) => {
+                                let after = p.stats();
+                                prop_assert_eq!(after.allocated_bytes, before.allocated_bytes);
+                                prop_assert_eq!(after.allocation_count, before.allocation_count);
+                            }
+                            Err(e) => panic!("{e:?}"),
+                        }
+                    }
+                    Op::Free(i) if !live.is_empty() => {
+                        let a = live.swap_remove(i % live.len());
+                        p.free(&mut d, a).unwrap();
+                    }
+                    Op::Free(_) => {}
+                    Op::EmptyCache => p.empty_cache(&mut d).unwrap(),
+                }
+                check(&p, &d);
+            }
+            for a in live {
+                p.free(&mut d, a).unwrap();
+            }
+            p.empty_cache(&mut d).unwrap();
+            check(&p, &d);
+            prop_assert_eq!(p.stats(), PolicyStats::default());
+        }
+    }
 }

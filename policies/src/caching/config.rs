@@ -123,7 +123,7 @@ impl CachingConfig {
         };
         // PyTorch: `allowed_memory_maximum = static_cast<size_t>(fraction * total)`,
         // set only for a fraction below 1.
-        (fraction < 1.0).then(|| (fraction * total_bytes as f64) as u64)
+        (fraction < 1.0).then_some((fraction * total_bytes as f64) as u64)
     }
 
     /// Divisions for a (rounded-to-be) size, PyTorch's `roundup_power2_divisions(size)`.
