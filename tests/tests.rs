@@ -1,1 +1,16 @@
+//! The integration test binary. One module per concern.
 
+/// Exit codes, CSV headers and error messages of the `allocsim` binary.
+mod cli;
+/// Every policy through the same scenarios.
+mod conformance;
+/// The snapshot pickle recorded on the GPU against the JSON of the same run.
+mod formats;
+/// Hand-checked traces and expected CSVs (`UPDATE_EXPECT=1` rewrites the CSVs).
+mod golden;
+/// Real CUDA memory; skips without a driver unless `ALLOCSIM_REQUIRE_GPU=1`.
+mod gpu;
+/// Property tests against a reference model.
+mod model;
+/// Helpers: running the binary, temporary files.
+mod util;

@@ -1,0 +1,28 @@
+//! `allocsim fidelity`: the caching policy against recorded PyTorch runs.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use sim::fidelity::{fidelity, FidelityOptions, FIDELITY_COLUMNS};
+
+use crate::flags::FidelityArgs;
+
+pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
+    let options = FidelityOptions {
+        use_recorded_addresses: !args.no_recorded_addresses,
+        check_invariants: args.check_invariants,
+        ..FidelityOptions::default()
+    };
+    let mut out = csv::Writer::from_writer(crate::output::create(None)?);
+    out.write_record(FIDELITY_COLUMNS)?;
+    for path in &args.files {
+        let run = workloads::read_recorded(path, None, args.device.unwrap_or(0))?;
+        let report = fidelity(&run, &options)?;
+        out.write_record(report.row.fields())?;
+        out.flush().context("writing the CSV")?;
+        if args.explain && !report.row.exact {
+            eprint!("{}", report.explain());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

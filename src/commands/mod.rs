@@ -1,0 +1,9 @@
+//! One module per subcommand: thin glue over the library crates.
+
+pub mod check;
+pub mod compare;
+pub mod convert;
+pub mod fidelity;
+pub mod generate;
+pub mod gpu;
+pub mod replay;

@@ -1,0 +1,184 @@
+use crate::util::{allocsim, root, shared, stderr, stdout, TempDir};
+
+/// Runs `allocsim replay` on a file with `text` and returns (exit code, stderr).
+fn replay_text(dir: &TempDir, name: &str, text: &str) -> (i32, String) {
+    let path = dir.file(name, text);
+    let o = allocsim(["replay".as_ref(), path.as_os_str()]);
+    (o.status.code().unwrap(), stderr(&o))
+}
+
+/// Each kind of bad trace gets exit 2 and one line naming the file and the line or event.
+#[test]
+fn bad_traces_exit_2_with_file_and_place() {
+    let dir = TempDir::new("cli-bad");
+    let cases: &[(&str, &str, &[&str])] = &[
+        ("header.csv", "op,id,size,stream\nalloc,1,10,0\n", &["header.csv", "line 1"]),
+        ("nonnumeric.csv", "op,id,bytes,stream\nalloc,1,10,0\nalloc,2,ten,0\n", &["nonnumeric.csv", "line 3", "ten"]),
+        ("unknown-op.csv", "op,id,bytes,stream\nmalloc,1,10,0\n", &["unknown-op.csv", "line 2", "malloc"]),
+        ("unknown-free.csv", "op,id,bytes,stream\nalloc,1,10,0\nfree,2,,\n", &["unknown-free.csv", "line 3", "unknown id 2"]),
+        ("double-free.csv", "op,id,bytes,stream\nalloc,1,10,0\nfree,1,,\nfree,1,,\n", &["double-free.csv", "line 4", "1"]),
+        ("duplicate.csv", "op,id,bytes,stream\nalloc,1,10,0\nalloc,1,10,0\n", &["duplicate.csv", "line 3"]),
+        ("zero.csv", "op,id,bytes,stream\nalloc,1,0,0\n", &["zero.csv", "line 2"]),
+        ("absurd.csv", "op,id,bytes,stream\nalloc,1,2000000000000000000,0\n", &["absurd.csv", "line 2"]),
+        ("negative.csv", "op,id,bytes,stream\nalloc,1,-5,0\n", &["negative.csv", "line 2"]),
+        ("fields.csv", "op,id,bytes,stream\nalloc,1\n", &["fields.csv", "line 2"]),
+        ("op.yaml", "events:\n  - {op: alloc, id: 1, bytes: 10}\n  - {op: teleport, id: 1}\n", &["op.yaml", "event 2"]),
+        ("bytes.yaml", "events:\n  - {op: alloc, id: 1, bytes: lots}\n", &["bytes.yaml", "event 1"]),
+        ("free.yaml", "events:\n  - {op: free, id: 9}\n", &["free.yaml", "event 1", "9"]),
+        ("syntax.yaml", "events: [\n", &["syntax.yaml", "line"]),
+        ("trace.txt", "hello\n", &["trace.txt", "--format"]),
+    ];
+    for (name, text, needles) in cases {
+        let (code, err) = replay_text(&dir, name, text);
+        assert_eq!(code, 2, "{name}: exit code, stderr: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: one line, got: {err}");
+        assert!(err.starts_with("error: "), "{name}: {err}");
+        for needle in *needles {
+            assert!(err.contains(needle), "{name}: '{needle}' missing from: {err}");
+        }
+    }
+}
+
+/// A missing file is one line with its path and exit 2.
+#[test]
+fn missing_file() {
+    let o = allocsim(["replay", "no/such/trace.yaml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no/such/trace.yaml"), "{}", stderr(&o));
+}
+
+/// Bad flags and option values exit 2 with a message naming the flag or value.
+#[test]
+fn bad_flags_exit_2() {
+    let t = "examples/seed000.yaml";
+    let cases: &[(&[&str], &str)] = &[
+        (&["replay", t, "--policy", "magic"], "unknown policy 'magic'"),
+        (&["replay", t, "--policy", "buddy:min_block=3000"], "power of two"),
+        (&["replay", t, "--capacity", "lots"], "--capacity"),
+        (&["replay", t, "--alloc-conf", "max_split_size_mb:5"], "max_split_size_mb too small, must be >= 20"),
+        (&["replay", t, "--alloc-conf", "expandable_segments:yes"], "Expected 'True' or 'False'"),
+        (&["replay", t, "--memory-fraction", "1.5"], "--memory-fraction"),
+        (&["replay", t, "--device", "tpu9"], "unknown device profile 'tpu9'"),
+        (&["replay", t, "--frobnicate"], "--frobnicate"),
+        (&["compare"], "TRACES"),
+        (&["generate", "random", "--events", "10", "-o", "target/x.docx"], "x.docx"),
+    ];
+    for (args, needle) in cases {
+        let o = allocsim(*args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: '{needle}' missing from {}", stderr(&o));
+    }
+}
+
+/// Running out of memory in a replay is a result: exit 0, and the summary names the event.
+#[test]
+fn oom_is_exit_0() {
+    let o = allocsim(["replay", "examples/seed000.yaml", "--capacity", "2GiB"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("out of memory       at event"), "{out}");
+    assert!(out.contains("CUDA out of memory. Tried to allocate 1024.00 MiB."), "{out}");
+}
+
+/// `compare` writes exactly the documented header, then one row per trace and policy.
+#[test]
+fn compare_header_and_rows() {
+    let o = allocsim([
+        "compare",
+        "examples/seed000.yaml",
+        "examples/training_loop.yaml",
+        "--policies",
+        "caching,immediate,buddy,arena",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let mut lines = out.lines();
+    let header = lines.next().unwrap();
+    assert!(header.starts_with(
+        "trace,policy,capacity_bytes,events,requested_bytes_peak,allocated_bytes_peak,reserved_bytes_peak,utilization,oom_event_index,oom_requested_bytes"
+    ));
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 8);
+    assert!(rows[0].starts_with("seed000,caching,85899345920,"), "{}", rows[0]);
+    assert!(rows[4].starts_with("training_loop,caching,"), "{}", rows[4]);
+}
+
+/// Several capacities give one row each, and the CSV is byte-identical run to run.
+#[test]
+fn compare_capacities_and_determinism() {
+    let args = ["compare", "examples/random_small.csv", "--policies", "caching,buddy", "--capacity", "1GiB,4GiB"];
+    let a = allocsim(args);
+    let b = allocsim(args);
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    assert_eq!(a.stdout, b.stdout, "same inputs, same bytes");
+    assert_eq!(stdout(&a).lines().count(), 5);
+}
+
+/// `generate` with the same seed writes the same file; another seed another file; and
+/// the result replays.
+#[test]
+fn generate_is_deterministic() {
+    let dir = TempDir::new("cli-generate");
+    let a = dir.path().join("a.csv");
+    let b = dir.path().join("b.csv");
+    let c = dir.path().join("c.yaml");
+    for (path, seed) in [(&a, "7"), (&b, "7"), (&c, "8")] {
+        let o = allocsim(["generate".as_ref(), "random".as_ref(), "--seed".as_ref(), seed.as_ref(), "--events".as_ref(), "500".as_ref(), "-o".as_ref(), path.as_os_str()]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let o = allocsim(["replay".as_ref(), c.as_os_str(), "--policy".as_ref(), "arena".as_ref()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+/// `check` lists every problem, one per line, and exits 2 when there are errors.
+#[test]
+fn check_lists_every_problem() {
+    let dir = TempDir::new("cli-check");
+    let p = dir.file("bad.csv", "op,id,bytes,stream\nfree,1,,\nalloc,2,0,\nalloc,3,10,\n");
+    let o = allocsim(["check".as_ref(), p.as_os_str()]);
+    assert_eq!(o.status.code(), Some(2));
+    let out = stdout(&o);
+    assert!(out.contains("line 2") && out.contains("line 3") && out.contains("line 4"), "{out}");
+}
+
+/// `fidelity` writes the documented header and says exact for a recorded run.
+#[test]
+fn fidelity_header_and_exact_row() {
+    let run = shared().join("oracle/h100-torch2.11/seed002_retain.json");
+    let o = allocsim(["fidelity".as_ref(), run.as_os_str(), "--explain".as_ref()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "trace,events,segment_ops_match,first_divergence_event,reserved_bytes_peak_sim,reserved_bytes_peak_torch,allocated_bytes_peak_sim,allocated_bytes_peak_torch,oom_event_sim,oom_event_torch,checkpoints_match,exact"
+    );
+    assert!(lines.next().unwrap().ends_with(",true,true"));
+    let o = allocsim(["fidelity", "no/such/run.json"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+/// GPU commands without a driver: one line, exit 3 (unless a GPU is present).
+#[test]
+fn gpu_commands_without_driver_exit_3() {
+    if crate::gpu::driver_present() {
+        eprintln!("skipped: a CUDA driver is present");
+        return;
+    }
+    for args in [&["probe"][..], &["validate", "examples/seed000.yaml"][..]] {
+        let o = allocsim(args);
+        assert_eq!(o.status.code(), Some(3), "{args:?}: {}", stderr(&o));
+        assert_eq!(stderr(&o).trim_end().lines().count(), 1, "{}", stderr(&o));
+        assert!(stderr(&o).contains("CUDA"), "{}", stderr(&o));
+    }
+}
+
+/// The README's commands are the ones that work.
+#[test]
+fn readme_commands_exist() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    assert!(readme.contains("cargo build --release"));
+    assert!(readme.contains(".ci/run"));
+    assert!(readme.contains("allocsim compare"));
+}
