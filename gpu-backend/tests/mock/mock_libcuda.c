@@ -1,0 +1,402 @@
+/* mock_libcuda.c: a test double for libcuda.so, for gpu-backend's tests.
+ *
+ * Built by the tests with `gcc -shared -fPIC` into a temporary folder as libcuda.so
+ * (cudarc's first candidate name) and found through LD_LIBRARY_PATH by a child test
+ * process. It implements the driver calls gpu-backend makes, with the real signatures
+ * and error codes, and checks their arguments strictly (context current, property
+ * structs laid out as in the CUDA 12.8 headers, pages mapped inside reserved ranges,
+ * no double mapping, no release of a mapped handle, ...). Numbers are invented: a card
+ * of MOCK_TOTAL_BYTES (default 16 GiB) whose primary context takes MOCK_CONTEXT_BYTES
+ * (default 512 MiB); every allocation is charged in whole 2 MiB pages.
+ *
+ * Environment:
+ *   MOCK_MODE         comma-free words: "nodevice" (cuInit fails with
+ *                     CUDA_ERROR_NO_DEVICE), "zerodevices" (cuDeviceGetCount says 0),
+ *                     "novmm" (the VMM attribute is 0)
+ *   MOCK_TOTAL_BYTES, MOCK_CONTEXT_BYTES   the card
+ *   MOCK_MAX_ALLOC_BYTES   cuMemAlloc_v2 larger than this is out of memory (fragmentation)
+ *   MOCK_ALLOC_OVERHEAD_BYTES   extra bytes charged per cuMemAlloc_v2 (page tables)
+ *   MOCK_FAIL=<symbol>:<n>  the n-th call (1-based) of <symbol> fails with
+ *                     CUDA_ERROR_ILLEGAL_ADDRESS (700)
+ *
+ * At exit it prints one line on stderr, which the tests check for leaks:
+ *   mock_libcuda report: used_bytes=0 allocs=0 handles=0 mappings=0 ranges=0 ctx_refs=0
+ *
+ * Compile-time variants: -DMOCK_OMIT_CORE leaves out cuDevicePrimaryCtxRetain (a driver
+ * lacking a required symbol), -DMOCK_OMIT_VMM leaves out cuMemCreate (a driver
+ * without virtual memory management). */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef unsigned long long u64;
+typedef int CUresult;
+typedef int CUdevice;
+typedef u64 CUdeviceptr;
+typedef u64 CUhandle;
+typedef void *CUcontext;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+};
+
+#define MIB (1ull << 20)
+#define GIB (1ull << 30)
+#define PAGE (2 * MIB)
+#define MAX_OBJ 65536
+
+/* CUmemAllocationProp and CUmemAccessDesc as in the CUDA 12.8 headers. */
+typedef struct { int type; int id; } Location;
+typedef struct {
+    int type;                 /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+    int requestedHandleTypes; /* CU_MEM_HANDLE_TYPE_NONE = 0 */
+    Location location;        /* CU_MEM_LOCATION_TYPE_DEVICE = 1, device ordinal */
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType, gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} Prop;
+typedef struct { Location location; int flags; /* PROT_READWRITE = 3 */ } AccessDesc;
+
+static u64 total_bytes = 16 * GIB, context_bytes = 512 * MIB, used_bytes;
+static u64 max_alloc = ~0ull, alloc_overhead;
+static int initialized, ctx_refs;
+static char ctx_object;
+#define THE_CONTEXT ((CUcontext)&ctx_object)
+static __thread CUcontext current;
+static char fail_symbol[64];
+static long fail_at, fail_seen;
+
+static struct { CUdeviceptr ptr; u64 charged; } allocs[MAX_OBJ];
+static int n_allocs;
+static struct { CUhandle id; u64 size; int mapped; } handles[MAX_OBJ];
+static int n_handles;
+static struct { CUdeviceptr ptr; u64 size; } ranges[MAX_OBJ];
+static int n_ranges;
+static struct { CUdeviceptr va; u64 size; CUhandle handle; int access; } maps[MAX_OBJ];
+static int n_maps;
+static u64 next_alloc_va = 0x200000000ull, next_range_va = 0x7f0000000000ull;
+
+static u64 env_u64(const char *name, u64 fallback) {
+    const char *v = getenv(name);
+    return v && *v ? strtoull(v, NULL, 0) : fallback;
+}
+
+static int mode(const char *word) {
+    const char *m = getenv("MOCK_MODE");
+    return m && strstr(m, word) != NULL;
+}
+
+__attribute__((constructor)) static void mock_setup(void) {
+    total_bytes = env_u64("MOCK_TOTAL_BYTES", total_bytes);
+    context_bytes = env_u64("MOCK_CONTEXT_BYTES", context_bytes);
+    max_alloc = env_u64("MOCK_MAX_ALLOC_BYTES", max_alloc);
+    alloc_overhead = env_u64("MOCK_ALLOC_OVERHEAD_BYTES", 0);
+    const char *f = getenv("MOCK_FAIL");
+    const char *colon = f ? strchr(f, ':') : NULL;
+    if (colon && (size_t)(colon - f) < sizeof fail_symbol) {
+        memcpy(fail_symbol, f, (size_t)(colon - f));
+        fail_at = atol(colon + 1);
+    }
+}
+
+__attribute__((destructor)) static void mock_report(void) {
+    fprintf(stderr,
+            "mock_libcuda report: used_bytes=%llu allocs=%d handles=%d mappings=%d ranges=%d ctx_refs=%d\n",
+            used_bytes, n_allocs, n_handles, n_maps, n_ranges, ctx_refs);
+}
+
+/* Whether this call of `symbol` is the one MOCK_FAIL asks to fail. */
+static int inject(const char *symbol) {
+    if (fail_at <= 0 || strcmp(symbol, fail_symbol) != 0) return 0;
+    return ++fail_seen == fail_at;
+}
+
+static CUresult need_context(void) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (current != THE_CONTEXT || ctx_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    return CUDA_SUCCESS;
+}
+#define NEED_CONTEXT() do { CUresult r_ = need_context(); if (r_) return r_; } while (0)
+
+static u64 pages(u64 n) { return (n + PAGE - 1) / PAGE * PAGE; }
+
+static int prop_ok(const Prop *p) {
+    return p && p->type == 1 && p->requestedHandleTypes == 0 && p->location.type == 1 &&
+           p->location.id == 0 && p->win32HandleMetaData == NULL;
+}
+
+/* ---- initialisation, devices, contexts ------------------------------------------ */
+
+CUresult cuDriverGetVersion(int *v) { if (!v) return CUDA_ERROR_INVALID_VALUE; *v = 12080; return CUDA_SUCCESS; }
+
+CUresult cuInit(unsigned flags) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (mode("nodevice")) return CUDA_ERROR_NO_DEVICE;
+    initialized = 1;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *n) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    *n = mode("zerodevices") ? 0 : 1;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ordinal != 0 || mode("zerodevices")) return CUDA_ERROR_INVALID_DEVICE;
+    *d = 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char *buf, int len, CUdevice d) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!buf || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    snprintf(buf, (size_t)len, "Mock GPU");
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int *v, int attribute, CUdevice d) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+    switch (attribute) {
+    case 75: *v = 9; break;                       /* compute capability major */
+    case 76: *v = 0; break;                       /* compute capability minor */
+    case 102: *v = mode("novmm") ? 0 : 1; break;  /* virtual address management */
+    default: *v = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+#ifndef MOCK_OMIT_CORE
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (ctx_refs++ == 0) used_bytes += context_bytes;
+    *c = THE_CONTEXT;
+    return CUDA_SUCCESS;
+}
+#endif
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (ctx_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (--ctx_refs == 0) used_bytes -= context_bytes;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *c) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    *c = current;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext c) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (c != NULL && (c != THE_CONTEXT || ctx_refs == 0)) return CUDA_ERROR_INVALID_CONTEXT;
+    current = c;
+    return CUDA_SUCCESS;
+}
+
+/* ---- plain allocations ---------------------------------------------------------- */
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    NEED_CONTEXT();
+    *free_bytes = (size_t)(total_bytes - used_bytes);
+    *total = (size_t)total_bytes;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    NEED_CONTEXT();
+    if (inject("cuMemAlloc_v2")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (n == 0 || !p) return CUDA_ERROR_INVALID_VALUE;
+    u64 charged = pages(n) + alloc_overhead;
+    if (n > max_alloc || used_bytes + charged > total_bytes || n_allocs == MAX_OBJ)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    used_bytes += charged;
+    *p = next_alloc_va;
+    next_alloc_va += pages(n);
+    allocs[n_allocs].ptr = *p;
+    allocs[n_allocs++].charged = charged;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    NEED_CONTEXT();
+    if (inject("cuMemFree_v2")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (int i = 0; i < n_allocs; i++) {
+        if (allocs[i].ptr == p) {
+            used_bytes -= allocs[i].charged;
+            allocs[i] = allocs[--n_allocs];
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- virtual memory management -------------------------------------------------- */
+
+CUresult cuMemGetAllocationGranularity(size_t *g, const Prop *prop, int option) {
+    NEED_CONTEXT();
+    if (!g || !prop_ok(prop) || (option != 0 && option != 1)) return CUDA_ERROR_INVALID_VALUE;
+    *g = PAGE;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, u64 flags) {
+    NEED_CONTEXT();
+    if (!p || size == 0 || size % PAGE || flags != 0 || n_ranges == MAX_OBJ) return CUDA_ERROR_INVALID_VALUE;
+    (void)align; (void)addr;
+    *p = next_range_va;
+    next_range_va += size + PAGE; /* a gap between ranges */
+    ranges[n_ranges].ptr = *p;
+    ranges[n_ranges++].size = size;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+    NEED_CONTEXT();
+    for (int i = 0; i < n_ranges; i++) {
+        if (ranges[i].ptr == p) {
+            if (ranges[i].size != size) return CUDA_ERROR_INVALID_VALUE;
+            for (int m = 0; m < n_maps; m++)
+                if (maps[m].va >= p && maps[m].va < p + size) return CUDA_ERROR_INVALID_VALUE;
+            ranges[i] = ranges[--n_ranges];
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+#ifndef MOCK_OMIT_VMM
+static u64 next_handle = 1;
+
+CUresult cuMemCreate(CUhandle *h, size_t size, const Prop *prop, u64 flags) {
+    NEED_CONTEXT();
+    if (inject("cuMemCreate")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (!h || !prop_ok(prop) || flags != 0 || size == 0 || size % PAGE || n_handles == MAX_OBJ)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (used_bytes + size > total_bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+    used_bytes += size;
+    *h = next_handle++;
+    handles[n_handles].id = *h;
+    handles[n_handles].size = size;
+    handles[n_handles++].mapped = 0;
+    return CUDA_SUCCESS;
+}
+#endif
+
+static int find_handle(CUhandle h) {
+    for (int i = 0; i < n_handles; i++) if (handles[i].id == h) return i;
+    return -1;
+}
+
+static int find_map(CUdeviceptr va, u64 size) {
+    for (int i = 0; i < n_maps; i++) if (maps[i].va == va && maps[i].size == size) return i;
+    return -1;
+}
+
+CUresult cuMemRelease(CUhandle h) {
+    NEED_CONTEXT();
+    int i = find_handle(h);
+    if (i < 0 || handles[i].mapped) return CUDA_ERROR_INVALID_VALUE; /* stricter than CUDA */
+    used_bytes -= handles[i].size;
+    handles[i] = handles[--n_handles];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUhandle h, u64 flags) {
+    NEED_CONTEXT();
+    if (inject("cuMemMap")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    int i = find_handle(h);
+    if (i < 0 || handles[i].mapped || handles[i].size != size || offset != 0 || flags != 0 ||
+        va % PAGE || n_maps == MAX_OBJ)
+        return CUDA_ERROR_INVALID_VALUE;
+    int inside = 0;
+    for (int r = 0; r < n_ranges; r++)
+        if (va >= ranges[r].ptr && va + size <= ranges[r].ptr + ranges[r].size) inside = 1;
+    if (!inside) return CUDA_ERROR_INVALID_VALUE;
+    for (int m = 0; m < n_maps; m++)
+        if (va < maps[m].va + maps[m].size && maps[m].va < va + size) return CUDA_ERROR_INVALID_VALUE;
+    handles[i].mapped = 1;
+    maps[n_maps].va = va;
+    maps[n_maps].size = size;
+    maps[n_maps].handle = h;
+    maps[n_maps++].access = 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const AccessDesc *desc, size_t count) {
+    NEED_CONTEXT();
+    if (inject("cuMemSetAccess")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (count != 1 || !desc || desc->location.type != 1 || desc->location.id != 0 || desc->flags != 3)
+        return CUDA_ERROR_INVALID_VALUE;
+    int m = find_map(va, size);
+    if (m < 0) return CUDA_ERROR_INVALID_VALUE;
+    maps[m].access = 1;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
+    NEED_CONTEXT();
+    if (inject("cuMemUnmap")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    int m = find_map(va, size);
+    if (m < 0) return CUDA_ERROR_INVALID_VALUE;
+    handles[find_handle(maps[m].handle)].mapped = 0;
+    maps[m] = maps[--n_maps];
+    return CUDA_SUCCESS;
+}
+
+/* ---- errors --------------------------------------------------------------------- */
+
+static const char *error_name(int e) {
+    switch (e) {
+    case CUDA_SUCCESS: return "CUDA_SUCCESS";
+    case CUDA_ERROR_INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
+    case CUDA_ERROR_OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case CUDA_ERROR_NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
+    case CUDA_ERROR_NO_DEVICE: return "CUDA_ERROR_NO_DEVICE";
+    case CUDA_ERROR_INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
+    case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    default: return NULL;
+    }
+}
+
+static const char *error_text(int e) {
+    switch (e) {
+    case CUDA_SUCCESS: return "no error";
+    case CUDA_ERROR_INVALID_VALUE: return "invalid argument";
+    case CUDA_ERROR_OUT_OF_MEMORY: return "out of memory";
+    case CUDA_ERROR_NOT_INITIALIZED: return "initialization error";
+    case CUDA_ERROR_NO_DEVICE: return "no CUDA-capable device is detected";
+    case CUDA_ERROR_INVALID_DEVICE: return "invalid device ordinal";
+    case CUDA_ERROR_INVALID_CONTEXT: return "invalid device context";
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return "an illegal memory access was encountered";
+    default: return NULL;
+    }
+}
+
+CUresult cuGetErrorName(int e, const char **s) {
+    *s = error_name(e);
+    return *s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(int e, const char **s) {
+    *s = error_text(e);
+    return *s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}

@@ -1,0 +1,830 @@
+//! `CudaDevice` against a mock libcuda (tests/mock/mock_libcuda.c).
+//!
+//! libcuda is dlopen()ed by name, so the mock's folder must be on LD_LIBRARY_PATH before
+//! the process starts. Each test therefore runs twice: as the parent, it compiles the
+//! mock with gcc and re-executes this test binary, filtered to itself, with
+//! LD_LIBRARY_PATH and `GPU_BACKEND_MOCK_SCENARIO` set; as that child, it sees the
+//! variable and runs its scenario. The parent checks that the child passed, ran exactly
+//! one test, and that the mock's exit report shows nothing left allocated.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use gpu_backend::{
+    drop_cleanup_errors, install_interrupt_flag, probe, CudaDevice, OpenError, ProbeError,
+    BALLAST_GRANULE_BYTES, PROBE_SIZES,
+};
+use policies::{AddressRange, Device, DeviceError, VirtualMemory};
+
+const SCENARIO_VAR: &str = "GPU_BACKEND_MOCK_SCENARIO";
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// The mock's defaults: a 16 GiB card whose context takes 512 MiB.
+const MOCK_TOTAL: u64 = 16 * GIB;
+const MOCK_CONTEXT: u64 = 512 * MIB;
+const MOCK_FREE: u64 = MOCK_TOTAL - MOCK_CONTEXT;
+/// The mock's exit report when everything was released.
+const CLEAN_REPORT: &str =
+    "mock_libcuda report: used_bytes=0 allocs=0 handles=0 mappings=0 ranges=0 ctx_refs=0";
+
+// ---- harness ---------------------------------------------------------------------------
+
+/// Which mock library a test loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Mock {
+    /// Every symbol.
+    Full,
+    /// Without cuDevicePrimaryCtxRetain.
+    OmitCore,
+    /// Without cuMemCreate.
+    OmitVmm,
+}
+
+impl Mock {
+    fn defines(self) -> &'static [&'static str] {
+        match self {
+            Mock::Full => &[],
+            Mock::OmitCore => &["-DMOCK_OMIT_CORE"],
+            Mock::OmitVmm => &["-DMOCK_OMIT_VMM"],
+        }
+    }
+}
+
+fn in_child() -> bool {
+    std::env::var_os(SCENARIO_VAR).is_some()
+}
+
+/// Compiles the mock (once per variant and process) into target/tmp; `None` without gcc.
+fn build_mock(variant: Mock) -> Option<PathBuf> {
+    static BUILT: OnceLock<Mutex<HashMap<Mock, Option<PathBuf>>>> = OnceLock::new();
+    let mut built = BUILT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    built
+        .entry(variant)
+        .or_insert_with(|| {
+            let dir =
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mock-libcuda-{variant:?}"));
+            std::fs::create_dir_all(&dir).expect("create the mock's folder");
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mock/mock_libcuda.c");
+            let tmp = dir.join(format!("libcuda.so.{}.tmp", std::process::id()));
+            let status = Command::new("gcc")
+                .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
+                .arg(&tmp)
+                .args(variant.defines())
+                .arg(&source)
+                .status();
+            match status {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => panic!("running gcc: {e}"),
+                Ok(s) => {
+                    assert!(s.success(), "gcc failed to build the mock ({s})");
+                    // Atomic, so concurrent test runs never load a half-written file.
+                    std::fs::rename(&tmp, dir.join("libcuda.so")).expect("install the mock");
+                    Some(dir)
+                }
+            }
+        })
+        .clone()
+}
+
+/// In the child: runs `scenario` and returns `None`. In the parent: builds the mock,
+/// runs this test again in a child process with the mock on the loader path and `envs`
+/// set, checks it passed, and returns its output (`None` when skipped: no gcc).
+fn run(test: &str, mock: Option<Mock>, envs: &[(&str, &str)], scenario: fn()) -> Option<Output> {
+    if in_child() {
+        scenario();
+        return None;
+    }
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary path"));
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(SCENARIO_VAR, test);
+    for var in [
+        "MOCK_MODE",
+        "MOCK_TOTAL_BYTES",
+        "MOCK_CONTEXT_BYTES",
+        "MOCK_MAX_ALLOC_BYTES",
+        "MOCK_ALLOC_OVERHEAD_BYTES",
+        "MOCK_FAIL",
+    ] {
+        cmd.env_remove(var);
+    }
+    if let Some(mock) = mock {
+        let Some(dir) = build_mock(mock) else {
+            println!("skipped: gcc not found");
+            return None;
+        };
+        let mut path = OsString::from(dir.as_os_str());
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+            path.push(":");
+            path.push(old);
+        }
+        cmd.env("LD_LIBRARY_PATH", path);
+    }
+    cmd.envs(envs.iter().copied());
+    let out = cmd.output().expect("run the test binary again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "child {test} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "child ran no test named {test}:\n{stdout}"
+    );
+    Some(out)
+}
+
+/// The child's mock reported nothing left allocated and no context retained at exit.
+fn assert_clean(out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(CLEAN_REPORT),
+        "mock left something allocated:\n{stderr}"
+    );
+}
+
+fn open() -> CudaDevice {
+    CudaDevice::open(0).unwrap_or_else(|e| panic!("open: {e}"))
+}
+
+fn free_bytes(dev: &CudaDevice) -> u64 {
+    dev.observed_free_bytes().expect("cuMemGetInfo")
+}
+
+/// A second handle on a range, to keep using it after a call that consumed one.
+fn same_range(r: &AddressRange) -> AddressRange {
+    AddressRange {
+        id: r.id,
+        addr: r.addr,
+        size_bytes: r.size_bytes,
+    }
+}
+
+fn expect_panic(what: &str, f: impl FnOnce()) {
+    let r = panic::catch_unwind(AssertUnwindSafe(f));
+    assert!(r.is_err(), "{what} should panic");
+}
+
+// ---- segments --------------------------------------------------------------------------
+
+/// Allocating and freeing segments keeps stats (reserved, charged in whole 2 MiB pages,
+/// counts) in step with the mock driver; stats match the device info.
+#[test]
+fn mock_segments() {
+    if let Some(out) = run("mock_segments", Some(Mock::Full), &[], scenario_segments) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_segments() {
+    let mut dev = open();
+    let info = dev.info().clone();
+    assert_eq!(info.name, "Mock GPU");
+    assert_eq!(
+        (info.index, info.driver_version, info.compute_capability),
+        (0, 12080, (9, 0))
+    );
+    assert_eq!(
+        (info.total_bytes, info.free_at_open_bytes),
+        (MOCK_TOTAL, MOCK_FREE)
+    );
+    assert_eq!(info.vmm_granularity_min_bytes, Some(2 * MIB));
+    assert_eq!(info.vmm_granularity_recommended_bytes, Some(2 * MIB));
+
+    let s = dev.stats();
+    assert_eq!(
+        (
+            s.capacity_bytes,
+            s.total_bytes,
+            s.reserved_bytes,
+            s.charged_bytes
+        ),
+        (MOCK_FREE, MOCK_TOTAL, 0, 0)
+    );
+    assert_eq!((s.segment_count, s.allocate_count, s.free_count), (0, 0, 0));
+    assert_eq!(dev.alloc_ns_mean(), None);
+
+    let a = dev.allocate_segment(1).expect("allocate 1 byte");
+    let s = dev.stats();
+    assert_eq!(
+        (
+            s.reserved_bytes,
+            s.charged_bytes,
+            s.segment_count,
+            s.allocate_count
+        ),
+        (1, 2 * MIB, 1, 1)
+    );
+    let b = dev
+        .allocate_segment(20 * MIB + 1)
+        .expect("allocate 20 MiB + 1");
+    assert_ne!(a.id, b.id);
+    assert_ne!(a.addr, b.addr);
+    let s = dev.stats();
+    assert_eq!(
+        (s.reserved_bytes, s.charged_bytes, s.segment_count),
+        (20 * MIB + 2, 24 * MIB, 2)
+    );
+    assert_eq!(dev.observed_used_bytes(), Some(MOCK_CONTEXT + 24 * MIB));
+    assert_eq!(free_bytes(&dev), MOCK_FREE - 24 * MIB);
+
+    dev.free_segment(a).expect("free a");
+    let s = dev.stats();
+    assert_eq!(
+        (
+            s.reserved_bytes,
+            s.charged_bytes,
+            s.segment_count,
+            s.free_count
+        ),
+        (20 * MIB + 1, 22 * MIB, 1, 1)
+    );
+    dev.free_segment(b).expect("free b");
+    let s = dev.stats();
+    assert_eq!(
+        (s.reserved_bytes, s.charged_bytes, s.segment_count),
+        (0, 0, 0)
+    );
+    assert_eq!((s.allocate_count, s.free_count), (2, 2));
+    assert_eq!(dev.charged_bytes_peak(), 24 * MIB);
+    assert!(dev.alloc_ns_mean().is_some() && dev.free_ns_mean().is_some());
+
+    // Freeing a segment twice cannot compile; a forged one panics before the driver.
+    let c = dev.allocate_segment(MIB).expect("allocate");
+    let forged = policies::Segment {
+        id: c.id,
+        addr: c.addr,
+        size_bytes: 2 * MIB,
+    };
+    expect_panic("freeing a mismatched segment", || {
+        drop(dev.free_segment(forged))
+    });
+    dev.free_segment(c).expect("free c");
+
+    // A device index the driver does not have.
+    match CudaDevice::open(1) {
+        Err(OpenError::NoDriver(msg)) => assert!(msg.contains("no CUDA device 1"), "{msg}"),
+        other => panic!("open(1): {other:?}"),
+    }
+    drop(dev);
+    assert_eq!(drop_cleanup_errors(), 0);
+}
+
+/// CUDA_ERROR_OUT_OF_MEMORY maps to DeviceError::OutOfMemory with the refused size and
+/// leaves the accounting unchanged.
+#[test]
+fn mock_out_of_memory() {
+    if let Some(out) = run(
+        "mock_out_of_memory",
+        Some(Mock::Full),
+        &[],
+        scenario_out_of_memory,
+    ) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_out_of_memory() {
+    let mut dev = open();
+    assert_eq!(
+        dev.allocate_segment(MOCK_TOTAL).unwrap_err(),
+        DeviceError::OutOfMemory {
+            requested_bytes: MOCK_TOTAL
+        }
+    );
+    assert_eq!(dev.stats().allocate_count, 0);
+    let all = dev
+        .allocate_segment(MOCK_FREE)
+        .expect("everything that is free");
+    assert_eq!(dev.stats().charged_bytes, MOCK_FREE);
+    assert_eq!(
+        dev.allocate_segment(1).unwrap_err(),
+        DeviceError::OutOfMemory { requested_bytes: 1 }
+    );
+    let s = dev.stats();
+    assert_eq!(
+        (
+            s.reserved_bytes,
+            s.charged_bytes,
+            s.segment_count,
+            s.allocate_count
+        ),
+        (MOCK_FREE, MOCK_FREE, 1, 1)
+    );
+    assert_eq!(s.free_bytes(), 0);
+    dev.free_segment(all).expect("free");
+}
+
+/// Any other driver error maps to DeviceError::Driver with its code and a one-line
+/// `NAME (code): description (in call)` message.
+#[test]
+fn mock_driver_error() {
+    if let Some(out) = run(
+        "mock_driver_error",
+        Some(Mock::Full),
+        &[("MOCK_FAIL", "cuMemAlloc_v2:2")],
+        scenario_driver_error,
+    ) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_driver_error() {
+    let mut dev = open();
+    let a = dev.allocate_segment(MIB).expect("first allocation");
+    match dev.allocate_segment(MIB) {
+        Err(DeviceError::Driver { code, message }) => {
+            assert_eq!(code, 700);
+            assert_eq!(
+                message,
+                "CUDA_ERROR_ILLEGAL_ADDRESS (700): an illegal memory access was encountered (in cuMemAlloc_v2)"
+            );
+        }
+        other => panic!("expected a driver error, got {other:?}"),
+    }
+    assert_eq!(dev.stats().segment_count, 1);
+    dev.free_segment(a).expect("free");
+}
+
+// ---- virtual memory ----------------------------------------------------------------------
+
+/// Reserve, map, unmap and release: stats follow, pages are tracked per offset, misuse
+/// panics before reaching the driver, releasing a range with mapped pages is refused.
+#[test]
+fn mock_vmm() {
+    if let Some(out) = run("mock_vmm", Some(Mock::Full), &[], scenario_vmm) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_vmm() {
+    let mut dev = open();
+    let vm = dev.virtual_memory().expect("the mock has VMM");
+    let r = vm.reserve_range(100 * MIB + 1).expect("reserve");
+    assert_eq!(
+        r.size_bytes,
+        100 * MIB + 1,
+        "the range reports the size asked for"
+    );
+    vm.map_pages(&r, 0, 2 * MIB, 3).expect("map 3 small pages");
+    vm.map_pages(&r, 20 * MIB, 20 * MIB, 2)
+        .expect("map 2 large pages");
+    expect_panic("mapping a page twice", || {
+        drop(vm.map_pages(&r, 4 * MIB, 2 * MIB, 1))
+    });
+    expect_panic("mapping into a large page", || {
+        drop(vm.map_pages(&r, 30 * MIB, 2 * MIB, 1))
+    });
+    expect_panic("mapping past the range", || {
+        drop(vm.map_pages(&r, 100 * MIB, 2 * MIB, 1))
+    });
+    expect_panic("unmapping an unmapped page", || {
+        drop(vm.unmap_pages(&r, 6 * MIB, 2 * MIB, 1))
+    });
+    expect_panic("unmapping with the wrong page size", || {
+        drop(vm.unmap_pages(&r, 20 * MIB, 2 * MIB, 1))
+    });
+
+    let s = dev.stats();
+    assert_eq!(
+        (
+            s.reserved_bytes,
+            s.charged_bytes,
+            s.segment_count,
+            s.allocate_count
+        ),
+        (46 * MIB, 46 * MIB, 1, 2)
+    );
+    assert_eq!(free_bytes(&dev), MOCK_FREE - 46 * MIB);
+
+    let vm = dev.virtual_memory().expect("vmm");
+    vm.unmap_pages(&r, 2 * MIB, 2 * MIB, 1)
+        .expect("unmap the middle page");
+    assert_eq!(dev.stats().charged_bytes, 44 * MIB);
+    assert_eq!(dev.stats().free_count, 1);
+
+    let vm = dev.virtual_memory().expect("vmm");
+    match vm.release_range(same_range(&r)) {
+        Err(DeviceError::Driver { code: 1, message }) => {
+            assert!(message.contains("still has 4 mapped page(s)"), "{message}")
+        }
+        other => panic!("releasing a range with mapped pages: {other:?}"),
+    }
+    vm.unmap_pages(&r, 0, 2 * MIB, 1).expect("unmap");
+    vm.unmap_pages(&r, 4 * MIB, 2 * MIB, 1).expect("unmap");
+    vm.unmap_pages(&r, 20 * MIB, 20 * MIB, 2).expect("unmap");
+    vm.release_range(r).expect("release");
+    let s = dev.stats();
+    assert_eq!(
+        (s.reserved_bytes, s.charged_bytes, s.segment_count),
+        (0, 0, 0)
+    );
+    assert_eq!((s.allocate_count, s.free_count), (2, 4));
+    assert!(dev.map_ns_mean().is_some() && dev.unmap_ns_mean().is_some());
+    assert_eq!(free_bytes(&dev), MOCK_FREE);
+}
+
+/// map_pages is all or nothing: when a cuMemCreate runs out of memory, or a later call
+/// fails, the pages created by that call are unmapped and released again.
+#[test]
+fn mock_map_rollback() {
+    // 10 MiB free: five 2 MiB pages fit. The 7th cuMemSetAccess fails.
+    let envs = [
+        ("MOCK_TOTAL_BYTES", "1073741824"),
+        ("MOCK_CONTEXT_BYTES", "1063256064"),
+        ("MOCK_FAIL", "cuMemSetAccess:7"),
+    ];
+    if let Some(out) = run(
+        "mock_map_rollback",
+        Some(Mock::Full),
+        &envs,
+        scenario_map_rollback,
+    ) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_map_rollback() {
+    let mut dev = open();
+    assert_eq!(free_bytes(&dev), 10 * MIB);
+    let vm = dev.virtual_memory().expect("vmm");
+    let r = vm.reserve_range(64 * MIB).expect("reserve");
+    // Pages 1-5 are created and mapped (5 cuMemSetAccess calls), page 6 is out of memory.
+    assert_eq!(
+        vm.map_pages(&r, 0, 2 * MIB, 8).unwrap_err(),
+        DeviceError::OutOfMemory {
+            requested_bytes: 16 * MIB
+        }
+    );
+    assert_eq!(
+        free_bytes(&dev),
+        10 * MIB,
+        "all pages of the failed call are released"
+    );
+    assert_eq!(dev.stats().reserved_bytes, 0);
+    assert_eq!(dev.stats().allocate_count, 0);
+
+    // Calls 6 and 7 of cuMemSetAccess: the second page fails after being mapped.
+    let vm = dev.virtual_memory().expect("vmm");
+    match vm.map_pages(&r, 0, 2 * MIB, 3) {
+        Err(DeviceError::Driver { code: 700, message }) => {
+            assert!(message.ends_with("(in cuMemSetAccess)"), "{message}")
+        }
+        other => panic!("expected a driver error, got {other:?}"),
+    }
+    assert_eq!(
+        free_bytes(&dev),
+        10 * MIB,
+        "the mapped page was rolled back too"
+    );
+
+    // The span is free again and the memory fits.
+    let vm = dev.virtual_memory().expect("vmm");
+    vm.map_pages(&r, 0, 2 * MIB, 5).expect("five pages fit");
+    assert_eq!(free_bytes(&dev), 0);
+    assert_eq!(dev.stats().charged_bytes, 10 * MIB);
+    assert_eq!(dev.cleanup_errors(), 0);
+    // Left mapped on purpose: drop releases it.
+}
+
+// ---- ballast -----------------------------------------------------------------------------
+
+/// The ballast leaves the requested free memory (to within 2 MiB, never below), becomes
+/// the capacity, is refused while segments are live, and is freed by release_all.
+#[test]
+fn mock_ballast() {
+    if let Some(out) = run("mock_ballast", Some(Mock::Full), &[], scenario_ballast) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_ballast() {
+    let mut dev = open();
+    let target = 4 * GIB + 3 * MIB;
+    let left = dev.set_ballast_for_free_bytes(target).expect("ballast");
+    assert_eq!(left, 4 * GIB + 4 * MIB);
+    assert_eq!(free_bytes(&dev), left);
+    assert_eq!(dev.ballast_bytes(), MOCK_FREE - left);
+    let s = dev.stats();
+    assert_eq!((s.capacity_bytes, s.charged_bytes), (left, 0));
+
+    let all = dev
+        .allocate_segment(left)
+        .expect("exactly what is left fits");
+    assert_eq!(dev.stats().charged_bytes, left);
+    assert!(matches!(
+        dev.allocate_segment(1),
+        Err(DeviceError::OutOfMemory { .. })
+    ));
+    assert!(matches!(
+        dev.set_ballast_for_free_bytes(GIB),
+        Err(DeviceError::Unsupported { .. })
+    ));
+    dev.free_segment(all).expect("free");
+
+    // Asking for more than is free takes no ballast (the old one is given back first).
+    assert_eq!(
+        dev.set_ballast_for_free_bytes(100 * GIB)
+            .expect("no ballast"),
+        MOCK_FREE
+    );
+    assert_eq!(dev.ballast_bytes(), 0);
+    assert_eq!(dev.stats().capacity_bytes, MOCK_FREE);
+
+    dev.set_ballast_for_free_bytes(GIB).expect("ballast again");
+    assert_eq!(free_bytes(&dev), GIB);
+    dev.release_all().expect("release_all");
+    assert_eq!(free_bytes(&dev), MOCK_FREE);
+    assert_eq!(dev.stats().capacity_bytes, MOCK_FREE);
+}
+
+/// With allocations capped at 1 GiB and 2 MiB of overhead charged per allocation, the
+/// ballast still lands at or above the target, within one granule plus the overhead.
+#[test]
+fn mock_ballast_chunked() {
+    let envs = [
+        ("MOCK_MAX_ALLOC_BYTES", "1073741824"),
+        ("MOCK_ALLOC_OVERHEAD_BYTES", "2097152"),
+    ];
+    if let Some(out) = run(
+        "mock_ballast_chunked",
+        Some(Mock::Full),
+        &envs,
+        scenario_ballast_chunked,
+    ) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_ballast_chunked() {
+    let mut dev = open();
+    let target = 3 * GIB + 5 * MIB;
+    let left = dev.set_ballast_for_free_bytes(target).expect("ballast");
+    assert_eq!(left, free_bytes(&dev));
+    assert!(left >= target, "{left} below the target {target}");
+    assert!(
+        left < target + BALLAST_GRANULE_BYTES + 2 * MIB,
+        "{left} too far above {target}"
+    );
+    assert!(
+        dev.ballast_bytes() >= 11 * GIB,
+        "several chunks of at most 1 GiB"
+    );
+}
+
+// ---- cleanup -----------------------------------------------------------------------------
+
+/// Dropping a device with live segments, mapped pages, ranges and ballast releases
+/// everything and the context (the mock reports zero used bytes at exit).
+#[test]
+fn mock_drop_releases_everything() {
+    if let Some(out) = run(
+        "mock_drop_releases_everything",
+        Some(Mock::Full),
+        &[],
+        scenario_drop,
+    ) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_drop() {
+    let mut dev = open();
+    dev.set_ballast_for_free_bytes(8 * GIB).expect("ballast");
+    let _kept: Vec<_> = [1, 3 * MIB, GIB]
+        .iter()
+        .map(|&s| dev.allocate_segment(s).expect("allocate"))
+        .collect();
+    let vm = dev.virtual_memory().expect("vmm");
+    let r1 = vm.reserve_range(GIB).expect("reserve");
+    let r2 = vm.reserve_range(GIB).expect("reserve");
+    vm.map_pages(&r1, 0, 2 * MIB, 4).expect("map");
+    vm.map_pages(&r2, 40 * MIB, 20 * MIB, 2).expect("map");
+    let _unused = vm.reserve_range(GIB).expect("reserve");
+    assert_eq!(dev.stats().segment_count, 6);
+    drop(dev);
+    assert_eq!(drop_cleanup_errors(), 0);
+
+    // A fresh device sees all memory back.
+    let dev = open();
+    assert_eq!(free_bytes(&dev), MOCK_FREE);
+}
+
+/// release_all frees everything with error reporting and leaves the device usable.
+#[test]
+fn mock_release_all() {
+    if let Some(out) = run(
+        "mock_release_all",
+        Some(Mock::Full),
+        &[],
+        scenario_release_all,
+    ) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_release_all() {
+    let mut dev = open();
+    let _a = dev.allocate_segment(5 * MIB).expect("allocate");
+    let vm = dev.virtual_memory().expect("vmm");
+    let r = vm.reserve_range(GIB).expect("reserve");
+    vm.map_pages(&r, 0, 2 * MIB, 2).expect("map");
+    dev.release_all().expect("release_all");
+    let s = dev.stats();
+    assert_eq!(
+        (s.reserved_bytes, s.charged_bytes, s.segment_count),
+        (0, 0, 0)
+    );
+    assert_eq!(free_bytes(&dev), MOCK_FREE);
+    let b = dev.allocate_segment(MIB).expect("still usable");
+    dev.free_segment(b).expect("free");
+    assert_eq!(dev.cleanup_errors(), 0);
+}
+
+// ---- opening ------------------------------------------------------------------------------
+
+/// cuInit failing with CUDA_ERROR_NO_DEVICE gives OpenError::NoDriver with a one-line
+/// message naming the error and the call.
+#[test]
+fn mock_no_device() {
+    run(
+        "mock_no_device",
+        Some(Mock::Full),
+        &[("MOCK_MODE", "nodevice")],
+        || {
+            match CudaDevice::open(0) {
+                Err(OpenError::NoDriver(msg)) => {
+                    assert!(!msg.contains('\n'), "{msg}");
+                    assert_eq!(msg, "CUDA_ERROR_NO_DEVICE (100): no CUDA-capable device is detected (in cuInit)");
+                }
+                other => panic!("expected NoDriver, got {other:?}"),
+            }
+            assert!(matches!(
+                probe(0),
+                Err(ProbeError::Open(OpenError::NoDriver(_)))
+            ));
+        },
+    );
+}
+
+/// A driver that reports zero devices gives OpenError::NoDriver.
+#[test]
+fn mock_zero_devices() {
+    run(
+        "mock_zero_devices",
+        Some(Mock::Full),
+        &[("MOCK_MODE", "zerodevices")],
+        || match CudaDevice::open(0) {
+            Err(OpenError::NoDriver(msg)) => assert_eq!(msg, "the CUDA driver reports no device"),
+            other => panic!("expected NoDriver, got {other:?}"),
+        },
+    );
+}
+
+/// A libcuda lacking a required symbol gives OpenError::NoDriver naming it, no panic.
+#[test]
+fn mock_missing_symbol() {
+    run(
+        "mock_missing_symbol",
+        Some(Mock::OmitCore),
+        &[],
+        || match CudaDevice::open(0) {
+            Err(OpenError::NoDriver(msg)) => {
+                assert!(msg.contains("lacks cuDevicePrimaryCtxRetain"), "{msg}");
+                assert!(!msg.contains('\n'));
+            }
+            other => panic!("expected NoDriver, got {other:?}"),
+        },
+    );
+}
+
+/// A libcuda without the VMM symbols still opens; virtual memory is then unavailable.
+#[test]
+fn mock_without_vmm_symbols() {
+    if let Some(out) = run(
+        "mock_without_vmm_symbols",
+        Some(Mock::OmitVmm),
+        &[],
+        scenario_without_vmm,
+    ) {
+        assert_clean(&out);
+    }
+}
+
+/// A device whose VMM attribute is 0 opens without virtual memory.
+#[test]
+fn mock_without_vmm_attribute() {
+    if let Some(out) = run(
+        "mock_without_vmm_attribute",
+        Some(Mock::Full),
+        &[("MOCK_MODE", "novmm")],
+        scenario_without_vmm,
+    ) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_without_vmm() {
+    let mut dev = open();
+    assert_eq!(dev.info().vmm_granularity_min_bytes, None);
+    assert!(dev.virtual_memory().is_none());
+    assert!(matches!(
+        VirtualMemory::reserve_range(&mut dev, GIB),
+        Err(DeviceError::Unsupported { .. })
+    ));
+    let a = dev.allocate_segment(MIB).expect("segments still work");
+    dev.free_segment(a).expect("free");
+}
+
+// ---- probe and Ctrl-C --------------------------------------------------------------------------
+
+/// probe() on a 4 GiB mock: page rounding per size, what fits eight at a time, the usable
+/// capacity, and free memory back at its start value.
+#[test]
+fn mock_probe() {
+    if let Some(out) = run(
+        "mock_probe",
+        Some(Mock::Full),
+        &[("MOCK_TOTAL_BYTES", "4294967296")],
+        scenario_probe,
+    ) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_probe() {
+    let free = 4 * GIB - MOCK_CONTEXT;
+    let report = probe(0).expect("probe");
+    assert_eq!(report.device_name, "Mock GPU");
+    assert_eq!(
+        (
+            report.total_bytes,
+            report.free_at_start_bytes,
+            report.context_bytes
+        ),
+        (4 * GIB, free, MOCK_CONTEXT)
+    );
+    assert_eq!(report.vmm_granularity_min_bytes, Some(2 * MIB));
+    assert_eq!(report.sizes.len(), PROBE_SIZES.len());
+    for (row, &size) in report.sizes.iter().zip(&PROBE_SIZES) {
+        let page = size.div_ceil(2 * MIB) * 2 * MIB;
+        assert_eq!(row.size_bytes, size);
+        assert_eq!(row.single_free_drop_bytes, Some(page as i64), "size {size}");
+        assert_eq!(row.single_residual_bytes, Some(0));
+        assert!(row.alloc_ns.is_some() && row.free_ns.is_some());
+        let fit = (free / page).min(8);
+        assert_eq!(u64::from(row.x8_live), fit, "size {size}");
+        assert_eq!(row.x8_free_drop_bytes, (fit * page) as i64);
+    }
+    assert_eq!(
+        (
+            report.fill.big_chunks,
+            report.fill.tail_chunks,
+            report.fill.tail_bytes
+        ),
+        (3, 1, 512 * MIB)
+    );
+    assert_eq!(
+        (report.fill.usable_bytes, report.fill.free_at_full_bytes),
+        (free, 0)
+    );
+    assert_eq!(report.free_after_release_bytes, free);
+    assert!(report.returned_to_start);
+}
+
+/// install_interrupt_flag is idempotent and a SIGINT sets the flag instead of killing
+/// the process.
+#[test]
+fn interrupt_sets_flag() {
+    run("interrupt_sets_flag", None, &[], || {
+        let flag = install_interrupt_flag();
+        assert!(std::ptr::eq(flag, install_interrupt_flag()));
+        assert!(!flag.load(Ordering::SeqCst));
+        let pid = std::process::id().to_string();
+        match Command::new("kill").args(["-INT", &pid]).status() {
+            Err(_) => {
+                println!("skipped: kill not found");
+                return;
+            }
+            Ok(s) => assert!(s.success()),
+        }
+        let started = Instant::now();
+        while !flag.load(Ordering::SeqCst) {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "SIGINT did not set the flag"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+}
