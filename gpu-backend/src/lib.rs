@@ -22,6 +22,10 @@
 //! other processes' allocations show up in the charged figure: run on an idle GPU.
 //! The accounting in [`policies::Device::stats`] is cached and never calls the driver.
 //!
+//! [`validate_one`] replays a trace under a policy both on the simulated device
+//! (predicted) and on the GPU (observed), with the same engine, and reports where they
+//! part.
+//!
 //! A card larger than the one being modelled can be shrunk with
 //! [`CudaDevice::set_ballast_for_free_bytes`] (to within 2 MiB).
 //!
@@ -59,10 +63,14 @@ mod device;
 mod interrupt;
 mod loader;
 mod probe;
+mod validate;
 
 pub use device::{drop_cleanup_errors, CudaDevice, DeviceInfo, OpenError, BALLAST_GRANULE_BYTES};
 pub use interrupt::install_interrupt_flag;
 pub use probe::{
     probe, FillProbe, ProbeError, ProbeReport, SizeProbe, FILL_CHUNK_BYTES, FILL_MIN_CHUNK_BYTES,
     PROBE_BATCH, PROBE_SIZES,
+};
+pub use validate::{
+    summary_line, validate_one, write_validate_csv, ValidateError, Validation, VALIDATE_COLUMNS,
 };
