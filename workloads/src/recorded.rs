@@ -175,6 +175,12 @@ pub struct RecordedRun {
     pub torch_version: Option<String>,
     /// The trace, oldest first.
     pub entries: Vec<RecordedEntry>,
+    /// For each entry, its index in the source file's trace, used in messages and
+    /// event locations; empty when every entry's index is its own. Snapshot pickles
+    /// fill it because the `empty_cache` entries inferred by
+    /// [`crate::snapshot::read_snapshot_pickle`] are not in the file (each takes the
+    /// index of the entry it was inserted before).
+    pub source_indexes: Vec<u64>,
     /// Statistics at labelled points.
     pub checkpoints: Vec<Checkpoint>,
     /// The OOM raised, if any.
@@ -189,7 +195,7 @@ impl RecordedRun {
     /// The requests of the run as a trace: `alloc` → alloc, `free_completed` → free,
     /// `empty_cache` markers → empty_cache, and each `oom` → the alloc that failed
     /// (with the rounded size PyTorch recorded; rounding is idempotent). Locations are
-    /// entry indexes.
+    /// entry indexes in the source file (see [`RecordedRun::source_indexes`]).
     ///
     /// # Errors
     /// When an entry frees an address with no live allocation: the recording did not
@@ -206,17 +212,31 @@ impl RecordedRun {
                     let id = AllocId(next_id);
                     next_id += 1;
                     if e.action == Action::Alloc && live.insert(e.addr, id).is_some() {
-                        return Err(self.not_from_empty(index, "allocates an address that is already live"));
+                        return Err(
+                            self.not_from_empty(index, "allocates an address that is already live")
+                        );
                     }
-                    Event::Alloc { id, size_bytes: e.size, stream: e.stream }
+                    Event::Alloc {
+                        id,
+                        size_bytes: e.size,
+                        stream: e.stream,
+                    }
                 }
                 Action::FreeCompleted => match live.remove(&e.addr) {
                     Some(id) => Event::Free { id },
-                    None => return Err(self.not_from_empty(index, "frees an address that was never allocated in the trace")),
+                    None => {
+                        return Err(self.not_from_empty(
+                            index,
+                            "frees an address that was never allocated in the trace",
+                        ))
+                    }
                 },
                 Action::FreeRequested => {
                     if !live.contains_key(&e.addr) {
-                        return Err(self.not_from_empty(index, "frees an address that was never allocated in the trace"));
+                        return Err(self.not_from_empty(
+                            index,
+                            "frees an address that was never allocated in the trace",
+                        ));
                     }
                     continue;
                 }
@@ -224,7 +244,7 @@ impl RecordedRun {
                 _ => continue,
             };
             events.push(event);
-            locations.push(index as u64);
+            locations.push(self.source_index(index));
         }
         Ok(Trace {
             name: self.name.clone(),
@@ -244,10 +264,18 @@ impl RecordedRun {
         }
     }
 
+    /// Index in the source file of entry `index` (see [`RecordedRun::source_indexes`]).
+    pub fn source_index(&self, index: usize) -> u64 {
+        self.source_indexes
+            .get(index)
+            .copied()
+            .unwrap_or(index as u64)
+    }
+
     fn not_from_empty(&self, index: usize, what: &str) -> ReadError {
         ReadError::invalid(
             &self.path,
-            Some(format!("entry {index}")),
+            Some(format!("entry {}", self.source_index(index))),
             format!(
                 "the recorded trace {what}: recording started after allocations existed or its ring buffer wrapped, \
                  so it cannot be replayed from an empty allocator (record with \
@@ -320,6 +348,7 @@ pub fn read_recorded_json(path: &Path) -> Result<RecordedRun, ReadError> {
                 stream,
             })
             .collect(),
+        source_indexes: Vec::new(),
         checkpoints: json.checkpoints,
         oom: json.oom,
         segments: json.segments,
@@ -332,7 +361,12 @@ mod tests {
     use super::*;
 
     fn entry(action: Action, addr: u64, size: u64) -> RecordedEntry {
-        RecordedEntry { action, addr, size, stream: 0 }
+        RecordedEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+        }
     }
 
     /// Requests become trace events; segment decisions and snapshots are dropped, and
@@ -357,10 +391,18 @@ mod tests {
         assert_eq!(
             t.events,
             vec![
-                Event::Alloc { id: AllocId(0), size_bytes: 7, stream: 0 },
+                Event::Alloc {
+                    id: AllocId(0),
+                    size_bytes: 7,
+                    stream: 0
+                },
                 Event::Free { id: AllocId(0) },
                 Event::EmptyCache,
-                Event::Alloc { id: AllocId(1), size_bytes: 1 << 30, stream: 0 },
+                Event::Alloc {
+                    id: AllocId(1),
+                    size_bytes: 1 << 30,
+                    stream: 0
+                },
             ]
         );
         assert_eq!(t.locations, vec![1, 4, 5, 7]);
@@ -376,6 +418,9 @@ mod tests {
             ..RecordedRun::default()
         };
         let err = run.to_trace().unwrap_err().to_string();
-        assert!(err.starts_with("x.pickle: entry 0: the recorded trace frees an address"), "{err}");
+        assert!(
+            err.starts_with("x.pickle: entry 0: the recorded trace frees an address"),
+            "{err}"
+        );
     }
 }

@@ -16,7 +16,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let (number, unit) = t.split_at(split);
     let number = number.replace('_', "");
     if number.is_empty() {
-        return Err(format!("'{text}' is not a size (expected e.g. 512, 4KiB, 20MiB, 80GiB)"));
+        return Err(format!(
+            "'{text}' is not a size (expected e.g. 512, 4KiB, 20MiB, 80GiB)"
+        ));
     }
     let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
@@ -24,7 +26,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        other => return Err(format!("'{text}' has an unknown unit '{other}' (use B, KiB, MiB, GiB or TiB)")),
+        other => {
+            return Err(format!(
+                "'{text}' has an unknown unit '{other}' (use B, KiB, MiB, GiB or TiB)"
+            ))
+        }
     };
     if let Ok(whole) = number.parse::<u64>() {
         return whole

@@ -85,10 +85,14 @@ impl Trace {
 
     /// Where event `index` came from, e.g. `line 17`, `event 3` or `entry 120`.
     pub fn location(&self, index: usize) -> String {
-        let n = self.locations.get(index).copied().unwrap_or(match self.location_kind {
-            LocationKind::Entry => index as u64,
-            _ => index as u64 + 1,
-        });
+        let n = self
+            .locations
+            .get(index)
+            .copied()
+            .unwrap_or(match self.location_kind {
+                LocationKind::Entry => index as u64,
+                _ => index as u64 + 1,
+            });
         match self.location_kind {
             LocationKind::Line => format!("line {n}"),
             LocationKind::Event => format!("event {n}"),
@@ -106,6 +110,9 @@ impl Trace {
 
     /// Number of `Alloc` events.
     pub fn alloc_count(&self) -> usize {
-        self.events.iter().filter(|e| matches!(e, Event::Alloc { .. })).count()
+        self.events
+            .iter()
+            .filter(|e| matches!(e, Event::Alloc { .. }))
+            .count()
     }
 }
