@@ -175,6 +175,12 @@ pub struct RecordedRun {
     pub torch_version: Option<String>,
     /// The trace, oldest first.
     pub entries: Vec<RecordedEntry>,
+    /// For each entry, its index in the source file's trace, used in messages and
+    /// event locations; empty when every entry's index is its own. Snapshot pickles
+    /// fill it because the `empty_cache` entries inferred by
+    /// [`crate::snapshot::read_snapshot_pickle`] are not in the file (each takes the
+    /// index of the entry it was inserted before).
+    pub source_indexes: Vec<u64>,
     /// Statistics at labelled points.
     pub checkpoints: Vec<Checkpoint>,
     /// The OOM raised, if any.
@@ -189,7 +195,7 @@ impl RecordedRun {
     /// The requests of the run as a trace: `alloc` → alloc, `free_completed` → free,
     /// `empty_cache` markers → empty_cache, and each `oom` → the alloc that failed
     /// (with the rounded size PyTorch recorded; rounding is idempotent). Locations are
-    /// entry indexes.
+    /// entry indexes in the source file (see [`RecordedRun::source_indexes`]).
     ///
     /// # Errors
     /// When an entry frees an address with no live allocation: the recording did not
@@ -238,7 +244,7 @@ impl RecordedRun {
                 _ => continue,
             };
             events.push(event);
-            locations.push(index as u64);
+            locations.push(self.source_index(index));
         }
         Ok(Trace {
             name: self.name.clone(),
@@ -258,10 +264,18 @@ impl RecordedRun {
         }
     }
 
+    /// Index in the source file of entry `index` (see [`RecordedRun::source_indexes`]).
+    pub fn source_index(&self, index: usize) -> u64 {
+        self.source_indexes
+            .get(index)
+            .copied()
+            .unwrap_or(index as u64)
+    }
+
     fn not_from_empty(&self, index: usize, what: &str) -> ReadError {
         ReadError::invalid(
             &self.path,
-            Some(format!("entry {index}")),
+            Some(format!("entry {}", self.source_index(index))),
             format!(
                 "the recorded trace {what}: recording started after allocations existed or its ring buffer wrapped, \
                  so it cannot be replayed from an empty allocator (record with \
@@ -334,6 +348,7 @@ pub fn read_recorded_json(path: &Path) -> Result<RecordedRun, ReadError> {
                 stream,
             })
             .collect(),
+        source_indexes: Vec::new(),
         checkpoints: json.checkpoints,
         oom: json.oom,
         segments: json.segments,

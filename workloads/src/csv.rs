@@ -1,0 +1,529 @@
+//! The CSV trace format: one event per row, for traces made by scripts and
+//! spreadsheets, and for large generated traces (it is denser than YAML).
+//!
+//! ```text
+//! op,id,bytes,stream
+//! alloc,1,1073741824,0
+//! mark,"after step 1, before step 2",,
+//! free,1,,
+//! empty_cache,,,
+//! ```
+//!
+//! The header must be exactly `op,id,bytes,stream`. Every row has exactly four fields:
+//! `alloc,<id>,<bytes>,<stream>` (an empty stream means 0), `free,<id>,,`,
+//! `empty_cache,,,` and `mark,<label>,,`. Numbers are plain unsigned decimal integers
+//! (no sign, no unit, no separators), so the format stays trivially machine-written;
+//! sizes with units belong to the YAML format. Labels may contain commas, quotes and
+//! line breaks through standard CSV quoting.
+//!
+//! Why so strict: a CSV trace is usually written by a program, and a silently
+//! misread column (a byte count taken for a stream) would give a plausible but wrong
+//! replay. Every refusal names the line.
+//!
+//! Each event remembers the line it came from ([`LocationKind::Line`], from 1, the
+//! header being line 1), so later messages (validation, replay) point into the file.
+
+use std::io;
+use std::path::Path;
+
+use crate::trace::{AllocId, Event, LocationKind, Trace};
+use crate::ReadError;
+
+/// The header every CSV trace starts with.
+pub const CSV_HEADER: &str = "op,id,bytes,stream";
+
+const HEADER_FIELDS: [&str; 4] = ["op", "id", "bytes", "stream"];
+
+/// Reads a CSV trace from a file. The trace is named after the file stem.
+///
+/// # Errors
+/// I/O errors, a wrong header, and any malformed row, each with its line.
+pub fn read_csv(path: &Path) -> Result<Trace, ReadError> {
+    let file = std::fs::File::open(path).map_err(|e| ReadError::io(path, &e))?;
+    read_csv_from(io::BufReader::new(file), path)
+}
+
+/// Reads a CSV trace from any reader; `path` names the source in messages and in the
+/// returned trace (the trace is named after its stem).
+///
+/// # Errors
+/// As [`read_csv`].
+pub fn read_csv_from(mut reader: impl io::Read, path: &Path) -> Result<Trace, ReadError> {
+    // The whole text is kept so that line numbers can be counted from byte offsets:
+    // the csv crate's own line count skips blank lines.
+    let mut bytes = Vec::new();
+    reader
+        .read_to_end(&mut bytes)
+        .map_err(|e| ReadError::io(path, &e))?;
+    let mut lines = LineCounter::new(&bytes);
+    let mut csv = ::csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(&bytes[..]);
+    let mut record = ::csv::StringRecord::new();
+    let mut events = Vec::new();
+    let mut locations = Vec::new();
+    let mut header_seen = false;
+    loop {
+        let more = csv
+            .read_record(&mut record)
+            .map_err(|e| csv_error(path, e, &mut lines))?;
+        if !more {
+            break;
+        }
+        let line = lines.line_at(record.position().map_or(0, |p| p.byte()));
+        if !header_seen {
+            check_header(path, line, &record)?;
+            header_seen = true;
+            continue;
+        }
+        events.push(parse_row(path, line, &record)?);
+        locations.push(line);
+    }
+    if !header_seen {
+        return Err(ReadError::syntax(
+            path,
+            Some("line 1".into()),
+            format!("empty file: a CSV trace starts with the header '{CSV_HEADER}'"),
+        ));
+    }
+    Ok(Trace {
+        name: file_stem(path),
+        path: Some(path.to_path_buf()),
+        events,
+        locations,
+        location_kind: LocationKind::Line,
+    })
+}
+
+/// Writes `trace` as CSV: the header, then one row per event. Streams are always
+/// written as numbers (0 included); labels are quoted only where CSV needs it. The
+/// output depends only on the events, so the same trace always gives the same bytes.
+///
+/// # Errors
+/// Errors of `out`.
+pub fn write_csv(trace: &Trace, out: impl io::Write) -> io::Result<()> {
+    let mut csv = ::csv::WriterBuilder::new()
+        .terminator(::csv::Terminator::Any(b'\n'))
+        .from_writer(out);
+    csv.write_record(HEADER_FIELDS)?;
+    for event in &trace.events {
+        match event {
+            Event::Alloc {
+                id,
+                size_bytes,
+                stream,
+            } => csv.write_record([
+                "alloc",
+                &id.0.to_string(),
+                &size_bytes.to_string(),
+                &stream.to_string(),
+            ])?,
+            Event::Free { id } => csv.write_record(["free", &id.0.to_string(), "", ""])?,
+            Event::EmptyCache => csv.write_record(["empty_cache", "", "", ""])?,
+            Event::Mark { label } => csv.write_record(["mark", label.as_str(), "", ""])?,
+        }
+    }
+    csv.flush()
+}
+
+fn check_header(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<(), ReadError> {
+    // A UTF-8 byte order mark (spreadsheets write one) is not part of the first name.
+    let fields: Vec<&str> = record
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            if i == 0 {
+                f.trim_start_matches('\u{feff}')
+            } else {
+                f
+            }
+        })
+        .collect();
+    if fields != HEADER_FIELDS {
+        let found = fields.join(",");
+        return Err(ReadError::syntax(
+            path,
+            Some(format!("line {line}")),
+            format!(
+                "expected the header '{CSV_HEADER}', found '{}'",
+                shorten(&found)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn parse_row(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<Event, ReadError> {
+    let err = |message: String| ReadError::syntax(path, Some(format!("line {line}")), message);
+    let op = record.get(0).unwrap_or("");
+    if !matches!(op, "alloc" | "free" | "empty_cache" | "mark") {
+        return Err(err(format!(
+            "unknown op '{}' (expected alloc, free, empty_cache or mark)",
+            shorten(op)
+        )));
+    }
+    if record.len() != 4 {
+        return Err(err(format!(
+            "{op} row has {} field{}, expected 4 ({CSV_HEADER}; leave unused fields empty, as in '{}')",
+            record.len(),
+            if record.len() == 1 { "" } else { "s" },
+            row_shape(op)
+        )));
+    }
+    let field = |i: usize| record.get(i).unwrap_or("");
+    let must_be_empty = |i: usize| -> Result<(), ReadError> {
+        if field(i).is_empty() {
+            Ok(())
+        } else {
+            Err(err(format!(
+                "{op} takes no {}, found '{}' (expected '{}')",
+                HEADER_FIELDS[i],
+                shorten(field(i)),
+                row_shape(op)
+            )))
+        }
+    };
+    let number = |i: usize| -> Result<u64, ReadError> {
+        parse_uint(field(i)).ok_or_else(|| {
+            let what = if field(i).is_empty() {
+                "is missing".to_string()
+            } else {
+                format!("'{}' is not an unsigned integer", shorten(field(i)))
+            };
+            err(format!("{op}: {} {what}", HEADER_FIELDS[i]))
+        })
+    };
+    match op {
+        "alloc" => {
+            let id = AllocId(number(1)?);
+            let size_bytes = number(2)?;
+            let stream = if field(3).is_empty() { 0 } else { number(3)? };
+            Ok(Event::Alloc {
+                id,
+                size_bytes,
+                stream,
+            })
+        }
+        "free" => {
+            let id = AllocId(number(1)?);
+            must_be_empty(2)?;
+            must_be_empty(3)?;
+            Ok(Event::Free { id })
+        }
+        "empty_cache" => {
+            must_be_empty(1)?;
+            must_be_empty(2)?;
+            must_be_empty(3)?;
+            Ok(Event::EmptyCache)
+        }
+        _ => {
+            must_be_empty(2)?;
+            must_be_empty(3)?;
+            Ok(Event::Mark {
+                label: field(1).to_string(),
+            })
+        }
+    }
+}
+
+fn row_shape(op: &str) -> &'static str {
+    match op {
+        "alloc" => "alloc,<id>,<bytes>,<stream>",
+        "free" => "free,<id>,,",
+        "empty_cache" => "empty_cache,,,",
+        _ => "mark,<label>,,",
+    }
+}
+
+/// A plain decimal unsigned integer: digits only (no sign, spaces or unit).
+fn parse_uint(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// Keeps messages on one readable line whatever the input holds.
+pub(crate) fn shorten(text: &str) -> String {
+    let mut out: String = text
+        .chars()
+        .take(60)
+        .collect::<String>()
+        .escape_debug()
+        .collect();
+    if text.chars().count() > 60 {
+        out.push_str("...");
+    }
+    out
+}
+
+/// Line numbers (from 1) of byte offsets, for offsets that only grow.
+struct LineCounter<'a> {
+    text: &'a [u8],
+    offset: usize,
+    line: u64,
+}
+
+impl<'a> LineCounter<'a> {
+    fn new(text: &'a [u8]) -> Self {
+        LineCounter {
+            text,
+            offset: 0,
+            line: 1,
+        }
+    }
+
+    /// The line of the record the csv crate places at `byte`. The crate places a
+    /// record where the previous one ended, before the line break and any blank lines
+    /// (a record never starts with a line break), so those are skipped first.
+    fn line_at(&mut self, byte: u64) -> u64 {
+        let mut byte = usize::try_from(byte)
+            .unwrap_or(usize::MAX)
+            .min(self.text.len());
+        while byte < self.text.len() && matches!(self.text[byte], b'\r' | b'\n') {
+            byte += 1;
+        }
+        if byte < self.offset {
+            // Never happens for csv positions; count afresh rather than go wrong.
+            *self = LineCounter::new(self.text);
+        }
+        self.line += self.text[self.offset..byte]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count() as u64;
+        self.offset = byte;
+        self.line
+    }
+}
+
+fn csv_error(path: &Path, error: ::csv::Error, lines: &mut LineCounter<'_>) -> ReadError {
+    let line = error
+        .position()
+        .map(|p| format!("line {}", lines.line_at(p.byte())));
+    let message = format!("not a CSV trace: {error}");
+    match error.into_kind() {
+        ::csv::ErrorKind::Io(e) => ReadError::io(path, &e),
+        ::csv::ErrorKind::Utf8 { .. } => ReadError::syntax(path, line, "not valid UTF-8 text"),
+        _ => ReadError::syntax(path, line, message),
+    }
+}
+
+pub(crate) fn file_stem(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn read(text: &str) -> Result<Trace, ReadError> {
+        read_csv_from(text.as_bytes(), Path::new("t.csv"))
+    }
+
+    fn read_err(text: &str) -> String {
+        read(text).unwrap_err().to_string()
+    }
+
+    fn write(trace: &Trace) -> String {
+        let mut out = Vec::new();
+        write_csv(trace, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// All four row kinds parse, an empty stream is 0, and each event keeps its line.
+    #[test]
+    fn reads_every_row_kind_with_lines() {
+        let t = read(
+            "op,id,bytes,stream\nalloc,1,1024,\nalloc,2,2048,7\nmark,\"a, b\",,\nfree,1,,\nempty_cache,,,\n",
+        )
+        .unwrap();
+        assert_eq!(
+            t.events,
+            vec![
+                Event::Alloc {
+                    id: AllocId(1),
+                    size_bytes: 1024,
+                    stream: 0
+                },
+                Event::Alloc {
+                    id: AllocId(2),
+                    size_bytes: 2048,
+                    stream: 7
+                },
+                Event::Mark {
+                    label: "a, b".into()
+                },
+                Event::Free { id: AllocId(1) },
+                Event::EmptyCache,
+            ]
+        );
+        assert_eq!(t.locations, vec![2, 3, 4, 5, 6]);
+        assert_eq!(t.name, "t");
+        assert_eq!(t.describe(3), "t.csv: line 5");
+    }
+
+    /// The writer emits the documented shape, byte for byte.
+    #[test]
+    fn writes_documented_shape() {
+        let t = Trace::new(
+            "x",
+            vec![
+                Event::Alloc {
+                    id: AllocId(3),
+                    size_bytes: 512,
+                    stream: 0,
+                },
+                Event::Mark {
+                    label: "say \"hi\", then go".into(),
+                },
+                Event::Free { id: AllocId(3) },
+                Event::EmptyCache,
+            ],
+        );
+        assert_eq!(
+            write(&t),
+            "op,id,bytes,stream\nalloc,3,512,0\nmark,\"say \"\"hi\"\", then go\",,\nfree,3,,\nempty_cache,,,\n"
+        );
+    }
+
+    /// A missing or different header is refused at line 1, naming the expected header.
+    #[test]
+    fn header_is_required() {
+        assert_eq!(
+            read_err("alloc,1,2,3\n"),
+            "t.csv: line 1: expected the header 'op,id,bytes,stream', found 'alloc,1,2,3'"
+        );
+        assert_eq!(
+            read_err(""),
+            "t.csv: line 1: empty file: a CSV trace starts with the header 'op,id,bytes,stream'"
+        );
+        assert!(read("\u{feff}op,id,bytes,stream\nfree,1,,\n").is_ok());
+    }
+
+    /// Each kind of bad row gives a one-line message naming its line and what is wrong.
+    #[test]
+    fn bad_rows_name_line_and_problem() {
+        let h = "op,id,bytes,stream\n";
+        let cases = [
+            (
+                "allocate,1,2,0",
+                "line 2: unknown op 'allocate' (expected alloc, free, empty_cache or mark)",
+            ),
+            ("alloc,1,2", "line 2: alloc row has 3 fields, expected 4"),
+            ("free,1,,,", "line 2: free row has 5 fields, expected 4"),
+            (
+                "alloc,x,2,0",
+                "line 2: alloc: id 'x' is not an unsigned integer",
+            ),
+            (
+                "alloc,1,4KiB,0",
+                "line 2: alloc: bytes '4KiB' is not an unsigned integer",
+            ),
+            (
+                "alloc,1,-4,0",
+                "line 2: alloc: bytes '-4' is not an unsigned integer",
+            ),
+            ("alloc,1,,0", "line 2: alloc: bytes is missing"),
+            (
+                "alloc,1,2,s1",
+                "line 2: alloc: stream 's1' is not an unsigned integer",
+            ),
+            (
+                "alloc,1,99999999999999999999,0",
+                "line 2: alloc: bytes '99999999999999999999' is not",
+            ),
+            ("free,,,", "line 2: free: id is missing"),
+            (
+                "free,1,5,",
+                "line 2: free takes no bytes, found '5' (expected 'free,<id>,,')",
+            ),
+            ("empty_cache,1,,", "line 2: empty_cache takes no id"),
+            ("mark,x,,3", "line 2: mark takes no stream"),
+        ];
+        for (row, want) in cases {
+            let got = read_err(&format!("{h}{row}\n"));
+            assert!(got.starts_with(&format!("t.csv: {want}")), "{row}: {got}");
+            assert!(!got.contains('\n'), "{got}");
+        }
+        let e = read_err(&format!("{h}alloc,1,2,0\n\nfree,x,,\n"));
+        assert!(e.starts_with("t.csv: line 4: "), "{e}");
+    }
+
+    /// Line numbers count blank lines, CRLF line ends and line breaks inside quoted
+    /// labels, so they match what an editor shows.
+    #[test]
+    fn line_numbers_match_the_file() {
+        let t = read("op,id,bytes,stream\r\n\r\nmark,\"two\nlines\",,\r\n\nfree,1,,\r\n").unwrap();
+        assert_eq!(t.locations, vec![3, 6]);
+        assert_eq!(
+            t.events[0],
+            Event::Mark {
+                label: "two\nlines".into()
+            }
+        );
+        let e = read_err("op,id,bytes,stream\nmark,\"a\nb\nc\",,\nfree,,,\n");
+        assert!(e.starts_with("t.csv: line 5: free: id is missing"), "{e}");
+    }
+
+    /// Bytes that are not UTF-8 are a syntax error with a line, not a panic.
+    #[test]
+    fn invalid_utf8_is_an_error() {
+        let e = read_csv_from(
+            &b"op,id,bytes,stream\nmark,\xff,,\n"[..],
+            Path::new("t.csv"),
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "t.csv: line 2: not valid UTF-8 text");
+    }
+
+    /// A missing file is an I/O error naming the file.
+    #[test]
+    fn missing_file_is_io_error() {
+        let e = read_csv(Path::new("/nonexistent/x.csv")).unwrap_err();
+        assert_eq!(e.kind(), crate::ReadErrorKind::Io);
+        assert!(e.to_string().starts_with("/nonexistent/x.csv: "), "{e}");
+    }
+
+    fn event_strategy() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(id, size_bytes, stream)| {
+                Event::Alloc {
+                    id: AllocId(id),
+                    size_bytes,
+                    stream,
+                }
+            }),
+            any::<u64>().prop_map(|id| Event::Free { id: AllocId(id) }),
+            Just(Event::EmptyCache),
+            any::<String>().prop_map(|label| Event::Mark { label }),
+            "[ ,\"\r\n a-z]{0,8}".prop_map(|label| Event::Mark { label }),
+        ]
+    }
+
+    proptest! {
+        /// Writing then reading gives the same events, and writing twice the same bytes.
+        #[test]
+        fn round_trip(events in proptest::collection::vec(event_strategy(), 0..40)) {
+            let t = Trace::new("p", events);
+            let text = write(&t);
+            prop_assert_eq!(&text, &write(&t));
+            let back = read(&text).unwrap();
+            prop_assert_eq!(&back.events, &t.events);
+            // Without line breaks in labels, event i is on line i + 2.
+            let breaks = t.events.iter().any(|e| matches!(e, Event::Mark { label } if label.contains(['\n', '\r'])));
+            if !breaks {
+                prop_assert_eq!(back.locations, (2..2 + t.events.len() as u64).collect::<Vec<_>>());
+            }
+        }
+
+        /// No input makes the reader panic.
+        #[test]
+        fn never_panics(body in "(op,id,bytes,stream\n)?[a-z0-9,\"\n\r-]{0,80}") {
+            let _ = read(&body);
+        }
+    }
+}

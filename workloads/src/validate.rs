@@ -1,0 +1,380 @@
+//! Checks a trace before it is replayed and reports every problem, not just the
+//! first, so a hand-written or converted trace can be fixed in one pass.
+//!
+//! Rules, in the order of the trace:
+//!
+//! | problem | severity | message |
+//! | --- | --- | --- |
+//! | `free` of an id that was never allocated | error | `free of unknown id 5` |
+//! | `free` of an id whose allocation was already freed | error | `free of already-freed id 5 (freed at line 9)` |
+//! | `alloc` of an id that is still live | error | `alloc of id 5, which is still live (allocated at line 3)` |
+//! | `alloc` of 0 bytes | error | `alloc of id 5 asks for 0 bytes` |
+//! | `alloc` of 2^60 bytes (1 EiB) or more | error | `alloc of id 5 asks for 1152921504606846976 bytes, over PyTorch's 1 EiB limit` |
+//! | allocations never freed | warning | `3 allocations (2.00 GiB) are still live at the end of the trace: ids 1 (allocated here), 4, 7` |
+//!
+//! Allocations still live at the end are reported as **one** summarizing warning,
+//! placed at the `alloc` of the earliest of them and listing the first
+//! [`LIVE_AT_END_IDS_SHOWN`] ids: recorded training runs end with hundreds of live
+//! weights, and one line per weight would bury the errors.
+//!
+//! After an error the check goes on as the replay engine would: a duplicate live id
+//! replaces the earlier allocation (which is then no longer tracked), and bad frees
+//! change nothing.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::size::format_size_human;
+use crate::trace::{AllocId, Event, Trace};
+
+/// Requests of this many bytes or more are refused: PyTorch's caching allocator
+/// rejects sizes of 1 EiB (2^60 bytes) and more as certainly wrong.
+pub const ABSURD_SIZE_BYTES: u64 = 1 << 60;
+
+/// How many ids the live-at-end warning lists.
+pub const LIVE_AT_END_IDS_SHOWN: usize = 5;
+
+/// How serious a [`TraceIssue`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Severity {
+    /// The trace cannot be replayed as written.
+    Error,
+    /// The trace can be replayed, but probably does not say what was meant.
+    Warning,
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        })
+    }
+}
+
+/// What is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IssueKind {
+    /// A free of an id that no earlier `alloc` used.
+    FreeOfUnknownId {
+        /// The id.
+        id: AllocId,
+    },
+    /// A free of an id whose last allocation was already freed.
+    FreeOfFreedId {
+        /// The id.
+        id: AllocId,
+        /// Index of the event that freed it first.
+        freed_at: usize,
+    },
+    /// An alloc of an id that is still live.
+    DuplicateLiveId {
+        /// The id.
+        id: AllocId,
+        /// Index of the alloc event that made it live.
+        allocated_at: usize,
+    },
+    /// An alloc of 0 bytes.
+    ZeroSize {
+        /// The id.
+        id: AllocId,
+    },
+    /// An alloc of [`ABSURD_SIZE_BYTES`] or more.
+    AbsurdSize {
+        /// The id.
+        id: AllocId,
+        /// Bytes asked for.
+        size_bytes: u64,
+    },
+    /// Allocations that are never freed (one issue for all of them).
+    LiveAtEnd {
+        /// How many.
+        count: u64,
+        /// Their bytes in total.
+        bytes: u64,
+        /// The first few ids, in allocation order (at most [`LIVE_AT_END_IDS_SHOWN`]).
+        first_ids: Vec<AllocId>,
+    },
+}
+
+impl fmt::Display for IssueKind {
+    /// The message without references to other events.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IssueKind::FreeOfUnknownId { id } => write!(f, "free of unknown id {id}"),
+            IssueKind::FreeOfFreedId { id, .. } => write!(f, "free of already-freed id {id}"),
+            IssueKind::DuplicateLiveId { id, .. } => {
+                write!(f, "alloc of id {id}, which is still live")
+            }
+            IssueKind::ZeroSize { id } => write!(f, "alloc of id {id} asks for 0 bytes"),
+            IssueKind::AbsurdSize { id, size_bytes } => write!(
+                f,
+                "alloc of id {id} asks for {size_bytes} bytes, over PyTorch's 1 EiB limit"
+            ),
+            IssueKind::LiveAtEnd {
+                count,
+                bytes,
+                first_ids,
+            } => {
+                let plural = if *count == 1 {
+                    "allocation"
+                } else {
+                    "allocations"
+                };
+                let verb = if *count == 1 { "is" } else { "are" };
+                write!(
+                    f,
+                    "{count} {plural} ({}) {verb} still live at the end of the trace: id",
+                    format_size_human(*bytes)
+                )?;
+                if *count > 1 {
+                    f.write_str("s")?;
+                }
+                for (i, id) in first_ids.iter().enumerate() {
+                    let sep = if i == 0 { " " } else { ", " };
+                    write!(f, "{sep}{id}")?;
+                    if i == 0 {
+                        f.write_str(" (allocated here)")?;
+                    }
+                }
+                if *count > first_ids.len() as u64 {
+                    f.write_str(", ...")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// One problem of a trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceIssue {
+    /// Index into [`Trace::events`] of the event at fault (for
+    /// [`IssueKind::LiveAtEnd`], the alloc of the earliest live allocation).
+    pub event_index: usize,
+    /// How serious.
+    pub severity: Severity,
+    /// What is wrong.
+    pub kind: IssueKind,
+}
+
+impl TraceIssue {
+    /// The issue as one line that names the file and place, e.g.
+    /// `trace.csv: line 17: free of unknown id 5`.
+    pub fn display_with<'a>(&'a self, trace: &'a Trace) -> IssueDisplay<'a> {
+        IssueDisplay { issue: self, trace }
+    }
+}
+
+/// Displays a [`TraceIssue`] with the places of its trace; see
+/// [`TraceIssue::display_with`].
+pub struct IssueDisplay<'a> {
+    issue: &'a TraceIssue,
+    trace: &'a Trace,
+}
+
+impl fmt::Display for IssueDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (issue, trace) = (self.issue, self.trace);
+        write!(f, "{}: {}", trace.describe(issue.event_index), issue.kind)?;
+        match issue.kind {
+            IssueKind::FreeOfFreedId { freed_at, .. } => {
+                write!(f, " (freed at {})", trace.location(freed_at))
+            }
+            IssueKind::DuplicateLiveId { allocated_at, .. } => {
+                write!(f, " (allocated at {})", trace.location(allocated_at))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Checks `trace` and returns every issue, in event order (the live-at-end warning
+/// last). An empty list means the trace replays as written.
+pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
+    let mut issues = Vec::new();
+    // id -> (alloc event index, bytes)
+    let mut live: HashMap<AllocId, (usize, u64)> = HashMap::new();
+    // id -> index of the free that ended its last allocation
+    let mut freed: HashMap<AllocId, usize> = HashMap::new();
+    let mut error = |event_index: usize, kind: IssueKind| {
+        issues.push(TraceIssue {
+            event_index,
+            severity: Severity::Error,
+            kind,
+        })
+    };
+    for (index, event) in trace.events.iter().enumerate() {
+        match *event {
+            Event::Alloc { id, size_bytes, .. } => {
+                if size_bytes == 0 {
+                    error(index, IssueKind::ZeroSize { id });
+                } else if size_bytes >= ABSURD_SIZE_BYTES {
+                    error(index, IssueKind::AbsurdSize { id, size_bytes });
+                }
+                if let Some((allocated_at, _)) = live.insert(id, (index, size_bytes)) {
+                    error(index, IssueKind::DuplicateLiveId { id, allocated_at });
+                }
+                freed.remove(&id);
+            }
+            Event::Free { id } => {
+                if live.remove(&id).is_some() {
+                    freed.insert(id, index);
+                } else if let Some(&freed_at) = freed.get(&id) {
+                    error(index, IssueKind::FreeOfFreedId { id, freed_at });
+                } else {
+                    error(index, IssueKind::FreeOfUnknownId { id });
+                }
+            }
+            Event::EmptyCache | Event::Mark { .. } => {}
+        }
+    }
+    if !live.is_empty() {
+        let mut remaining: Vec<(usize, AllocId, u64)> = live
+            .into_iter()
+            .map(|(id, (index, bytes))| (index, id, bytes))
+            .collect();
+        remaining.sort_unstable();
+        let bytes = remaining
+            .iter()
+            .fold(0u64, |sum, &(_, _, b)| sum.saturating_add(b));
+        issues.push(TraceIssue {
+            event_index: remaining[0].0,
+            severity: Severity::Warning,
+            kind: IssueKind::LiveAtEnd {
+                count: remaining.len() as u64,
+                bytes,
+                first_ids: remaining
+                    .iter()
+                    .take(LIVE_AT_END_IDS_SHOWN)
+                    .map(|&(_, id, _)| id)
+                    .collect(),
+            },
+        });
+    }
+    issues
+}
+
+/// Whether any issue is an [`Severity::Error`].
+pub fn has_errors(issues: &[TraceIssue]) -> bool {
+    issues.iter().any(|i| i.severity == Severity::Error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::LocationKind;
+
+    fn alloc(id: u64, size_bytes: u64) -> Event {
+        Event::Alloc {
+            id: AllocId(id),
+            size_bytes,
+            stream: 0,
+        }
+    }
+
+    fn free(id: u64) -> Event {
+        Event::Free { id: AllocId(id) }
+    }
+
+    fn csv_trace(events: Vec<Event>) -> Trace {
+        let locations = (2..2 + events.len() as u64).collect();
+        Trace {
+            name: "trace".into(),
+            path: Some("trace.csv".into()),
+            events,
+            locations,
+            location_kind: LocationKind::Line,
+        }
+    }
+
+    fn lines(trace: &Trace) -> Vec<String> {
+        validate(trace)
+            .iter()
+            .map(|i| i.display_with(trace).to_string())
+            .collect()
+    }
+
+    /// A clean trace has no issues.
+    #[test]
+    fn clean_trace_has_no_issues() {
+        let t = csv_trace(vec![
+            alloc(1, 10),
+            alloc(2, 20),
+            free(1),
+            alloc(1, 5),
+            free(1),
+            free(2),
+        ]);
+        assert!(validate(&t).is_empty());
+    }
+
+    /// Every problem of a trace is reported, each with its file and line, and unknown
+    /// and already-freed ids get different messages.
+    #[test]
+    fn reports_every_problem_with_place() {
+        let t = csv_trace(vec![
+            alloc(1, 10),      // line 2
+            free(5),           // line 3
+            free(1),           // line 4
+            free(1),           // line 5
+            alloc(2, 0),       // line 6
+            alloc(2, 1 << 60), // line 7
+            alloc(3, 7),       // line 8
+        ]);
+        assert_eq!(
+            lines(&t),
+            vec![
+                "trace.csv: line 3: free of unknown id 5",
+                "trace.csv: line 5: free of already-freed id 1 (freed at line 4)",
+                "trace.csv: line 6: alloc of id 2 asks for 0 bytes",
+                "trace.csv: line 7: alloc of id 2 asks for 1152921504606846976 bytes, over PyTorch's 1 EiB limit",
+                "trace.csv: line 7: alloc of id 2, which is still live (allocated at line 6)",
+                &format!(
+                    "trace.csv: line 7: 2 allocations ({}) are still live at the end of the trace: ids 2 (allocated here), 3",
+                    format_size_human((1 << 60) + 7)
+                )
+                .as_str(),
+            ]
+        );
+        let issues = validate(&t);
+        assert!(has_errors(&issues));
+        assert_eq!(issues.last().unwrap().severity, Severity::Warning);
+    }
+
+    /// Allocations live at the end make one warning listing the first few ids, and a
+    /// trace with only that warning has no errors.
+    #[test]
+    fn live_at_end_is_one_summarizing_warning() {
+        let mut events: Vec<Event> = (0..8).map(|i| alloc(i, 1 << 20)).collect();
+        events.push(free(0));
+        let t = Trace::new("gen", events);
+        let issues = validate(&t);
+        assert_eq!(issues.len(), 1);
+        assert!(!has_errors(&issues));
+        assert_eq!(issues[0].event_index, 1);
+        assert_eq!(
+            issues[0].display_with(&t).to_string(),
+            "gen: event 2: 7 allocations (7.00 MiB) are still live at the end of the trace: ids 1 (allocated here), 2, 3, 4, 5, ..."
+        );
+        let one = Trace::new("one", vec![alloc(9, 512)]);
+        assert_eq!(
+            validate(&one)[0].display_with(&one).to_string(),
+            "one: event 1: 1 allocation (512 B) is still live at the end of the trace: id 9 (allocated here)"
+        );
+    }
+
+    /// Re-allocating a freed id is fine; freeing it twice after that is a double free
+    /// pointing at the latest free.
+    #[test]
+    fn reused_ids_are_tracked_per_allocation() {
+        let t = Trace::new(
+            "r",
+            vec![alloc(1, 1), free(1), alloc(1, 1), free(1), free(1)],
+        );
+        assert_eq!(
+            lines(&t),
+            vec!["r: event 5: free of already-freed id 1 (freed at event 4)"]
+        );
+    }
+}
