@@ -29,14 +29,15 @@ pub struct Loaded {
     pub trace: Trace,
     /// Recorded segment addresses (recorded runs and snapshots only).
     pub hints: AddressHints,
-    /// Allocations still live at the end of the trace.
-    pub live_at_end: usize,
 }
 
 impl Loaded {
     /// As an input of `sim::compare`.
     pub fn into_input(self) -> CompareInput {
-        CompareInput { trace: self.trace, hints: self.hints }
+        CompareInput {
+            trace: self.trace,
+            hints: self.hints,
+        }
     }
 }
 
@@ -44,13 +45,21 @@ impl Loaded {
 pub fn snapshot_device(input: &InputArgs, device: Option<&DeviceArgs>) -> usize {
     input
         .snapshot_device
-        .or_else(|| device.and_then(|d| d.device.as_deref()).and_then(|d| d.parse().ok()))
+        .or_else(|| {
+            device
+                .and_then(|d| d.device.as_deref())
+                .and_then(|d| d.parse().ok())
+        })
         .unwrap_or(0)
 }
 
 /// Reads a trace in any format and validates it. Problems refuse the trace (one line:
 /// the first problem and how many more) unless `lenient`.
-pub fn load_trace(path: &Path, input: &InputArgs, device: Option<&DeviceArgs>) -> anyhow::Result<Loaded> {
+pub fn load_trace(
+    path: &Path,
+    input: &InputArgs,
+    device: Option<&DeviceArgs>,
+) -> anyhow::Result<Loaded> {
     let fmt = match format(input.format) {
         Some(f) => f,
         None => Format::from_path(path)?,
@@ -66,18 +75,27 @@ pub fn load_trace(path: &Path, input: &InputArgs, device: Option<&DeviceArgs>) -
         _ => (workloads::read(path, Some(fmt))?, AddressHints::default()),
     };
     let issues = validate(&trace);
-    let errors: Vec<_> = issues.iter().filter(|i| i.severity == Severity::Error).collect();
+    let errors: Vec<_> = issues
+        .iter()
+        .filter(|i| i.severity == Severity::Error)
+        .collect();
     if let Some(first) = errors.first() {
         if !input.lenient {
             let more = match errors.len() - 1 {
                 0 => String::new(),
-                n => format!(" ({n} more problem{}; `allocsim check {}` lists them all)", if n == 1 { "" } else { "s" }, path.display()),
+                n => format!(
+                    " ({n} more problem{}; `allocsim check {}` lists them all)",
+                    if n == 1 { "" } else { "s" },
+                    path.display()
+                ),
             };
-            bail!("{}{more}; --lenient replays it anyway", first.display_with(&trace));
+            bail!(
+                "{}{more}; --lenient replays it anyway",
+                first.display_with(&trace)
+            );
         }
     }
-    let live_at_end = issues.iter().filter(|i| i.severity == Severity::Warning).map(|i| i.live_count()).sum();
-    Ok(Loaded { trace, hints, live_at_end })
+    Ok(Loaded { trace, hints })
 }
 
 /// The simulated device, the capacities to run at, and the caching defaults.
@@ -98,13 +116,17 @@ pub fn device_setup(args: &DeviceArgs) -> anyhow::Result<DeviceSetup> {
         (Some(path), _) => DeviceProfile::read(path)?.to_options(),
         (None, Some(name)) if name.parse::<usize>().is_err() => DeviceProfile::builtin(name)
             .with_context(|| {
-                format!("unknown device profile '{name}' (built in: {}; or --device-profile FILE)", DeviceProfile::builtin_names().join(", "))
+                format!(
+                    "unknown device profile '{name}' (built in: {}; or --device-profile FILE)",
+                    DeviceProfile::builtin_names().join(", ")
+                )
             })?
             .to_options(),
         _ => SimDeviceOptions::default(),
     };
     if let Some(total) = &args.total_bytes {
-        options.total_bytes = parse_size(total).map_err(|e| anyhow::anyhow!("--total-bytes: {e}"))?;
+        options.total_bytes =
+            parse_size(total).map_err(|e| anyhow::anyhow!("--total-bytes: {e}"))?;
     }
     let capacities = match &args.capacity {
         Some(list) => list
@@ -118,7 +140,9 @@ pub fn device_setup(args: &DeviceArgs) -> anyhow::Result<DeviceSetup> {
     }
     options = options.with_capacity(capacities[0]);
     let memory_limit = match (&args.cap, args.memory_fraction) {
-        (Some(cap), _) => Some(MemoryLimit::Bytes(parse_size(cap).map_err(|e| anyhow::anyhow!("--cap: {e}"))?)),
+        (Some(cap), _) => Some(MemoryLimit::Bytes(
+            parse_size(cap).map_err(|e| anyhow::anyhow!("--cap: {e}"))?,
+        )),
         (None, Some(f)) if (0.0..=1.0).contains(&f) => Some(MemoryLimit::Fraction(f)),
         (None, Some(f)) => bail!("--memory-fraction: invalid fraction {f}, set it within [0, 1]"),
         (None, None) => None,
@@ -126,7 +150,10 @@ pub fn device_setup(args: &DeviceArgs) -> anyhow::Result<DeviceSetup> {
     Ok(DeviceSetup {
         options,
         capacities,
-        caching: CachingDefaults { alloc_conf: args.alloc_conf.clone(), memory_limit },
+        caching: CachingDefaults {
+            alloc_conf: args.alloc_conf.clone(),
+            memory_limit,
+        },
         replay: ReplayOptions {
             check_invariants: args.check_invariants,
             continue_after_oom: args.continue_after_oom,

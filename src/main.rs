@@ -52,8 +52,14 @@ fn main() -> ExitCode {
             .map(String::as_str)
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or("panic");
-        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
-        eprintln!("error: internal error (a bug in allocsim, please report it): {}{at}", one_line(msg));
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!(
+            "error: internal error (a bug in allocsim, please report it): {}{at}",
+            one_line(msg)
+        );
     }));
     match std::panic::catch_unwind(|| run(cli.command)) {
         Ok(Ok(code)) => code,

@@ -12,29 +12,88 @@ fn replay_text(dir: &TempDir, name: &str, text: &str) -> (i32, String) {
 fn bad_traces_exit_2_with_file_and_place() {
     let dir = TempDir::new("cli-bad");
     let cases: &[(&str, &str, &[&str])] = &[
-        ("header.csv", "op,id,size,stream\nalloc,1,10,0\n", &["header.csv", "line 1"]),
-        ("nonnumeric.csv", "op,id,bytes,stream\nalloc,1,10,0\nalloc,2,ten,0\n", &["nonnumeric.csv", "line 3", "ten"]),
-        ("unknown-op.csv", "op,id,bytes,stream\nmalloc,1,10,0\n", &["unknown-op.csv", "line 2", "malloc"]),
-        ("unknown-free.csv", "op,id,bytes,stream\nalloc,1,10,0\nfree,2,,\n", &["unknown-free.csv", "line 3", "unknown id 2"]),
-        ("double-free.csv", "op,id,bytes,stream\nalloc,1,10,0\nfree,1,,\nfree,1,,\n", &["double-free.csv", "line 4", "1"]),
-        ("duplicate.csv", "op,id,bytes,stream\nalloc,1,10,0\nalloc,1,10,0\n", &["duplicate.csv", "line 3"]),
-        ("zero.csv", "op,id,bytes,stream\nalloc,1,0,0\n", &["zero.csv", "line 2"]),
-        ("absurd.csv", "op,id,bytes,stream\nalloc,1,2000000000000000000,0\n", &["absurd.csv", "line 2"]),
-        ("negative.csv", "op,id,bytes,stream\nalloc,1,-5,0\n", &["negative.csv", "line 2"]),
-        ("fields.csv", "op,id,bytes,stream\nalloc,1\n", &["fields.csv", "line 2"]),
-        ("op.yaml", "events:\n  - {op: alloc, id: 1, bytes: 10}\n  - {op: teleport, id: 1}\n", &["op.yaml", "event 2"]),
-        ("bytes.yaml", "events:\n  - {op: alloc, id: 1, bytes: lots}\n", &["bytes.yaml", "event 1"]),
-        ("free.yaml", "events:\n  - {op: free, id: 9}\n", &["free.yaml", "event 1", "9"]),
+        (
+            "header.csv",
+            "op,id,size,stream\nalloc,1,10,0\n",
+            &["header.csv", "line 1"],
+        ),
+        (
+            "nonnumeric.csv",
+            "op,id,bytes,stream\nalloc,1,10,0\nalloc,2,ten,0\n",
+            &["nonnumeric.csv", "line 3", "ten"],
+        ),
+        (
+            "unknown-op.csv",
+            "op,id,bytes,stream\nmalloc,1,10,0\n",
+            &["unknown-op.csv", "line 2", "malloc"],
+        ),
+        (
+            "unknown-free.csv",
+            "op,id,bytes,stream\nalloc,1,10,0\nfree,2,,\n",
+            &["unknown-free.csv", "line 3", "unknown id 2"],
+        ),
+        (
+            "double-free.csv",
+            "op,id,bytes,stream\nalloc,1,10,0\nfree,1,,\nfree,1,,\n",
+            &["double-free.csv", "line 4", "1"],
+        ),
+        (
+            "duplicate.csv",
+            "op,id,bytes,stream\nalloc,1,10,0\nalloc,1,10,0\n",
+            &["duplicate.csv", "line 3"],
+        ),
+        (
+            "zero.csv",
+            "op,id,bytes,stream\nalloc,1,0,0\n",
+            &["zero.csv", "line 2"],
+        ),
+        (
+            "absurd.csv",
+            "op,id,bytes,stream\nalloc,1,2000000000000000000,0\n",
+            &["absurd.csv", "line 2"],
+        ),
+        (
+            "negative.csv",
+            "op,id,bytes,stream\nalloc,1,-5,0\n",
+            &["negative.csv", "line 2"],
+        ),
+        (
+            "fields.csv",
+            "op,id,bytes,stream\nalloc,1\n",
+            &["fields.csv", "line 2"],
+        ),
+        (
+            "op.yaml",
+            "events:\n  - {op: alloc, id: 1, bytes: 10}\n  - {op: teleport, id: 1}\n",
+            &["op.yaml", "event 2"],
+        ),
+        (
+            "bytes.yaml",
+            "events:\n  - {op: alloc, id: 1, bytes: lots}\n",
+            &["bytes.yaml", "event 1"],
+        ),
+        (
+            "free.yaml",
+            "events:\n  - {op: free, id: 9}\n",
+            &["free.yaml", "event 1", "9"],
+        ),
         ("syntax.yaml", "events: [\n", &["syntax.yaml", "line"]),
         ("trace.txt", "hello\n", &["trace.txt", "--format"]),
     ];
     for (name, text, needles) in cases {
         let (code, err) = replay_text(&dir, name, text);
         assert_eq!(code, 2, "{name}: exit code, stderr: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{name}: one line, got: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{name}: one line, got: {err}"
+        );
         assert!(err.starts_with("error: "), "{name}: {err}");
         for needle in *needles {
-            assert!(err.contains(needle), "{name}: '{needle}' missing from: {err}");
+            assert!(
+                err.contains(needle),
+                "{name}: '{needle}' missing from: {err}"
+            );
         }
     }
 }
@@ -52,21 +111,53 @@ fn missing_file() {
 fn bad_flags_exit_2() {
     let t = "examples/seed000.yaml";
     let cases: &[(&[&str], &str)] = &[
-        (&["replay", t, "--policy", "magic"], "unknown policy 'magic'"),
-        (&["replay", t, "--policy", "buddy:min_block=3000"], "power of two"),
+        (
+            &["replay", t, "--policy", "magic"],
+            "unknown policy 'magic'",
+        ),
+        (
+            &["replay", t, "--policy", "buddy:min_block=3000"],
+            "power of two",
+        ),
         (&["replay", t, "--capacity", "lots"], "--capacity"),
-        (&["replay", t, "--alloc-conf", "max_split_size_mb:5"], "max_split_size_mb too small, must be >= 20"),
-        (&["replay", t, "--alloc-conf", "expandable_segments:yes"], "Expected 'True' or 'False'"),
-        (&["replay", t, "--memory-fraction", "1.5"], "--memory-fraction"),
-        (&["replay", t, "--device", "tpu9"], "unknown device profile 'tpu9'"),
+        (
+            &["replay", t, "--alloc-conf", "max_split_size_mb:5"],
+            "max_split_size_mb too small, must be >= 20",
+        ),
+        (
+            &["replay", t, "--alloc-conf", "expandable_segments:yes"],
+            "Expected 'True' or 'False'",
+        ),
+        (
+            &["replay", t, "--memory-fraction", "1.5"],
+            "--memory-fraction",
+        ),
+        (
+            &["replay", t, "--device", "tpu9"],
+            "unknown device profile 'tpu9'",
+        ),
         (&["replay", t, "--frobnicate"], "--frobnicate"),
         (&["compare"], "TRACES"),
-        (&["generate", "random", "--events", "10", "-o", "target/x.docx"], "x.docx"),
+        (
+            &[
+                "generate",
+                "random",
+                "--events",
+                "10",
+                "-o",
+                "target/x.docx",
+            ],
+            "x.docx",
+        ),
     ];
     for (args, needle) in cases {
         let o = allocsim(*args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
-        assert!(stderr(&o).contains(needle), "{args:?}: '{needle}' missing from {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(needle),
+            "{args:?}: '{needle}' missing from {}",
+            stderr(&o)
+        );
     }
 }
 
@@ -77,7 +168,10 @@ fn oom_is_exit_0() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("out of memory       at event"), "{out}");
-    assert!(out.contains("CUDA out of memory. Tried to allocate 1024.00 MiB."), "{out}");
+    assert!(
+        out.contains("CUDA out of memory. Tried to allocate 1024.00 MiB."),
+        "{out}"
+    );
 }
 
 /// `compare` writes exactly the documented header, then one row per trace and policy.
@@ -99,14 +193,25 @@ fn compare_header_and_rows() {
     ));
     let rows: Vec<&str> = lines.collect();
     assert_eq!(rows.len(), 8);
-    assert!(rows[0].starts_with("seed000,caching,85899345920,"), "{}", rows[0]);
+    assert!(
+        rows[0].starts_with("seed000,caching,85899345920,"),
+        "{}",
+        rows[0]
+    );
     assert!(rows[4].starts_with("training_loop,caching,"), "{}", rows[4]);
 }
 
 /// Several capacities give one row each, and the CSV is byte-identical run to run.
 #[test]
 fn compare_capacities_and_determinism() {
-    let args = ["compare", "examples/random_small.csv", "--policies", "caching,buddy", "--capacity", "1GiB,4GiB"];
+    let args = [
+        "compare",
+        "examples/random_small.csv",
+        "--policies",
+        "caching,buddy",
+        "--capacity",
+        "1GiB,4GiB",
+    ];
     let a = allocsim(args);
     let b = allocsim(args);
     assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
@@ -123,11 +228,25 @@ fn generate_is_deterministic() {
     let b = dir.path().join("b.csv");
     let c = dir.path().join("c.yaml");
     for (path, seed) in [(&a, "7"), (&b, "7"), (&c, "8")] {
-        let o = allocsim(["generate".as_ref(), "random".as_ref(), "--seed".as_ref(), seed.as_ref(), "--events".as_ref(), "500".as_ref(), "-o".as_ref(), path.as_os_str()]);
+        let o = allocsim([
+            "generate".as_ref(),
+            "random".as_ref(),
+            "--seed".as_ref(),
+            seed.as_ref(),
+            "--events".as_ref(),
+            "500".as_ref(),
+            "-o".as_ref(),
+            path.as_os_str(),
+        ]);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     }
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
-    let o = allocsim(["replay".as_ref(), c.as_os_str(), "--policy".as_ref(), "arena".as_ref()]);
+    let o = allocsim([
+        "replay".as_ref(),
+        c.as_os_str(),
+        "--policy".as_ref(),
+        "arena".as_ref(),
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
 
@@ -135,11 +254,20 @@ fn generate_is_deterministic() {
 #[test]
 fn check_lists_every_problem() {
     let dir = TempDir::new("cli-check");
-    let p = dir.file("bad.csv", "op,id,bytes,stream\nfree,1,,\nalloc,2,0,\nalloc,3,10,\n");
+    let p = dir.file(
+        "bad.csv",
+        "op,id,bytes,stream\nfree,1,,\nalloc,2,0,\nalloc,3,10,\n",
+    );
     let o = allocsim(["check".as_ref(), p.as_os_str()]);
     assert_eq!(o.status.code(), Some(2));
     let out = stdout(&o);
-    assert!(out.contains("line 2") && out.contains("line 3") && out.contains("line 4"), "{out}");
+    assert!(out.contains("line 2: free of unknown id 1"), "{out}");
+    assert!(
+        out.contains("line 3: alloc of id 2 asks for 0 bytes"),
+        "{out}"
+    );
+    assert!(out.contains("still live at the end"), "{out}");
+    assert!(out.contains("2 errors, 1 warning"), "{out}");
 }
 
 /// `fidelity` writes the documented header and says exact for a recorded run.

@@ -2,13 +2,16 @@
 //! `PolicyConfig::defaults()` enlists it here).
 
 use policies::testing::NullDevice;
-use policies::{AllocError, Policy, PolicyConfig, PolicyStats, Request, StreamId};
+use policies::{AllocError, Device, Policy, PolicyConfig, PolicyStats, Request, StreamId};
 use sim::{SimDevice, SimDeviceOptions};
 
 const MIB: u64 = 1 << 20;
 
 fn req(size_bytes: u64) -> Request {
-    Request { size_bytes, stream: StreamId(0) }
+    Request {
+        size_bytes,
+        stream: StreamId(0),
+    }
 }
 
 fn each_policy(mut f: impl FnMut(&str, Box<dyn Policy>)) {
@@ -23,8 +26,14 @@ fn free_all_then_empty_cache_is_zero() {
     each_policy(|name, mut p| {
         let mut d = SimDevice::new(SimDeviceOptions::default());
         let sizes = [1, 512, 4097, MIB, 3 * MIB, 25 * MIB, 300 * MIB];
-        let live: Vec<_> = sizes.iter().map(|&s| p.allocate(&mut d, req(s)).unwrap()).collect();
-        assert!(p.stats().allocated_bytes >= sizes.iter().sum::<u64>(), "{name}");
+        let live: Vec<_> = sizes
+            .iter()
+            .map(|&s| p.allocate(&mut d, req(s)).unwrap())
+            .collect();
+        assert!(
+            p.stats().allocated_bytes >= sizes.iter().sum::<u64>(),
+            "{name}"
+        );
         for a in live {
             p.free(&mut d, a).unwrap();
         }
@@ -43,7 +52,10 @@ fn null_device_is_always_oom() {
         let mut d = NullDevice;
         for size in [1, MIB, 100 * MIB] {
             let e = p.allocate(&mut d, req(size)).unwrap_err();
-            assert!(matches!(e, AllocError::OutOfMemory { requested_bytes, .. } if requested_bytes == size), "{name}: {e:?}");
+            assert!(
+                matches!(e, AllocError::OutOfMemory { requested_bytes, .. } if requested_bytes == size),
+                "{name}: {e:?}"
+            );
         }
         assert_eq!(p.stats(), PolicyStats::default(), "{name}");
         p.check_invariants();
@@ -56,11 +68,19 @@ fn null_device_is_always_oom() {
 fn degenerate_requests() {
     each_policy(|name, mut p| {
         let mut d = SimDevice::new(SimDeviceOptions::default());
-        assert_eq!(p.allocate(&mut d, req(0)), Err(AllocError::ZeroSize), "{name}");
+        assert_eq!(
+            p.allocate(&mut d, req(0)),
+            Err(AllocError::ZeroSize),
+            "{name}"
+        );
         let e = p.allocate(&mut d, req(1 << 60)).unwrap_err();
         assert!(matches!(e, AllocError::OutOfMemory { .. }), "{name}: {e:?}");
         assert_eq!(p.stats(), PolicyStats::default(), "{name}");
-        assert_eq!(d.stats().allocate_count, 0, "{name}: the device was not asked");
+        assert_eq!(
+            d.stats().allocate_count,
+            0,
+            "{name}: the device was not asked"
+        );
     });
 }
 
@@ -71,9 +91,19 @@ fn oversized_request_is_oom_and_keeps_allocations() {
         let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(4 << 30));
         let a = p.allocate(&mut d, req(100 * MIB)).unwrap();
         let before = p.stats();
-        assert!(matches!(p.allocate(&mut d, req(8 << 30)), Err(AllocError::OutOfMemory { .. })), "{name}");
+        assert!(
+            matches!(
+                p.allocate(&mut d, req(8 << 30)),
+                Err(AllocError::OutOfMemory { .. })
+            ),
+            "{name}"
+        );
         let after = p.stats();
-        assert_eq!((after.allocated_bytes, after.allocation_count), (before.allocated_bytes, before.allocation_count), "{name}");
+        assert_eq!(
+            (after.allocated_bytes, after.allocation_count),
+            (before.allocated_bytes, before.allocation_count),
+            "{name}"
+        );
         p.free(&mut d, a).unwrap();
         p.check_invariants();
     });
@@ -93,7 +123,10 @@ fn replay_is_deterministic() {
         let run = || {
             let mut p = config.build().unwrap();
             let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(8 << 30));
-            let o = sim::ReplayOptions { timeline: true, ..sim::ReplayOptions::default() };
+            let o = sim::ReplayOptions {
+                timeline: true,
+                ..sim::ReplayOptions::default()
+            };
             sim::replay(&trace, p.as_mut(), &mut d, &o).unwrap()
         };
         assert_eq!(run(), run(), "{}", config.kind_name());

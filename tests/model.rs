@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use policies::{AllocError, Allocation, BlockState, Device, Policy, PolicyConfig, Request, StreamId};
+use policies::{
+    AllocError, Allocation, BlockState, Device, Policy, PolicyConfig, Request, StreamId,
+};
 use proptest::prelude::*;
 use sim::spec::{parse_policy, CachingDefaults};
 use sim::{SimDevice, SimDeviceOptions};
@@ -14,9 +16,14 @@ const MIB: u64 = 1 << 20;
 /// One step of a random trace.
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { size_bytes: u64, stream: u64 },
+    Alloc {
+        size_bytes: u64,
+        stream: u64,
+    },
     /// Frees the live allocation at this position (modulo the number live).
-    Free { pick: usize },
+    Free {
+        pick: usize,
+    },
     EmptyCache,
 }
 
@@ -49,7 +56,12 @@ fn configs() -> Vec<(String, PolicyConfig)> {
     ];
     let mut out: Vec<(String, PolicyConfig)> = specs
         .iter()
-        .map(|s| (s.to_string(), parse_policy(s, &CachingDefaults::default()).unwrap().config))
+        .map(|s| {
+            (
+                s.to_string(),
+                parse_policy(s, &CachingDefaults::default()).unwrap().config,
+            )
+        })
         .collect();
     // Every registered policy is enlisted, whatever its defaults.
     for c in PolicyConfig::defaults() {
@@ -59,21 +71,50 @@ fn configs() -> Vec<(String, PolicyConfig)> {
 }
 
 /// Checks everything that must hold between two steps.
-fn check_step(policy: &dyn Policy, device: &SimDevice, live: &[(u64, Allocation)], model: &BTreeMap<u64, u64>) {
+fn check_step(
+    policy: &dyn Policy,
+    device: &SimDevice,
+    live: &[(u64, Allocation)],
+    model: &BTreeMap<u64, u64>,
+) {
     policy.check_invariants();
     let s = policy.stats();
     let d = device.stats();
-    assert_eq!(s.reserved_bytes, d.reserved_bytes, "policy and device disagree on reserved bytes");
-    assert!(s.allocated_bytes <= s.reserved_bytes, "allocated exceeds reserved");
-    assert!(d.charged_bytes <= d.capacity_bytes, "device charged past its capacity");
+    assert_eq!(
+        s.reserved_bytes, d.reserved_bytes,
+        "policy and device disagree on reserved bytes"
+    );
+    assert!(
+        s.allocated_bytes <= s.reserved_bytes,
+        "allocated exceeds reserved"
+    );
+    assert!(
+        d.charged_bytes <= d.capacity_bytes,
+        "device charged past its capacity"
+    );
     // Reference model: live requested bytes and count.
-    assert_eq!(s.requested_bytes, model.values().sum::<u64>(), "requested bytes disagree with the model");
-    assert_eq!(s.allocation_count, model.len() as u64, "allocation count disagrees with the model");
+    assert_eq!(
+        s.requested_bytes,
+        model.values().sum::<u64>(),
+        "requested bytes disagree with the model"
+    );
+    assert_eq!(
+        s.allocation_count,
+        model.len() as u64,
+        "allocation count disagrees with the model"
+    );
     // Conservation: allocated bytes are the live blocks.
-    assert_eq!(s.allocated_bytes, live.iter().map(|(_, a)| a.block_bytes).sum::<u64>(), "allocated bytes not conserved");
+    assert_eq!(
+        s.allocated_bytes,
+        live.iter().map(|(_, a)| a.block_bytes).sum::<u64>(),
+        "allocated bytes not conserved"
+    );
     // No overlap; every allocation inside an allocated block of a live segment; segments
     // inside device regions.
-    let mut spans: Vec<(u64, u64)> = live.iter().map(|(_, a)| (a.addr.0, a.addr.0 + a.block_bytes)).collect();
+    let mut spans: Vec<(u64, u64)> = live
+        .iter()
+        .map(|(_, a)| (a.addr.0, a.addr.0 + a.block_bytes))
+        .collect();
     spans.sort_unstable();
     for w in spans.windows(2) {
         assert!(w[0].1 <= w[1].0, "live allocations overlap: {w:?}");
@@ -84,9 +125,14 @@ fn check_step(policy: &dyn Policy, device: &SimDevice, live: &[(u64, Allocation)
         .flat_map(|seg| seg.blocks.iter().map(|b| (b.addr.0, b.size_bytes, b.state)))
         .collect();
     for (_, a) in live {
-        assert!(a.requested_bytes <= a.block_bytes, "block smaller than its request");
         assert!(
-            blocks.iter().any(|&(addr, size, st)| addr == a.addr.0 && size == a.block_bytes && st == BlockState::Allocated),
+            a.requested_bytes <= a.block_bytes,
+            "block smaller than its request"
+        );
+        assert!(
+            blocks.iter().any(|&(addr, size, st)| addr == a.addr.0
+                && size == a.block_bytes
+                && st == BlockState::Allocated),
             "allocation at {} is not an allocated block",
             a.addr
         );
@@ -95,8 +141,15 @@ fn check_step(policy: &dyn Policy, device: &SimDevice, live: &[(u64, Allocation)
     for seg in policy.snapshot() {
         let (start, end) = (seg.addr.0, seg.addr.0 + seg.size_bytes);
         // Device regions never overlap, so the covered bytes add up.
-        let covered: u64 = regions.iter().map(|&(a, len)| end.min(a + len).saturating_sub(start.max(a))).sum();
-        assert_eq!(covered, seg.size_bytes, "segment {} is not inside live device memory", seg.addr);
+        let covered: u64 = regions
+            .iter()
+            .map(|&(a, len)| end.min(a + len).saturating_sub(start.max(a)))
+            .sum();
+        assert_eq!(
+            covered, seg.size_bytes,
+            "segment {} is not inside live device memory",
+            seg.addr
+        );
     }
 }
 
@@ -110,8 +163,15 @@ fn run(ops: &[Op], name: &str, config: &PolicyConfig) {
         match *op {
             Op::Alloc { size_bytes, stream } => {
                 let before = policy.stats();
-                let before_snapshot: Vec<_> = live.iter().map(|(_, a)| (a.addr, a.block_bytes)).collect();
-                match policy.allocate(&mut device, Request { size_bytes, stream: StreamId(stream) }) {
+                let before_snapshot: Vec<_> =
+                    live.iter().map(|(_, a)| (a.addr, a.block_bytes)).collect();
+                match policy.allocate(
+                    &mut device,
+                    Request {
+                        size_bytes,
+                        stream: StreamId(stream),
+                    },
+                ) {
                     Ok(a) => {
                         model.insert(next_id, size_bytes);
                         live.push((next_id, a));
@@ -121,14 +181,29 @@ fn run(ops: &[Op], name: &str, config: &PolicyConfig) {
                         // An OOM touches no live allocation and no allocated byte; only
                         // cached memory may have been given back.
                         let after = policy.stats();
-                        assert_eq!(stats, after, "{name} step {step}: OOM stats are not the state after");
                         assert_eq!(
-                            (after.allocated_bytes, after.requested_bytes, after.allocation_count),
-                            (before.allocated_bytes, before.requested_bytes, before.allocation_count),
+                            stats, after,
+                            "{name} step {step}: OOM stats are not the state after"
+                        );
+                        assert_eq!(
+                            (
+                                after.allocated_bytes,
+                                after.requested_bytes,
+                                after.allocation_count
+                            ),
+                            (
+                                before.allocated_bytes,
+                                before.requested_bytes,
+                                before.allocation_count
+                            ),
                             "{name} step {step}: OOM changed the allocations"
                         );
-                        assert!(after.reserved_bytes <= before.reserved_bytes, "{name} step {step}: OOM grew the reservation");
-                        let now: Vec<_> = live.iter().map(|(_, a)| (a.addr, a.block_bytes)).collect();
+                        assert!(
+                            after.reserved_bytes <= before.reserved_bytes,
+                            "{name} step {step}: OOM grew the reservation"
+                        );
+                        let now: Vec<_> =
+                            live.iter().map(|(_, a)| (a.addr, a.block_bytes)).collect();
                         assert_eq!(before_snapshot, now);
                     }
                     Err(e) => panic!("{name} step {step}: unexpected error {e}"),
@@ -153,13 +228,26 @@ fn run(ops: &[Op], name: &str, config: &PolicyConfig) {
     model.clear();
     check_step(policy.as_ref(), &device, &live, &model);
     let s = policy.stats();
-    assert_eq!((s.allocated_bytes, s.reserved_bytes, s.segment_count), (0, 0, 0), "{name}: not empty after free-all + empty_cache");
+    assert_eq!(
+        (s.allocated_bytes, s.reserved_bytes, s.segment_count),
+        (0, 0, 0),
+        "{name}: not empty after free-all + empty_cache"
+    );
     let d = device.stats();
-    assert_eq!((d.reserved_bytes, d.charged_bytes), (0, 0), "{name}: device not empty after free-all + empty_cache");
+    assert_eq!(
+        (d.reserved_bytes, d.charged_bytes),
+        (0, 0),
+        "{name}: device not empty after free-all + empty_cache"
+    );
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 48,
+        // Shrunk failures are kept here and replayed first on every run.
+        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("tests/data/proptest-regressions.txt"))),
+        ..ProptestConfig::default()
+    })]
 
     /// Every policy keeps its invariants and agrees with the reference model over random
     /// traces that run out of memory now and then; OOMs leave allocations untouched;
@@ -176,7 +264,11 @@ proptest! {
 /// checks on (a second path to the same properties, on long traces).
 #[test]
 fn generated_traces_replay_with_engine_checks() {
-    let options = sim::ReplayOptions { check_invariants: true, continue_after_oom: true, ..sim::ReplayOptions::default() };
+    let options = sim::ReplayOptions {
+        check_invariants: true,
+        continue_after_oom: true,
+        ..sim::ReplayOptions::default()
+    };
     for seed in 0..3 {
         let trace = workloads::generate::random(&workloads::generate::RandomOptions {
             seed,
@@ -190,7 +282,10 @@ fn generated_traces_replay_with_engine_checks() {
             let mut device = SimDevice::new(SimDeviceOptions::default().with_capacity(2 << 30));
             let r = sim::replay(&trace, policy.as_mut(), &mut device, &options)
                 .unwrap_or_else(|e| panic!("{name} seed {seed}: {e}"));
-            assert_eq!(r.live_allocation_count, 0, "{name} seed {seed}: the trace frees everything");
+            assert_eq!(
+                r.live_allocation_count, 0,
+                "{name} seed {seed}: the trace frees everything"
+            );
             assert_eq!(r.final_policy.allocated_bytes, 0, "{name} seed {seed}");
         }
     }

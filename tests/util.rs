@@ -3,9 +3,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The repository root.
+/// The repository root (`ALLOCSIM_TEST_ROOT` overrides it, for a test binary built
+/// here and run in a copy of the tree elsewhere, as on the GPU machine).
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("ALLOCSIM_TEST_ROOT").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
 }
 
 /// `../shared` beside the repository (CI provides it).
@@ -41,7 +42,10 @@ pub struct TempDir(PathBuf);
 
 impl TempDir {
     pub fn new(name: &str) -> TempDir {
-        let dir = root().join("target").join("test-tmp").join(format!("{name}-{}", std::process::id()));
+        let dir = root()
+            .join("target")
+            .join("test-tmp")
+            .join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)

@@ -43,19 +43,28 @@ impl Validation {
 
     /// |charged predicted − charged observed| at the peaks.
     pub fn charged_difference_bytes(&self) -> u64 {
-        self.predicted.summary.charged_bytes_peak.abs_diff(self.observed.summary.charged_bytes_peak)
+        self.predicted
+            .summary
+            .charged_bytes_peak
+            .abs_diff(self.observed.summary.charged_bytes_peak)
     }
 
     /// Whether the charged peaks agree within one 2 MiB page per live segment at the peak.
     pub fn charged_within_tolerance(&self) -> bool {
-        let segments = self.observed.summary.segment_count_peak.max(self.predicted.summary.segment_count_peak).max(1);
+        let segments = self
+            .observed
+            .summary
+            .segment_count_peak
+            .max(self.predicted.summary.segment_count_peak)
+            .max(1);
         self.charged_difference_bytes() <= segments * (2 << 20)
     }
 
     /// Reserved peaks equal, OOM at the same event, charged peaks within tolerance.
     pub fn agrees(&self) -> bool {
         self.predicted.summary.reserved_bytes_peak == self.observed.summary.reserved_bytes_peak
-            && self.predicted.oom.as_ref().map(|o| o.event_index) == self.observed.oom.as_ref().map(|o| o.event_index)
+            && self.predicted.oom.as_ref().map(|o| o.event_index)
+                == self.observed.oom.as_ref().map(|o| o.event_index)
             && self.charged_within_tolerance()
     }
 }
@@ -109,14 +118,29 @@ pub fn validate_one(
     if let Some(c) = capacity_bytes {
         model = model.with_capacity(c);
     }
-    let options = ReplayOptions { interrupt, ..ReplayOptions::default() };
-    let fail = |side, error| ValidateError::Replay { trace: input.trace.name.clone(), policy: spec.label.clone(), side, error };
+    let options = ReplayOptions {
+        interrupt,
+        ..ReplayOptions::default()
+    };
+    let fail = |side, error| ValidateError::Replay {
+        trace: input.trace.name.clone(),
+        policy: spec.label.clone(),
+        side,
+        error,
+    };
 
-    let mut policy = spec.config.build().map_err(|e| ValidateError::Policy(e.to_string()))?;
+    let mut policy = spec
+        .config
+        .build()
+        .map_err(|e| ValidateError::Policy(e.to_string()))?;
     let mut sim_device = SimDevice::with_hints(model, input.hints.clone());
-    let predicted = sim::replay(&input.trace, policy.as_mut(), &mut sim_device, &options).map_err(|e| fail("predicted", e))?;
+    let predicted = sim::replay(&input.trace, policy.as_mut(), &mut sim_device, &options)
+        .map_err(|e| fail("predicted", e))?;
 
-    let mut policy = spec.config.build().map_err(|e| ValidateError::Policy(e.to_string()))?;
+    let mut policy = spec
+        .config
+        .build()
+        .map_err(|e| ValidateError::Policy(e.to_string()))?;
     let observed = sim::replay(&input.trace, policy.as_mut(), gpu, &options);
     let validation = observed.map(|observed| Validation {
         trace: input.trace.name.clone(),
@@ -170,7 +194,12 @@ pub fn write_validate_csv<W: io::Write>(rows: &[Validation], writer: W) -> io::R
     w.write_record(VALIDATE_COLUMNS)?;
     for v in rows {
         let (p, o) = (&v.predicted.summary, &v.observed.summary);
-        let oom = |r: &Replay| r.oom.as_ref().map(|x| x.event_index.to_string()).unwrap_or_default();
+        let oom = |r: &Replay| {
+            r.oom
+                .as_ref()
+                .map(|x| x.event_index.to_string())
+                .unwrap_or_default()
+        };
         let ns = |x: Option<f64>| x.map(|v| format!("{v:.0}")).unwrap_or_default();
         w.write_record([
             v.trace.clone(),
@@ -203,7 +232,10 @@ pub fn summary_line(v: &Validation) -> String {
     let (p, o) = (&v.predicted.summary, &v.observed.summary);
     let mut parts = Vec::new();
     if p.reserved_bytes_peak == o.reserved_bytes_peak {
-        parts.push(format!("reserved peak {} = observed", p.reserved_bytes_peak));
+        parts.push(format!(
+            "reserved peak {} = observed",
+            p.reserved_bytes_peak
+        ));
     } else {
         parts.push(format!(
             "reserved peak predicted {} observed {} (off by {})",
@@ -217,13 +249,31 @@ pub fn summary_line(v: &Validation) -> String {
         p.charged_bytes_peak,
         o.charged_bytes_peak,
         p.charged_bytes_peak as i128 - o.charged_bytes_peak as i128,
-        if v.charged_within_tolerance() { "within a page per segment" } else { "outside a page per segment" }
+        if v.charged_within_tolerance() {
+            "within a page per segment"
+        } else {
+            "outside a page per segment"
+        }
     ));
-    let ev = |r: &Replay| r.oom.as_ref().map_or("none".to_string(), |x| format!("event {}", x.event_index));
+    let ev = |r: &Replay| {
+        r.oom
+            .as_ref()
+            .map_or("none".to_string(), |x| format!("event {}", x.event_index))
+    };
     if v.predicted.oom == v.observed.oom || ev(&v.predicted) == ev(&v.observed) {
         parts.push(format!("OOM {} on both", ev(&v.predicted)));
     } else {
-        parts.push(format!("OOM predicted {} observed {}", ev(&v.predicted), ev(&v.observed)));
+        parts.push(format!(
+            "OOM predicted {} observed {}",
+            ev(&v.predicted),
+            ev(&v.observed)
+        ));
     }
-    format!("{} / {}: {}{}", v.trace, v.policy, parts.join("; "), if v.agrees() { "" } else { "  <- differs" })
+    format!(
+        "{} / {}: {}{}",
+        v.trace,
+        v.policy,
+        parts.join("; "),
+        if v.agrees() { "" } else { "  <- differs" }
+    )
 }

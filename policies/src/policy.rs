@@ -51,7 +51,7 @@ pub struct PolicyStats {
     pub reserved_bytes: u64,
     /// Live allocations.
     pub allocation_count: u64,
-    /// Live device segments (an expandable segment counts once).
+    /// Live device segments (an expandable segment counts once, while it has mapped pages).
     pub segment_count: u64,
 }
 

@@ -336,11 +336,9 @@ pub fn address_hints(run: &RecordedRun, config: &CachingConfig, total_bytes: u64
     for e in &run.entries {
         match e.action {
             Action::SegmentAlloc => hints.segments.push_back((e.size, e.addr)),
-            Action::SegmentMap => {
-                if !bases.iter().any(|&b| e.addr >= b && e.addr < b + window) {
-                    bases.push(e.addr);
-                    hints.ranges.push_back(e.addr);
-                }
+            Action::SegmentMap if !bases.iter().any(|&b| e.addr >= b && e.addr < b + window) => {
+                bases.push(e.addr);
+                hints.ranges.push_back(e.addr);
             }
             _ => {}
         }

@@ -17,12 +17,16 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         };
         let trace = match fmt {
             Format::RecordedJson | Format::TorchPickle => {
-                workloads::read_recorded(path, Some(fmt), load::snapshot_device(&args.input, None))?.to_trace()?
+                workloads::read_recorded(path, Some(fmt), load::snapshot_device(&args.input, None))?
+                    .to_trace()?
             }
             _ => workloads::read(path, Some(fmt))?,
         };
         let issues = validate(&trace);
-        let errors = issues.iter().filter(|i| i.severity == Severity::Error).count();
+        let errors = issues
+            .iter()
+            .filter(|i| i.severity == Severity::Error)
+            .count();
         for issue in &issues {
             println!("{}", issue.display_with(&trace));
         }
@@ -37,5 +41,9 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         );
         bad |= errors > 0;
     }
-    Ok(if bad { ExitCode::from(2) } else { ExitCode::SUCCESS })
+    Ok(if bad {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

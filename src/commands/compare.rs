@@ -15,7 +15,14 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|p| load::load_trace(p, &args.input, Some(&args.device)).map(load::Loaded::into_input))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let rows = sim::compare(&inputs, &specs, &setup.capacities, &setup.options, &setup.replay).map_err(anyhow::Error::msg)?;
+    let rows = sim::compare(
+        &inputs,
+        &specs,
+        &setup.capacities,
+        &setup.options,
+        &setup.replay,
+    )
+    .map_err(anyhow::Error::msg)?;
     let out = crate::output::create(args.output.as_deref())?;
     sim::report::write_compare_csv(&rows, out).context("writing the CSV")?;
     Ok(ExitCode::SUCCESS)

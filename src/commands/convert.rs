@@ -15,7 +15,8 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<ExitCode> {
     };
     let trace = match fmt {
         Format::RecordedJson | Format::TorchPickle => {
-            workloads::read_recorded(&args.input, Some(fmt), args.snapshot_device.unwrap_or(0))?.to_trace()?
+            workloads::read_recorded(&args.input, Some(fmt), args.snapshot_device.unwrap_or(0))?
+                .to_trace()?
         }
         _ => workloads::read(&args.input, Some(fmt))?,
     };
@@ -24,9 +25,13 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<ExitCode> {
         None => Format::from_path(&args.output)?,
     };
     if !matches!(to, Format::Yaml | Format::Csv) {
-        bail!("{}: can only write YAML or CSV traces", args.output.display());
+        bail!(
+            "{}: can only write YAML or CSV traces",
+            args.output.display()
+        );
     }
     let out = crate::output::create(Some(&args.output))?;
-    workloads::write(&trace, to, out).with_context(|| format!("writing {}", args.output.display()))?;
+    workloads::write(&trace, to, out)
+        .with_context(|| format!("writing {}", args.output.display()))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -39,6 +39,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         None => Format::from_path(&args.output)?,
     };
     let out = crate::output::create(Some(&args.output))?;
-    workloads::write(&trace, format, out).with_context(|| format!("writing {}", args.output.display()))?;
+    workloads::write(&trace, format, out)
+        .with_context(|| format!("writing {}", args.output.display()))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -29,9 +29,13 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("replaying {}", args.trace.display()))?;
     if let Some(path) = &args.timeline {
         let out = crate::output::create(Some(path))?;
-        sim::report::write_timeline_csv(&r.timeline, out).with_context(|| format!("writing {}", path.display()))?;
+        sim::report::write_timeline_csv(&r.timeline, out)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
-    print!("{}", summary(&loaded.trace, &spec.label, device.options(), &r));
+    print!(
+        "{}",
+        summary(&loaded.trace, &spec.label, device.options(), &r)
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -43,28 +47,72 @@ fn bytes(b: u64) -> String {
 pub fn summary(trace: &Trace, policy: &str, device: &sim::SimDeviceOptions, r: &Replay) -> String {
     let s = &r.summary;
     let mut out = String::new();
-    let source = trace.path.as_ref().map_or(trace.name.clone(), |p| p.display().to_string());
-    let _ = writeln!(out, "trace               {source}: {} events, {} allocations", trace.events.len(), trace.alloc_count());
+    let source = trace
+        .path
+        .as_ref()
+        .map_or(trace.name.clone(), |p| p.display().to_string());
+    let _ = writeln!(
+        out,
+        "trace               {source}: {} events, {} allocations",
+        trace.events.len(),
+        trace.alloc_count()
+    );
     let _ = writeln!(out, "policy              {policy}");
-    let _ = writeln!(out, "device              {}: capacity {}, total {}", device.name, format_size_human(device.capacity_bytes), format_size_human(device.total_bytes));
+    let _ = writeln!(
+        out,
+        "device              {}: capacity {}, total {}",
+        device.name,
+        format_size_human(device.capacity_bytes),
+        format_size_human(device.total_bytes)
+    );
     let _ = writeln!(out);
     let _ = writeln!(out, "peak requested      {}", bytes(s.requested_bytes_peak));
     let _ = writeln!(out, "peak allocated      {}", bytes(s.allocated_bytes_peak));
-    let at = s.reserved_peak_event_index.map(|i| format!(", first at {}", trace.location(i as usize))).unwrap_or_default();
-    let _ = writeln!(out, "peak reserved       {}{at}", bytes(s.reserved_bytes_peak));
-    let _ = writeln!(out, "peak charged        {}  (driver pages)", bytes(s.charged_bytes_peak));
-    let util = s.utilization().map_or("n/a".to_string(), |u| format!("{u:.6}"));
-    let _ = writeln!(out, "utilization         {util:>12}  (allocated peak / reserved peak)");
-    let _ = writeln!(out, "cached at peak      {}", bytes(s.cached_bytes_at_reserved_peak()));
+    let at = s
+        .reserved_peak_event_index
+        .map(|i| format!(", first at {}", trace.location(i as usize)))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "peak reserved       {}{at}",
+        bytes(s.reserved_bytes_peak)
+    );
+    let _ = writeln!(
+        out,
+        "peak charged        {}  (driver pages)",
+        bytes(s.charged_bytes_peak)
+    );
+    let util = s
+        .utilization()
+        .map_or("n/a".to_string(), |u| format!("{u:.6}"));
+    let _ = writeln!(
+        out,
+        "utilization         {util:>12}  (allocated peak / reserved peak)"
+    );
+    let _ = writeln!(
+        out,
+        "cached at peak      {}",
+        bytes(s.cached_bytes_at_reserved_peak())
+    );
     let _ = writeln!(out, "segments (peak)     {:>12}", s.segment_count_peak);
-    let _ = writeln!(out, "device allocs/frees {:>12}", format!("{} / {}", s.device_allocate_count, s.device_free_count));
+    let _ = writeln!(
+        out,
+        "device allocs/frees {:>12}",
+        format!("{} / {}", s.device_allocate_count, s.device_free_count)
+    );
     match &r.oom {
         None => {
             let _ = writeln!(out, "out of memory       {:>12}", "none");
         }
         Some(o) => {
-            let _ = writeln!(out, "out of memory       at {} (event {}): request of {} bytes, tried to get {} bytes from the device", trace.location(o.event_index as usize), o.event_index, o.requested_bytes, o.tried_bytes);
-            let _ = writeln!(out, "  state then        allocated {} bytes, reserved {} bytes, device free {} bytes", o.policy.allocated_bytes, o.policy.reserved_bytes, o.device.free_bytes());
+            let _ = writeln!(out, "out of memory       at {} (event index {}): request of {} bytes, tried to get {} bytes from the device", trace.location(o.event_index as usize), o.event_index, o.requested_bytes, o.tried_bytes);
+            let _ = writeln!(
+                out,
+                "  state then        allocated {} bytes, reserved {} bytes, device free {} bytes",
+                o.policy.allocated_bytes,
+                o.policy.reserved_bytes,
+                o.device.free_bytes()
+            );
             if let Some(m) = &o.message {
                 let _ = writeln!(out, "  policy says       {m}");
             }
@@ -73,8 +121,17 @@ pub fn summary(trace: &Trace, policy: &str, device: &sim::SimDeviceOptions, r: &
             }
         }
     }
-    let _ = writeln!(out, "events replayed     {:>12}  of {}", s.event_count, trace.events.len());
-    let _ = writeln!(out, "live at end         {:>12}  allocations", r.live_allocation_count);
+    let _ = writeln!(
+        out,
+        "events replayed     {:>12}  of {}",
+        s.event_count,
+        trace.events.len()
+    );
+    let _ = writeln!(
+        out,
+        "live at end         {:>12}  allocations",
+        r.live_allocation_count
+    );
     if r.skipped_event_count > 0 {
         let _ = writeln!(out, "skipped events      {:>12}", r.skipped_event_count);
     }

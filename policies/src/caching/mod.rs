@@ -1240,8 +1240,15 @@ impl Policy for CachingPolicy {
             allocated_bytes: s.allocated_bytes.all.current,
             reserved_bytes: s.reserved_bytes.all.current,
             allocation_count: s.allocation.all.current,
+            // An expandable segment counts while it holds memory; one whose first
+            // mapping failed is only address space (PyTorch keeps it for reuse too).
             segment_count: s.segment.all.current
-                + self.expandables.iter().filter(|e| e.is_some()).count() as u64,
+                + self
+                    .expandables
+                    .iter()
+                    .flatten()
+                    .filter(|e| e.mapped_bytes > 0)
+                    .count() as u64,
         }
     }
 

@@ -1,0 +1,151 @@
+//! `allocsim probe` and `allocsim validate`: the commands that need a GPU.
+
+use std::process::ExitCode;
+
+use std::io::Write as _;
+
+use anyhow::Context;
+use gpu_backend::{CudaDevice, OpenError, ProbeError, ProbeReport};
+use sim::DeviceProfile;
+
+use crate::flags::{ProbeArgs, ValidateArgs};
+use crate::{load, NoDriver};
+
+/// An open failure as a CLI error: no driver → exit 3.
+fn open_error(e: OpenError) -> anyhow::Error {
+    match e {
+        OpenError::NoDriver(msg) => anyhow::Error::new(NoDriver(msg)),
+        other => anyhow::Error::new(other),
+    }
+}
+
+pub fn probe(args: ProbeArgs) -> anyhow::Result<ExitCode> {
+    let report = gpu_backend::probe(args.gpu).map_err(|e| match e {
+        ProbeError::Open(o) => open_error(o),
+        other => anyhow::Error::new(other),
+    })?;
+    let text = profile_yaml(&report);
+    let mut out = crate::output::create(args.output.as_deref())?;
+    out.write_all(text.as_bytes())
+        .context("writing the profile")?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The device profile a probe measured, with the raw measurements as comments.
+pub fn profile_yaml(r: &ProbeReport) -> String {
+    let page = r
+        .sizes
+        .iter()
+        .find(|s| s.size_bytes == 2 << 20)
+        .and_then(|s| s.single_free_drop_bytes)
+        .filter(|&d| d > 0)
+        .map_or(2 << 20, |d| d as u64);
+    // Sizes the driver packs: several live allocations cost less than one page each.
+    let small_max = r
+        .sizes
+        .iter()
+        .filter(|s| s.size_bytes < page && s.x8_live == gpu_backend::PROBE_BATCH)
+        .filter(|s| (s.x8_free_drop_bytes as u64) < u64::from(s.x8_live) * page)
+        .map(|s| s.size_bytes)
+        .max()
+        .unwrap_or(0);
+    let profile = DeviceProfile {
+        name: r.device_name.clone(),
+        measured: Some(format!(
+            "allocsim probe, device {}, compute capability {}.{}",
+            r.device_index, r.compute_capability.0, r.compute_capability.1
+        )),
+        driver_version: u32::try_from(r.driver_version).ok(),
+        total_bytes: r.total_bytes,
+        free_at_start_bytes: r.free_at_start_bytes,
+        usable_bytes: r.fill.usable_bytes,
+        page_bytes: page,
+        small_alloc_max_bytes: small_max,
+        small_alloc_align_bytes: 512,
+        vmm_granularity_bytes: r.vmm_granularity_min_bytes.unwrap_or(page),
+    };
+    let mut text = String::from("# allocsim device profile, measured by `allocsim probe`.\n");
+    text.push_str(&format!(
+        "# context and other processes: {} bytes; warm-up alloc {} ns; fill: {} x 1 GiB + {} bytes in {} ms; returned to start: {}\n",
+        r.context_bytes,
+        r.warmup_alloc_ns,
+        r.fill.big_chunks,
+        r.fill.tail_bytes,
+        r.fill.fill_ns / 1_000_000,
+        r.returned_to_start
+    ));
+    text.push_str("# size: free drop for 1 live / 8 live allocations, alloc ns, free ns\n");
+    for s in &r.sizes {
+        let opt = |v: Option<i64>| v.map_or("-".to_string(), |x| x.to_string());
+        let ns = |v: Option<u64>| v.map_or("-".to_string(), |x| x.to_string());
+        text.push_str(&format!(
+            "#   {}: {} / {} ({} live), {} ns, {} ns\n",
+            s.size_bytes,
+            opt(s.single_free_drop_bytes),
+            s.x8_free_drop_bytes,
+            s.x8_live,
+            ns(s.alloc_ns),
+            ns(s.free_ns)
+        ));
+    }
+    text.push_str(&profile.to_yaml());
+    text
+}
+
+pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
+    let mut setup = load::device_setup(&args.device)?;
+    if args.device.device.is_none() && args.device.device_profile.is_none() {
+        // Predict with the measured H100 model unless told otherwise.
+        setup.options = DeviceProfile::builtin("h100")
+            .expect("built-in")
+            .to_options();
+    }
+    let specs = load::policies(&args.policies, &setup.caching)?;
+    let inputs = args
+        .traces
+        .iter()
+        .map(|p| load::load_trace(p, &args.input, Some(&args.device)).map(load::Loaded::into_input))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut gpu = CudaDevice::open(args.gpu).map_err(open_error)?;
+    if !gpu.info().name.contains("H100")
+        && args.device.device.is_none()
+        && args.device.device_profile.is_none()
+    {
+        eprintln!(
+            "note: predicting with the built-in H100 model on a {}; `allocsim probe -o p.yaml` and --device-profile p.yaml model this GPU",
+            gpu.info().name
+        );
+    }
+    let interrupt = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = gpu_backend::install_interrupt_flag();
+    let capacities: Vec<Option<u64>> = match &args.device.capacity {
+        Some(_) => setup.capacities.iter().map(|&c| Some(c)).collect(),
+        None => vec![None],
+    };
+    let mut rows = Vec::new();
+    for input in &inputs {
+        for spec in &specs {
+            for &capacity in &capacities {
+                if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    interrupt.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                let v = gpu_backend::validate_one(
+                    &mut gpu,
+                    input,
+                    spec,
+                    capacity,
+                    &setup.options,
+                    Some(interrupt.clone()),
+                )?;
+                eprintln!("{}", gpu_backend::summary_line(&v));
+                rows.push(v);
+            }
+        }
+    }
+    let out = crate::output::create(args.output.as_deref())?;
+    gpu_backend::write_validate_csv(&rows, out).context("writing the CSV")?;
+    let agree = rows.iter().filter(|v| v.agrees()).count();
+    eprintln!("{agree} of {} runs agree (reserved peak equal, OOM at the same event, charged peak within a page per segment)", rows.len());
+    Ok(ExitCode::SUCCESS)
+}

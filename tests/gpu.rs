@@ -1,0 +1,110 @@
+//! Real CUDA memory. Without a driver these tests print why they skip and pass, unless
+//! `ALLOCSIM_REQUIRE_GPU=1`, in which case a missing driver fails them.
+
+use gpu_backend::{CudaDevice, OpenError};
+use sim::spec::{parse_policy_list, CachingDefaults};
+use sim::{CompareInput, DeviceProfile};
+
+use crate::util::root;
+
+/// Whether a CUDA driver and device can be opened.
+pub fn driver_present() -> bool {
+    CudaDevice::open(0).is_ok()
+}
+
+/// Opens GPU 0, or explains why not (and fails if a GPU is required).
+fn gpu() -> Option<CudaDevice> {
+    match CudaDevice::open(0) {
+        Ok(d) => Some(d),
+        Err(OpenError::NoDriver(msg)) => {
+            assert!(
+                std::env::var("ALLOCSIM_REQUIRE_GPU").as_deref() != Ok("1"),
+                "ALLOCSIM_REQUIRE_GPU=1 but no GPU: {msg}"
+            );
+            eprintln!("skipped: no CUDA driver ({msg})");
+            None
+        }
+        Err(e) => panic!("a CUDA driver is present but the device does not open: {e}"),
+    }
+}
+
+fn input(name: &str) -> CompareInput {
+    let trace = workloads::read(
+        &root()
+            .join("tests/data/traces")
+            .join(format!("{name}.yaml")),
+        None,
+    )
+    .unwrap();
+    CompareInput {
+        trace,
+        hints: Default::default(),
+    }
+}
+
+/// The golden traces replay on the GPU with the same reserved peak as predicted, under
+/// every policy, and nothing is left allocated afterwards.
+#[test]
+fn golden_traces_on_the_gpu() {
+    let Some(mut gpu) = gpu() else { return };
+    let free_before = gpu.observed_free_bytes().unwrap();
+    let specs = parse_policy_list(
+        "caching,caching:expandable_segments=True,immediate,buddy,arena",
+        &CachingDefaults::default(),
+    )
+    .unwrap();
+    let model = DeviceProfile::builtin("h100").unwrap().to_options();
+    for name in [
+        "seed000",
+        "small_1000x512",
+        "pool_boundaries",
+        "two_streams",
+        "empty_cache",
+        "one_gib_plus_one",
+    ] {
+        let input = input(name);
+        for spec in &specs {
+            let v = gpu_backend::validate_one(&mut gpu, &input, spec, None, &model, None).unwrap();
+            assert_eq!(
+                v.predicted.summary.reserved_bytes_peak,
+                v.observed.summary.reserved_bytes_peak,
+                "{}",
+                gpu_backend::summary_line(&v)
+            );
+            assert!(
+                v.charged_within_tolerance(),
+                "{}",
+                gpu_backend::summary_line(&v)
+            );
+        }
+    }
+    assert_eq!(
+        gpu.observed_free_bytes().unwrap(),
+        free_before,
+        "everything was freed"
+    );
+}
+
+/// With a capacity, the GPU runs out at the event the simulation predicts.
+#[test]
+fn capacity_oom_matches_on_the_gpu() {
+    let Some(mut gpu) = gpu() else { return };
+    let specs = parse_policy_list("caching,immediate", &CachingDefaults::default()).unwrap();
+    let model = DeviceProfile::builtin("h100").unwrap().to_options();
+    let input = input("seed000");
+    for spec in &specs {
+        let v =
+            gpu_backend::validate_one(&mut gpu, &input, spec, Some(2 << 30), &model, None).unwrap();
+        assert!(
+            v.observed.oom.is_some(),
+            "{}",
+            gpu_backend::summary_line(&v)
+        );
+        assert_eq!(
+            v.predicted.oom.as_ref().map(|o| o.event_index),
+            v.observed.oom.as_ref().map(|o| o.event_index),
+            "{}",
+            gpu_backend::summary_line(&v)
+        );
+    }
+}
