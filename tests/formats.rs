@@ -35,7 +35,14 @@ fn recorded_pickle_matches_its_json() {
             a.explain(),
             b.explain()
         );
-        assert_eq!(a.sim_ops, b.sim_ops, "{}", pickle.display());
+        // Same decisions; entry indexes differ where the JSON has an inserted marker.
+        let decisions = |r: &sim::fidelity::FidelityReport| {
+            r.sim_ops
+                .iter()
+                .map(|o| (o.action, o.bytes))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(decisions(&a), decisions(&b), "{}", pickle.display());
         assert_eq!(
             a.row.reserved_bytes_peak_sim,
             b.row.reserved_bytes_peak_torch

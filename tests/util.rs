@@ -6,7 +6,8 @@ use std::process::{Command, Output};
 /// The repository root (`ALLOCSIM_TEST_ROOT` overrides it, for a test binary built
 /// here and run in a copy of the tree elsewhere, as on the GPU machine).
 pub fn root() -> PathBuf {
-    std::env::var_os("ALLOCSIM_TEST_ROOT").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+    std::env::var_os("ALLOCSIM_TEST_ROOT")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
 }
 
 /// `../shared` beside the repository (CI provides it).

@@ -115,8 +115,9 @@ pub fn validate_one(
     };
     let mut model = model.clone();
     model.total_bytes = gpu.info().total_bytes;
-    if let Some(c) = capacity_bytes {
-        model = model.with_capacity(c);
+    if let Some(free) = capacity_bytes {
+        // The GPU shows `free` bytes free; the driver hands out all but a measured few.
+        model = model.with_free_bytes(free);
     }
     let options = ReplayOptions {
         interrupt,

@@ -100,6 +100,7 @@ impl DeviceProfile {
             page_bytes: self.page_bytes,
             small_alloc_max_bytes: self.small_alloc_max_bytes,
             small_alloc_align_bytes: self.small_alloc_align_bytes,
+            unusable_free_bytes: self.free_at_start_bytes - self.usable_bytes,
             address_model: AddressModel::TopDown,
         }
     }

@@ -41,15 +41,16 @@ pub fn profile_yaml(r: &ProbeReport) -> String {
         .and_then(|s| s.single_free_drop_bytes)
         .filter(|&d| d > 0)
         .map_or(2 << 20, |d| d as u64);
-    // Sizes the driver packs: several live allocations cost less than one page each.
-    let small_max = r
+    // Sizes the driver packs: several live allocations cost less than one page each. The
+    // probe sees packing up to 1 MiB (two fit a page); validation showed the H100 packs
+    // every size below a page (best fit in shared pages), so any packing found means
+    // "below a page".
+    let packs = r
         .sizes
         .iter()
         .filter(|s| s.size_bytes < page && s.x8_live == gpu_backend::PROBE_BATCH)
-        .filter(|s| (s.x8_free_drop_bytes as u64) < u64::from(s.x8_live) * page)
-        .map(|s| s.size_bytes)
-        .max()
-        .unwrap_or(0);
+        .any(|s| (s.x8_free_drop_bytes as u64) < u64::from(s.x8_live) * page);
+    let small_max = if packs { page - 1 } else { 0 };
     let profile = DeviceProfile {
         name: r.device_name.clone(),
         measured: Some(format!(
