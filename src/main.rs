@@ -4,7 +4,8 @@
 //! This binary is thin glue: flags (`flags.rs`) become validated inputs (`load.rs`), and
 //! each subcommand (`commands/`) calls the library crates. `main` is the only place that
 //! prints errors and chooses exit codes: 0 ran (an out-of-memory inside a replay is a
-//! result), 2 bad input or usage, 3 no usable CUDA driver, 101 an internal error (a bug).
+//! result), 2 bad input or usage, 3 no usable CUDA driver, 101 an internal error (a bug),
+//! 130 stopped by Ctrl-C (after freeing what it allocated on the GPU).
 
 mod commands;
 mod flags;
@@ -23,6 +24,8 @@ const EXIT_BAD_INPUT: u8 = 2;
 const EXIT_NO_DRIVER: u8 = 3;
 /// Exit code for an internal error (a panic: a bug).
 const EXIT_BUG: u8 = 101;
+/// Exit code after Ctrl-C (128 + SIGINT).
+const EXIT_INTERRUPTED: u8 = 130;
 
 /// Marks an error as "no usable CUDA driver" (exit 3).
 #[derive(Debug)]
@@ -35,6 +38,18 @@ impl std::fmt::Display for NoDriver {
 }
 
 impl std::error::Error for NoDriver {}
+
+/// Marks an error as "stopped by Ctrl-C" (exit 130), after cleaning up.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "interrupted; everything allocated on the GPU was freed")
+    }
+}
+
+impl std::error::Error for Interrupted {}
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -67,6 +82,8 @@ fn main() -> ExitCode {
             eprintln!("error: {}", one_line(&format!("{err:#}")));
             if err.downcast_ref::<NoDriver>().is_some() {
                 ExitCode::from(EXIT_NO_DRIVER)
+            } else if err.downcast_ref::<Interrupted>().is_some() {
+                ExitCode::from(EXIT_INTERRUPTED)
             } else {
                 ExitCode::from(EXIT_BAD_INPUT)
             }

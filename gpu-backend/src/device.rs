@@ -383,6 +383,15 @@ impl CudaDevice {
         self.unmap_times.mean()
     }
 
+    /// Forgets the call timings so far, so that the means cover what follows (one
+    /// replay, say). Counts of operations in [`Device::stats`] are not touched.
+    pub fn reset_timings(&mut self) {
+        self.alloc_times = CallTimes::default();
+        self.free_times = CallTimes::default();
+        self.map_times = CallTimes::default();
+        self.unmap_times = CallTimes::default();
+    }
+
     /// Duration of the last successful `cuMemAlloc_v2` of a segment, in nanoseconds.
     pub(crate) fn last_alloc_ns(&self) -> u64 {
         self.alloc_times.last_ns

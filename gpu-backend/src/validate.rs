@@ -3,7 +3,6 @@
 
 use std::io;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
 use policies::DeviceError;
 use sim::spec::PolicySpec;
@@ -25,10 +24,17 @@ pub struct Validation {
     pub predicted: Replay,
     /// The replay on the GPU.
     pub observed: Replay,
-    /// Mean `cuMemAlloc_v2` time in the observed replay (and page mappings).
+    /// Segment operations on the GPU in the observed replay: allocations, frees, page
+    /// mappings and unmappings.
+    pub segment_ops: u64,
+    /// Mean `cuMemAlloc_v2` time in the observed replay.
     pub device_alloc_ns_mean: Option<f64>,
-    /// Mean `cuMemFree_v2` time in the observed replay (and page unmappings).
+    /// Mean `cuMemFree_v2` time in the observed replay.
     pub device_free_ns_mean: Option<f64>,
+    /// Mean page-mapping call time (expandable segments) in the observed replay.
+    pub device_map_ns_mean: Option<f64>,
+    /// Mean page-unmapping call time in the observed replay.
+    pub device_unmap_ns_mean: Option<f64>,
     /// Device name.
     pub device: String,
     /// Driver version (`cuDriverGetVersion`).
@@ -36,11 +42,6 @@ pub struct Validation {
 }
 
 impl Validation {
-    /// Segment operations (allocations, frees, page mappings, unmappings) on the GPU.
-    pub fn segment_ops(&self) -> u64 {
-        self.observed.summary.device_allocate_count + self.observed.summary.device_free_count
-    }
-
     /// |charged predicted − charged observed| at the peaks.
     pub fn charged_difference_bytes(&self) -> u64 {
         self.predicted
@@ -106,7 +107,7 @@ pub fn validate_one(
     spec: &PolicySpec,
     capacity: Option<u64>,
     model: &SimDeviceOptions,
-    interrupt: Option<Arc<AtomicBool>>,
+    interrupt: Option<&'static AtomicBool>,
 ) -> Result<Validation, ValidateError> {
     gpu.release_all()?;
     let capacity_bytes = match capacity {
@@ -142,15 +143,22 @@ pub fn validate_one(
         .config
         .build()
         .map_err(|e| ValidateError::Policy(e.to_string()))?;
+    gpu.reset_timings();
+    let before = policies::Device::stats(gpu);
     let observed = sim::replay(&input.trace, policy.as_mut(), gpu, &options);
+    let after = policies::Device::stats(gpu);
     let validation = observed.map(|observed| Validation {
         trace: input.trace.name.clone(),
         policy: spec.label.clone(),
         capacity_bytes,
         predicted,
         observed,
+        segment_ops: (after.allocate_count - before.allocate_count)
+            + (after.free_count - before.free_count),
         device_alloc_ns_mean: gpu.alloc_ns_mean(),
         device_free_ns_mean: gpu.free_ns_mean(),
+        device_map_ns_mean: gpu.map_ns_mean(),
+        device_unmap_ns_mean: gpu.unmap_ns_mean(),
         device: gpu.info().name.clone(),
         driver_version: gpu.info().driver_version,
     });
@@ -184,6 +192,8 @@ pub const VALIDATE_COLUMNS: &[&str] = &[
     "charged_difference_bytes",
     "charged_within_tolerance",
     "agrees",
+    "device_map_ns_mean",
+    "device_unmap_ns_mean",
 ];
 
 /// Writes validations as CSV with a header.
@@ -212,7 +222,7 @@ pub fn write_validate_csv<W: io::Write>(rows: &[Validation], writer: W) -> io::R
             o.charged_bytes_peak.to_string(),
             oom(&v.predicted),
             oom(&v.observed),
-            v.segment_ops().to_string(),
+            v.segment_ops.to_string(),
             ns(v.device_alloc_ns_mean),
             ns(v.device_free_ns_mean),
             v.device.clone(),
@@ -223,6 +233,8 @@ pub fn write_validate_csv<W: io::Write>(rows: &[Validation], writer: W) -> io::R
             v.charged_difference_bytes().to_string(),
             v.charged_within_tolerance().to_string(),
             v.agrees().to_string(),
+            ns(v.device_map_ns_mean),
+            ns(v.device_unmap_ns_mean),
         ])?;
     }
     w.flush()

@@ -497,6 +497,69 @@ fn scenario_map_rollback() {
     // Left mapped on purpose: drop releases it.
 }
 
+// ---- validation ---------------------------------------------------------------------------
+
+/// validate_one replays on the simulated device and on the (mock) GPU: the same reserved
+/// peak and OOM point, operation counts per run (not cumulative), and nothing left
+/// allocated after each run, with or without a capacity.
+#[test]
+fn mock_validate() {
+    if let Some(out) = run("mock_validate", Some(Mock::Full), &[], scenario_validate) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_validate() {
+    use workloads::{AllocId, Event, Trace};
+    let mut dev = open();
+    let alloc = |id, size_bytes| Event::Alloc {
+        id: AllocId(id),
+        size_bytes,
+        stream: 0,
+    };
+    let free = |id| Event::Free { id: AllocId(id) };
+    let trace = Trace::new(
+        "reassign",
+        vec![
+            alloc(1, GIB),
+            alloc(2, GIB),
+            free(2),
+            alloc(3, GIB),
+            alloc(4, GIB),
+            free(3),
+            alloc(5, 3 * MIB),
+        ],
+    );
+    let input = sim::CompareInput {
+        trace,
+        hints: Default::default(),
+    };
+    let spec = sim::spec::parse_policy("caching", &Default::default()).unwrap();
+    let model = sim::SimDeviceOptions::default();
+    let first =
+        gpu_backend::validate_one(&mut dev, &input, &spec, None, &model, None).expect("validate");
+    let second =
+        gpu_backend::validate_one(&mut dev, &input, &spec, None, &model, None).expect("validate");
+    for v in [&first, &second] {
+        assert!(v.agrees(), "{}", gpu_backend::summary_line(v));
+        // The 3 MiB request is carved from the cached 1 GiB block: three segments.
+        assert_eq!(v.observed.summary.reserved_bytes_peak, 3 * GIB);
+        assert_eq!(v.segment_ops, 3, "three 1 GiB segments, counted per run");
+        assert!(v.device_alloc_ns_mean.is_some());
+    }
+    assert_eq!(
+        free_bytes(&dev),
+        MOCK_FREE,
+        "everything freed after each run"
+    );
+    let capped = gpu_backend::validate_one(&mut dev, &input, &spec, Some(2 * GIB), &model, None)
+        .expect("validate");
+    assert_eq!(capped.capacity_bytes, Some(2 * GIB));
+    assert!(capped.agrees(), "{}", gpu_backend::summary_line(&capped));
+    assert_eq!(capped.observed.oom.as_ref().map(|o| o.event_index), Some(4));
+    assert_eq!(free_bytes(&dev), MOCK_FREE, "ballast freed too");
+}
+
 // ---- ballast -----------------------------------------------------------------------------
 
 /// The ballast leaves the requested free memory (to within 2 MiB, never below), becomes

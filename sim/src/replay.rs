@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use policies::{
     AllocError, Allocation, BlockState, Device, DeviceError, DeviceStats, Policy, PolicyStats,
@@ -25,7 +24,7 @@ pub struct ReplayOptions {
     /// Keep one [`Sample`] per event.
     pub timeline: bool,
     /// Stop early when this becomes true (Ctrl-C on a GPU run).
-    pub interrupt: Option<Arc<AtomicBool>>,
+    pub interrupt: Option<&'static AtomicBool>,
 }
 
 /// The result of a replay. An OOM is part of the result, not an error.
@@ -143,7 +142,7 @@ pub fn replay(
     let mut skipped = 0u64;
     for (index, event) in trace.events.iter().enumerate() {
         let event_index = index as u64;
-        if let Some(flag) = &options.interrupt {
+        if let Some(flag) = options.interrupt {
             if flag.load(Ordering::Relaxed) {
                 return Err(ReplayError::Interrupted { event_index });
             }

@@ -118,8 +118,8 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
             gpu.info().name
         );
     }
-    let interrupt = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = gpu_backend::install_interrupt_flag();
+    // Ctrl-C stops the replay at the next event; everything allocated is then freed.
+    let interrupt = gpu_backend::install_interrupt_flag();
     let capacities: Vec<Option<u64>> = match &args.device.capacity {
         Some(_) => setup.capacities.iter().map(|&c| Some(c)).collect(),
         None => vec![None],
@@ -128,17 +128,21 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     for input in &inputs {
         for spec in &specs {
             for &capacity in &capacities {
-                if flag.load(std::sync::atomic::Ordering::Relaxed) {
-                    interrupt.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
                 let v = gpu_backend::validate_one(
                     &mut gpu,
                     input,
                     spec,
                     capacity,
                     &setup.options,
-                    Some(interrupt.clone()),
-                )?;
+                    Some(interrupt),
+                )
+                .map_err(|e| match e {
+                    gpu_backend::ValidateError::Replay {
+                        error: sim::ReplayError::Interrupted { .. },
+                        ..
+                    } => anyhow::Error::new(crate::Interrupted),
+                    other => anyhow::Error::new(other),
+                })?;
                 eprintln!("{}", gpu_backend::summary_line(&v));
                 rows.push(v);
             }
