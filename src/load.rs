@@ -98,6 +98,18 @@ pub fn load_trace(
     Ok(Loaded { trace, hints })
 }
 
+/// Reads and validates every trace, as inputs of `sim::compare`.
+pub fn load_inputs(
+    paths: &[std::path::PathBuf],
+    input: &InputArgs,
+    device: &DeviceArgs,
+) -> anyhow::Result<Vec<CompareInput>> {
+    paths
+        .iter()
+        .map(|p| load_trace(p, input, Some(device)).map(Loaded::into_input))
+        .collect()
+}
+
 /// The simulated device, the capacities to run at, and the caching defaults.
 pub struct DeviceSetup {
     /// Device options (capacity = the first of `capacities`).

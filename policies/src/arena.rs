@@ -67,6 +67,7 @@ use crate::policy::{
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
 };
 use crate::registry::OptionsError;
+use crate::slab::Slab;
 
 /// Every allocation size is rounded up to a multiple of this (RMM's
 /// `CUDA_ALLOCATION_ALIGNMENT`).
@@ -249,8 +250,7 @@ pub struct ArenaPolicy {
     /// Per-stream arenas: superblock address → its free list. No empty arena is kept.
     arenas: BTreeMap<StreamId, BTreeMap<u64, FreeList>>,
     /// Live blocks; an allocation's `block` indexes it.
-    live: Vec<Option<LiveBlock>>,
-    free_slots: Vec<u32>,
+    live: Slab<LiveBlock>,
     stats: PolicyStats,
     next_serial: u64,
 }
@@ -266,8 +266,7 @@ impl ArenaPolicy {
             options,
             chunks: BTreeMap::new(),
             arenas: BTreeMap::new(),
-            live: Vec::new(),
-            free_slots: Vec::new(),
+            live: Slab::default(),
             stats: PolicyStats::default(),
             next_serial: 1,
         })
@@ -395,16 +394,7 @@ impl ArenaPolicy {
     }
 
     fn insert_live(&mut self, block: LiveBlock) -> u32 {
-        match self.free_slots.pop() {
-            Some(slot) => {
-                self.live[slot as usize] = Some(block);
-                slot
-            }
-            None => {
-                self.live.push(Some(block));
-                u32::try_from(self.live.len() - 1).expect("more than 4 billion live allocations")
-            }
-        }
+        self.live.insert(block)
     }
 }
 
@@ -504,9 +494,8 @@ impl Policy for ArenaPolicy {
     ) -> Result<(), DeviceError> {
         let block = self
             .live
-            .get_mut(allocation.block as usize)
-            .and_then(|entry| {
-                entry.take_if(|b| b.serial == allocation.serial && b.addr == allocation.addr.0)
+            .take_if(allocation.block, |b| {
+                b.serial == allocation.serial && b.addr == allocation.addr.0
             })
             .unwrap_or_else(|| {
                 panic!(
@@ -514,7 +503,6 @@ impl Policy for ArenaPolicy {
                     allocation.addr
                 )
             });
-        self.free_slots.push(allocation.block);
         self.stats.requested_bytes -= block.requested_bytes;
         self.stats.allocated_bytes -= block.block_bytes;
         self.stats.allocation_count -= 1;
@@ -540,8 +528,7 @@ impl Policy for ArenaPolicy {
 
     fn snapshot(&self) -> Vec<SegmentSnapshot> {
         let superblock_bytes = self.options.superblock_bytes;
-        let live: BTreeMap<u64, &LiveBlock> =
-            self.live.iter().flatten().map(|b| (b.addr, b)).collect();
+        let live: BTreeMap<u64, &LiveBlock> = self.live.values().map(|b| (b.addr, b)).collect();
         let superblocks: BTreeMap<u64, (StreamId, &FreeList)> = self
             .arenas
             .iter()
@@ -622,7 +609,7 @@ impl Policy for ArenaPolicy {
         let mut global_live: BTreeMap<u64, u64> = BTreeMap::new();
         let mut small_live: BTreeMap<u64, BTreeMap<u64, u64>> = BTreeMap::new();
         let (mut requested, mut allocated, mut count) = (0u64, 0u64, 0u64);
-        for b in self.live.iter().flatten() {
+        for b in self.live.values() {
             assert!(
                 b.serial > 0 && b.serial < self.next_serial,
                 "arena: live block without a valid serial"
@@ -724,12 +711,7 @@ impl Policy for ArenaPolicy {
             global_live.len() + owner.len(),
             "arena: a block or superblock lies outside every chunk"
         );
-        let live_slots = self.live.iter().filter(|b| b.is_some()).count();
-        assert_eq!(
-            live_slots + self.free_slots.len(),
-            self.live.len(),
-            "arena: slot bookkeeping"
-        );
+        self.live.check("arena");
         assert_eq!(
             self.stats.requested_bytes, requested,
             "arena: requested bytes"

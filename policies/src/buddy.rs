@@ -54,6 +54,7 @@ use crate::policy::{
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
 };
 use crate::registry::OptionsError;
+use crate::slab::Slab;
 
 /// Largest allowed `segment_bytes`: 2^40 bytes (1 TiB).
 pub const MAX_SEGMENT_BYTES: u64 = 1 << 40;
@@ -143,8 +144,7 @@ pub struct BuddyPolicy {
     /// Every live device segment by base address.
     segments: BTreeMap<u64, BuddySegment>,
     /// Live blocks; an allocation's `block` indexes it.
-    live: Vec<Option<LiveBlock>>,
-    free_slots: Vec<u32>,
+    live: Slab<LiveBlock>,
     stats: PolicyStats,
     next_serial: u64,
 }
@@ -163,8 +163,7 @@ impl BuddyPolicy {
             free_lists: vec![BTreeSet::new(); max_order as usize + 1],
             free_oversize: BTreeSet::new(),
             segments: BTreeMap::new(),
-            live: Vec::new(),
-            free_slots: Vec::new(),
+            live: Slab::default(),
             stats: PolicyStats::default(),
             next_serial: 1,
         })
@@ -275,16 +274,7 @@ impl BuddyPolicy {
     }
 
     fn insert_live(&mut self, block: LiveBlock) -> u32 {
-        match self.free_slots.pop() {
-            Some(slot) => {
-                self.live[slot as usize] = Some(block);
-                slot
-            }
-            None => {
-                self.live.push(Some(block));
-                u32::try_from(self.live.len() - 1).expect("more than 4 billion live allocations")
-            }
-        }
+        self.live.insert(block)
     }
 }
 
@@ -375,9 +365,8 @@ impl Policy for BuddyPolicy {
     ) -> Result<(), DeviceError> {
         let block = self
             .live
-            .get_mut(allocation.block as usize)
-            .and_then(|entry| {
-                entry.take_if(|b| b.serial == allocation.serial && b.addr == allocation.addr.0)
+            .take_if(allocation.block, |b| {
+                b.serial == allocation.serial && b.addr == allocation.addr.0
             })
             .unwrap_or_else(|| {
                 panic!(
@@ -385,7 +374,6 @@ impl Policy for BuddyPolicy {
                     allocation.addr
                 )
             });
-        self.free_slots.push(allocation.block);
         self.stats.requested_bytes -= block.requested_bytes;
         self.stats.allocated_bytes -= block.block_bytes;
         self.stats.allocation_count -= 1;
@@ -443,7 +431,7 @@ impl Policy for BuddyPolicy {
                 },
             );
         }
-        for b in self.live.iter().flatten() {
+        for b in self.live.values() {
             blocks.insert(
                 b.addr,
                 BlockSnapshot {
@@ -524,7 +512,7 @@ impl Policy for BuddyPolicy {
             add(addr, size, true);
         }
         let (mut requested, mut allocated, mut count) = (0u64, 0u64, 0u64);
-        for b in self.live.iter().flatten() {
+        for b in self.live.values() {
             assert!(
                 b.serial > 0 && b.serial < self.next_serial,
                 "buddy: live block without a valid serial"
@@ -599,12 +587,7 @@ impl Policy for BuddyPolicy {
             blocks.len(),
             "buddy: a block lies outside every segment"
         );
-        let live_slots = self.live.iter().filter(|b| b.is_some()).count();
-        assert_eq!(
-            live_slots + self.free_slots.len(),
-            self.live.len(),
-            "buddy: slot bookkeeping"
-        );
+        self.live.check("buddy");
         assert_eq!(
             self.stats.requested_bytes, requested,
             "buddy: requested bytes"

@@ -13,12 +13,12 @@ use crate::policy::{
     AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
 };
+use crate::slab::Slab;
 
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct ImmediatePolicy {
-    live: Vec<Option<(Segment, u64, StreamId)>>,
-    free_slots: Vec<u32>,
+    live: Slab<(Segment, u64, StreamId)>,
     stats: PolicyStats,
     next_serial: u64,
 }
@@ -51,17 +51,7 @@ impl Policy for ImmediatePolicy {
         };
         let addr = segment.addr;
         let size = segment.size_bytes;
-        let entry = Some((segment, size, request.stream));
-        let slot = match self.free_slots.pop() {
-            Some(slot) => {
-                self.live[slot as usize] = entry;
-                slot
-            }
-            None => {
-                self.live.push(entry);
-                u32::try_from(self.live.len() - 1).expect("more than 4 billion live allocations")
-            }
-        };
+        let slot = self.live.insert((segment, size, request.stream));
         self.stats.requested_bytes += size;
         self.stats.allocated_bytes += size;
         self.stats.reserved_bytes += size;
@@ -81,11 +71,8 @@ impl Policy for ImmediatePolicy {
     fn free(&mut self, device: &mut dyn Device, allocation: Allocation) -> Result<(), DeviceError> {
         let (segment, size, _) = self
             .live
-            .get_mut(allocation.block as usize)
-            .and_then(Option::take)
-            .filter(|(s, _, _)| s.addr == allocation.addr)
+            .take_if(allocation.block, |(s, _, _)| s.addr == allocation.addr)
             .expect("immediate: freeing an allocation that is not live in this policy");
-        self.free_slots.push(allocation.block);
         self.stats.requested_bytes -= size;
         self.stats.allocated_bytes -= size;
         self.stats.reserved_bytes -= size;
@@ -105,8 +92,7 @@ impl Policy for ImmediatePolicy {
     fn snapshot(&self) -> Vec<SegmentSnapshot> {
         let mut out: Vec<SegmentSnapshot> = self
             .live
-            .iter()
-            .flatten()
+            .values()
             .map(|(segment, size, stream)| SegmentSnapshot {
                 addr: segment.addr,
                 size_bytes: *size,
@@ -125,7 +111,7 @@ impl Policy for ImmediatePolicy {
     }
 
     fn check_invariants(&self) {
-        let live: Vec<_> = self.live.iter().flatten().collect();
+        let live: Vec<_> = self.live.values().collect();
         let bytes: u64 = live.iter().map(|(_, size, _)| size).sum();
         assert_eq!(
             bytes, self.stats.allocated_bytes,
@@ -140,11 +126,7 @@ impl Policy for ImmediatePolicy {
             self.stats.allocation_count,
             "immediate: allocation count"
         );
-        assert_eq!(
-            live.len() + self.free_slots.len(),
-            self.live.len(),
-            "immediate: slot bookkeeping"
-        );
+        self.live.check("immediate");
     }
 }
 

@@ -35,6 +35,7 @@ mod device;
 pub mod immediate;
 mod policy;
 pub mod registry;
+mod slab;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

@@ -10,11 +10,7 @@ use crate::load;
 pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     let setup = load::device_setup(&args.device)?;
     let specs = load::policies(&args.policies, &setup.caching)?;
-    let inputs = args
-        .traces
-        .iter()
-        .map(|p| load::load_trace(p, &args.input, Some(&args.device)).map(load::Loaded::into_input))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let inputs = load::load_inputs(&args.traces, &args.input, &args.device)?;
     let rows = sim::compare(
         &inputs,
         &specs,

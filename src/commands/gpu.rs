@@ -103,11 +103,7 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
             .to_options();
     }
     let specs = load::policies(&args.policies, &setup.caching)?;
-    let inputs = args
-        .traces
-        .iter()
-        .map(|p| load::load_trace(p, &args.input, Some(&args.device)).map(load::Loaded::into_input))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let inputs = load::load_inputs(&args.traces, &args.input, &args.device)?;
     let mut gpu = CudaDevice::open(args.gpu).map_err(open_error)?;
     if !gpu.info().name.contains("H100")
         && args.device.device.is_none()

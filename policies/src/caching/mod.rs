@@ -46,6 +46,7 @@ use crate::policy::{
     AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
 };
+use crate::slab::Slab;
 
 const NIL: u32 = u32::MAX;
 
@@ -107,12 +108,10 @@ pub struct CachingPolicy {
     label: String,
     config: CachingConfig,
     stats: CachingStats,
-    blocks: Vec<Option<Block>>,
-    free_slots: Vec<u32>,
+    blocks: Slab<Block>,
     small: BlockPool,
     large: BlockPool,
-    segments: Vec<Option<Segment>>,
-    free_segment_slots: Vec<u32>,
+    segments: Slab<Segment>,
     expandables: Vec<Option<ExpandableSegment>>,
     /// Bytes held from the device, all pools (PyTorch's `total_allocated_memory`).
     total_allocated: u64,
@@ -137,12 +136,10 @@ impl CachingPolicy {
             label,
             config,
             stats: CachingStats::default(),
-            blocks: Vec::new(),
-            free_slots: Vec::new(),
+            blocks: Slab::default(),
             small: BlockPool::default(),
             large: BlockPool::default(),
-            segments: Vec::new(),
-            free_segment_slots: Vec::new(),
+            segments: Slab::default(),
             expandables: Vec::new(),
             total_allocated: 0,
             pending: BTreeSet::new(),
@@ -336,11 +333,7 @@ impl CachingPolicy {
         if gc_enabled {
             pool.get_free_blocks_call_count += 1;
         }
-        let b = |id: u32| {
-            blocks[id as usize]
-                .as_ref()
-                .expect("pool holds a dead block")
-        };
+        let b = |id: u32| blocks.get(id).expect("pool holds a dead block");
         let expandable_size = |id: u32| {
             let blk = b(id);
             let next_unmapped = match blk.next {
@@ -512,16 +505,7 @@ impl CachingPolicy {
         };
         let size = segment.size_bytes;
         let addr = segment.addr.0;
-        let slot = match self.free_segment_slots.pop() {
-            Some(slot) => {
-                self.segments[slot as usize] = Some(segment);
-                slot
-            }
-            None => {
-                self.segments.push(Some(segment));
-                (self.segments.len() - 1) as u32
-            }
-        };
+        let slot = self.segments.insert(segment);
         self.total_allocated += size;
         let id = self.insert_block(Block {
             addr,
@@ -657,10 +641,10 @@ impl CachingPolicy {
         let b = self.block(id).clone();
         debug_assert!(!b.expandable && b.prev == NIL && b.next == NIL);
         self.stats.num_device_free += 1;
-        let segment = self.segments[b.segment as usize]
-            .take()
+        let segment = self
+            .segments
+            .remove(b.segment)
             .expect("released block has no segment");
-        self.free_segment_slots.push(b.segment);
         device.free_segment(segment)?;
         self.total_allocated -= b.size;
         self.stats.segment.decrease(b.pool, 1);
@@ -762,11 +746,8 @@ impl CachingPolicy {
         stream: StreamId,
         size: u64,
     ) -> Result<u32, DeviceError> {
-        let allocatable = |blocks: &Vec<Option<Block>>, id: u32| {
-            id != NIL
-                && blocks[id as usize]
-                    .as_ref()
-                    .is_some_and(|b| b.state == State::Free)
+        let allocatable = |blocks: &Slab<Block>, id: u32| {
+            id != NIL && blocks.get(id).is_some_and(|b| b.state == State::Free)
         };
         let unmapped: Vec<u32> = self
             .pool(pool_kind)
@@ -1104,11 +1085,11 @@ impl CachingPolicy {
     // ------------------------------------------------------------- plumbing
 
     fn block(&self, id: u32) -> &Block {
-        self.blocks[id as usize].as_ref().expect("dead block")
+        self.blocks.get(id).expect("dead block")
     }
 
     fn block_mut(&mut self, id: u32) -> &mut Block {
-        self.blocks[id as usize].as_mut().expect("dead block")
+        self.blocks.get_mut(id).expect("dead block")
     }
 
     fn is_split(&self, id: u32) -> bool {
@@ -1131,21 +1112,11 @@ impl CachingPolicy {
     }
 
     fn insert_block(&mut self, block: Block) -> u32 {
-        match self.free_slots.pop() {
-            Some(slot) => {
-                self.blocks[slot as usize] = Some(block);
-                slot
-            }
-            None => {
-                self.blocks.push(Some(block));
-                u32::try_from(self.blocks.len() - 1).expect("more than 4 billion blocks")
-            }
-        }
+        self.blocks.insert(block)
     }
 
     fn delete_block(&mut self, id: u32) {
-        self.blocks[id as usize] = None;
-        self.free_slots.push(id);
+        self.blocks.remove(id);
     }
 
     /// `BlockPool::insert_into_blocks`: into the free set, stamped with the GC clock.
@@ -1164,8 +1135,7 @@ impl CachingPolicy {
     fn live_tenant(&self, allocation: &Allocation) -> &Block {
         let block = self
             .blocks
-            .get(allocation.block as usize)
-            .and_then(Option::as_ref)
+            .get(allocation.block)
             .filter(|b| b.serial == allocation.serial && b.state != State::Free)
             .unwrap_or_else(|| {
                 panic!(
@@ -1254,8 +1224,7 @@ impl Policy for CachingPolicy {
 
     fn snapshot(&self) -> Vec<SegmentSnapshot> {
         let mut out = Vec::new();
-        for (id, b) in self.blocks.iter().enumerate() {
-            let Some(b) = b else { continue };
+        for (id, b) in self.blocks.iter() {
             let head = b.mapped && (b.prev == NIL || !self.block(b.prev).mapped);
             if !head {
                 continue;
@@ -1298,9 +1267,7 @@ impl Policy for CachingPolicy {
         let mut free_mapped = 0usize;
         let mut unmapped = 0usize;
         let mut reserved = 0u64;
-        for (id, b) in self.blocks.iter().enumerate() {
-            let Some(b) = b else { continue };
-            let id = id as u32;
+        for (id, b) in self.blocks.iter() {
             assert!(
                 b.size > 0 && b.size % MIN_BLOCK_BYTES == 0,
                 "block size {} not a positive multiple of 512",
@@ -1370,8 +1337,9 @@ impl Policy for CachingPolicy {
                 }
             }
             if b.prev == NIL && !b.expandable {
-                let seg = self.segments[b.segment as usize]
-                    .as_ref()
+                let seg = self
+                    .segments
+                    .get(b.segment)
                     .expect("block of a freed segment");
                 assert_eq!(
                     seg.addr.0, b.addr,
