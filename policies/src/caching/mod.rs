@@ -1230,7 +1230,7 @@ impl Policy for CachingPolicy {
                 continue;
             }
             let mut blocks = Vec::new();
-            let mut cur = id as u32;
+            let mut cur = id;
             while cur != NIL && self.block(cur).mapped {
                 let c = self.block(cur);
                 blocks.push(BlockSnapshot {
