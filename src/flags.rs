@@ -111,6 +111,10 @@ pub struct ReplayArgs {
     /// Write requested, allocated, reserved and charged bytes after every event here.
     #[arg(long, value_name = "FILE.csv")]
     pub timeline: Option<PathBuf>,
+    /// Also print the policy's own statistics at the end (for `caching`, every key of
+    /// `torch.cuda.memory_stats()`).
+    #[arg(long)]
+    pub stats: bool,
     #[command(flatten)]
     pub input: InputArgs,
     #[command(flatten)]

@@ -78,6 +78,10 @@ fn main() -> ExitCode {
     }));
     match std::panic::catch_unwind(|| run(cli.command)) {
         Ok(Ok(code)) => code,
+        Ok(Err(err)) if is_broken_pipe(&err) => {
+            // The reader went away (`allocsim ... | head`): stop quietly, as cat does.
+            ExitCode::SUCCESS
+        }
         Ok(Err(err)) => {
             eprintln!("error: {}", one_line(&format!("{err:#}")));
             if err.downcast_ref::<NoDriver>().is_some() {
@@ -103,6 +107,17 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Probe(a) => commands::gpu::probe(a),
         Command::Validate(a) => commands::gpu::validate(a),
     }
+}
+
+/// Whether the error comes from writing to a closed pipe.
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || e.downcast_ref::<csv::Error>().is_some_and(|c| {
+                matches!(c.kind(), csv::ErrorKind::Io(io) if io.kind() == std::io::ErrorKind::BrokenPipe)
+            })
+    })
 }
 
 /// Collapses a message onto one line.

@@ -98,6 +98,32 @@ fn bad_traces_exit_2_with_file_and_place() {
     }
 }
 
+/// When the reader of stdout goes away (`| head`), allocsim stops quietly: no panic, no
+/// error line.
+#[test]
+fn closed_stdout_is_not_an_error() {
+    let dir = TempDir::new("cli-pipe");
+    let mut text = String::from("op,id,bytes,stream\n");
+    for i in 0..20_000 {
+        text.push_str(&format!("free,{i},,\n"));
+    }
+    let p = dir.file("many-problems.csv", &text);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .args(["check".as_ref(), p.as_os_str()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+    assert!(
+        o.status.code() == Some(0) || o.status.code() == Some(2),
+        "{:?}",
+        o.status
+    );
+}
+
 /// A missing file is one line with its path and exit 2.
 #[test]
 fn missing_file() {
@@ -171,6 +197,40 @@ fn oom_is_exit_0() {
     assert!(
         out.contains("CUDA out of memory. Tried to allocate 1024.00 MiB."),
         "{out}"
+    );
+}
+
+/// A PyTorch snapshot pickle replays directly, with PyTorch's statistics on request.
+#[test]
+fn replay_pickle_with_stats() {
+    let o = allocsim([
+        "replay",
+        "tests/data/torch/seed002_retain.pickle",
+        "--stats",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("peak reserved           5.00 GiB  (5370806272 bytes)"),
+        "{out}"
+    );
+    assert!(out.contains("reserved_bytes.all.peak"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("num_sync_all_streams") && l.ends_with(" 1")),
+        "{out}"
+    );
+    let o = allocsim([
+        "compare",
+        "tests/data/torch/multistream.pickle",
+        "--policies",
+        "caching,caching:expandable_segments=True",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("\nmultistream,caching,85899345920,"),
+        "{}",
+        stdout(&o)
     );
 }
 

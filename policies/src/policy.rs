@@ -178,6 +178,13 @@ pub trait Policy {
     /// Every segment with its blocks, in address order.
     fn snapshot(&self) -> Vec<SegmentSnapshot>;
 
+    /// The policy's own statistics as (name, value) pairs, e.g. the caching policy's
+    /// `torch.cuda.memory_stats()` keys. Empty for a policy with none beyond
+    /// [`PolicyStats`].
+    fn detailed_stats(&self) -> Vec<(String, i64)> {
+        Vec::new()
+    }
+
     /// Walks the internal structures and panics at the first broken invariant.
     /// Called after every event when the replay engine checks invariants (always in tests).
     fn check_invariants(&self);

@@ -1,5 +1,6 @@
 //! `allocsim check`: every problem of every trace, one per line.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use workloads::validate::{validate, Severity};
@@ -10,6 +11,7 @@ use crate::load;
 
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let mut bad = false;
+    let mut out = crate::output::create(None)?;
     for path in &args.traces {
         let fmt = match load::format(args.input.format) {
             Some(f) => f,
@@ -28,9 +30,10 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
             .filter(|i| i.severity == Severity::Error)
             .count();
         for issue in &issues {
-            println!("{}", issue.display_with(&trace));
+            writeln!(out, "{}", issue.display_with(&trace))?;
         }
-        println!(
+        writeln!(
+            out,
             "{}: {} events, {} error{}, {} warning{}",
             path.display(),
             trace.events.len(),
@@ -38,9 +41,10 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
             if errors == 1 { "" } else { "s" },
             issues.len() - errors,
             if issues.len() - errors == 1 { "" } else { "s" },
-        );
+        )?;
         bad |= errors > 0;
     }
+    out.flush()?;
     Ok(if bad {
         ExitCode::from(2)
     } else {

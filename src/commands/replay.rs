@@ -1,6 +1,7 @@
 //! `allocsim replay`: one trace, one policy, a readable summary.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
@@ -32,10 +33,19 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         sim::report::write_timeline_csv(&r.timeline, out)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    print!(
+    let mut out = crate::output::create(None)?;
+    write!(
+        out,
         "{}",
         summary(&loaded.trace, &spec.label, device.options(), &r)
-    );
+    )?;
+    if args.stats {
+        writeln!(out)?;
+        for (key, value) in policy.detailed_stats() {
+            writeln!(out, "{key:<40} {value}")?;
+        }
+    }
+    out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 

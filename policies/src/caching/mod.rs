@@ -1199,6 +1199,10 @@ impl Policy for CachingPolicy {
         self.release_cached_blocks(device)
     }
 
+    fn detailed_stats(&self) -> Vec<(String, i64)> {
+        self.stats.flatten(self.config.max_split_size_bytes)
+    }
+
     fn describe_oom(&mut self, tried_bytes: u64, device: &dyn Device) -> Option<String> {
         Some(self.oom_message(tried_bytes, device))
     }
