@@ -33,6 +33,7 @@
 
 pub mod csv;
 pub mod generate;
+mod pickle_depth;
 pub mod recorded;
 pub mod size;
 pub mod snapshot;

@@ -53,9 +53,10 @@
 //! Errors name `entry N` (0-based index into the device trace) or `segment N`
 //! (0-based index into `segments`).
 //!
-//! Limit: serde-pickle converts nested values recursively, so a deliberately crafted
-//! pickle nesting lists some 10^5 levels deep exhausts the thread's stack (an abort,
-//! not a panic). Snapshots nest six levels; like any pickle, only load files from
+//! serde-pickle converts nested values recursively, so a pickle nesting containers
+//! deeper than 256 levels (real snapshots nest about six) is refused before decoding,
+//! by a scan of its opcodes that needs no recursion (`pickle_depth`): a crafted file
+//! gets an error, not a stack overflow. As with any pickle, only load files from
 //! sources you trust.
 //!
 //! [`ReadErrorKind::Invalid`]: crate::ReadErrorKind::Invalid
@@ -65,6 +66,11 @@ use std::io;
 use std::path::Path;
 
 use serde_pickle::{DeOptions, HashableValue, Value};
+
+use crate::pickle_depth::DepthError;
+
+/// Deepest nesting accepted in a snapshot pickle (real ones nest about six levels).
+const MAX_NESTING: u32 = 256;
 
 use crate::csv::file_stem;
 use crate::recorded::{Action, RecordedEntry, RecordedOom, RecordedRun, RecordedSegment};
@@ -100,6 +106,26 @@ pub fn read_snapshot_pickle_from(
     reader
         .read_to_end(&mut bytes)
         .map_err(|e| ReadError::io(path, &e))?;
+    // serde-pickle recurses into nested values: refuse absurd nesting first.
+    match crate::pickle_depth::max_nesting(&bytes, MAX_NESTING) {
+        Ok(_) => {}
+        Err(DepthError::TooDeep { offset }) => {
+            return Err(ReadError::syntax(
+                path,
+                Some(format!("byte {offset}")),
+                format!(
+                "values nest more than {MAX_NESTING} levels deep: not a PyTorch memory snapshot"
+            ),
+            ))
+        }
+        Err(DepthError::Malformed { offset, what }) => {
+            return Err(ReadError::syntax(
+                path,
+                Some(format!("byte {offset}")),
+                format!("not a Python pickle ({what})"),
+            ))
+        }
+    }
     let options = DeOptions::new()
         .decode_strings()
         .replace_unresolved_globals()
@@ -492,6 +518,23 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+
+    /// A pickle nested a million levels deep is refused with its byte offset, not a
+    /// stack overflow.
+    #[test]
+    fn absurd_nesting_is_an_error() {
+        let mut p = vec![0x80, 4];
+        p.extend(std::iter::repeat_n(b']', 1_000_000));
+        p.extend(std::iter::repeat_n(b'a', 999_999));
+        p.push(b'.');
+        let err = read_snapshot_pickle_from(&p[..], Path::new("deep.pickle"), 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("deep.pickle: byte 1000257: values nest more than 256 levels deep"),
+            "{err}"
+        );
+    }
     use crate::recorded::read_recorded_json;
     use crate::trace::Event;
 
@@ -786,7 +829,8 @@ mod tests {
         let e = read_snapshot_pickle_from(&b"hello"[..], path, 0).unwrap_err();
         assert_eq!(e.kind(), crate::ReadErrorKind::Syntax);
         assert!(
-            e.to_string().starts_with("x.pickle: not a Python pickle: "),
+            e.to_string()
+                .starts_with("x.pickle: byte 2: not a Python pickle ("),
             "{e}"
         );
         let e = read(&Value::List(vec![]), 0).unwrap_err().to_string();
