@@ -5,7 +5,7 @@
 //! - **Devices hand out segments, policies carve them.** [`Device`] is the only way a
 //!   policy gets memory, so a policy runs unchanged on the simulated device (`sim`) and
 //!   on a real GPU (`gpu-backend`), and can be unit-tested with a ten-line fake
-//!   ([`testing`], behind the `testing` feature).
+//!   (module `testing`, behind the `testing` feature).
 //! - **No I/O, no clock, no traces here.** A policy sees [`Request`]s and a
 //!   `&mut dyn Device`, nothing else; replay, formats and reports live in other crates.
 //!   That keeps the hot path lean and the policies deterministic.
