@@ -33,11 +33,26 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         sim::report::write_timeline_csv(&r.timeline, out)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    let label = match &spec.config {
+        policies::PolicyConfig::Caching(c) => {
+            let conf = c.to_alloc_conf();
+            let limit = match c.memory_limit {
+                policies::caching::MemoryLimit::FromConfig => String::new(),
+                limit => format!(", memory limit: {limit}"),
+            };
+            if conf.is_empty() && limit.is_empty() {
+                spec.label.clone()
+            } else {
+                format!("{} (PYTORCH_CUDA_ALLOC_CONF={conf:?}{limit})", spec.label)
+            }
+        }
+        _ => spec.label.clone(),
+    };
     let mut out = crate::output::create(None)?;
     write!(
         out,
         "{}",
-        summary(&loaded.trace, &spec.label, device.options(), &r)
+        summary(&loaded.trace, &label, device.options(), &r)
     )?;
     if args.stats {
         writeln!(out)?;
