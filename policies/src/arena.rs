@@ -712,23 +712,16 @@ impl Policy for ArenaPolicy {
             "arena: a block or superblock lies outside every chunk"
         );
         self.live.check("arena");
+        let recomputed = PolicyStats {
+            requested_bytes: requested,
+            allocated_bytes: allocated,
+            reserved_bytes: reserved,
+            allocation_count: count,
+            segment_count: self.chunks.len() as u64,
+        };
         assert_eq!(
-            self.stats.requested_bytes, requested,
-            "arena: requested bytes"
-        );
-        assert_eq!(
-            self.stats.allocated_bytes, allocated,
-            "arena: allocated bytes"
-        );
-        assert_eq!(
-            self.stats.allocation_count, count,
-            "arena: allocation count"
-        );
-        assert_eq!(self.stats.reserved_bytes, reserved, "arena: reserved bytes");
-        assert_eq!(
-            self.stats.segment_count,
-            self.chunks.len() as u64,
-            "arena: segment count"
+            self.stats, recomputed,
+            "arena: stats disagree with the blocks and segments"
         );
     }
 }

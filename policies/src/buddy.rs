@@ -588,23 +588,16 @@ impl Policy for BuddyPolicy {
             "buddy: a block lies outside every segment"
         );
         self.live.check("buddy");
+        let recomputed = PolicyStats {
+            requested_bytes: requested,
+            allocated_bytes: allocated,
+            reserved_bytes: reserved,
+            allocation_count: count,
+            segment_count: self.segments.len() as u64,
+        };
         assert_eq!(
-            self.stats.requested_bytes, requested,
-            "buddy: requested bytes"
-        );
-        assert_eq!(
-            self.stats.allocated_bytes, allocated,
-            "buddy: allocated bytes"
-        );
-        assert_eq!(
-            self.stats.allocation_count, count,
-            "buddy: allocation count"
-        );
-        assert_eq!(self.stats.reserved_bytes, reserved, "buddy: reserved bytes");
-        assert_eq!(
-            self.stats.segment_count,
-            self.segments.len() as u64,
-            "buddy: segment count"
+            self.stats, recomputed,
+            "buddy: stats disagree with the blocks and segments"
         );
     }
 }

@@ -113,18 +113,16 @@ impl Policy for ImmediatePolicy {
     fn check_invariants(&self) {
         let live: Vec<_> = self.live.values().collect();
         let bytes: u64 = live.iter().map(|(_, size, _)| size).sum();
+        let recomputed = PolicyStats {
+            requested_bytes: bytes,
+            allocated_bytes: bytes,
+            reserved_bytes: bytes,
+            allocation_count: live.len() as u64,
+            segment_count: live.len() as u64,
+        };
         assert_eq!(
-            bytes, self.stats.allocated_bytes,
-            "immediate: allocated bytes"
-        );
-        assert_eq!(
-            bytes, self.stats.reserved_bytes,
-            "immediate: reserved bytes"
-        );
-        assert_eq!(
-            live.len() as u64,
-            self.stats.allocation_count,
-            "immediate: allocation count"
+            self.stats, recomputed,
+            "immediate: stats disagree with the live segments"
         );
         self.live.check("immediate");
     }
