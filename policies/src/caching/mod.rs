@@ -79,6 +79,52 @@ struct Block {
     serial: u64,
 }
 
+impl Block {
+    /// A free block that never had a tenant, alone in its (new) segment.
+    fn whole(
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        pool: PoolKind,
+        segment: u32,
+        expandable: bool,
+        mapped: bool,
+    ) -> Block {
+        Block {
+            addr,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            prev: NIL,
+            next: NIL,
+            state: State::Free,
+            mapped,
+            expandable,
+            segment,
+            gc_count_base: 0,
+            serial: 0,
+        }
+    }
+
+    /// A free piece of the same segment as `self`, linked between `prev` and `next`.
+    fn piece(&self, addr: u64, size: u64, mapped: bool, prev: u32, next: u32) -> Block {
+        Block {
+            prev,
+            next,
+            ..Block::whole(
+                addr,
+                size,
+                self.stream,
+                self.pool,
+                self.segment,
+                self.expandable,
+                mapped,
+            )
+        }
+    }
+}
+
 type SizeKey = (u64, u64, u64);
 type AddrKey = (u64, u64);
 
@@ -412,21 +458,7 @@ impl CachingPolicy {
         let block_id = if split {
             let remaining = id;
             let r = self.block(remaining).clone();
-            let new_id = self.insert_block(Block {
-                addr: r.addr,
-                size,
-                requested: 0,
-                stream: r.stream,
-                pool,
-                prev: r.prev,
-                next: remaining,
-                state: State::Free,
-                mapped: true,
-                expandable,
-                segment: r.segment,
-                gc_count_base: 0,
-                serial: 0,
-            });
+            let new_id = self.insert_block(r.piece(r.addr, size, true, r.prev, remaining));
             if r.prev != NIL {
                 self.block_mut(r.prev).next = new_id;
             }
@@ -507,21 +539,9 @@ impl CachingPolicy {
         let addr = segment.addr.0;
         let slot = self.segments.insert(segment);
         self.total_allocated += size;
-        let id = self.insert_block(Block {
-            addr,
-            size,
-            requested: 0,
-            stream: a.stream,
-            pool: a.pool,
-            prev: NIL,
-            next: NIL,
-            state: State::Free,
-            mapped: true,
-            expandable: false,
-            segment: slot,
-            gc_count_base: 0,
-            serial: 0,
-        });
+        let id = self.insert_block(Block::whole(
+            addr, size, a.stream, a.pool, slot, false, true,
+        ));
         self.stats.segment.increase(a.pool, 1);
         self.stats.reserved_bytes.increase(a.pool, size);
         if size >= self.config.max_split_size_bytes {
@@ -796,21 +816,9 @@ impl CachingPolicy {
             mapped_bytes: 0,
         }));
         let es = (self.expandables.len() - 1) as u32;
-        let id = self.insert_block(Block {
-            addr,
-            size: va_size,
-            requested: 0,
-            stream,
-            pool: pool_kind,
-            prev: NIL,
-            next: NIL,
-            state: State::Free,
-            mapped: false,
-            expandable: true,
-            segment: es,
-            gc_count_base: 0,
-            serial: 0,
-        });
+        let id = self.insert_block(Block::whole(
+            addr, va_size, stream, pool_kind, es, true, false,
+        ));
         self.pool_mut(pool_kind)
             .unmapped
             .insert((stream.0, addr), id);
@@ -851,21 +859,13 @@ impl CachingPolicy {
         self.pool_mut(b.pool).unmapped.remove(&(b.stream.0, b.addr));
         self.block_mut(id).mapped = true;
         if mapped_size < b.size {
-            let rest = self.insert_block(Block {
-                addr: b.addr + mapped_size,
-                size: b.size - mapped_size,
-                requested: 0,
-                stream: b.stream,
-                pool: b.pool,
-                prev: id,
-                next: b.next,
-                state: State::Free,
-                mapped: false,
-                expandable: true,
-                segment: b.segment,
-                gc_count_base: 0,
-                serial: 0,
-            });
+            let rest = self.insert_block(b.piece(
+                b.addr + mapped_size,
+                b.size - mapped_size,
+                false,
+                id,
+                b.next,
+            ));
             if b.next != NIL {
                 self.block_mut(b.next).prev = rest;
             }
@@ -914,21 +914,7 @@ impl CachingPolicy {
             .remove(&(b.stream.0, b.size, b.addr));
         let before_size = unmapped_addr - b.addr;
         if before_size > 0 {
-            let before = self.insert_block(Block {
-                addr: b.addr,
-                size: before_size,
-                requested: 0,
-                stream: b.stream,
-                pool: b.pool,
-                prev: b.prev,
-                next: id,
-                state: State::Free,
-                mapped: true,
-                expandable: true,
-                segment: b.segment,
-                gc_count_base: 0,
-                serial: 0,
-            });
+            let before = self.insert_block(b.piece(b.addr, before_size, true, b.prev, id));
             if b.prev != NIL {
                 self.block_mut(b.prev).next = before;
             }
@@ -937,21 +923,13 @@ impl CachingPolicy {
         }
         let after_size = b.size - (before_size + unmapped_size);
         if after_size > 0 {
-            let after = self.insert_block(Block {
-                addr: unmapped_addr + unmapped_size,
-                size: after_size,
-                requested: 0,
-                stream: b.stream,
-                pool: b.pool,
-                prev: id,
-                next: b.next,
-                state: State::Free,
-                mapped: true,
-                expandable: true,
-                segment: b.segment,
-                gc_count_base: 0,
-                serial: 0,
-            });
+            let after = self.insert_block(b.piece(
+                unmapped_addr + unmapped_size,
+                after_size,
+                true,
+                id,
+                b.next,
+            ));
             if b.next != NIL {
                 self.block_mut(b.next).prev = after;
             }
