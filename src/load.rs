@@ -72,7 +72,17 @@ pub fn load_trace(
             let total = run.total_bytes.unwrap_or(85_017_493_504);
             (trace, sim::fidelity::address_hints(&run, &conf, total))
         }
-        _ => (workloads::read(path, Some(fmt))?, AddressHints::default()),
+        _ => {
+            let trace = workloads::read(path, Some(fmt)).map_err(|e| {
+                let hint = if e.more.is_empty() {
+                    String::new()
+                } else {
+                    format!("; `allocsim check {}` lists them all", path.display())
+                };
+                anyhow::anyhow!("{e}{hint}")
+            })?;
+            (trace, AddressHints::default())
+        }
     };
     let issues = validate(&trace);
     let errors: Vec<_> = issues

@@ -124,6 +124,41 @@ fn closed_stdout_is_not_an_error() {
     );
 }
 
+/// Every malformed row is reported, not only the first: the refusal counts them, and
+/// `check` lists each with its line.
+#[test]
+fn every_malformed_row_is_reported() {
+    let dir = TempDir::new("cli-rows");
+    let p = dir.file(
+        "rows.csv",
+        "op,id,bytes,stream\nalloc,1,ten,0\nalloc,2,10,0\nfree,x,,\nteleport,3,,\n",
+    );
+    let o = allocsim(["replay".as_ref(), p.as_os_str()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("rows.csv: line 2:")
+            && err.contains("(and 2 more problems in this file); `allocsim check"),
+        "{err}"
+    );
+    let o = allocsim([
+        "check".as_ref(),
+        p.as_os_str(),
+        "examples/seed000.yaml".as_ref(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let out = stdout(&o);
+    for needle in [
+        "rows.csv: line 2:",
+        "rows.csv: line 4:",
+        "rows.csv: line 5:",
+        "rows.csv: unreadable, 3 problems",
+        "seed000.yaml: 19 events, 0 errors",
+    ] {
+        assert!(out.contains(needle), "'{needle}' missing from {out}");
+    }
+}
+
 /// A missing file is one line with its path and exit 2.
 #[test]
 fn missing_file() {

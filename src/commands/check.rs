@@ -13,16 +13,38 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let mut bad = false;
     let mut out = crate::output::create(None)?;
     for path in &args.traces {
-        let fmt = match load::format(args.input.format) {
-            Some(f) => f,
-            None => Format::from_path(path)?,
-        };
-        let trace = match fmt {
-            Format::RecordedJson | Format::TorchPickle => {
-                workloads::read_recorded(path, Some(fmt), load::snapshot_device(&args.input, None))?
-                    .to_trace()?
+        let read = || -> Result<workloads::Trace, workloads::ReadError> {
+            let fmt = match load::format(args.input.format) {
+                Some(f) => f,
+                None => Format::from_path(path)?,
+            };
+            match fmt {
+                Format::RecordedJson | Format::TorchPickle => workloads::read_recorded(
+                    path,
+                    Some(fmt),
+                    load::snapshot_device(&args.input, None),
+                )?
+                .to_trace(),
+                _ => workloads::read(path, Some(fmt)),
             }
-            _ => workloads::read(path, Some(fmt))?,
+        };
+        let trace = match read() {
+            Ok(trace) => trace,
+            Err(e) => {
+                // Unreadable: every problem the reader found, then the next file.
+                for problem in e.all() {
+                    writeln!(out, "{}", problem.one())?;
+                }
+                writeln!(
+                    out,
+                    "{}: unreadable, {} problem{}",
+                    path.display(),
+                    e.all().count(),
+                    if e.all().count() == 1 { "" } else { "s" }
+                )?;
+                bad = true;
+                continue;
+            }
         };
         let issues = validate(&trace);
         let errors = issues

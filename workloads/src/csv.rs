@@ -64,6 +64,7 @@ pub fn read_csv_from(mut reader: impl io::Read, path: &Path) -> Result<Trace, Re
     let mut events = Vec::new();
     let mut locations = Vec::new();
     let mut header_seen = false;
+    let mut problems = Vec::new();
     loop {
         let more = csv
             .read_record(&mut record)
@@ -77,8 +78,17 @@ pub fn read_csv_from(mut reader: impl io::Read, path: &Path) -> Result<Trace, Re
             header_seen = true;
             continue;
         }
-        events.push(parse_row(path, line, &record)?);
-        locations.push(line);
+        // A malformed row is reported with every other one, not only the first.
+        match parse_row(path, line, &record) {
+            Ok(event) => {
+                events.push(event);
+                locations.push(line);
+            }
+            Err(e) => problems.push(e),
+        }
+    }
+    if let Some(e) = ReadError::collect(problems) {
+        return Err(e);
     }
     if !header_seen {
         return Err(ReadError::syntax(

@@ -231,12 +231,38 @@ pub struct ReadError {
     /// What is wrong.
     pub message: String,
     kind: ReadErrorKind,
+    /// Further problems found in the same file (malformed rows or events after the
+    /// first); readers report every one they can.
+    pub more: Vec<ReadError>,
 }
 
 impl ReadError {
     /// The kind of problem.
     pub fn kind(&self) -> ReadErrorKind {
         self.kind
+    }
+
+    /// This problem and every further one found in the same file, in file order.
+    pub fn all(&self) -> impl Iterator<Item = &ReadError> {
+        std::iter::once(self).chain(self.more.iter())
+    }
+
+    /// The first of `errors`, carrying the others; `None` if there are none.
+    pub fn collect(mut errors: Vec<ReadError>) -> Option<ReadError> {
+        if errors.is_empty() {
+            return None;
+        }
+        let mut first = errors.remove(0);
+        first.more = errors;
+        Some(first)
+    }
+
+    /// The message of this problem alone, `path: location: message`.
+    pub fn one(&self) -> String {
+        match &self.location {
+            Some(loc) => format!("{}: {loc}: {}", self.path.display(), self.message),
+            None => format!("{}: {}", self.path.display(), self.message),
+        }
     }
 
     /// The file could not be read.
@@ -246,6 +272,7 @@ impl ReadError {
             location: None,
             message: error.to_string(),
             kind: ReadErrorKind::Io,
+            more: Vec::new(),
         }
     }
 
@@ -256,6 +283,7 @@ impl ReadError {
             location,
             message: message.into(),
             kind: ReadErrorKind::Syntax,
+            more: Vec::new(),
         }
     }
 
@@ -266,6 +294,7 @@ impl ReadError {
             location,
             message: message.into(),
             kind: ReadErrorKind::Invalid,
+            more: Vec::new(),
         }
     }
 
@@ -276,15 +305,18 @@ impl ReadError {
             location: None,
             message: message.into(),
             kind: ReadErrorKind::UnknownFormat,
+            more: Vec::new(),
         }
     }
 }
 
 impl fmt::Display for ReadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.location {
-            Some(loc) => write!(f, "{}: {loc}: {}", self.path.display(), self.message),
-            None => write!(f, "{}: {}", self.path.display(), self.message),
+        f.write_str(&self.one())?;
+        match self.more.len() {
+            0 => Ok(()),
+            1 => write!(f, " (and 1 more problem in this file)"),
+            n => write!(f, " (and {n} more problems in this file)"),
         }
     }
 }

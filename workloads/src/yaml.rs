@@ -68,10 +68,20 @@ pub fn read_yaml_from(mut reader: impl io::Read, path: &Path) -> Result<Trace, R
         .map_err(|_| ReadError::syntax(path, None, "not valid UTF-8 text"))?;
     let doc: YamlTrace = serde_yaml::from_str(&text).map_err(|e| yaml_error(path, &e))?;
     let mut events = Vec::with_capacity(doc.events.len());
+    let mut problems = Vec::new();
     for (index, value) in doc.events.iter().enumerate() {
-        events.push(parse_event(value).map_err(|message| {
-            ReadError::syntax(path, Some(format!("event {}", index + 1)), message)
-        })?);
+        // A malformed event is reported with every other one, not only the first.
+        match parse_event(value) {
+            Ok(event) => events.push(event),
+            Err(message) => problems.push(ReadError::syntax(
+                path,
+                Some(format!("event {}", index + 1)),
+                message,
+            )),
+        }
+    }
+    if let Some(e) = ReadError::collect(problems) {
+        return Err(e);
     }
     Ok(Trace {
         name: doc.name.unwrap_or_else(|| file_stem(path)),
@@ -263,6 +273,20 @@ fn yaml_error(path: &Path, e: &serde_yaml::Error) -> ReadError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every malformed event is reported, in order, not only the first.
+    #[test]
+    fn every_bad_event_is_reported() {
+        let text =
+            "events:\n  - {op: alloc, id: 1, bytes: lots}\n  - {op: free, id: 1}\n  - {op: warp}\n";
+        let e = read_yaml_from(text.as_bytes(), Path::new("t.yaml")).unwrap_err();
+        let places: Vec<_> = e.all().map(|p| p.location.clone().unwrap()).collect();
+        assert_eq!(places, ["event 1", "event 3"]);
+        assert!(
+            e.to_string().ends_with("(and 1 more problem in this file)"),
+            "{e}"
+        );
+    }
     use proptest::prelude::*;
 
     fn read(text: &str) -> Result<Trace, ReadError> {
