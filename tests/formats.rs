@@ -50,3 +50,111 @@ fn recorded_pickle_matches_its_json() {
         assert_eq!(a.row.oom_event_torch, b.row.oom_event_torch);
     }
 }
+
+/// Any bytes, and real files cut short or with a byte changed, given to every reader:
+/// an error or a trace, never a panic; whatever parses also validates and replays
+/// (leniently, continuing after OOMs) under every policy with invariants checked.
+mod robustness {
+    use std::path::Path;
+
+    use policies::PolicyConfig;
+    use proptest::prelude::*;
+    use sim::{ReplayOptions, SimDevice, SimDeviceOptions};
+
+    use crate::util::root;
+
+    fn samples() -> Vec<(&'static str, Vec<u8>)> {
+        let read = |p: &str| std::fs::read(root().join(p)).unwrap();
+        vec![
+            ("csv", read("examples/random_small.csv")),
+            ("yaml", read("examples/training_loop.yaml")),
+            ("pickle", read("tests/data/torch/multistream.pickle")),
+            ("json", read("tests/data/torch/seed002_retain.json")),
+        ]
+    }
+
+    fn parse(kind: &str, bytes: &[u8]) -> Option<workloads::Trace> {
+        let path = Path::new("fuzz");
+        match kind {
+            "csv" => workloads::csv::read_csv_from(bytes, path).ok(),
+            "yaml" => workloads::yaml::read_yaml_from(bytes, path).ok(),
+            "pickle" => workloads::snapshot::read_snapshot_pickle_from(bytes, path, 0)
+                .ok()?
+                .to_trace()
+                .ok(),
+            _ => workloads::read_recorded_json_from(bytes, path)
+                .ok()?
+                .to_trace()
+                .ok(),
+        }
+    }
+
+    /// Returns whether the bytes parsed (and were replayed).
+    fn exercise(kind: &str, bytes: &[u8]) -> bool {
+        let Some(trace) = parse(kind, bytes) else {
+            return false;
+        };
+        let _ = workloads::validate::validate(&trace);
+        let options = ReplayOptions {
+            check_invariants: true,
+            continue_after_oom: true,
+            ..ReplayOptions::default()
+        };
+        for config in PolicyConfig::defaults() {
+            let mut policy = config.build().unwrap();
+            let mut device = SimDevice::new(SimDeviceOptions::default().with_capacity(4 << 30));
+            sim::replay(&trace, policy.as_mut(), &mut device, &options).unwrap();
+        }
+        true
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Arbitrary bytes.
+        #[test]
+        fn arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512), kind in 0usize..4) {
+            exercise(["csv", "yaml", "pickle", "json"][kind], &bytes);
+        }
+
+        /// A real file cut short, with one byte changed.
+        #[test]
+        fn mutated_real_files(kind in 0usize..4, cut in any::<prop::sample::Index>(), at in any::<prop::sample::Index>(), byte in any::<u8>()) {
+            let (name, mut bytes) = samples().swap_remove(kind);
+            let len = cut.index(bytes.len() + 1);
+            bytes.truncate(len);
+            if !bytes.is_empty() {
+                let i = at.index(bytes.len());
+                bytes[i] = byte;
+            }
+            exercise(name, &bytes);
+        }
+
+        /// A text trace with one line dropped (a dropped alloc leaves an unknown free,
+        /// replayed leniently) and cut after some line: these mostly parse.
+        #[test]
+        fn dropped_and_cut_lines(kind in 0usize..2, drop_at in any::<prop::sample::Index>(), keep in any::<prop::sample::Index>()) {
+            let (name, bytes) = samples().swap_remove(kind);
+            let text = String::from_utf8(bytes).unwrap();
+            let mut lines: Vec<&str> = text.lines().collect();
+            let keep = 2 + keep.index(lines.len() - 1);
+            lines.truncate(keep);
+            let dropped = 1 + drop_at.index(lines.len() - 1);
+            lines.remove(dropped);
+            let cut = lines.join("\n") + "\n";
+            exercise(name, cut.as_bytes());
+        }
+    }
+
+    /// The mutations above do reach the replay: most line-level cuts parse.
+    #[test]
+    fn line_cuts_mostly_parse() {
+        let (name, bytes) = samples().swap_remove(0);
+        let text = String::from_utf8(bytes).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let parsed = (2..40)
+            .filter(|&k| exercise(name, (lines[..k].join("\n") + "\n").as_bytes()))
+            .count();
+        assert_eq!(parsed, 38);
+    }
+}

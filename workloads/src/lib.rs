@@ -48,8 +48,8 @@ use std::path::{Path, PathBuf};
 pub use crate::csv::{read_csv, read_csv_from, write_csv};
 pub use generate::{random, InvalidOptions, RandomOptions, SizeDistribution};
 pub use recorded::{
-    read_recorded_json, Action, Checkpoint, RecordedEntry, RecordedOom, RecordedRun,
-    RecordedSegment,
+    read_recorded_json, read_recorded_json_from, Action, Checkpoint, RecordedEntry, RecordedOom,
+    RecordedRun, RecordedSegment,
 };
 pub use snapshot::{read_snapshot_pickle, read_snapshot_pickle_from};
 pub use trace::{AllocId, Event, LocationKind, Trace};

@@ -317,7 +317,22 @@ struct RecordedJson {
 /// I/O errors and JSON that does not have the recorded-run shape, with the line and
 /// column where parsing stopped.
 pub fn read_recorded_json(path: &Path) -> Result<RecordedRun, ReadError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ReadError::io(path, &e))?;
+    let file = std::fs::File::open(path).map_err(|e| ReadError::io(path, &e))?;
+    read_recorded_json_from(file, path)
+}
+
+/// [`read_recorded_json`] from any reader; `path` names the source in messages.
+///
+/// # Errors
+/// See [`read_recorded_json`].
+pub fn read_recorded_json_from(
+    mut reader: impl std::io::Read,
+    path: &Path,
+) -> Result<RecordedRun, ReadError> {
+    let mut text = String::new();
+    reader
+        .read_to_string(&mut text)
+        .map_err(|e| ReadError::io(path, &e))?;
     let json: RecordedJson = serde_json::from_str(&text).map_err(|e| {
         ReadError::syntax(
             path,
