@@ -156,8 +156,8 @@ pub const CHECKPOINT_FIELDS: [&str; 6] = [
 pub struct FidelityReport {
     /// The summary row.
     pub row: FidelityRow,
-    /// PyTorch's segment operations (with their entry index as owner... see
-    /// [`SegmentOp::owner`]) up to the first `oom` entry.
+    /// PyTorch's segment operations up to the first `oom` entry, each with its own
+    /// entry index (the request that caused it is [`SegmentOp::owner`]).
     pub torch_ops: Vec<(usize, SegmentOp)>,
     /// The simulation's segment operations up to the same point.
     pub sim_ops: Vec<SegmentOp>,
