@@ -185,6 +185,25 @@ fn usize_of(bytes: u64) -> usize {
 }
 
 impl CudaDevice {
+    /// The bookkeeping of a range this device reserved.
+    ///
+    /// # Panics
+    /// If the range was not reserved here, or its address does not match (a bug).
+    fn live_range(&self, range: &AddressRange) -> &LiveRange {
+        let live = self.ranges.get(&range.id.0).unwrap_or_else(|| {
+            panic!(
+                "CudaDevice: address range {:?} was not reserved by this device",
+                range.id
+            )
+        });
+        assert_eq!(
+            live.ptr, range.addr.0,
+            "CudaDevice: address range {:?} does not match",
+            range.id
+        );
+        live
+    }
+
     /// Opens CUDA device `device_index`: loads libcuda (at run time, see the crate
     /// docs), checks that it exports every symbol this crate calls, runs `cuInit`,
     /// retains the device's primary context and makes it current on the calling thread,
@@ -781,17 +800,7 @@ impl VirtualMemory for CudaDevice {
         page_count: u64,
     ) -> Result<(), DeviceError> {
         let vmm = self.vmm()?;
-        let live = self.ranges.get(&range.id.0).unwrap_or_else(|| {
-            panic!(
-                "CudaDevice: address range {:?} was not reserved by this device",
-                range.id
-            )
-        });
-        assert_eq!(
-            live.ptr, range.addr.0,
-            "CudaDevice: address range {:?} does not match",
-            range.id
-        );
+        let live = self.live_range(range);
         assert!(page_bytes > 0, "CudaDevice: mapping pages of 0 bytes");
         let requested = page_bytes
             .checked_mul(page_count)
@@ -876,17 +885,7 @@ impl VirtualMemory for CudaDevice {
         page_bytes: u64,
         page_count: u64,
     ) -> Result<(), DeviceError> {
-        let live = self.ranges.get(&range.id.0).unwrap_or_else(|| {
-            panic!(
-                "CudaDevice: address range {:?} was not reserved by this device",
-                range.id
-            )
-        });
-        assert_eq!(
-            live.ptr, range.addr.0,
-            "CudaDevice: address range {:?} does not match",
-            range.id
-        );
+        let live = self.live_range(range);
         for i in 0..page_count {
             let offset = offset_bytes + i * page_bytes;
             assert_eq!(
@@ -928,17 +927,7 @@ impl VirtualMemory for CudaDevice {
     /// Frees the address space. Refused (an error, nothing freed, the range stays
     /// live until cleanup) while pages are still mapped in it.
     fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError> {
-        let live = self.ranges.get(&range.id.0).unwrap_or_else(|| {
-            panic!(
-                "CudaDevice: address range {:?} was not reserved by this device",
-                range.id
-            )
-        });
-        assert_eq!(
-            live.ptr, range.addr.0,
-            "CudaDevice: address range {:?} does not match",
-            range.id
-        );
+        let live = self.live_range(&range);
         if !live.pages.is_empty() {
             return Err(conv::refused(
                 "cuMemAddressFree",
