@@ -62,12 +62,12 @@
 use std::collections::BTreeMap;
 
 use crate::device::{Device, DeviceAddr, DeviceError, Segment};
+use crate::lease::{Lease, Leases};
 use crate::policy::{
     AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
 };
 use crate::registry::OptionsError;
-use crate::slab::Slab;
 
 /// Every allocation size is rounded up to a multiple of this (RMM's
 /// `CUDA_ALLOCATION_ALIGNMENT`).
@@ -229,17 +229,16 @@ struct Chunk {
     free: FreeList,
 }
 
-/// A handed-out block.
+/// What the policy records about a handed-out block, beside its lease.
 #[derive(Debug)]
-struct LiveBlock {
-    addr: u64,
-    block_bytes: u64,
-    requested_bytes: u64,
-    stream: StreamId,
-    /// The superblock (of `stream`'s arena) holding it; `None` for a global-arena block.
+struct Held {
+    /// The superblock (of the lease's stream arena) holding it; `None` for a
+    /// global-arena block.
     superblock: Option<u64>,
-    serial: u64,
 }
+
+/// A handed-out block.
+type LiveBlock = Lease<Held>;
 
 /// RMM-style arena allocator. See the module docs.
 #[derive(Debug)]
@@ -250,9 +249,8 @@ pub struct ArenaPolicy {
     /// Per-stream arenas: superblock address → its free list. No empty arena is kept.
     arenas: BTreeMap<StreamId, BTreeMap<u64, FreeList>>,
     /// Live blocks; an allocation's `block` indexes it.
-    live: Slab<LiveBlock>,
+    live: Leases<Held>,
     stats: PolicyStats,
-    next_serial: u64,
 }
 
 impl ArenaPolicy {
@@ -266,9 +264,8 @@ impl ArenaPolicy {
             options,
             chunks: BTreeMap::new(),
             arenas: BTreeMap::new(),
-            live: Slab::default(),
+            live: Leases::default(),
             stats: PolicyStats::default(),
-            next_serial: 1,
         })
     }
 
@@ -392,10 +389,6 @@ impl ArenaPolicy {
         }
         Ok(())
     }
-
-    fn insert_live(&mut self, block: LiveBlock) -> u32 {
-        self.live.insert(block)
-    }
 }
 
 impl Default for ArenaPolicy {
@@ -464,27 +457,14 @@ impl Policy for ArenaPolicy {
                 }
             }
         };
-        let serial = self.next_serial;
-        self.next_serial += 1;
-        let slot = self.insert_live(LiveBlock {
+        Ok(self.live.issue(
             addr,
-            block_bytes: bytes,
-            requested_bytes: size,
+            size,
+            bytes,
             stream,
-            superblock,
-            serial,
-        });
-        self.stats.requested_bytes += size;
-        self.stats.allocated_bytes += bytes;
-        self.stats.allocation_count += 1;
-        Ok(Allocation {
-            addr: DeviceAddr(addr),
-            requested_bytes: size,
-            block_bytes: bytes,
-            stream,
-            block: slot,
-            serial,
-        })
+            Held { superblock },
+            &mut self.stats,
+        ))
     }
 
     fn free(
@@ -492,21 +472,8 @@ impl Policy for ArenaPolicy {
         _device: &mut dyn Device,
         allocation: Allocation,
     ) -> Result<(), DeviceError> {
-        let block = self
-            .live
-            .take_if(allocation.block, |b| {
-                b.serial == allocation.serial && b.addr == allocation.addr.0
-            })
-            .unwrap_or_else(|| {
-                panic!(
-                    "arena: allocation at {} is not live in this policy (freed twice, or from another policy)",
-                    allocation.addr
-                )
-            });
-        self.stats.requested_bytes -= block.requested_bytes;
-        self.stats.allocated_bytes -= block.block_bytes;
-        self.stats.allocation_count -= 1;
-        match block.superblock {
+        let block = self.live.retire(&allocation, "arena", &mut self.stats);
+        match block.detail.superblock {
             Some(sb) => self
                 .arenas
                 .get_mut(&block.stream)
@@ -563,7 +530,7 @@ impl Policy for ArenaPolicy {
             }
             for (_, b) in live
                 .range(base..end)
-                .filter(|(_, b)| b.superblock.is_none())
+                .filter(|(_, b)| b.detail.superblock.is_none())
             {
                 pieces.insert(b.addr, Some(live_block(b)));
             }
@@ -608,22 +575,14 @@ impl Policy for ArenaPolicy {
         // Live blocks, split by where they live.
         let mut global_live: BTreeMap<u64, u64> = BTreeMap::new();
         let mut small_live: BTreeMap<u64, BTreeMap<u64, u64>> = BTreeMap::new();
-        let (mut requested, mut allocated, mut count) = (0u64, 0u64, 0u64);
+        let (requested, allocated, count) = self.live.check("arena");
         for b in self.live.values() {
-            assert!(
-                b.serial > 0 && b.serial < self.next_serial,
-                "arena: live block without a valid serial"
-            );
-            assert!(
-                b.requested_bytes > 0,
-                "arena: live block for a zero-byte request"
-            );
             assert_eq!(
                 b.block_bytes,
                 ArenaPolicy::block_bytes_for(b.requested_bytes),
                 "arena: block not the 256-rounded request"
             );
-            match b.superblock {
+            match b.detail.superblock {
                 Some(sb) => {
                     assert!(
                         b.block_bytes <= o.threshold_bytes,
@@ -654,9 +613,6 @@ impl Policy for ArenaPolicy {
                     );
                 }
             }
-            requested += b.requested_bytes;
-            allocated += b.block_bytes;
-            count += 1;
         }
         // Superblocks: their free ranges and small blocks tile them.
         let mut owner: BTreeMap<u64, StreamId> = BTreeMap::new();
@@ -711,7 +667,6 @@ impl Policy for ArenaPolicy {
             global_live.len() + owner.len(),
             "arena: a block or superblock lies outside every chunk"
         );
-        self.live.check("arena");
         let recomputed = PolicyStats {
             requested_bytes: requested,
             allocated_bytes: allocated,

@@ -49,12 +49,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::device::{Device, DeviceAddr, DeviceError, Segment};
+use crate::lease::Leases;
 use crate::policy::{
     AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
 };
 use crate::registry::OptionsError;
-use crate::slab::Slab;
 
 /// Largest allowed `segment_bytes`: 2^40 bytes (1 TiB).
 pub const MAX_SEGMENT_BYTES: u64 = 1 << 40;
@@ -121,14 +121,11 @@ struct BuddySegment {
     oversize: bool,
 }
 
-/// A handed-out block.
+/// What the policy records about a handed-out block, beside its lease.
 #[derive(Debug)]
-struct LiveBlock {
-    addr: u64,
-    block_bytes: u64,
-    requested_bytes: u64,
+struct Held {
+    /// The block is an oversize segment of its own.
     oversize: bool,
-    serial: u64,
 }
 
 /// Binary buddy allocator. See the module docs.
@@ -144,9 +141,8 @@ pub struct BuddyPolicy {
     /// Every live device segment by base address.
     segments: BTreeMap<u64, BuddySegment>,
     /// Live blocks; an allocation's `block` indexes it.
-    live: Slab<LiveBlock>,
+    live: Leases<Held>,
     stats: PolicyStats,
-    next_serial: u64,
 }
 
 impl BuddyPolicy {
@@ -163,9 +159,8 @@ impl BuddyPolicy {
             free_lists: vec![BTreeSet::new(); max_order as usize + 1],
             free_oversize: BTreeSet::new(),
             segments: BTreeMap::new(),
-            live: Slab::default(),
+            live: Leases::default(),
             stats: PolicyStats::default(),
-            next_serial: 1,
         })
     }
 
@@ -272,10 +267,6 @@ impl BuddyPolicy {
         }
         Ok(())
     }
-
-    fn insert_live(&mut self, block: LiveBlock) -> u32 {
-        self.live.insert(block)
-    }
 }
 
 impl Default for BuddyPolicy {
@@ -336,26 +327,14 @@ impl Policy for BuddyPolicy {
                 }
             }
         };
-        let serial = self.next_serial;
-        self.next_serial += 1;
-        let slot = self.insert_live(LiveBlock {
+        Ok(self.live.issue(
             addr,
+            size,
             block_bytes,
-            requested_bytes: size,
-            oversize,
-            serial,
-        });
-        self.stats.requested_bytes += size;
-        self.stats.allocated_bytes += block_bytes;
-        self.stats.allocation_count += 1;
-        Ok(Allocation {
-            addr: DeviceAddr(addr),
-            requested_bytes: size,
-            block_bytes,
-            stream: request.stream,
-            block: slot,
-            serial,
-        })
+            request.stream,
+            Held { oversize },
+            &mut self.stats,
+        ))
     }
 
     fn free(
@@ -363,21 +342,8 @@ impl Policy for BuddyPolicy {
         _device: &mut dyn Device,
         allocation: Allocation,
     ) -> Result<(), DeviceError> {
-        let block = self
-            .live
-            .take_if(allocation.block, |b| {
-                b.serial == allocation.serial && b.addr == allocation.addr.0
-            })
-            .unwrap_or_else(|| {
-                panic!(
-                    "buddy: allocation at {} is not live in this policy (freed twice, or from another policy)",
-                    allocation.addr
-                )
-            });
-        self.stats.requested_bytes -= block.requested_bytes;
-        self.stats.allocated_bytes -= block.block_bytes;
-        self.stats.allocation_count -= 1;
-        if block.oversize {
+        let block = self.live.retire(&allocation, "buddy", &mut self.stats);
+        if block.detail.oversize {
             self.free_oversize.insert((block.block_bytes, block.addr));
             return Ok(());
         }
@@ -511,16 +477,8 @@ impl Policy for BuddyPolicy {
             );
             add(addr, size, true);
         }
-        let (mut requested, mut allocated, mut count) = (0u64, 0u64, 0u64);
+        let (requested, allocated, count) = self.live.check("buddy");
         for b in self.live.values() {
-            assert!(
-                b.serial > 0 && b.serial < self.next_serial,
-                "buddy: live block without a valid serial"
-            );
-            assert!(
-                b.requested_bytes > 0 && b.requested_bytes <= b.block_bytes,
-                "buddy: block smaller than its request"
-            );
             assert_eq!(
                 b.block_bytes,
                 self.block_bytes_for(b.requested_bytes),
@@ -529,10 +487,10 @@ impl Policy for BuddyPolicy {
             let base = self.segment_base(b.addr);
             let seg = &self.segments[&base];
             assert_eq!(
-                seg.oversize, b.oversize,
+                seg.oversize, b.detail.oversize,
                 "buddy: live block in the wrong kind of segment"
             );
-            if b.oversize {
+            if b.detail.oversize {
                 assert_eq!(
                     (base, seg.segment.size_bytes),
                     (b.addr, b.block_bytes),
@@ -545,9 +503,6 @@ impl Policy for BuddyPolicy {
                     "buddy: live block not aligned to its order"
                 );
             }
-            requested += b.requested_bytes;
-            allocated += b.block_bytes;
-            count += 1;
             add(b.addr, b.block_bytes, false);
         }
         let mut reserved = 0u64;
@@ -587,7 +542,6 @@ impl Policy for BuddyPolicy {
             blocks.len(),
             "buddy: a block lies outside every segment"
         );
-        self.live.check("buddy");
         let recomputed = PolicyStats {
             requested_bytes: requested,
             allocated_bytes: allocated,

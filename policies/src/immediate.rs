@@ -9,18 +9,18 @@
 //! `cudaFree` synchronizes the device.
 
 use crate::device::{Device, DeviceAddr, DeviceError, Segment};
+use crate::lease::Leases;
 use crate::policy::{
     AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
-    SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
+    SegmentSnapshot, MAX_REQUEST_BYTES,
 };
-use crate::slab::Slab;
 
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct ImmediatePolicy {
-    live: Slab<(Segment, u64, StreamId)>,
+    /// Live allocations, each with the segment that is all of it.
+    live: Leases<Segment>,
     stats: PolicyStats,
-    next_serial: u64,
 }
 
 impl Policy for ImmediatePolicy {
@@ -49,36 +49,19 @@ impl Policy for ImmediatePolicy {
             Err(DeviceError::OutOfMemory { .. }) => return Err(oom(self.stats)),
             Err(e) => return Err(e.into()),
         };
-        let addr = segment.addr;
-        let size = segment.size_bytes;
-        let slot = self.live.insert((segment, size, request.stream));
-        self.stats.requested_bytes += size;
-        self.stats.allocated_bytes += size;
+        let (addr, size) = (segment.addr.0, segment.size_bytes);
         self.stats.reserved_bytes += size;
-        self.stats.allocation_count += 1;
         self.stats.segment_count += 1;
-        self.next_serial += 1;
-        Ok(Allocation {
-            addr,
-            requested_bytes: size,
-            block_bytes: size,
-            stream: request.stream,
-            block: slot,
-            serial: self.next_serial,
-        })
+        Ok(self
+            .live
+            .issue(addr, size, size, request.stream, segment, &mut self.stats))
     }
 
     fn free(&mut self, device: &mut dyn Device, allocation: Allocation) -> Result<(), DeviceError> {
-        let (segment, size, _) = self
-            .live
-            .take_if(allocation.block, |(s, _, _)| s.addr == allocation.addr)
-            .expect("immediate: freeing an allocation that is not live in this policy");
-        self.stats.requested_bytes -= size;
-        self.stats.allocated_bytes -= size;
-        self.stats.reserved_bytes -= size;
-        self.stats.allocation_count -= 1;
+        let lease = self.live.retire(&allocation, "immediate", &mut self.stats);
+        self.stats.reserved_bytes -= lease.block_bytes;
         self.stats.segment_count -= 1;
-        device.free_segment(segment)
+        device.free_segment(lease.detail)
     }
 
     fn empty_cache(&mut self, _device: &mut dyn Device) -> Result<(), DeviceError> {
@@ -93,15 +76,15 @@ impl Policy for ImmediatePolicy {
         let mut out: Vec<SegmentSnapshot> = self
             .live
             .values()
-            .map(|(segment, size, stream)| SegmentSnapshot {
-                addr: segment.addr,
-                size_bytes: *size,
-                stream: *stream,
+            .map(|l| SegmentSnapshot {
+                addr: DeviceAddr(l.addr),
+                size_bytes: l.block_bytes,
+                stream: l.stream,
                 pool: "immediate",
                 blocks: vec![BlockSnapshot {
-                    addr: DeviceAddr(segment.addr.0),
-                    size_bytes: *size,
-                    requested_bytes: *size,
+                    addr: DeviceAddr(l.addr),
+                    size_bytes: l.block_bytes,
+                    requested_bytes: l.requested_bytes,
                     state: BlockState::Allocated,
                 }],
             })
@@ -111,26 +94,32 @@ impl Policy for ImmediatePolicy {
     }
 
     fn check_invariants(&self) {
-        let live: Vec<_> = self.live.values().collect();
-        let bytes: u64 = live.iter().map(|(_, size, _)| size).sum();
+        let (requested, allocated, count) = self.live.check("immediate");
+        for l in self.live.values() {
+            assert_eq!(
+                (l.addr, l.block_bytes, l.requested_bytes),
+                (l.detail.addr.0, l.detail.size_bytes, l.detail.size_bytes),
+                "immediate: an allocation is not exactly its segment"
+            );
+        }
         let recomputed = PolicyStats {
-            requested_bytes: bytes,
-            allocated_bytes: bytes,
-            reserved_bytes: bytes,
-            allocation_count: live.len() as u64,
-            segment_count: live.len() as u64,
+            requested_bytes: requested,
+            allocated_bytes: allocated,
+            reserved_bytes: allocated,
+            allocation_count: count,
+            segment_count: count,
         };
         assert_eq!(
             self.stats, recomputed,
             "immediate: stats disagree with the live segments"
         );
-        self.live.check("immediate");
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::StreamId;
     use crate::testing::TestDevice;
 
     /// Every request is one segment of exactly its size, and frees return it at once.

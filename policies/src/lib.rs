@@ -33,6 +33,7 @@ pub mod buddy;
 pub mod caching;
 mod device;
 pub mod immediate;
+mod lease;
 mod policy;
 pub mod registry;
 mod slab;
