@@ -273,6 +273,7 @@ fn yaml_error(path: &Path, e: &serde_yaml::Error) -> ReadError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     /// Every malformed event is reported, in order, not only the first.
     #[test]
@@ -287,7 +288,6 @@ mod tests {
             "{e}"
         );
     }
-    use proptest::prelude::*;
 
     fn read(text: &str) -> Result<Trace, ReadError> {
         read_yaml_from(text.as_bytes(), Path::new("dir/t.yaml"))
