@@ -518,6 +518,8 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::recorded::read_recorded_json;
+    use crate::trace::Event;
 
     /// A pickle nested a million levels deep is refused with its byte offset, not a
     /// stack overflow.
@@ -535,8 +537,6 @@ mod tests {
             "{err}"
         );
     }
-    use crate::recorded::read_recorded_json;
-    use crate::trace::Event;
 
     fn s(text: &str) -> HashableValue {
         HashableValue::String(text.into())
