@@ -60,20 +60,9 @@ pub fn load_trace(
     input: &InputArgs,
     device: Option<&DeviceArgs>,
 ) -> anyhow::Result<Loaded> {
-    let fmt = match format(input.format) {
-        Some(f) => f,
-        None => Format::from_path(path)?,
-    };
-    let (trace, hints) = match fmt {
-        Format::RecordedJson | Format::TorchPickle => {
-            let run = workloads::read_recorded(path, Some(fmt), snapshot_device(input, device))?;
-            let trace = run.to_trace()?;
-            let conf = sim::fidelity::run_config(&run).ok().unwrap_or_default();
-            let total = run.total_bytes.unwrap_or(85_017_493_504);
-            (trace, sim::fidelity::address_hints(&run, &conf, total))
-        }
-        _ => {
-            let trace = workloads::read(path, Some(fmt)).map_err(|e| {
+    let (trace, run) =
+        workloads::read_source(path, format(input.format), snapshot_device(input, device))
+            .map_err(|e| {
                 let hint = if e.more.is_empty() {
                     String::new()
                 } else {
@@ -81,8 +70,14 @@ pub fn load_trace(
                 };
                 anyhow::anyhow!("{e}{hint}")
             })?;
-            (trace, AddressHints::default())
+    // Recorded runs keep the segment addresses PyTorch got, for best-fit ties.
+    let hints = match &run {
+        Some(run) => {
+            let conf = sim::fidelity::run_config(run).ok().unwrap_or_default();
+            let total = run.total_bytes.unwrap_or(85_017_493_504);
+            sim::fidelity::address_hints(run, &conf, total)
         }
+        None => AddressHints::default(),
     };
     let issues = validate(&trace);
     let errors: Vec<_> = issues

@@ -4,7 +4,6 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use workloads::validate::{validate, Severity};
-use workloads::Format;
 
 use crate::flags::CheckArgs;
 use crate::load;
@@ -13,23 +12,9 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let mut bad = false;
     let mut out = crate::output::create(None)?;
     for path in &args.traces {
-        let read = || -> Result<workloads::Trace, workloads::ReadError> {
-            let fmt = match load::format(args.input.format) {
-                Some(f) => f,
-                None => Format::from_path(path)?,
-            };
-            match fmt {
-                Format::RecordedJson | Format::TorchPickle => workloads::read_recorded(
-                    path,
-                    Some(fmt),
-                    load::snapshot_device(&args.input, None),
-                )?
-                .to_trace(),
-                _ => workloads::read(path, Some(fmt)),
-            }
-        };
-        let trace = match read() {
-            Ok(trace) => trace,
+        let device = load::snapshot_device(&args.input, None);
+        let trace = match workloads::read_source(path, load::format(args.input.format), device) {
+            Ok((trace, _)) => trace,
             Err(e) => {
                 // Unreadable: every problem the reader found, then the next file.
                 for problem in e.all() {

@@ -9,17 +9,11 @@ use crate::flags::ConvertArgs;
 use crate::load;
 
 pub fn run(args: ConvertArgs) -> anyhow::Result<ExitCode> {
-    let fmt = match load::format(args.format) {
-        Some(f) => f,
-        None => Format::from_path(&args.input)?,
-    };
-    let trace = match fmt {
-        Format::RecordedJson | Format::TorchPickle => {
-            workloads::read_recorded(&args.input, Some(fmt), args.snapshot_device.unwrap_or(0))?
-                .to_trace()?
-        }
-        _ => workloads::read(&args.input, Some(fmt))?,
-    };
+    let (trace, _) = workloads::read_source(
+        &args.input,
+        load::format(args.format),
+        args.snapshot_device.unwrap_or(0),
+    )?;
     let to = match load::format(args.to) {
         Some(f) => f,
         None => Format::from_path(&args.output)?,

@@ -146,15 +146,30 @@ impl fmt::Display for Format {
 /// # Errors
 /// Unknown formats, and the errors of the format's reader.
 pub fn read(path: &Path, format: Option<Format>) -> Result<Trace, ReadError> {
+    read_source(path, format, 0).map(|(trace, _)| trace)
+}
+
+/// Reads a trace in any format, like [`read`], taking `device`'s trace from a snapshot
+/// pickle, and also returns the recorded run it came from (recorded formats only), whose
+/// segment decisions and addresses a caller may want.
+///
+/// # Errors
+/// See [`read`]; also a device the file does not hold.
+pub fn read_source(
+    path: &Path,
+    format: Option<Format>,
+    device: usize,
+) -> Result<(Trace, Option<RecordedRun>), ReadError> {
     let format = match format {
         Some(f) => f,
         None => Format::from_path(path)?,
     };
     match format {
-        Format::Yaml => read_yaml(path),
-        Format::Csv => read_csv(path),
+        Format::Yaml => Ok((read_yaml(path)?, None)),
+        Format::Csv => Ok((read_csv(path)?, None)),
         Format::RecordedJson | Format::TorchPickle => {
-            read_recorded(path, Some(format), 0)?.to_trace()
+            let run = read_recorded(path, Some(format), device)?;
+            Ok((run.to_trace()?, Some(run)))
         }
     }
 }
