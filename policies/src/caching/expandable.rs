@@ -1,0 +1,261 @@
+//! Expandable segments: one reserved address range per stream and pool, pages
+//! mapped on demand and unmapped where a whole page is free.
+
+use super::*;
+
+impl CachingPolicy {
+    /// `try_allocate_expandable_block`: maps just enough pages at the lowest place that
+    /// can hold the request.
+    pub(super) fn try_allocate_expandable_block(
+        &mut self,
+        device: &mut dyn Device,
+        pool: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> Result<Option<u32>, DeviceError> {
+        let mut candidate = self.find_expandable_block(device, pool, stream, size)?;
+        if !self.block(candidate).mapped {
+            let len = self.block(candidate).size.min(size);
+            if !self.map_block(device, candidate, len)? {
+                return Ok(None);
+            }
+        }
+        while self.block(candidate).size < size {
+            let remaining = size - self.block(candidate).size;
+            let next = self.block(candidate).next;
+            let len = remaining.min(self.block(next).size);
+            if !self.map_block(device, next, len)? {
+                return Ok(None);
+            }
+            candidate = next;
+        }
+        let b = self.block(candidate);
+        let key = (b.stream.0, b.size, b.addr);
+        self.pool_mut(pool).blocks.remove(&key);
+        Ok(Some(candidate))
+    }
+
+    /// `find_expandable_block`: the lowest address where free and unmapped space of the
+    /// stream's expandable segments adds up to `size`; a new segment if there is none.
+    fn find_expandable_block(
+        &mut self,
+        device: &mut dyn Device,
+        pool_kind: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> Result<u32, DeviceError> {
+        let allocatable = |blocks: &Slab<Block>, id: u32| {
+            id != NIL && blocks.get(id).is_some_and(|b| b.state == State::Free)
+        };
+        let unmapped: Vec<u32> = self
+            .pool(pool_kind)
+            .unmapped
+            .range((stream.0, 0)..)
+            .take_while(|(k, _)| k.0 == stream.0)
+            .map(|(_, &id)| id)
+            .collect();
+        for id in unmapped {
+            let mut c = id;
+            let prev = self.block(c).prev;
+            if allocatable(&self.blocks, prev) {
+                c = prev;
+            }
+            let mut bytes = 0u64;
+            let mut b = c;
+            while bytes < size && allocatable(&self.blocks, b) {
+                bytes += self.block(b).size;
+                b = self.block(b).next;
+            }
+            if bytes >= size {
+                return Ok(c);
+            }
+        }
+        let page_bytes = match pool_kind {
+            PoolKind::Small => SMALL_BUFFER_BYTES,
+            PoolKind::Large => self.config.large_segment_size_bytes,
+        };
+        let stats = device.stats();
+        let total = if stats.total_bytes > 0 {
+            stats.total_bytes
+        } else {
+            stats.capacity_bytes
+        };
+        // PyTorch reserves 1 1/8 of the device's memory for each expandable segment.
+        let max_handles = (total + total / 8).div_ceil(page_bytes);
+        let vm = device.virtual_memory().ok_or(DeviceError::Unsupported {
+            what: "virtual memory management (needed by expandable segments)",
+        })?;
+        let range = vm.reserve_range(page_bytes * max_handles)?;
+        let (addr, va_size) = (range.addr.0, range.size_bytes);
+        self.expandables.push(Some(ExpandableSegment {
+            range,
+            page_bytes,
+            mapped_pages: vec![false; max_handles as usize],
+            mapped_bytes: 0,
+        }));
+        let es = (self.expandables.len() - 1) as u32;
+        let id = self.insert_block(Block::whole(
+            addr, va_size, stream, pool_kind, es, true, false,
+        ));
+        self.pool_mut(pool_kind)
+            .unmapped
+            .insert((stream.0, addr), id);
+        Ok(id)
+    }
+
+    /// `map_block`: maps the pages under the first `size` bytes of an unmapped block and
+    /// merges them with free neighbours. `Ok(false)` when the device is out of memory.
+    fn map_block(
+        &mut self,
+        device: &mut dyn Device,
+        id: u32,
+        size: u64,
+    ) -> Result<bool, DeviceError> {
+        let b = self.block(id).clone();
+        debug_assert!(!b.mapped && size <= b.size);
+        let es = self.expandables[b.segment as usize]
+            .as_mut()
+            .expect("dead expandable segment");
+        let page = es.page_bytes;
+        let base = es.range.addr.0;
+        let begin = (b.addr - base) / page;
+        let end = (b.addr + size - base).div_ceil(page);
+        debug_assert_eq!(base + begin * page, b.addr);
+        let vm = device.virtual_memory().ok_or(DeviceError::Unsupported {
+            what: "virtual memory management (needed by expandable segments)",
+        })?;
+        match vm.map_pages(&es.range, begin * page, page, end - begin) {
+            Ok(()) => {}
+            Err(DeviceError::OutOfMemory { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        let mapped_size = (end - begin) * page;
+        for p in begin..end {
+            es.mapped_pages[p as usize] = true;
+        }
+        es.mapped_bytes += mapped_size;
+        self.pool_mut(b.pool).unmapped.remove(&(b.stream.0, b.addr));
+        self.block_mut(id).mapped = true;
+        if mapped_size < b.size {
+            let rest = self.insert_block(b.piece(
+                b.addr + mapped_size,
+                b.size - mapped_size,
+                false,
+                id,
+                b.next,
+            ));
+            if b.next != NIL {
+                self.block_mut(b.next).prev = rest;
+            }
+            self.block_mut(id).next = rest;
+            self.pool_mut(b.pool)
+                .unmapped
+                .insert((b.stream.0, b.addr + mapped_size), rest);
+            self.block_mut(id).size = mapped_size;
+        }
+        let prev = self.block(id).prev;
+        self.try_merge_blocks(id, prev);
+        let next = self.block(id).next;
+        self.try_merge_blocks(id, next);
+        self.insert_into_blocks(id);
+        self.total_allocated += mapped_size;
+        self.stats.reserved_bytes.increase(b.pool, mapped_size);
+        self.stats.num_device_alloc += 1;
+        Ok(true)
+    }
+
+    /// `unmap_block`: unmaps every page lying wholly inside a free expandable block.
+    pub(super) fn unmap_block(
+        &mut self,
+        device: &mut dyn Device,
+        id: u32,
+    ) -> Result<(), DeviceError> {
+        let b = self.block(id).clone();
+        let es = self.expandables[b.segment as usize]
+            .as_mut()
+            .expect("dead expandable segment");
+        let page = es.page_bytes;
+        let base = es.range.addr.0;
+        let begin = (b.addr - base).div_ceil(page);
+        let end = (b.addr + b.size - base) / page;
+        if begin >= end {
+            return Ok(());
+        }
+        let vm = device.virtual_memory().ok_or(DeviceError::Unsupported {
+            what: "virtual memory management (needed by expandable segments)",
+        })?;
+        vm.unmap_pages(&es.range, begin * page, page, end - begin)?;
+        for p in begin..end {
+            es.mapped_pages[p as usize] = false;
+        }
+        let unmapped_addr = base + begin * page;
+        let unmapped_size = (end - begin) * page;
+        es.mapped_bytes -= unmapped_size;
+        self.pool_mut(b.pool)
+            .blocks
+            .remove(&(b.stream.0, b.size, b.addr));
+        let before_size = unmapped_addr - b.addr;
+        if before_size > 0 {
+            let before = self.insert_block(b.piece(b.addr, before_size, true, b.prev, id));
+            if b.prev != NIL {
+                self.block_mut(b.prev).next = before;
+            }
+            self.block_mut(id).prev = before;
+            self.insert_into_blocks(before);
+        }
+        let after_size = b.size - (before_size + unmapped_size);
+        if after_size > 0 {
+            let after = self.insert_block(b.piece(
+                unmapped_addr + unmapped_size,
+                after_size,
+                true,
+                id,
+                b.next,
+            ));
+            if b.next != NIL {
+                self.block_mut(b.next).prev = after;
+            }
+            self.block_mut(id).next = after;
+            self.insert_into_blocks(after);
+        }
+        {
+            let blk = self.block_mut(id);
+            blk.addr = unmapped_addr;
+            blk.size = unmapped_size;
+            blk.mapped = false;
+        }
+        let prev = self.block(id).prev;
+        self.try_merge_blocks(id, prev);
+        let next = self.block(id).next;
+        self.try_merge_blocks(id, next);
+        let blk = self.block(id);
+        let key = (blk.stream.0, blk.addr);
+        self.pool_mut(b.pool).unmapped.insert(key, id);
+        self.total_allocated -= unmapped_size;
+        self.stats.reserved_bytes.decrease(b.pool, unmapped_size);
+        self.stats.num_device_free += 1;
+        Ok(())
+    }
+
+    /// `release_expandable_segment`: drops a segment whose every page is unmapped.
+    pub(super) fn release_expandable_segment(
+        &mut self,
+        device: &mut dyn Device,
+        id: u32,
+    ) -> Result<(), DeviceError> {
+        let b = self.block(id).clone();
+        let es = self.expandables[b.segment as usize]
+            .take()
+            .expect("dead expandable segment");
+        assert!(
+            !b.mapped && b.size == es.range.size_bytes,
+            "block disagrees with segment"
+        );
+        self.pool_mut(b.pool).unmapped.remove(&(b.stream.0, b.addr));
+        self.delete_block(id);
+        let vm = device.virtual_memory().ok_or(DeviceError::Unsupported {
+            what: "virtual memory management (needed by expandable segments)",
+        })?;
+        vm.release_range(es.range)
+    }
+}

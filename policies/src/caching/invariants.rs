@@ -1,0 +1,207 @@
+//! The caching policy's invariants, checked from the blocks up (`Policy::check_invariants`).
+
+use super::*;
+
+impl CachingPolicy {
+    /// Every structural and statistical fact the policy keeps, checked from scratch.
+    pub(super) fn check_all_invariants(&self) {
+        let mut allocated = (0u64, 0u64);
+        let mut active = (0u64, 0u64, 0u64);
+        let mut inactive_split = (0u64, 0u64);
+        let mut free_mapped = 0usize;
+        let mut unmapped = 0usize;
+        let mut reserved = 0u64;
+        for (id, b) in self.blocks.iter() {
+            assert!(
+                b.size > 0 && b.size % MIN_BLOCK_BYTES == 0,
+                "block size {} not a positive multiple of 512",
+                b.size
+            );
+            for (n, forward) in [(b.prev, false), (b.next, true)] {
+                if n == NIL {
+                    continue;
+                }
+                let nb = self.block(n);
+                assert_eq!(
+                    if forward { nb.prev } else { nb.next },
+                    id,
+                    "broken block links"
+                );
+                let (lo, hi) = if forward { (b, nb) } else { (nb, b) };
+                assert_eq!(
+                    lo.addr + lo.size,
+                    hi.addr,
+                    "neighbouring blocks do not touch"
+                );
+                assert!(
+                    nb.segment == b.segment
+                        && nb.expandable == b.expandable
+                        && nb.stream == b.stream
+                        && nb.pool == b.pool,
+                    "neighbours in different segments"
+                );
+                if forward && b.state == State::Free && nb.state == State::Free {
+                    assert_ne!(b.mapped, nb.mapped, "two free neighbours were not merged");
+                }
+            }
+            match (b.state, b.mapped) {
+                (State::Free, true) => {
+                    free_mapped += 1;
+                    assert_eq!(
+                        self.pool(b.pool).blocks.get(&(b.stream.0, b.size, b.addr)),
+                        Some(&id),
+                        "free block missing from its pool"
+                    );
+                    if !b.expandable && (b.prev != NIL || b.next != NIL) {
+                        inactive_split.0 += 1;
+                        inactive_split.1 += b.size;
+                    }
+                }
+                (State::Free, false) => {
+                    assert!(b.expandable, "unmapped block outside an expandable segment");
+                    unmapped += 1;
+                    assert_eq!(
+                        self.pool(b.pool).unmapped.get(&(b.stream.0, b.addr)),
+                        Some(&id),
+                        "unmapped block missing from its pool"
+                    );
+                }
+                (State::Allocated, _) | (State::Pending, _) => {
+                    assert!(b.mapped, "allocated block is not mapped");
+                    assert!(b.serial > 0, "allocated block without a tenant");
+                    if b.state == State::Allocated {
+                        allocated.0 += 1;
+                        allocated.1 += b.size;
+                    } else {
+                        assert!(self.pending.contains(&id), "pending block not tracked");
+                    }
+                    active.0 += 1;
+                    active.1 += b.size;
+                    active.2 += b.requested;
+                }
+            }
+            if b.prev == NIL && !b.expandable {
+                let seg = self
+                    .segments
+                    .get(b.segment)
+                    .expect("block of a freed segment");
+                assert_eq!(
+                    seg.addr.0, b.addr,
+                    "segment head is not at the segment base"
+                );
+                let mut covered = 0;
+                let mut cur = id;
+                while cur != NIL {
+                    covered += self.block(cur).size;
+                    cur = self.block(cur).next;
+                }
+                assert_eq!(covered, seg.size_bytes, "blocks do not tile their segment");
+                reserved += seg.size_bytes;
+            }
+            if b.prev == NIL && b.expandable {
+                let es = self.expandables[b.segment as usize]
+                    .as_ref()
+                    .expect("block of a released expandable segment");
+                assert_eq!(
+                    es.range.addr.0, b.addr,
+                    "expandable head is not at the range base"
+                );
+                let mut covered = 0;
+                let mut cur = id;
+                while cur != NIL {
+                    let c = self.block(cur);
+                    let first_page = (c.addr - es.range.addr.0) / es.page_bytes;
+                    let last_page = (c.addr + c.size - 1 - es.range.addr.0) / es.page_bytes;
+                    if c.mapped {
+                        for p in first_page..=last_page {
+                            assert!(
+                                es.mapped_pages[p as usize],
+                                "mapped block over an unmapped page"
+                            );
+                        }
+                    } else {
+                        assert_eq!(
+                            (c.addr - es.range.addr.0) % es.page_bytes,
+                            0,
+                            "unmapped block not page aligned"
+                        );
+                        assert_eq!(c.size % es.page_bytes, 0, "unmapped block not whole pages");
+                        for p in first_page..=last_page {
+                            assert!(
+                                !es.mapped_pages[p as usize],
+                                "unmapped block over a mapped page"
+                            );
+                        }
+                    }
+                    covered += c.size;
+                    cur = c.next;
+                }
+                assert_eq!(
+                    covered, es.range.size_bytes,
+                    "blocks do not tile their expandable segment"
+                );
+                let mapped = es.mapped_pages.iter().filter(|&&m| m).count() as u64 * es.page_bytes;
+                assert_eq!(mapped, es.mapped_bytes, "expandable segment mapped bytes");
+                reserved += es.mapped_bytes;
+            }
+        }
+        let s = &self.stats;
+        assert_eq!(
+            free_mapped,
+            self.small.blocks.len() + self.large.blocks.len(),
+            "pool holds stale blocks"
+        );
+        assert_eq!(
+            unmapped,
+            self.small.unmapped.len() + self.large.unmapped.len(),
+            "unmapped set holds stale blocks"
+        );
+        assert_eq!(
+            reserved, s.reserved_bytes.all.current,
+            "reserved_bytes disagrees with the segments"
+        );
+        assert_eq!(
+            reserved, self.total_allocated,
+            "total_allocated_memory disagrees with the segments"
+        );
+        assert_eq!(
+            allocated,
+            (s.allocation.all.current, s.allocated_bytes.all.current),
+            "allocated stats"
+        );
+        assert_eq!(
+            active,
+            (
+                s.active.all.current,
+                s.active_bytes.all.current,
+                s.requested_bytes.all.current
+            ),
+            "active stats"
+        );
+        assert_eq!(
+            inactive_split,
+            (
+                s.inactive_split.all.current,
+                s.inactive_split_bytes.all.current
+            ),
+            "inactive_split stats"
+        );
+        for a in [
+            &s.allocation,
+            &s.segment,
+            &s.active,
+            &s.inactive_split,
+            &s.allocated_bytes,
+            &s.reserved_bytes,
+            &s.active_bytes,
+            &s.inactive_split_bytes,
+            &s.requested_bytes,
+        ] {
+            assert_eq!(
+                a.all.current,
+                a.small_pool.current + a.large_pool.current,
+                "pool stats do not add up"
+            );
+        }
+    }
+}

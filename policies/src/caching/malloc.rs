@@ -1,0 +1,272 @@
+//! The malloc path: rounding done, find a cached block or get a new segment.
+
+use super::*;
+
+impl CachingPolicy {
+    /// `DeviceCachingAllocator::malloc`.
+    pub(super) fn malloc(
+        &mut self,
+        device: &mut dyn Device,
+        orig_size: u64,
+        stream: StreamId,
+    ) -> Result<Allocation, AllocError> {
+        if orig_size == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        if orig_size >= MAX_REQUEST_BYTES {
+            // "Tried to allocate more than 1EB memory": refused before the allocator.
+            return Err(AllocError::OutOfMemory {
+                requested_bytes: orig_size,
+                tried_bytes: orig_size,
+                stats: self.stats(),
+            });
+        }
+        let allowed = self.allowed_bytes(device);
+        let size = self.round_size(orig_size);
+        let pool = if size <= SMALL_SIZE_BYTES {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        let alloc_size = self.allocation_size(size);
+        let expandable = self.config.expandable_segments;
+        let gc_enabled = allowed.is_some() && self.config.garbage_collection_threshold > 0.0;
+
+        let mut found = self.get_free_block(pool, stream, size, expandable, gc_enabled);
+        if found.is_none() {
+            if let (true, Some(allowed)) = (gc_enabled, allowed) {
+                self.garbage_collect_cached_blocks(device, allowed)?;
+            }
+            let args = AllocArgs {
+                pool,
+                stream,
+                size,
+                alloc_size,
+                expandable,
+                allowed,
+            };
+            found = self.alloc_block(device, &args, false)?;
+            if found.is_none()
+                && self.release_available_cached_blocks(device, pool, stream, size)?
+            {
+                found = self.alloc_block(device, &args, false)?;
+            }
+            if found.is_none() {
+                self.release_cached_blocks(device)?;
+                found = self.alloc_block(device, &args, true)?;
+            }
+        }
+        let Some(block) = found else {
+            self.stats.num_ooms += 1;
+            return Err(AllocError::OutOfMemory {
+                requested_bytes: orig_size,
+                tried_bytes: alloc_size,
+                stats: self.stats(),
+            });
+        };
+        let split = self.should_split(block, size, expandable);
+        Ok(self.alloc_found_block(block, size, orig_size, split))
+    }
+
+    /// `get_free_block`: the smallest free block of the stream that fits, subject to the
+    /// oversize rules; removed from the pool.
+    fn get_free_block(
+        &mut self,
+        pool_kind: PoolKind,
+        stream: StreamId,
+        size: u64,
+        expandable_active: bool,
+        gc_enabled: bool,
+    ) -> Option<u32> {
+        let max_split = self.config.max_split_size_bytes;
+        let rounding = self.config.max_non_split_rounding_bytes;
+        let blocks = &self.blocks;
+        let pool = match pool_kind {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        if gc_enabled {
+            pool.get_free_blocks_call_count += 1;
+        }
+        let b = |id: u32| blocks.get(id).expect("pool holds a dead block");
+        let expandable_size = |id: u32| {
+            let blk = b(id);
+            let next_unmapped = match blk.next {
+                NIL => 0,
+                n if !b(n).mapped => b(n).size,
+                _ => 0,
+            };
+            blk.size + next_unmapped
+        };
+        let mut it = pool.blocks.range((stream.0, size, 0)..);
+        let (&(s, _, _), &first) = it.next()?;
+        if s != stream.0 {
+            return None;
+        }
+        let mut cur = first;
+        if b(cur).expandable {
+            if expandable_active {
+                // Judge a block that touches unmapped space by what it can grow to.
+                while b(cur).expandable {
+                    match it.next() {
+                        Some((&(s2, _, _), &n))
+                            if s2 == stream.0 && expandable_size(n) < expandable_size(cur) =>
+                        {
+                            cur = n
+                        }
+                        _ => break,
+                    }
+                }
+            } else {
+                // Expandable segments were turned off: skip expandable blocks.
+                loop {
+                    let (&(s2, _, _), &n) = it.next()?;
+                    if s2 != stream.0 {
+                        return None;
+                    }
+                    cur = n;
+                    if !b(n).expandable {
+                        break;
+                    }
+                }
+            }
+        }
+        let found = b(cur);
+        // Rule A: a normal request never takes an oversize block.
+        if size < max_split && found.size >= max_split {
+            return None;
+        }
+        // Rule B: an oversize request takes a larger oversize block only within the
+        // rounding tolerance.
+        if size >= max_split && found.size >= size.saturating_add(rounding) {
+            return None;
+        }
+        let key = (found.stream.0, found.size, found.addr);
+        pool.blocks.remove(&key);
+        Some(cur)
+    }
+
+    /// `should_split`.
+    fn should_split(&self, id: u32, size: u64, expandable_active: bool) -> bool {
+        let block = self.block(id);
+        let remaining = block.size - size;
+        if block.pool == PoolKind::Small || expandable_active {
+            remaining >= MIN_BLOCK_BYTES
+        } else {
+            size < self.config.max_split_size_bytes && remaining > SMALL_SIZE_BYTES
+        }
+    }
+
+    /// `alloc_found_block`: carves the request from the front of the block.
+    fn alloc_found_block(&mut self, id: u32, size: u64, orig_size: u64, split: bool) -> Allocation {
+        let already_split = self.is_split(id);
+        let (pool, expandable) = {
+            let b = self.block(id);
+            (b.pool, b.expandable)
+        };
+        let block_id = if split {
+            let remaining = id;
+            let r = self.block(remaining).clone();
+            let new_id = self.insert_block(r.piece(r.addr, size, true, r.prev, remaining));
+            if r.prev != NIL {
+                self.block_mut(r.prev).next = new_id;
+            }
+            let rem = self.block_mut(remaining);
+            rem.prev = new_id;
+            rem.addr += size;
+            rem.size -= size;
+            let remaining_size = rem.size;
+            self.insert_into_blocks(remaining);
+            if already_split && !expandable {
+                self.stats.inactive_split_bytes.decrease(pool, size);
+            } else if !expandable {
+                self.stats
+                    .inactive_split_bytes
+                    .increase(pool, remaining_size);
+                self.stats.inactive_split.increase(pool, 1);
+            }
+            new_id
+        } else {
+            if already_split && !expandable {
+                let block_size = self.block(id).size;
+                self.stats.inactive_split_bytes.decrease(pool, block_size);
+                self.stats.inactive_split.decrease(pool, 1);
+            }
+            id
+        };
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let max_split = self.config.max_split_size_bytes;
+        let block = self.block_mut(block_id);
+        block.state = State::Allocated;
+        block.requested = orig_size;
+        block.serial = serial;
+        let (block_size, addr, stream) = (block.size, block.addr, block.stream);
+        let s = &mut self.stats;
+        s.allocation.increase(pool, 1);
+        s.allocated_bytes.increase(pool, block_size);
+        s.active.increase(pool, 1);
+        s.active_bytes.increase(pool, block_size);
+        s.requested_bytes.increase(pool, orig_size);
+        if block_size >= max_split {
+            s.oversize_allocations.increase(1);
+        }
+        Allocation {
+            addr: DeviceAddr(addr),
+            requested_bytes: orig_size,
+            block_bytes: block_size,
+            stream,
+            block: block_id,
+            serial,
+        }
+    }
+
+    /// `alloc_block`: a new segment (or newly mapped pages) for the request.
+    fn alloc_block(
+        &mut self,
+        device: &mut dyn Device,
+        a: &AllocArgs,
+        is_retry: bool,
+    ) -> Result<Option<u32>, DeviceError> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(allowed) = a.allowed {
+            if self.total_allocated + a.alloc_size > allowed {
+                return Ok(None);
+            }
+        }
+        if a.expandable {
+            return self.try_allocate_expandable_block(device, a.pool, a.stream, a.size);
+        }
+        let segment = match device.allocate_segment(a.alloc_size) {
+            Ok(segment) => segment,
+            Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let size = segment.size_bytes;
+        let addr = segment.addr.0;
+        let slot = self.segments.insert(segment);
+        self.total_allocated += size;
+        let id = self.insert_block(Block::whole(
+            addr, size, a.stream, a.pool, slot, false, true,
+        ));
+        self.stats.segment.increase(a.pool, 1);
+        self.stats.reserved_bytes.increase(a.pool, size);
+        if size >= self.config.max_split_size_bytes {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        Ok(Some(id))
+    }
+}
+
+/// What one malloc asks of `alloc_block`.
+struct AllocArgs {
+    pool: PoolKind,
+    stream: StreamId,
+    size: u64,
+    alloc_size: u64,
+    expandable: bool,
+    allowed: Option<u64>,
+}

@@ -1,0 +1,182 @@
+//! Giving memory back: releasing cached segments, garbage collection, completing
+//! pending frees.
+
+use super::*;
+
+impl CachingPolicy {
+    /// `release_available_cached_blocks`: with `max_split_size_mb`, frees the smallest
+    /// oversize cached block that covers the request, else the largest ones downwards
+    /// until enough is freed (same pool and stream).
+    pub(super) fn release_available_cached_blocks(
+        &mut self,
+        device: &mut dyn Device,
+        pool_kind: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> Result<bool, DeviceError> {
+        let max_split = self.config.max_split_size_bytes;
+        if max_split == u64::MAX {
+            return Ok(false);
+        }
+        let key_size = size.max(max_split);
+        let key = (stream.0, key_size, 0);
+        let hit = self
+            .pool(pool_kind)
+            .blocks
+            .range(key..)
+            .next()
+            .map(|(_, &id)| id);
+        let usable = hit.filter(|&id| {
+            let b = self.block(id);
+            b.stream == stream && !b.expandable
+        });
+        if let Some(id) = usable {
+            self.release_block(device, id)?;
+            return Ok(true);
+        }
+        // No single block is large enough: free oversize blocks from the largest down.
+        let mut cursor = self
+            .pool(pool_kind)
+            .blocks
+            .range(..key)
+            .next_back()
+            .map(|(k, &id)| (*k, id));
+        let mut total_released = 0u64;
+        while let Some((cur_key, cur)) = cursor {
+            let (cur_size, cur_stream, cur_expandable) = {
+                let b = self.block(cur);
+                (b.size, b.stream, b.expandable)
+            };
+            if !(total_released < key_size && cur_size >= max_split && cur_stream == stream) {
+                break;
+            }
+            cursor = self
+                .pool(pool_kind)
+                .blocks
+                .range(..cur_key)
+                .next_back()
+                .map(|(k, &id)| (*k, id));
+            if !cur_expandable {
+                total_released += cur_size;
+                self.release_block(device, cur)?;
+            }
+        }
+        Ok(total_released >= key_size)
+    }
+
+    /// `release_cached_blocks`: completes pending frees, then frees every whole free
+    /// segment (large pool, then small) and unmaps free pages of expandable segments.
+    pub(super) fn release_cached_blocks(
+        &mut self,
+        device: &mut dyn Device,
+    ) -> Result<(), DeviceError> {
+        self.synchronize_and_free_events();
+        self.release_blocks(device, PoolKind::Large)?;
+        self.release_blocks(device, PoolKind::Small)?;
+        Ok(())
+    }
+
+    /// `synchronize_and_free_events`: every pending block returns to its pool.
+    fn synchronize_and_free_events(&mut self) {
+        self.stats.num_sync_all_streams += 1;
+        for id in std::mem::take(&mut self.pending) {
+            let serial = self.block(id).serial;
+            self.completed_early.insert(serial);
+            self.free_block(id);
+        }
+    }
+
+    /// `release_blocks`: frees whole free segments of one pool, in free-set order.
+    fn release_blocks(
+        &mut self,
+        device: &mut dyn Device,
+        pool_kind: PoolKind,
+    ) -> Result<(), DeviceError> {
+        let ids: Vec<u32> = self.pool(pool_kind).blocks.values().copied().collect();
+        let mut to_unmap = Vec::new();
+        for id in ids {
+            let b = self.block(id);
+            if b.expandable {
+                to_unmap.push(id);
+            } else if b.prev == NIL && b.next == NIL {
+                self.release_block(device, id)?;
+            }
+        }
+        for id in to_unmap {
+            self.unmap_block(device, id)?;
+            let b = self.block(id);
+            if b.prev == NIL && b.next == NIL {
+                self.release_expandable_segment(device, id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `release_block`: `cudaFree` of a whole free segment.
+    fn release_block(&mut self, device: &mut dyn Device, id: u32) -> Result<(), DeviceError> {
+        let b = self.block(id).clone();
+        debug_assert!(!b.expandable && b.prev == NIL && b.next == NIL);
+        self.stats.num_device_free += 1;
+        let segment = self
+            .segments
+            .remove(b.segment)
+            .expect("released block has no segment");
+        device.free_segment(segment)?;
+        self.total_allocated -= b.size;
+        self.stats.segment.decrease(b.pool, 1);
+        self.stats.reserved_bytes.decrease(b.pool, b.size);
+        if b.size >= self.config.max_split_size_bytes {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.pool_mut(b.pool)
+            .blocks
+            .remove(&(b.stream.0, b.size, b.addr));
+        self.delete_block(id);
+        Ok(())
+    }
+
+    /// `garbage_collect_cached_blocks`: above `threshold × limit` reserved, frees whole
+    /// free large-pool segments at least as old as the mean, pass after pass.
+    pub(super) fn garbage_collect_cached_blocks(
+        &mut self,
+        device: &mut dyn Device,
+        allowed: u64,
+    ) -> Result<(), DeviceError> {
+        let gc_threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
+        if self.total_allocated <= gc_threshold {
+            return Ok(());
+        }
+        let target = self.total_allocated - gc_threshold;
+        let clock = self.large.get_free_blocks_call_count;
+        let mut total_age = 0u64;
+        let mut freeable = 0u64;
+        for &id in self.large.blocks.values() {
+            if !self.is_split(id) {
+                total_age += clock - self.block(id).gc_count_base;
+                freeable += 1;
+            }
+        }
+        if freeable == 0 {
+            return Ok(());
+        }
+        let mut reclaimed = 0u64;
+        let mut block_freed = true;
+        while reclaimed < target && block_freed && freeable > 0 {
+            let age_threshold = total_age as f64 / freeable as f64;
+            block_freed = false;
+            let ids: Vec<u32> = self.large.blocks.values().copied().collect();
+            for id in ids {
+                let b = self.block(id);
+                let age = clock - b.gc_count_base;
+                if b.prev == NIL && b.next == NIL && !b.expandable && age as f64 >= age_threshold {
+                    block_freed = true;
+                    reclaimed += b.size;
+                    total_age -= age;
+                    freeable -= 1;
+                    self.release_block(device, id)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
