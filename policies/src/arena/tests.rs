@@ -1,0 +1,484 @@
+use super::*;
+use crate::registry::PolicyConfig;
+use crate::testing::{NullDevice, TestDevice};
+use crate::DeviceStats;
+use proptest::prelude::*;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+
+fn on(stream: u64, size_bytes: u64) -> Request {
+    Request {
+        size_bytes,
+        stream: StreamId(stream),
+    }
+}
+
+/// 1 MiB superblocks, 4 MiB chunks, threshold 512 KiB.
+fn small() -> ArenaPolicy {
+    ArenaPolicy::new(ArenaOptions {
+        superblock_bytes: MIB,
+        growth_bytes: 4 * MIB,
+        threshold_bytes: 512 * KIB,
+    })
+    .unwrap()
+}
+
+fn check(p: &ArenaPolicy, d: &TestDevice) {
+    p.check_invariants();
+    assert_eq!(
+        p.stats().reserved_bytes,
+        d.stats().reserved_bytes,
+        "reserved disagrees with the device"
+    );
+    assert_eq!(
+        p.stats().segment_count,
+        d.live_segments().len() as u64,
+        "segment count disagrees with the device"
+    );
+    let snapshot = p.snapshot();
+    for s in &snapshot {
+        let mut cursor = s.addr.0;
+        for b in &s.blocks {
+            assert_eq!(b.addr.0, cursor, "snapshot blocks do not tile their entry");
+            cursor += b.size_bytes;
+        }
+        assert_eq!(cursor, s.addr.0 + s.size_bytes);
+    }
+    assert_eq!(
+        snapshot.iter().map(|s| s.size_bytes).sum::<u64>(),
+        p.stats().reserved_bytes
+    );
+}
+
+/// (pool, stream, offset from the first chunk, size) of every snapshot entry.
+fn entries(p: &ArenaPolicy, base: u64) -> Vec<(&'static str, u64, u64, u64)> {
+    p.snapshot()
+        .iter()
+        .map(|s| (s.pool, s.stream.0, s.addr.0 - base, s.size_bytes))
+        .collect()
+}
+
+/// Sizes round up to 256 bytes; a small request takes a superblock at the front of a growth-sized chunk.
+#[test]
+fn rounding_and_first_superblock() {
+    let mut d = TestDevice::unbounded();
+    let mut p = ArenaPolicy::default();
+    let a = p.allocate(&mut d, on(0, 1)).unwrap();
+    let b = p.allocate(&mut d, on(0, 257)).unwrap();
+    assert_eq!((a.block_bytes, b.block_bytes), (256, 512));
+    let base = d.live_segments()[0].0;
+    assert_eq!(d.live_segments(), vec![(base, 1 << 30)]);
+    assert_eq!((a.addr.0, b.addr.0), (base, base + 256));
+    assert_eq!(p.stats().allocated_bytes, 768);
+    assert_eq!(
+        entries(&p, base),
+        vec![
+            ("arena-superblock", 0, 0, MIB),
+            ("arena-global", 0, MIB, (1 << 30) - MIB)
+        ]
+    );
+    check(&p, &d);
+}
+
+/// Requests above the threshold go to the global arena, after the superblocks already taken.
+#[test]
+fn large_requests_go_to_the_global_arena() {
+    let mut d = TestDevice::unbounded();
+    let mut p = small();
+    let s = p.allocate(&mut d, on(0, 512 * KIB)).unwrap();
+    let l = p.allocate(&mut d, on(0, 512 * KIB + 1)).unwrap();
+    let base = d.live_segments()[0].0;
+    assert_eq!(s.addr.0, base, "at the threshold: stream arena");
+    assert_eq!(
+        (l.addr.0, l.block_bytes),
+        (base + MIB, 512 * KIB + 256),
+        "above it: global arena"
+    );
+    check(&p, &d);
+}
+
+/// A chunk is growth_bytes, or the need rounded up to 2 MiB when that is larger.
+#[test]
+fn chunk_sizes() {
+    let mut d = TestDevice::unbounded();
+    let mut p = small();
+    let _a = p.allocate(&mut d, on(0, 5 * MIB + 1)).unwrap();
+    let _b = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
+    let sizes: Vec<u64> = d.live_segments().iter().map(|s| s.1).collect();
+    assert_eq!(sizes, vec![6 * MIB, 4 * MIB]);
+    assert_eq!(p.chunk_bytes_for(MIB), 4 * MIB);
+    check(&p, &d);
+}
+
+/// Each stream gets its own superblocks; an emptied superblock stays with its stream.
+#[test]
+fn superblocks_per_stream_and_cached() {
+    let mut d = TestDevice::unbounded();
+    let mut p = small();
+    let a = p.allocate(&mut d, on(1, 1000)).unwrap();
+    let b = p.allocate(&mut d, on(2, 1000)).unwrap();
+    let base = d.live_segments()[0].0;
+    assert_eq!((a.addr.0 - base, b.addr.0 - base), (0, MIB));
+    p.free(&mut d, a).unwrap();
+    assert_eq!(p.stats().reserved_bytes, 4 * MIB);
+    assert_eq!(
+        entries(&p, base),
+        vec![
+            ("arena-superblock", 1, 0, MIB),
+            ("arena-superblock", 2, MIB, MIB),
+            ("arena-global", 0, 2 * MIB, 2 * MIB)
+        ]
+    );
+    let c = p.allocate(&mut d, on(3, 1000)).unwrap();
+    assert_eq!(
+        c.addr.0 - base,
+        2 * MIB,
+        "another stream does not take stream 1's empty superblock"
+    );
+    let e = p.allocate(&mut d, on(1, 1000)).unwrap();
+    assert_eq!(e.addr.0 - base, 0, "stream 1 reuses it");
+    check(&p, &d);
+}
+
+/// Freed neighbours inside a superblock coalesce and first fit reuses the merged range.
+#[test]
+fn coalescing_inside_a_superblock() {
+    let mut d = TestDevice::unbounded();
+    let mut p = small();
+    let a = p.allocate(&mut d, on(0, 256)).unwrap();
+    let b = p.allocate(&mut d, on(0, 1000)).unwrap();
+    let _c = p.allocate(&mut d, on(0, 256)).unwrap();
+    let sb = a.addr.0;
+    p.free(&mut d, a).unwrap();
+    p.free(&mut d, b).unwrap();
+    let s = &p.snapshot()[0];
+    let layout: Vec<_> = s
+        .blocks
+        .iter()
+        .map(|b| (b.addr.0 - sb, b.size_bytes, b.state))
+        .collect();
+    use BlockState::{Allocated as A, Free as F};
+    assert_eq!(
+        layout,
+        vec![(0, 1280, F), (1280, 256, A), (1536, MIB - 1536, F)]
+    );
+    let e = p.allocate(&mut d, on(0, 1200)).unwrap();
+    assert_eq!(e.addr.0, sb, "first fit takes the merged range");
+    check(&p, &d);
+}
+
+/// Freed neighbours in the global arena coalesce and first fit reuses the merged range.
+#[test]
+fn coalescing_in_the_global_arena() {
+    let mut d = TestDevice::unbounded();
+    let mut p = small();
+    let a = p.allocate(&mut d, on(0, MIB)).unwrap();
+    let b = p.allocate(&mut d, on(0, MIB)).unwrap();
+    let _c = p.allocate(&mut d, on(0, MIB)).unwrap();
+    let at = a.addr;
+    p.free(&mut d, a).unwrap();
+    p.free(&mut d, b).unwrap();
+    let e = p.allocate(&mut d, on(0, 2 * MIB)).unwrap();
+    assert_eq!(e.addr, at);
+    assert_eq!(d.live_segments().len(), 1);
+    check(&p, &d);
+}
+
+/// Under memory pressure empty superblocks return to the global arena and the retry fits.
+#[test]
+fn pressure_returns_empty_superblocks() {
+    let mut d = TestDevice::with_capacity(4 * MIB);
+    let mut p = small();
+    let s = p.allocate(&mut d, on(1, 1000)).unwrap();
+    p.free(&mut d, s).unwrap();
+    let big = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
+    let base = d.live_segments()[0].0;
+    assert_eq!(big.addr.0 - base, MIB);
+    let l = p.allocate(&mut d, on(0, MIB)).unwrap();
+    assert_eq!(l.addr.0, base, "the empty superblock of stream 1 made room");
+    assert_eq!(entries(&p, base), vec![("arena-global", 0, 0, 4 * MIB)]);
+    check(&p, &d);
+}
+
+/// Under memory pressure wholly free chunks go back to the device so a larger one can grow.
+#[test]
+fn pressure_releases_free_chunks() {
+    let mut d = TestDevice::with_capacity(10 * MIB);
+    let mut p = small();
+    let _a = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
+    let b = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
+    p.free(&mut d, b).unwrap();
+    assert_eq!(p.stats().reserved_bytes, 8 * MIB);
+    let c = p.allocate(&mut d, on(0, 5 * MIB)).unwrap();
+    assert_eq!(c.block_bytes, 5 * MIB);
+    assert_eq!(p.stats().reserved_bytes, 10 * MIB);
+    assert_eq!(d.stats().free_count, 1);
+    check(&p, &d);
+}
+
+/// A failed request leaves live allocations and allocated bytes as they were.
+#[test]
+fn oom_leaves_allocations_unchanged() {
+    let mut d = TestDevice::with_capacity(4 * MIB);
+    let mut p = small();
+    let _a = p.allocate(&mut d, on(1, 1000)).unwrap();
+    let _b = p.allocate(&mut d, on(0, 2 * MIB)).unwrap();
+    let before = p.stats();
+    let snapshot = p.snapshot();
+    let err = p.allocate(&mut d, on(0, 1536 * KIB)).unwrap_err();
+    let AllocError::OutOfMemory {
+        requested_bytes,
+        tried_bytes,
+        stats,
+    } = err
+    else {
+        panic!("{err:?}")
+    };
+    assert_eq!((requested_bytes, tried_bytes), (1536 * KIB, 4 * MIB));
+    assert_eq!(stats, before);
+    assert_eq!(p.stats(), before);
+    assert_eq!(p.snapshot(), snapshot);
+    check(&p, &d);
+    let err = p.allocate(&mut NullDevice, on(2, 2 * MIB)).unwrap_err();
+    assert!(
+        matches!(err, AllocError::OutOfMemory { tried_bytes, .. } if tried_bytes == 4 * MIB),
+        "{err:?}"
+    );
+    assert_eq!(p.stats(), before);
+}
+
+/// empty_cache returns empty superblocks to the global arena and every wholly free chunk to the device.
+#[test]
+fn empty_cache_returns_every_free_chunk() {
+    let mut d = TestDevice::unbounded();
+    let mut p = small();
+    let x = p.allocate(&mut d, on(1, 1000)).unwrap();
+    let y = p.allocate(&mut d, on(2, 1000)).unwrap();
+    let l = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
+    let base = d.live_segments()[0].0;
+    assert_eq!(
+        l.addr.0 - base,
+        4 * MIB,
+        "3 MiB does not fit after two superblocks: a second chunk"
+    );
+    p.free(&mut d, y).unwrap();
+    p.free(&mut d, l).unwrap();
+    assert_eq!(p.stats().segment_count, 2);
+    p.empty_cache(&mut d).unwrap();
+    assert_eq!(d.live_segments(), vec![(base, 4 * MIB)]);
+    assert_eq!(
+        entries(&p, base),
+        vec![
+            ("arena-superblock", 1, 0, MIB),
+            ("arena-global", 0, MIB, 3 * MIB)
+        ]
+    );
+    check(&p, &d);
+    p.free(&mut d, x).unwrap();
+    p.empty_cache(&mut d).unwrap();
+    assert!(d.live_segments().is_empty());
+    check(&p, &d);
+}
+
+/// Freeing everything and emptying the cache leaves nothing reserved.
+#[test]
+fn free_all_then_empty_cache_reserves_nothing() {
+    let mut d = TestDevice::unbounded();
+    let mut p = ArenaPolicy::default();
+    let live: Vec<_> = [
+        (0, 1),
+        (1, 700),
+        (0, 3 * MIB),
+        (2, 2 << 30),
+        (1, 512 * KIB),
+        (3, 5),
+    ]
+    .iter()
+    .map(|&(s, n)| p.allocate(&mut d, on(s, n)).unwrap())
+    .collect();
+    for a in live {
+        p.free(&mut d, a).unwrap();
+    }
+    p.empty_cache(&mut d).unwrap();
+    assert_eq!(p.stats(), PolicyStats::default());
+    assert!(d.live_segments().is_empty());
+    check(&p, &d);
+}
+
+/// Zero-byte and 1 EiB requests are refused without touching the device.
+#[test]
+fn zero_and_huge_requests() {
+    let mut p = ArenaPolicy::default();
+    assert_eq!(
+        p.allocate(&mut NullDevice, on(0, 0)),
+        Err(AllocError::ZeroSize)
+    );
+    let err = p
+        .allocate(&mut NullDevice, on(0, MAX_REQUEST_BYTES))
+        .unwrap_err();
+    assert!(matches!(err, AllocError::OutOfMemory { .. }));
+    assert_eq!(p.stats(), PolicyStats::default());
+}
+
+/// Invalid options are refused with a message naming the problem.
+#[test]
+fn option_validation() {
+    let bad = |superblock_bytes, growth_bytes, threshold_bytes| {
+        ArenaOptions {
+            superblock_bytes,
+            growth_bytes,
+            threshold_bytes,
+        }
+        .validate()
+        .unwrap_err()
+    };
+    let e = bad(1000, MIB, 0);
+    assert_eq!(
+        (e.policy, e.message.as_str()),
+        (
+            "arena",
+            "superblock must be a positive multiple of 256, got 1000"
+        )
+    );
+    assert_eq!(
+        bad(0, MIB, 0).message,
+        "superblock must be a positive multiple of 256, got 0"
+    );
+    assert_eq!(
+        bad(MIB, MIB - 256, 0).message,
+        format!("growth ({}) must be at least superblock ({MIB})", MIB - 256)
+    );
+    assert_eq!(
+        bad(MIB, MIB, MIB + 1).message,
+        format!("threshold ({}) must not exceed superblock ({MIB})", MIB + 1)
+    );
+    assert!(ArenaOptions {
+        superblock_bytes: 256,
+        growth_bytes: 256,
+        threshold_bytes: 256
+    }
+    .validate()
+    .is_ok());
+    let invalid = ArenaOptions {
+        superblock_bytes: 100,
+        ..ArenaOptions::default()
+    };
+    assert!(ArenaPolicy::new(invalid.clone()).is_err());
+    assert!(PolicyConfig::Arena(invalid).build().is_err());
+    assert!(PolicyConfig::Arena(ArenaOptions::default()).build().is_ok());
+}
+
+/// Freeing an allocation twice panics, naming the broken invariant.
+#[test]
+#[should_panic(expected = "not live in this policy")]
+fn stale_free_panics() {
+    let mut d = TestDevice::unbounded();
+    let mut p = small();
+    let a = p.allocate(&mut d, on(0, 512)).unwrap();
+    let copy = Allocation {
+        addr: a.addr,
+        requested_bytes: 512,
+        block_bytes: 512,
+        stream: a.stream,
+        block: a.block,
+        serial: a.serial,
+    };
+    p.free(&mut d, a).unwrap();
+    let _b = p.allocate(&mut d, on(0, 512)).unwrap();
+    p.free(&mut d, copy).unwrap();
+}
+
+/// A driver failure other than out of memory propagates as a device error.
+#[test]
+fn driver_errors_propagate() {
+    struct Broken;
+    impl Device for Broken {
+        fn allocate_segment(&mut self, _: u64) -> Result<Segment, DeviceError> {
+            Err(DeviceError::Driver {
+                code: 700,
+                message: "illegal address".into(),
+            })
+        }
+        fn free_segment(&mut self, _: Segment) -> Result<(), DeviceError> {
+            unreachable!()
+        }
+        fn stats(&self) -> DeviceStats {
+            DeviceStats::default()
+        }
+    }
+    let mut p = small();
+    let err = p.allocate(&mut Broken, on(0, 512)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AllocError::Device(DeviceError::Driver { code: 700, .. })
+        ),
+        "{err:?}"
+    );
+    p.check_invariants();
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc(u64, u64),
+    Free(usize),
+    EmptyCache,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0u64..3, 1u64..=32 * KIB).prop_map(|(s, n)| Op::Alloc(s, n)),
+        2 => (0u64..3, 1u64..=3 * MIB).prop_map(|(s, n)| Op::Alloc(s, n)),
+        6 => any::<usize>().prop_map(Op::Free),
+        1 => Just(Op::EmptyCache),
+    ]
+}
+
+proptest! {
+    /// Random alloc/free/empty_cache runs over three streams on a small device keep every
+    /// invariant, and an OOM never changes live allocations.
+    #[test]
+    fn random_sequences_keep_invariants(ops in prop::collection::vec(op(), 1..120)) {
+        let mut d = TestDevice::with_capacity(8 * MIB);
+        let mut p = ArenaPolicy::new(ArenaOptions {
+            superblock_bytes: 64 * KIB,
+            growth_bytes: 2 * MIB,
+            threshold_bytes: 32 * KIB,
+        })
+        .unwrap();
+        let mut live: Vec<Allocation> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Alloc(stream, size) => {
+                    let before = p.stats();
+                    match p.allocate(&mut d, on(stream, size)) {
+                        Ok(a) => {
+                            prop_assert_eq!(a.block_bytes, size.div_ceil(256) * 256);
+                            live.push(a);
+                        }
+                        Err(AllocError::OutOfMemory { .. }) => {
+                            let after = p.stats();
+                            prop_assert_eq!(after.allocated_bytes, before.allocated_bytes);
+                            prop_assert_eq!(after.allocation_count, before.allocation_count);
+                        }
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+                Op::Free(i) if !live.is_empty() => {
+                    let a = live.swap_remove(i % live.len());
+                    p.free(&mut d, a).unwrap();
+                }
+                Op::Free(_) => {}
+                Op::EmptyCache => p.empty_cache(&mut d).unwrap(),
+            }
+            check(&p, &d);
+        }
+        for a in live {
+            p.free(&mut d, a).unwrap();
+        }
+        p.empty_cache(&mut d).unwrap();
+        check(&p, &d);
+        prop_assert_eq!(p.stats(), PolicyStats::default());
+    }
+}
