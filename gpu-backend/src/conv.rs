@@ -79,6 +79,15 @@ pub(crate) fn device_error(call: &str, requested_bytes: u64, e: DriverError) -> 
     }
 }
 
+/// `map_err` adaptor for a call whose every failure stops the run, out of memory
+/// included ([`DeviceError::Driver`]): mapping, unmapping, releasing.
+pub(crate) fn driver_failure(call: &'static str) -> impl Fn(DriverError) -> DeviceError {
+    move |e| DeviceError::Driver {
+        code: error_code(e.0),
+        message: message(call, e),
+    }
+}
+
 /// `map_err` adaptor for [`device_error`].
 pub(crate) fn at(call: &'static str, requested_bytes: u64) -> impl Fn(DriverError) -> DeviceError {
     move |e| device_error(call, requested_bytes, e)

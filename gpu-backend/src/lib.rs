@@ -8,13 +8,13 @@
 //! # What is measured, and what is not
 //!
 //! Measured, per device:
-//! - what the driver *charges*: after every successful allocate, free, map and unmap the
-//!   device re-reads `cuMemGetInfo` and reports the drop of free memory since open
+//! - what the driver *charges*: after every successful allocate, free, create, release,
+//!   map and unmap the device re-reads `cuMemGetInfo` and reports the drop of free memory since open
 //!   ([`policies::DeviceStats::charged_bytes`], with its peak in
 //!   [`CudaDevice::charged_bytes_peak`]). This includes the driver's rounding to 2 MiB
 //!   pages and its packing of small allocations into shared 2 MiB chunks;
-//! - the duration of each `cuMemAlloc_v2` / `cuMemFree_v2` (and of each page map/unmap
-//!   call), the driver call only;
+//! - the duration of each `cuMemAlloc_v2` / `cuMemFree_v2` (and of each `cuMemCreate`,
+//!   `cuMemRelease`, map and unmap call), the driver calls only;
 //! - the used memory as the hardware reports it ([`policies::Device::observed_used_bytes`]).
 //!
 //! Not measured: anything about *using* the memory. No kernel runs and no byte is
@@ -43,8 +43,9 @@
 //!
 //! Driver calls are `unsafe`: raw pointers, handles that must be freed exactly once.
 //! This crate is the only one in the workspace with `unsafe` code; it wraps each call
-//! so that the rest of the workspace only sees owned [`policies::Segment`]s and
-//! [`policies::AddressRange`]s, which the type system keeps from being freed twice.
+//! so that the rest of the workspace only sees owned [`policies::Segment`]s,
+//! [`policies::AddressRange`]s and [`policies::PhysicalChunk`]s, which the type system
+//! keeps from being freed twice.
 //! Every `unsafe` block states why it is sound in a `SAFETY:` comment, and every driver
 //! error is mapped to a [`policies::DeviceError`] in one module (`conv`).
 //!

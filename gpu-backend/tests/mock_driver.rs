@@ -20,7 +20,9 @@ use gpu_backend::{
     drop_cleanup_errors, install_interrupt_flag, probe, CudaDevice, OpenError, ProbeError,
     BALLAST_GRANULE_BYTES, PROBE_SIZES,
 };
-use policies::{AddressRange, Device, DeviceError, VirtualMemory};
+use policies::{
+    AddressRange, Device, DeviceError, PhysicalChunk, Policy, Request, StreamId, VirtualMemory,
+};
 
 const SCENARIO_VAR: &str = "GPU_BACKEND_MOCK_SCENARIO";
 const MIB: u64 = 1 << 20;
@@ -113,6 +115,7 @@ fn run(test: &str, mock: Option<Mock>, envs: &[(&str, &str)], scenario: fn()) ->
         "MOCK_MAX_ALLOC_BYTES",
         "MOCK_ALLOC_OVERHEAD_BYTES",
         "MOCK_FAIL",
+        "MOCK_LOG",
     ] {
         cmd.env_remove(var);
     }
@@ -358,8 +361,17 @@ fn scenario_driver_error() {
 
 // ---- virtual memory ----------------------------------------------------------------------
 
-/// Reserve, map, unmap and release: stats follow, pages are tracked per offset, misuse
-/// panics before reaching the driver, releasing a range with mapped pages is refused.
+/// Chunks of `bytes` each, created one by one.
+fn create(dev: &mut CudaDevice, bytes: u64, count: usize) -> Vec<PhysicalChunk> {
+    let vm = dev.virtual_memory().expect("vmm");
+    (0..count)
+        .map(|_| vm.create_physical(bytes).expect("create a chunk"))
+        .collect()
+}
+
+/// Reserve, create, map, unmap, release: stats follow (physical memory is charged from
+/// creation to release), mappings are tracked per offset, misuse panics before reaching
+/// the driver, releasing a range with mappings is refused.
 #[test]
 fn mock_vmm() {
     if let Some(out) = run("mock_vmm", Some(Mock::Full), &[], scenario_vmm) {
@@ -376,24 +388,42 @@ fn scenario_vmm() {
         100 * MIB + 1,
         "the range reports the size asked for"
     );
-    vm.map_pages(&r, 0, 2 * MIB, 3).expect("map 3 small pages");
-    vm.map_pages(&r, 20 * MIB, 20 * MIB, 2)
-        .expect("map 2 large pages");
-    expect_panic("mapping a page twice", || {
-        drop(vm.map_pages(&r, 4 * MIB, 2 * MIB, 1))
+    let small = create(&mut dev, 2 * MIB, 3);
+    let large = create(&mut dev, 20 * MIB, 2);
+    let s = dev.stats();
+    assert_eq!(
+        (s.reserved_bytes, s.charged_bytes, s.allocate_count),
+        (46 * MIB, 46 * MIB, 0),
+        "created chunks are charged before they are mapped"
+    );
+    let vm = dev.virtual_memory().expect("vmm");
+    vm.map(&r, 0, &small).expect("map 3 small chunks");
+    vm.map(&r, 20 * MIB, &large).expect("map 2 large chunks");
+    let spare = vm.create_physical(2 * MIB).expect("one more chunk");
+    let one = std::slice::from_ref(&spare);
+    expect_panic("mapping over a mapped chunk", || {
+        drop(vm.map(&r, 4 * MIB, one))
     });
-    expect_panic("mapping into a large page", || {
-        drop(vm.map_pages(&r, 30 * MIB, 2 * MIB, 1))
+    expect_panic("mapping into a large chunk", || {
+        drop(vm.map(&r, 30 * MIB, one))
     });
     expect_panic("mapping past the range", || {
-        drop(vm.map_pages(&r, 100 * MIB, 2 * MIB, 1))
+        drop(vm.map(&r, 100 * MIB, one))
     });
-    expect_panic("unmapping an unmapped page", || {
-        drop(vm.unmap_pages(&r, 6 * MIB, 2 * MIB, 1))
+    expect_panic("unmapping an unmapped chunk", || {
+        drop(vm.unmap(&r, 6 * MIB, one))
     });
-    expect_panic("unmapping with the wrong page size", || {
-        drop(vm.unmap_pages(&r, 20 * MIB, 2 * MIB, 1))
+    expect_panic("unmapping another chunk than the one mapped there", || {
+        drop(vm.unmap(&r, 0, one))
     });
+    expect_panic("releasing a mapped chunk", || {
+        let forged = PhysicalChunk {
+            id: small[0].id,
+            size_bytes: small[0].size_bytes,
+        };
+        drop(vm.release_physical(forged))
+    });
+    vm.release_physical(spare).expect("release the spare chunk");
 
     let s = dev.stats();
     assert_eq!(
@@ -408,9 +438,13 @@ fn scenario_vmm() {
     assert_eq!(free_bytes(&dev), MOCK_FREE - 46 * MIB);
 
     let vm = dev.virtual_memory().expect("vmm");
-    vm.unmap_pages(&r, 2 * MIB, 2 * MIB, 1)
-        .expect("unmap the middle page");
-    assert_eq!(dev.stats().charged_bytes, 44 * MIB);
+    vm.unmap(&r, 2 * MIB, &small[1..2])
+        .expect("unmap the middle chunk");
+    assert_eq!(
+        dev.stats().charged_bytes,
+        46 * MIB,
+        "an unmapped chunk is still charged"
+    );
     assert_eq!(dev.stats().free_count, 1);
 
     let vm = dev.virtual_memory().expect("vmm");
@@ -418,11 +452,15 @@ fn scenario_vmm() {
         Err(DeviceError::Driver { code: 1, message }) => {
             assert!(message.contains("still has 4 mapped page(s)"), "{message}")
         }
-        other => panic!("releasing a range with mapped pages: {other:?}"),
+        other => panic!("releasing a range with mappings: {other:?}"),
     }
-    vm.unmap_pages(&r, 0, 2 * MIB, 1).expect("unmap");
-    vm.unmap_pages(&r, 4 * MIB, 2 * MIB, 1).expect("unmap");
-    vm.unmap_pages(&r, 20 * MIB, 20 * MIB, 2).expect("unmap");
+    vm.unmap(&r, 0, &small[..1]).expect("unmap");
+    vm.unmap(&r, 4 * MIB, &small[2..]).expect("unmap");
+    vm.unmap(&r, 20 * MIB, &large)
+        .expect("unmap both large chunks");
+    for chunk in small.into_iter().chain(large) {
+        vm.release_physical(chunk).expect("release");
+    }
     vm.release_range(r).expect("release");
     let s = dev.stats();
     assert_eq!(
@@ -430,19 +468,28 @@ fn scenario_vmm() {
         (0, 0, 0)
     );
     assert_eq!((s.allocate_count, s.free_count), (2, 4));
-    assert!(dev.map_ns_mean().is_some() && dev.unmap_ns_mean().is_some());
+    for mean in [
+        dev.create_ns_mean(),
+        dev.release_ns_mean(),
+        dev.map_ns_mean(),
+        dev.unmap_ns_mean(),
+    ] {
+        assert!(mean.is_some());
+    }
     assert_eq!(free_bytes(&dev), MOCK_FREE);
 }
 
-/// map_pages is all or nothing: when a cuMemCreate runs out of memory, or a later call
-/// fails, the pages created by that call are unmapped and released again.
+/// An out-of-memory cuMemCreate is DeviceError::OutOfMemory and changes nothing; a map
+/// whose cuMemMap or cuMemSetAccess fails is all or nothing: what it mapped is unmapped
+/// again, its chunks stay created and can be mapped later.
 #[test]
 fn mock_map_rollback() {
-    // 10 MiB free: five 2 MiB pages fit. The 7th cuMemSetAccess fails.
+    // 10 MiB free: five 2 MiB chunks fit. The 1st cuMemSetAccess fails, and the 7th
+    // cuMemMap.
     let envs = [
         ("MOCK_TOTAL_BYTES", "1073741824"),
         ("MOCK_CONTEXT_BYTES", "1063256064"),
-        ("MOCK_FAIL", "cuMemSetAccess:7"),
+        ("MOCK_FAIL", "cuMemSetAccess:1,cuMemMap:7"),
     ];
     if let Some(out) = run(
         "mock_map_rollback",
@@ -457,44 +504,156 @@ fn mock_map_rollback() {
 fn scenario_map_rollback() {
     let mut dev = open();
     assert_eq!(free_bytes(&dev), 10 * MIB);
+    let chunks = create(&mut dev, 2 * MIB, 5);
+    assert_eq!(free_bytes(&dev), 0);
     let vm = dev.virtual_memory().expect("vmm");
-    let r = vm.reserve_range(64 * MIB).expect("reserve");
-    // Pages 1-5 are created and mapped (5 cuMemSetAccess calls), page 6 is out of memory.
     assert_eq!(
-        vm.map_pages(&r, 0, 2 * MIB, 8).unwrap_err(),
+        vm.create_physical(2 * MIB).unwrap_err(),
         DeviceError::OutOfMemory {
-            requested_bytes: 16 * MIB
+            requested_bytes: 2 * MIB
         }
     );
     assert_eq!(
-        free_bytes(&dev),
+        dev.stats().reserved_bytes,
         10 * MIB,
-        "all pages of the failed call are released"
+        "the refused chunk left no trace"
     );
-    assert_eq!(dev.stats().reserved_bytes, 0);
-    assert_eq!(dev.stats().allocate_count, 0);
-
-    // Calls 6 and 7 of cuMemSetAccess: the second page fails after being mapped.
     let vm = dev.virtual_memory().expect("vmm");
-    match vm.map_pages(&r, 0, 2 * MIB, 3) {
+    let r = vm.reserve_range(64 * MIB).expect("reserve");
+
+    // Three cuMemMap calls succeed, the access call fails: all three are unmapped.
+    match vm.map(&r, 0, &chunks[..3]) {
         Err(DeviceError::Driver { code: 700, message }) => {
             assert!(message.ends_with("(in cuMemSetAccess)"), "{message}")
         }
         other => panic!("expected a driver error, got {other:?}"),
     }
-    assert_eq!(
-        free_bytes(&dev),
-        10 * MIB,
-        "the mapped page was rolled back too"
-    );
-
-    // The span is free again and the memory fits.
+    assert_eq!(dev.stats().allocate_count, 0);
+    // The span is free again (a mapping left behind would make the mock refuse this).
     let vm = dev.virtual_memory().expect("vmm");
-    vm.map_pages(&r, 0, 2 * MIB, 5).expect("five pages fit");
-    assert_eq!(free_bytes(&dev), 0);
+    vm.map(&r, 0, &chunks[..2]).expect("the same span maps now");
+    // The 7th cuMemMap of the process (this call's second) fails: the first chunk of
+    // this call is unmapped again.
+    match vm.map(&r, 8 * MIB, &chunks[2..4]) {
+        Err(DeviceError::Driver { code: 700, message }) => {
+            assert!(message.ends_with("(in cuMemMap)"), "{message}")
+        }
+        other => panic!("expected a driver error, got {other:?}"),
+    }
+    let vm = dev.virtual_memory().expect("vmm");
+    vm.map(&r, 8 * MIB, &chunks[2..])
+        .expect("three chunks map now");
+    assert_eq!(dev.stats().allocate_count, 2);
     assert_eq!(dev.stats().charged_bytes, 10 * MIB);
     assert_eq!(dev.cleanup_errors(), 0);
-    // Left mapped on purpose: drop releases it.
+    // Left mapped on purpose: drop unmaps and releases everything.
+}
+
+/// Stitching is expressible on the CUDA device: one chunk mapped at two places, the
+/// chunks of a released range mapped again back to back elsewhere, and free memory as
+/// the driver reports it moves only with creation and release.
+#[test]
+fn mock_stitching() {
+    if let Some(out) = run("mock_stitching", Some(Mock::Full), &[], || {
+        let mut dev = open();
+        policies::testing::check_stitching(&mut dev);
+        assert_eq!(free_bytes(&dev), MOCK_FREE);
+        assert_eq!(dev.cleanup_errors(), 0);
+    }) {
+        assert_clean(&out);
+    }
+}
+
+/// The caching policy's expandable segments make PyTorch's driver calls: pages created
+/// one by one; when one is out of memory, the pages created by that attempt are
+/// released (and the retry after the cache release does the same); otherwise the new
+/// pages are mapped, then made accessible in one call; `empty_cache` unmaps and
+/// releases them and frees the address range.
+#[test]
+fn mock_expandable_segments_calls() {
+    // 50 MiB free: two 20 MiB pages fit, a third does not.
+    let envs = [("MOCK_TOTAL_BYTES", "589299712"), ("MOCK_LOG", "1")];
+    let Some(out) = run(
+        "mock_expandable_segments_calls",
+        Some(Mock::Full),
+        &envs,
+        scenario_expandable_calls,
+    ) else {
+        return;
+    };
+    assert_clean(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let calls: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("mock_libcuda call: "))
+        .filter(|l| !l.starts_with("cuMemAddressReserve"))
+        .collect();
+    let page = 20 * MIB;
+    let attempt_oom = [
+        format!("cuMemCreate {page} -> 0"),
+        format!("cuMemCreate {page} -> 0"),
+        format!("cuMemCreate {page} -> 2"),
+        format!("cuMemRelease {page} -> 0"),
+        format!("cuMemRelease {page} -> 0"),
+    ];
+    let mut expected: Vec<String> = Vec::new();
+    expected.extend(attempt_oom.iter().cloned()); // first attempt
+    expected.extend(attempt_oom.iter().cloned()); // retry after the cache release
+    expected.extend([
+        format!("cuMemCreate {page} -> 0"),
+        format!("cuMemCreate {page} -> 0"),
+        format!("cuMemMap {page} -> 0"),
+        format!("cuMemMap {page} -> 0"),
+        format!("cuMemSetAccess {} -> 0", 2 * page),
+        format!("cuMemUnmap {page} -> 0"),
+        format!("cuMemUnmap {page} -> 0"),
+        format!("cuMemRelease {page} -> 0"),
+        format!("cuMemRelease {page} -> 0"),
+    ]);
+    let reserve = stderr
+        .lines()
+        .filter(|l| l.starts_with("mock_libcuda call: cuMemAddressReserve"))
+        .count();
+    assert_eq!(reserve, 1, "one expandable segment:\n{stderr}");
+    assert_eq!(
+        calls[..expected.len()],
+        expected.iter().map(String::as_str).collect::<Vec<_>>()[..],
+        "\n{stderr}"
+    );
+    assert!(
+        calls[expected.len()].starts_with("cuMemAddressFree"),
+        "\n{stderr}"
+    );
+}
+
+fn scenario_expandable_calls() {
+    let mut dev = open();
+    let config = policies::caching::CachingConfig::from_alloc_conf("expandable_segments:True")
+        .expect("config");
+    let mut policy = policies::caching::CachingPolicy::new(config);
+    let request = |size_bytes| Request {
+        size_bytes,
+        stream: StreamId(0),
+    };
+    assert!(matches!(
+        policy.allocate(&mut dev, request(60 * MIB)),
+        Err(policies::AllocError::OutOfMemory { .. })
+    ));
+    assert_eq!(
+        free_bytes(&dev),
+        50 * MIB,
+        "nothing kept from the failed attempts"
+    );
+    let a = policy
+        .allocate(&mut dev, request(30 * MIB))
+        .expect("two pages");
+    assert_eq!(free_bytes(&dev), 10 * MIB);
+    policy.check_invariants();
+    assert_eq!(policy.stats().reserved_bytes, dev.stats().reserved_bytes);
+    policy.free(&mut dev, a).expect("free");
+    policy.empty_cache(&mut dev).expect("empty_cache");
+    assert_eq!(free_bytes(&dev), 50 * MIB);
+    assert_eq!(dev.stats().segment_count, 0, "the range is freed too");
 }
 
 // ---- validation ---------------------------------------------------------------------------
@@ -647,8 +806,8 @@ fn scenario_ballast_chunked() {
 
 // ---- cleanup -----------------------------------------------------------------------------
 
-/// Dropping a device with live segments, mapped pages, ranges and ballast releases
-/// everything and the context (the mock reports zero used bytes at exit).
+/// Dropping a device with live segments, mapped and unmapped chunks, ranges and ballast
+/// releases everything and the context (the mock reports zero used bytes at exit).
 #[test]
 fn mock_drop_releases_everything() {
     if let Some(out) = run(
@@ -668,11 +827,16 @@ fn scenario_drop() {
         .iter()
         .map(|&s| dev.allocate_segment(s).expect("allocate"))
         .collect();
+    let small = create(&mut dev, 2 * MIB, 4);
+    let large = create(&mut dev, 20 * MIB, 2);
+    let _unmapped = create(&mut dev, 2 * MIB, 1);
     let vm = dev.virtual_memory().expect("vmm");
     let r1 = vm.reserve_range(GIB).expect("reserve");
     let r2 = vm.reserve_range(GIB).expect("reserve");
-    vm.map_pages(&r1, 0, 2 * MIB, 4).expect("map");
-    vm.map_pages(&r2, 40 * MIB, 20 * MIB, 2).expect("map");
+    vm.map(&r1, 0, &small).expect("map");
+    vm.map(&r2, 40 * MIB, &large).expect("map");
+    // One chunk mapped twice: cleanup unmaps both places before releasing it.
+    vm.map(&r2, 0, &small[..1]).expect("map again");
     let _unused = vm.reserve_range(GIB).expect("reserve");
     assert_eq!(dev.stats().segment_count, 6);
     drop(dev);
@@ -699,9 +863,10 @@ fn mock_release_all() {
 fn scenario_release_all() {
     let mut dev = open();
     let _a = dev.allocate_segment(5 * MIB).expect("allocate");
+    let chunks = create(&mut dev, 2 * MIB, 2);
     let vm = dev.virtual_memory().expect("vmm");
     let r = vm.reserve_range(GIB).expect("reserve");
-    vm.map_pages(&r, 0, 2 * MIB, 2).expect("map");
+    vm.map(&r, 0, &chunks).expect("map");
     dev.release_all().expect("release_all");
     let s = dev.stats();
     assert_eq!(

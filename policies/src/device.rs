@@ -32,7 +32,8 @@ pub struct Segment {
 }
 
 /// A reserved range of virtual addresses with no physical memory behind it until
-/// pages are mapped ([`VirtualMemory`]). Not `Clone`, like [`Segment`].
+/// [`PhysicalChunk`]s are mapped into it ([`VirtualMemory`]). Not `Clone`, like
+/// [`Segment`].
 #[derive(Debug, PartialEq, Eq)]
 pub struct AddressRange {
     /// Device-local identity.
@@ -40,6 +41,23 @@ pub struct AddressRange {
     /// First byte of the range.
     pub addr: DeviceAddr,
     /// Length of the range in bytes.
+    pub size_bytes: u64,
+}
+
+/// Identifies one physical chunk for as long as it lives on its device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ChunkId(pub u64);
+
+/// Physical device memory with no address of its own (one `cuMemCreate` handle): it is
+/// reached where it is mapped into an [`AddressRange`], at one place or several.
+///
+/// Not `Clone`: [`VirtualMemory::release_physical`] consumes it, so a chunk cannot be
+/// released twice.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PhysicalChunk {
+    /// Device-local identity.
+    pub id: ChunkId,
+    /// Size in bytes.
     pub size_bytes: u64,
 }
 
@@ -51,16 +69,17 @@ pub struct DeviceStats {
     /// The device's total memory as `cuMemGetInfo` reports it (PyTorch's `total_memory`);
     /// memory fractions and expandable-segment address ranges are computed from it.
     pub total_bytes: u64,
-    /// Sum of live segment sizes plus mapped pages, as the policy asked for them.
+    /// Sum of live segment sizes plus live physical chunks (created and not yet
+    /// released), as the policy asked for them.
     pub reserved_bytes: u64,
     /// What the driver really takes for them (page rounding, packing of small
     /// allocations), comparable to the drop in `cuMemGetInfo` free memory.
     pub charged_bytes: u64,
     /// Live segments plus live address ranges.
     pub segment_count: u64,
-    /// Successful segment allocations and page mappings so far.
+    /// Successful segment allocations and [`VirtualMemory::map`] calls so far.
     pub allocate_count: u64,
-    /// Segment frees and page unmappings so far.
+    /// Segment frees and [`VirtualMemory::unmap`] calls so far.
     pub free_count: u64,
 }
 
@@ -121,8 +140,8 @@ pub trait Device {
     /// The device's own accounting.
     fn stats(&self) -> DeviceStats;
 
-    /// Virtual memory management (reserve, map, unmap), if the device has it.
-    /// Expandable segments need it.
+    /// Virtual memory management (reserve, create, map, unmap, release), if the device
+    /// has it. Expandable segments need it.
     fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
         None
     }
@@ -134,9 +153,21 @@ pub trait Device {
     }
 }
 
-/// Virtual memory management in the style of the CUDA driver's `cuMemAddressReserve`,
-/// `cuMemCreate`, `cuMemMap` and `cuMemUnmap`: address space costs nothing, each mapped
-/// page is one physical allocation.
+/// Virtual memory management as the CUDA driver offers it: address space
+/// (`cuMemAddressReserve` / `cuMemAddressFree`) and physical memory
+/// (`cuMemCreate` / `cuMemRelease`) are separate, and a chunk of physical memory is
+/// reachable only where it is mapped (`cuMemMap` + `cuMemSetAccess` / `cuMemUnmap`).
+///
+/// Address space costs nothing; physical memory is charged from its creation to its
+/// release, however many times it is mapped. A chunk may be mapped at several places at
+/// once, in one range or several, and mapped again elsewhere after an unmap: that is
+/// what a stitching allocator (GMLake, ASPLOS '24) does to join scattered free chunks
+/// into one contiguous virtual block. PyTorch's expandable segments use one chunk per
+/// page, mapped once.
+///
+/// Misuse is a bug and panics naming the broken rule: a chunk or range this device did
+/// not hand out, a span that leaves its range or overlaps a mapping, unmapping what is
+/// not mapped there, releasing a chunk that is still mapped.
 pub trait VirtualMemory {
     /// Reserves `size_bytes` of address space, with no physical memory behind it.
     ///
@@ -144,41 +175,59 @@ pub trait VirtualMemory {
     /// When the address space cannot be reserved.
     fn reserve_range(&mut self, size_bytes: u64) -> Result<AddressRange, DeviceError>;
 
-    /// Creates `page_count` physical pages of `page_bytes` each and maps them at
-    /// `range.addr + offset_bytes`, all or nothing: if one page cannot be created, the
-    /// pages created by this call are released and the call fails.
+    /// Creates one chunk of `size_bytes` of physical memory (`cuMemCreate`), unmapped.
     ///
     /// # Errors
-    /// [`DeviceError::OutOfMemory`] when a page cannot be created.
-    ///
-    /// # Panics
-    /// If a page in the span is already mapped or the span leaves the range.
-    fn map_pages(
-        &mut self,
-        range: &AddressRange,
-        offset_bytes: u64,
-        page_bytes: u64,
-        page_count: u64,
-    ) -> Result<(), DeviceError>;
+    /// [`DeviceError::OutOfMemory`] when the device cannot supply it; other variants for
+    /// failures that stop the run.
+    fn create_physical(&mut self, size_bytes: u64) -> Result<PhysicalChunk, DeviceError>;
 
-    /// Unmaps and releases `page_count` pages of `page_bytes` at `range.addr + offset_bytes`.
+    /// Maps `chunks` back to back at `range.addr + offset_bytes`, in order (one
+    /// `cuMemMap` each, then access for the whole span). All or nothing: when one step
+    /// fails, what this call mapped is unmapped again; the chunks stay created.
     ///
     /// # Errors
     /// Only for driver failures.
     ///
     /// # Panics
-    /// If a page in the span is not mapped.
-    fn unmap_pages(
+    /// If a chunk is not live on this device, or the span leaves the range or overlaps
+    /// a mapping.
+    fn map(
         &mut self,
         range: &AddressRange,
         offset_bytes: u64,
-        page_bytes: u64,
-        page_count: u64,
+        chunks: &[PhysicalChunk],
     ) -> Result<(), DeviceError>;
 
-    /// Gives the address space back. Every page must have been unmapped.
+    /// Unmaps `chunks`, which must be mapped back to back at `range.addr +
+    /// offset_bytes` (one `cuMemUnmap` each). The chunks stay created: release them with
+    /// [`VirtualMemory::release_physical`], or map them elsewhere.
     ///
     /// # Errors
     /// Only for driver failures.
+    ///
+    /// # Panics
+    /// If a chunk is not mapped at its place.
+    fn unmap(
+        &mut self,
+        range: &AddressRange,
+        offset_bytes: u64,
+        chunks: &[PhysicalChunk],
+    ) -> Result<(), DeviceError>;
+
+    /// Releases a chunk's physical memory (`cuMemRelease`).
+    ///
+    /// # Errors
+    /// Only for driver failures.
+    ///
+    /// # Panics
+    /// If the chunk is still mapped somewhere.
+    fn release_physical(&mut self, chunk: PhysicalChunk) -> Result<(), DeviceError>;
+
+    /// Gives the address space back. Every mapping in it must have been unmapped.
+    ///
+    /// # Errors
+    /// Driver failures; a device may also refuse, with an error, to release a range
+    /// that still has mappings.
     fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError>;
 }

@@ -17,6 +17,10 @@
 //! - **Ownership prevents double frees.** [`Allocation`] and [`Segment`] are not
 //!   `Clone`; freeing takes them by value. Misuse (a foreign allocation) panics with the
 //!   broken invariant's name.
+//! - **Physical memory apart from addresses.** [`VirtualMemory`] creates, maps, unmaps
+//!   and releases physical chunks separately, as the CUDA driver does, so an allocator
+//!   can map one chunk at several places (stitching); [`PageTable`] is the bookkeeping
+//!   every device shares.
 //! - **Every policy checks itself.** [`Policy::check_invariants`] walks the policy's
 //!   structures; the replay engine calls it after each event in tests.
 //!
@@ -34,6 +38,7 @@ pub mod caching;
 mod device;
 pub mod immediate;
 mod lease;
+pub mod page_table;
 mod policy;
 pub mod registry;
 mod slab;
@@ -41,8 +46,10 @@ mod slab;
 pub mod testing;
 
 pub use device::{
-    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, Segment, SegmentId, VirtualMemory,
+    AddressRange, ChunkId, Device, DeviceAddr, DeviceError, DeviceStats, PhysicalChunk, Segment,
+    SegmentId, VirtualMemory,
 };
+pub use page_table::PageTable;
 pub use policy::{
     AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,

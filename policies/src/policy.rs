@@ -47,7 +47,8 @@ pub struct PolicyStats {
     pub requested_bytes: u64,
     /// Sum of `block_bytes` of live allocations.
     pub allocated_bytes: u64,
-    /// Bytes held from the device: live segments plus mapped pages.
+    /// Bytes held from the device: live segments plus physical chunks (the mapped pages
+    /// of expandable segments).
     pub reserved_bytes: u64,
     /// Live allocations.
     pub allocation_count: u64,

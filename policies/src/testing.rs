@@ -4,8 +4,10 @@
 use std::collections::BTreeMap;
 
 use crate::device::{
-    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, Segment, SegmentId, VirtualMemory,
+    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, PhysicalChunk, Segment, SegmentId,
+    VirtualMemory,
 };
+use crate::page_table::PageTable;
 
 /// A device with no memory at all: every allocation is out of memory.
 #[derive(Debug, Default)]
@@ -43,20 +45,22 @@ impl VirtualMemory for NullDevice {
         })
     }
 
-    fn map_pages(
-        &mut self,
-        _: &AddressRange,
-        _: u64,
-        page_bytes: u64,
-        page_count: u64,
-    ) -> Result<(), DeviceError> {
+    fn create_physical(&mut self, size_bytes: u64) -> Result<PhysicalChunk, DeviceError> {
         Err(DeviceError::OutOfMemory {
-            requested_bytes: page_bytes * page_count,
+            requested_bytes: size_bytes,
         })
     }
 
-    fn unmap_pages(&mut self, _: &AddressRange, _: u64, _: u64, _: u64) -> Result<(), DeviceError> {
+    fn map(&mut self, _: &AddressRange, _: u64, _: &[PhysicalChunk]) -> Result<(), DeviceError> {
+        panic!("NullDevice never created a physical chunk")
+    }
+
+    fn unmap(&mut self, _: &AddressRange, _: u64, _: &[PhysicalChunk]) -> Result<(), DeviceError> {
         panic!("NullDevice never mapped a page")
+    }
+
+    fn release_physical(&mut self, chunk: PhysicalChunk) -> Result<(), DeviceError> {
+        panic!("NullDevice never created physical chunk {:?}", chunk.id)
     }
 
     fn release_range(&mut self, _: AddressRange) -> Result<(), DeviceError> {
@@ -66,7 +70,8 @@ impl VirtualMemory for NullDevice {
 
 /// A device with a byte capacity (`u64::MAX`: unbounded), ascending 2 MiB-aligned
 /// addresses that are never reused, and virtual memory. It charges exactly what it is
-/// asked for, so policy figures can be checked against it byte for byte.
+/// asked for (segments and physical chunks), so policy figures can be checked against
+/// it byte for byte.
 #[derive(Debug)]
 pub struct TestDevice {
     capacity_bytes: u64,
@@ -75,8 +80,7 @@ pub struct TestDevice {
     next_id: u64,
     used_bytes: u64,
     segments: BTreeMap<u64, (u64, u64)>,
-    ranges: BTreeMap<u64, (u64, u64)>,
-    pages: BTreeMap<(u64, u64), u64>,
+    vm: PageTable<()>,
     allocate_count: u64,
     free_count: u64,
 }
@@ -95,8 +99,7 @@ impl TestDevice {
             next_id: 1,
             used_bytes: 0,
             segments: BTreeMap::new(),
-            ranges: BTreeMap::new(),
-            pages: BTreeMap::new(),
+            vm: PageTable::new("TestDevice"),
             allocate_count: 0,
             free_count: 0,
         }
@@ -117,6 +120,15 @@ impl TestDevice {
         self.segments.iter().map(|(&a, &(s, _))| (a, s)).collect()
     }
 
+    /// Mapped chunks as (address, size), in address order.
+    pub fn mapped_regions(&self) -> Vec<(u64, u64)> {
+        self.vm.mapped_regions().collect()
+    }
+
+    fn free_capacity(&self) -> u64 {
+        self.capacity_bytes.saturating_sub(self.used_bytes)
+    }
+
     fn take_addr(&mut self, size_bytes: u64) -> u64 {
         let addr = self.next_addr;
         self.next_addr += size_bytes.div_ceil(2 << 20).max(1) * (2 << 20);
@@ -126,7 +138,7 @@ impl TestDevice {
 
 impl Device for TestDevice {
     fn allocate_segment(&mut self, size_bytes: u64) -> Result<Segment, DeviceError> {
-        if size_bytes > self.capacity_bytes.saturating_sub(self.used_bytes) {
+        if size_bytes > self.free_capacity() {
             return Err(DeviceError::OutOfMemory {
                 requested_bytes: size_bytes,
             });
@@ -165,7 +177,7 @@ impl Device for TestDevice {
             total_bytes: self.total_bytes,
             reserved_bytes: self.used_bytes,
             charged_bytes: self.used_bytes,
-            segment_count: (self.segments.len() + self.ranges.len()) as u64,
+            segment_count: (self.segments.len() + self.vm.range_count()) as u64,
             allocate_count: self.allocate_count,
             free_count: self.free_count,
         }
@@ -181,74 +193,151 @@ impl VirtualMemory for TestDevice {
         let addr = self.take_addr(size_bytes);
         let id = self.next_id;
         self.next_id += 1;
-        self.ranges.insert(addr, (size_bytes, id));
-        Ok(AddressRange {
-            id: SegmentId(id),
-            addr: DeviceAddr(addr),
-            size_bytes,
-        })
+        Ok(self
+            .vm
+            .add_range(SegmentId(id), DeviceAddr(addr), size_bytes))
     }
 
-    fn map_pages(
+    fn create_physical(&mut self, size_bytes: u64) -> Result<PhysicalChunk, DeviceError> {
+        if size_bytes > self.free_capacity() {
+            return Err(DeviceError::OutOfMemory {
+                requested_bytes: size_bytes,
+            });
+        }
+        self.used_bytes += size_bytes;
+        Ok(self.vm.add_chunk(size_bytes, ()))
+    }
+
+    fn map(
         &mut self,
         range: &AddressRange,
         offset_bytes: u64,
-        page_bytes: u64,
-        page_count: u64,
+        chunks: &[PhysicalChunk],
     ) -> Result<(), DeviceError> {
-        assert!(
-            offset_bytes + page_bytes * page_count <= range.size_bytes,
-            "mapping past the range"
-        );
-        let bytes = page_bytes * page_count;
-        if bytes > self.capacity_bytes.saturating_sub(self.used_bytes) {
-            return Err(DeviceError::OutOfMemory {
-                requested_bytes: bytes,
-            });
-        }
-        for p in 0..page_count {
-            let at = range.addr.0 + offset_bytes + p * page_bytes;
-            assert!(
-                self.pages.insert((range.addr.0, at), page_bytes).is_none(),
-                "page mapped twice"
-            );
-        }
-        self.used_bytes += bytes;
+        self.vm.map(range, offset_bytes, chunks);
         self.allocate_count += 1;
         Ok(())
     }
 
-    fn unmap_pages(
+    fn unmap(
         &mut self,
         range: &AddressRange,
         offset_bytes: u64,
-        page_bytes: u64,
-        page_count: u64,
+        chunks: &[PhysicalChunk],
     ) -> Result<(), DeviceError> {
-        for p in 0..page_count {
-            let at = range.addr.0 + offset_bytes + p * page_bytes;
-            assert_eq!(
-                self.pages.remove(&(range.addr.0, at)),
-                Some(page_bytes),
-                "unmapping a page that is not mapped"
-            );
-        }
-        self.used_bytes -= page_bytes * page_count;
+        self.vm.unmap(range, offset_bytes, chunks);
         self.free_count += 1;
         Ok(())
     }
 
-    fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError> {
-        assert!(
-            self.pages
-                .range((range.addr.0, 0)..(range.addr.0 + 1, 0))
-                .next()
-                .is_none(),
-            "releasing a range with mapped pages"
-        );
-        self.ranges
-            .remove(&range.addr.0)
-            .expect("TestDevice: unknown range");
+    fn release_physical(&mut self, chunk: PhysicalChunk) -> Result<(), DeviceError> {
+        let size = chunk.size_bytes;
+        self.vm.remove_chunk(chunk);
+        self.used_bytes -= size;
         Ok(())
+    }
+
+    fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError> {
+        self.vm.remove_range(range);
+        Ok(())
+    }
+}
+
+/// Checks that stitching, in the style of GMLake, is expressible on `device`: one
+/// physical chunk mapped at two places at once, and the chunks of a released range
+/// mapped again, back to back, in another range. Physical memory is charged once
+/// whatever the mappings; everything is given back at the end.
+///
+/// # Panics
+/// If the device lacks virtual memory management or a step fails or is mis-charged.
+pub fn check_stitching(device: &mut dyn Device) {
+    const MIB: u64 = 1 << 20;
+    let before = device.stats();
+    let vm = device
+        .virtual_memory()
+        .expect("the device has virtual memory management");
+    let first = vm.reserve_range(8 * MIB).expect("reserve the first range");
+    let second = vm.reserve_range(8 * MIB).expect("reserve the second range");
+    let a = vm.create_physical(2 * MIB).expect("create chunk a");
+    let b = vm.create_physical(2 * MIB).expect("create chunk b");
+    let chunks = [a, b];
+    vm.map(&first, 0, &chunks)
+        .expect("map a and b in the first range");
+    // Chunk a at a second place: one physical chunk, two virtual addresses.
+    vm.map(&second, 4 * MIB, &chunks[..1])
+        .expect("map a in the second range too");
+    let s = device.stats();
+    assert_eq!(
+        s.reserved_bytes - before.reserved_bytes,
+        4 * MIB,
+        "physical memory counts once however often it is mapped"
+    );
+    assert_eq!(s.charged_bytes - before.charged_bytes, 4 * MIB);
+    assert_eq!(s.segment_count - before.segment_count, 2, "two ranges");
+
+    // Release the first range; its chunk b joins a in the second range, contiguous.
+    let vm = device.virtual_memory().expect("virtual memory");
+    vm.unmap(&first, 0, &chunks).expect("unmap the first range");
+    vm.release_range(first).expect("release the first range");
+    vm.map(&second, 6 * MIB, &chunks[1..])
+        .expect("map b right after a in the second range");
+    let s = device.stats();
+    assert_eq!(s.reserved_bytes - before.reserved_bytes, 4 * MIB);
+    assert_eq!(s.segment_count - before.segment_count, 1);
+
+    // One unmap for the stitched span, then the chunks and the range go back.
+    let vm = device.virtual_memory().expect("virtual memory");
+    vm.unmap(&second, 4 * MIB, &chunks)
+        .expect("unmap the stitched span");
+    for chunk in chunks {
+        vm.release_physical(chunk).expect("release a chunk");
+    }
+    vm.release_range(second).expect("release the second range");
+    let after = device.stats();
+    assert_eq!(
+        (
+            after.reserved_bytes,
+            after.charged_bytes,
+            after.segment_count
+        ),
+        (
+            before.reserved_bytes,
+            before.charged_bytes,
+            before.segment_count
+        ),
+        "everything given back"
+    );
+    assert_eq!(
+        after.allocate_count - before.allocate_count,
+        3,
+        "three maps"
+    );
+    assert_eq!(after.free_count - before.free_count, 2, "two unmaps");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stitching is expressible on the test device.
+    #[test]
+    fn stitching_on_the_test_device() {
+        check_stitching(&mut TestDevice::unbounded());
+    }
+
+    /// The test device refuses a chunk that does not fit and charges chunks exactly.
+    #[test]
+    fn test_device_charges_chunks() {
+        let mut d = TestDevice::with_capacity(5 << 20);
+        let a = d.create_physical(3 << 20).unwrap();
+        assert_eq!(
+            d.create_physical(3 << 20),
+            Err(DeviceError::OutOfMemory {
+                requested_bytes: 3 << 20
+            })
+        );
+        assert_eq!(d.stats().charged_bytes, 3 << 20);
+        d.release_physical(a).unwrap();
+        assert_eq!(d.stats().charged_bytes, 0);
     }
 }

@@ -9,7 +9,9 @@
 //! fit: the smallest free hole of any partly used page that holds it (ties to the oldest
 //! page, then the lowest offset), else a new page (eight 1-byte allocations cost one
 //! page; eight 1 MiB allocations cost four). A packed page is returned when its last
-//! allocation is freed. Virtual-memory pages (expandable segments) are charged exactly.
+//! allocation is freed. Physical chunks of virtual memory management (the pages of
+//! expandable segments) are charged in whole pages from creation to release, however
+//! often they are mapped.
 //! Policies that only ask for multiples of 2 MiB, as PyTorch's caching allocator does,
 //! are charged exactly what they reserve.
 //!
@@ -20,7 +22,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use policies::{
-    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, Segment, SegmentId, VirtualMemory,
+    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, PageTable, PhysicalChunk, Segment,
+    SegmentId, VirtualMemory,
 };
 
 const MIB: u64 = 1 << 20;
@@ -134,14 +137,6 @@ struct PackedPage {
     live: u64,
 }
 
-#[derive(Debug)]
-struct LiveRange {
-    id: u64,
-    size: u64,
-    /// Mapped pages: offset → page bytes.
-    pages: BTreeMap<u64, u64>,
-}
-
 /// The simulated device. See the module docs for the charge model.
 #[derive(Debug)]
 pub struct SimDevice {
@@ -156,7 +151,7 @@ pub struct SimDevice {
     /// oldest page and the lowest offset.
     holes: BTreeSet<(u64, u64, u64)>,
     next_page_id: u64,
-    ranges: BTreeMap<u64, LiveRange>,
+    vm: PageTable<()>,
     stats: DeviceStats,
 }
 
@@ -192,7 +187,7 @@ impl SimDevice {
             packed: BTreeMap::new(),
             holes: BTreeSet::new(),
             next_page_id: 0,
-            ranges: BTreeMap::new(),
+            vm: PageTable::new("SimDevice"),
             stats,
         }
     }
@@ -202,13 +197,11 @@ impl SimDevice {
         &self.options
     }
 
-    /// Live segments and mapped ranges as (address, size), in address order; for the
+    /// Live segments and mapped chunks as (address, size), in address order; for the
     /// engine's overlap checks.
     pub fn live_regions(&self) -> Vec<(u64, u64)> {
         let mut out: Vec<(u64, u64)> = self.segments.iter().map(|(&a, s)| (a, s.size)).collect();
-        for (&base, r) in &self.ranges {
-            out.extend(r.pages.iter().map(|(&off, &len)| (base + off, len)));
-        }
+        out.extend(self.vm.mapped_regions());
         out.sort_unstable();
         out
     }
@@ -257,12 +250,7 @@ impl SimDevice {
             .range(..end)
             .next_back()
             .is_some_and(|(&a, s)| a + s.size > addr);
-        let range = self
-            .ranges
-            .range(..end)
-            .next_back()
-            .is_some_and(|(&a, r)| a + r.size > addr);
-        seg || range
+        seg || self.vm.overlaps_range(addr, size)
     }
 
     /// Returns a packed allocation's bytes to its page, merging holes; returns the bytes
@@ -442,88 +430,58 @@ impl VirtualMemory for SimDevice {
             }
         };
         let id = self.fresh_id();
-        self.ranges.insert(
-            addr,
-            LiveRange {
-                id,
-                size: size_bytes,
-                pages: BTreeMap::new(),
-            },
-        );
         self.stats.segment_count += 1;
-        Ok(AddressRange {
-            id: SegmentId(id),
-            addr: DeviceAddr(addr),
-            size_bytes,
-        })
+        Ok(self
+            .vm
+            .add_range(SegmentId(id), DeviceAddr(addr), size_bytes))
     }
 
-    fn map_pages(
+    fn create_physical(&mut self, size_bytes: u64) -> Result<PhysicalChunk, DeviceError> {
+        if size_bytes == 0 {
+            return Err(DeviceError::OutOfMemory { requested_bytes: 0 });
+        }
+        let charge = self.charge_for(size_bytes);
+        self.refuse(charge, size_bytes)?;
+        let s = &mut self.stats;
+        s.reserved_bytes += size_bytes;
+        s.charged_bytes += charge;
+        Ok(self.vm.add_chunk(size_bytes, ()))
+    }
+
+    fn map(
         &mut self,
         range: &AddressRange,
         offset_bytes: u64,
-        page_bytes: u64,
-        page_count: u64,
+        chunks: &[PhysicalChunk],
     ) -> Result<(), DeviceError> {
-        let bytes = page_bytes * page_count;
-        let charge = self.charge_for(page_bytes) * page_count;
-        self.refuse(charge, bytes)?;
-        let r = self
-            .ranges
-            .get_mut(&range.addr.0)
-            .expect("SimDevice: mapping into an unknown range");
-        assert!(
-            offset_bytes + bytes <= r.size,
-            "SimDevice: mapping past the end of the range"
-        );
-        for p in 0..page_count {
-            let previous = r.pages.insert(offset_bytes + p * page_bytes, page_bytes);
-            assert!(previous.is_none(), "SimDevice: page mapped twice");
-        }
-        let s = &mut self.stats;
-        s.reserved_bytes += bytes;
-        s.charged_bytes += charge;
-        s.allocate_count += 1;
+        self.vm.map(range, offset_bytes, chunks);
+        self.stats.allocate_count += 1;
         Ok(())
     }
 
-    fn unmap_pages(
+    fn unmap(
         &mut self,
         range: &AddressRange,
         offset_bytes: u64,
-        page_bytes: u64,
-        page_count: u64,
+        chunks: &[PhysicalChunk],
     ) -> Result<(), DeviceError> {
-        let charge = self.charge_for(page_bytes) * page_count;
-        let r = self
-            .ranges
-            .get_mut(&range.addr.0)
-            .expect("SimDevice: unmapping in an unknown range");
-        for p in 0..page_count {
-            let removed = r.pages.remove(&(offset_bytes + p * page_bytes));
-            assert_eq!(
-                removed,
-                Some(page_bytes),
-                "SimDevice: unmapping a page that is not mapped"
-            );
-        }
+        self.vm.unmap(range, offset_bytes, chunks);
+        self.stats.free_count += 1;
+        Ok(())
+    }
+
+    fn release_physical(&mut self, chunk: PhysicalChunk) -> Result<(), DeviceError> {
+        let size = chunk.size_bytes;
+        let charge = self.charge_for(size);
+        self.vm.remove_chunk(chunk);
         let s = &mut self.stats;
-        s.reserved_bytes -= page_bytes * page_count;
+        s.reserved_bytes -= size;
         s.charged_bytes -= charge;
-        s.free_count += 1;
         Ok(())
     }
 
     fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError> {
-        let r = self
-            .ranges
-            .remove(&range.addr.0)
-            .expect("SimDevice: releasing an unknown range");
-        assert_eq!(r.id, range.id.0, "SimDevice: range mismatch");
-        assert!(
-            r.pages.is_empty(),
-            "SimDevice: releasing a range with mapped pages"
-        );
+        self.vm.remove_range(range);
         self.stats.segment_count -= 1;
         Ok(())
     }
@@ -645,23 +603,46 @@ mod tests {
         );
     }
 
-    /// Mapped pages are charged exactly and returned on unmap.
+    /// Physical chunks are charged in whole pages from creation to release; mapping and
+    /// unmapping only move them in the address space.
     #[test]
     fn virtual_memory_pages() {
         let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(100 * MIB));
         let r = d.reserve_range(GIB).unwrap();
         assert_eq!(d.stats().charged_bytes, 0);
-        d.map_pages(&r, 0, 20 * MIB, 3).unwrap();
+        let pages: Vec<PhysicalChunk> = (0..3)
+            .map(|_| d.create_physical(20 * MIB).unwrap())
+            .collect();
         assert_eq!(d.stats().reserved_bytes, 60 * MIB);
-        assert!(matches!(
-            d.map_pages(&r, 60 * MIB, 20 * MIB, 3),
-            Err(DeviceError::OutOfMemory { .. })
-        ));
-        d.unmap_pages(&r, 20 * MIB, 20 * MIB, 2).unwrap();
+        assert_eq!(d.stats().charged_bytes, 60 * MIB);
+        d.map(&r, 0, &pages).unwrap();
+        assert_eq!(d.stats().charged_bytes, 60 * MIB, "mapping charges nothing");
+        assert_eq!(
+            d.create_physical(41 * MIB),
+            Err(DeviceError::OutOfMemory {
+                requested_bytes: 41 * MIB
+            }),
+            "42 MiB charged do not fit in the 40 MiB left"
+        );
+        let odd = d.create_physical(MIB + 1).unwrap();
+        assert_eq!(d.stats().charged_bytes, 62 * MIB, "whole pages");
+        d.release_physical(odd).unwrap();
+        d.unmap(&r, 20 * MIB, &pages[1..]).unwrap();
         assert_eq!(d.live_regions(), vec![(r.addr.0, 20 * MIB)]);
-        d.unmap_pages(&r, 0, 20 * MIB, 1).unwrap();
+        let [a, b, c] = <[PhysicalChunk; 3]>::try_from(pages).unwrap();
+        d.unmap(&r, 0, std::slice::from_ref(&a)).unwrap();
+        for chunk in [a, b, c] {
+            d.release_physical(chunk).unwrap();
+        }
         d.release_range(r).unwrap();
         assert_eq!(d.stats().charged_bytes, 0);
         assert_eq!(d.stats().segment_count, 0);
+        assert_eq!((d.stats().allocate_count, d.stats().free_count), (1, 2));
+    }
+
+    /// Stitching is expressible on the simulated device.
+    #[test]
+    fn stitching() {
+        policies::testing::check_stitching(&mut SimDevice::new(SimDeviceOptions::default()));
     }
 }

@@ -24,8 +24,8 @@ use std::fmt::Write as _;
 
 use policies::caching::{CachingConfig, CachingPolicy, MemoryLimit};
 use policies::{
-    AddressRange, AllocError, Allocation, Device, DeviceError, DeviceStats, Policy, Request,
-    Segment, StreamId, VirtualMemory,
+    AddressRange, AllocError, Allocation, Device, DeviceError, DeviceStats, PhysicalChunk, Policy,
+    Request, Segment, StreamId, VirtualMemory,
 };
 use workloads::{Action, Checkpoint, RecordedRun};
 
@@ -258,31 +258,38 @@ impl VirtualMemory for RecordingDevice<'_> {
         self.inner.reserve_range(size_bytes)
     }
 
-    fn map_pages(
+    fn create_physical(&mut self, size_bytes: u64) -> Result<PhysicalChunk, DeviceError> {
+        self.inner.create_physical(size_bytes)
+    }
+
+    /// One map call is one of PyTorch's `segment_map` entries.
+    fn map(
         &mut self,
         range: &AddressRange,
         offset_bytes: u64,
-        page_bytes: u64,
-        page_count: u64,
+        chunks: &[PhysicalChunk],
     ) -> Result<(), DeviceError> {
-        self.inner
-            .map_pages(range, offset_bytes, page_bytes, page_count)?;
-        self.ops.push((Action::SegmentMap, page_bytes * page_count));
+        self.inner.map(range, offset_bytes, chunks)?;
+        let bytes = chunks.iter().map(|c| c.size_bytes).sum();
+        self.ops.push((Action::SegmentMap, bytes));
         Ok(())
     }
 
-    fn unmap_pages(
+    /// One unmap call is one of PyTorch's `segment_unmap` entries.
+    fn unmap(
         &mut self,
         range: &AddressRange,
         offset_bytes: u64,
-        page_bytes: u64,
-        page_count: u64,
+        chunks: &[PhysicalChunk],
     ) -> Result<(), DeviceError> {
-        self.inner
-            .unmap_pages(range, offset_bytes, page_bytes, page_count)?;
-        self.ops
-            .push((Action::SegmentUnmap, page_bytes * page_count));
+        self.inner.unmap(range, offset_bytes, chunks)?;
+        let bytes = chunks.iter().map(|c| c.size_bytes).sum();
+        self.ops.push((Action::SegmentUnmap, bytes));
         Ok(())
+    }
+
+    fn release_physical(&mut self, chunk: PhysicalChunk) -> Result<(), DeviceError> {
+        self.inner.release_physical(chunk)
     }
 
     fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError> {

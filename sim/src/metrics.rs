@@ -21,9 +21,9 @@ pub struct Summary {
     pub allocated_bytes_at_reserved_peak: u64,
     /// Index of the event at which reserved bytes first reached their peak.
     pub reserved_peak_event_index: Option<u64>,
-    /// Segment allocations (and page mappings) the device performed.
+    /// Segment allocations (and map calls) the device performed.
     pub device_allocate_count: u64,
-    /// Segment frees (and page unmappings) the device performed.
+    /// Segment frees (and unmap calls) the device performed.
     pub device_free_count: u64,
 }
 

@@ -23,12 +23,12 @@ impl CudaDevice {
     /// freed by [`CudaDevice::release_all`] and on drop.
     ///
     /// # Errors
-    /// [`DeviceError::Unsupported`] while segments or address ranges are live (set the
-    /// ballast before the replay); driver errors otherwise.
+    /// [`DeviceError::Unsupported`] while segments, address ranges or physical chunks are
+    /// live (set the ballast before the replay); driver errors otherwise.
     pub fn set_ballast_for_free_bytes(&mut self, free_bytes: u64) -> Result<u64, DeviceError> {
-        if !self.segments.is_empty() || !self.ranges.is_empty() {
+        if !self.segments.is_empty() || self.vm.range_count() > 0 || self.vm.chunk_count() > 0 {
             return Err(DeviceError::Unsupported {
-                what: "changing the ballast while segments or address ranges are live",
+                what: "changing the ballast while segments, address ranges or physical chunks are live",
             });
         }
         self.bind()?;

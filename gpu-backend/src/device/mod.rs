@@ -18,11 +18,12 @@ use std::time::Instant;
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 use policies::{
-    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, Segment, SegmentId, VirtualMemory,
+    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, PageTable, Segment, SegmentId,
+    VirtualMemory,
 };
 
 use crate::{conv, loader};
-use vmm::{unmap_and_release, LiveRange, Vmm};
+use vmm::{Table, Vmm};
 
 #[cfg(not(target_pointer_width = "64"))]
 compile_error!(
@@ -74,13 +75,14 @@ pub fn drop_cleanup_errors() -> u64 {
 ///   `cuMemFree_v2`, each call timed ([`CudaDevice::alloc_ns_mean`],
 ///   [`CudaDevice::free_ns_mean`]).
 /// - [`VirtualMemory`] (when the device supports it, see
-///   [`DeviceInfo::vmm_granularity_min_bytes`]): `cuMemAddressReserve`, then per page
-///   `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, and back with `cuMemUnmap` +
-///   `cuMemRelease` and `cuMemAddressFree`.
+///   [`DeviceInfo::vmm_granularity_min_bytes`]): `cuMemAddressReserve` /
+///   `cuMemAddressFree`, `cuMemCreate` / `cuMemRelease`, and `cuMemMap` +
+///   `cuMemSetAccess` / `cuMemUnmap`, with the bookkeeping of [`PageTable`].
 /// - [`Device::stats`] is bookkeeping only and never calls the driver: capacity is the
-///   free memory at open (after the ballast), reserved is what policies asked for,
-///   charged is the drop of `cuMemGetInfo` free memory since open (after the ballast),
-///   re-read after every successful allocate, free, map and unmap.
+///   free memory at open (after the ballast), reserved is what policies asked for
+///   (segments and physical chunks), charged is the drop of `cuMemGetInfo` free memory
+///   since open (after the ballast), re-read after every successful allocate, free,
+///   create, release, map and unmap.
 ///
 /// # Threads
 /// Single-threaded: `open` retains the device's primary context and makes it current
@@ -89,8 +91,8 @@ pub fn drop_cleanup_errors() -> u64 {
 /// `Sync`, so the compiler keeps it on its thread.
 ///
 /// # Cleanup
-/// Dropping the device frees every live segment, unmaps and releases every page,
-/// frees every address range and the ballast, and releases the primary context,
+/// Dropping the device frees every live segment, unmaps every mapping, releases every
+/// physical chunk, frees every address range and the ballast, and releases the primary context,
 /// ignoring errors (counted in [`drop_cleanup_errors`]). [`CudaDevice::release_all`]
 /// does the same (except for the context) and reports the first error. See
 /// [`crate::install_interrupt_flag`] for Ctrl-C.
@@ -102,19 +104,22 @@ pub struct CudaDevice {
     vmm: Option<Vmm>,
     next_id: u64,
     segments: BTreeMap<u64, LiveSegment>,
-    ranges: BTreeMap<u64, LiveRange>,
+    vm: Table,
     ballast: Vec<(sys::CUdeviceptr, u64)>,
     ballast_bytes: u64,
     /// `cuMemGetInfo` free memory the charged figure is measured from: free at open,
     /// after the ballast.
     baseline_free: u64,
-    reserved_bytes: u64,
+    /// Bytes of live segments (physical chunks are in `vm`).
+    segment_bytes: u64,
     charged_bytes: u64,
     charged_bytes_peak: u64,
     allocate_count: u64,
     free_count: u64,
     alloc_times: CallTimes,
     free_times: CallTimes,
+    create_times: CallTimes,
+    release_times: CallTimes,
     map_times: CallTimes,
     unmap_times: CallTimes,
     cleanup_errors: u64,
@@ -164,14 +169,26 @@ impl CudaDevice {
         self.free_times.mean()
     }
 
-    /// Mean duration of successful [`VirtualMemory::map_pages`] calls (all their
-    /// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`), in nanoseconds.
+    /// Mean duration of successful `cuMemCreate` calls of
+    /// [`VirtualMemory::create_physical`], in nanoseconds.
+    pub fn create_ns_mean(&self) -> Option<f64> {
+        self.create_times.mean()
+    }
+
+    /// Mean duration of successful `cuMemRelease` calls of
+    /// [`VirtualMemory::release_physical`], in nanoseconds.
+    pub fn release_ns_mean(&self) -> Option<f64> {
+        self.release_times.mean()
+    }
+
+    /// Mean duration of successful [`VirtualMemory::map`] calls (all their `cuMemMap`
+    /// and the `cuMemSetAccess`; creating the chunks is timed apart), in nanoseconds.
     pub fn map_ns_mean(&self) -> Option<f64> {
         self.map_times.mean()
     }
 
-    /// Mean duration of successful [`VirtualMemory::unmap_pages`] calls (all their
-    /// `cuMemUnmap` + `cuMemRelease`), in nanoseconds.
+    /// Mean duration of successful [`VirtualMemory::unmap`] calls (all their
+    /// `cuMemUnmap`; releasing the chunks is timed apart), in nanoseconds.
     pub fn unmap_ns_mean(&self) -> Option<f64> {
         self.unmap_times.mean()
     }
@@ -181,6 +198,8 @@ impl CudaDevice {
     pub fn reset_timings(&mut self) {
         self.alloc_times = CallTimes::default();
         self.free_times = CallTimes::default();
+        self.create_times = CallTimes::default();
+        self.release_times = CallTimes::default();
         self.map_times = CallTimes::default();
         self.unmap_times = CallTimes::default();
     }
@@ -196,13 +215,13 @@ impl CudaDevice {
     }
 
     /// Driver calls that failed during rollbacks and cleanups of this device
-    /// (`map_pages` rollback, [`CudaDevice::release_all`], ballast changes).
+    /// ([`VirtualMemory::map`] rollback, [`CudaDevice::release_all`], ballast changes).
     pub fn cleanup_errors(&self) -> u64 {
         self.cleanup_errors
     }
 
-    /// Frees every live segment, unmaps and releases every page, frees every address
-    /// range and the ballast, going on past failures, and returns the device to its
+    /// Frees every live segment, unmaps every mapping, releases every physical chunk,
+    /// frees every address range and the ballast, going on past failures, and returns the device to its
     /// state right after open (no ballast; the accounting baseline is the free memory
     /// now). Segments and ranges handed out before are dead afterwards: passing one back
     /// panics like any foreign segment. Allocation and free counts are not changed
@@ -226,23 +245,15 @@ impl CudaDevice {
             // the segment table was emptied above.
             note(unsafe { result::free_sync(seg.ptr) }.map_err(conv::at("cuMemFree_v2", 0)));
         }
-        for (_, range) in std::mem::take(&mut self.ranges) {
-            for (offset, page) in range.pages {
-                // SAFETY: the page is mapped at this address with this size and owned by
-                // this device; the range table was emptied above, so it is unmapped and
-                // released once.
-                note(unsafe { unmap_and_release(range.ptr + offset, page) });
-            }
-            // SAFETY: the range was reserved by cuMemAddressReserve with exactly this
-            // size, and all its pages were unmapped just above.
-            let r = unsafe { sys::cuMemAddressFree(range.ptr, usize_of(range.reserved_bytes)) };
-            note(r.result().map_err(conv::at("cuMemAddressFree", 0)));
-        }
-        self.reserved_bytes = 0;
-        // free_ballast counts its own failures in cleanup_errors.
+        self.segment_bytes = 0;
+        // release_all_virtual and free_ballast count their own failures in
+        // cleanup_errors.
+        let virtual_memory = self.release_all_virtual();
         let ballast = self.free_ballast();
-        if let Err(e) = ballast {
-            first.get_or_insert(e);
+        for r in [virtual_memory, ballast] {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
         }
         match self.free_now() {
             Ok(free) => {
@@ -311,7 +322,7 @@ impl Device for CudaDevice {
         self.alloc_times.record(started);
         let id = self.take_id();
         self.segments.insert(id, LiveSegment { ptr, size_bytes });
-        self.reserved_bytes += size_bytes;
+        self.segment_bytes += size_bytes;
         self.allocate_count += 1;
         // If this fails the segment stays in the table and is freed at cleanup.
         self.refresh_charged()?;
@@ -342,7 +353,7 @@ impl Device for CudaDevice {
         unsafe { result::free_sync(live.ptr) }.map_err(conv::at("cuMemFree_v2", 0))?;
         self.free_times.record(started);
         self.segments.remove(&segment.id.0);
-        self.reserved_bytes -= live.size_bytes;
+        self.segment_bytes -= live.size_bytes;
         self.free_count += 1;
         self.refresh_charged()
     }
@@ -351,9 +362,9 @@ impl Device for CudaDevice {
         DeviceStats {
             capacity_bytes: self.baseline_free,
             total_bytes: self.info.total_bytes,
-            reserved_bytes: self.reserved_bytes,
+            reserved_bytes: self.segment_bytes + self.vm.physical_bytes(),
             charged_bytes: self.charged_bytes,
-            segment_count: (self.segments.len() + self.ranges.len()) as u64,
+            segment_count: (self.segments.len() + self.vm.range_count()) as u64,
             allocate_count: self.allocate_count,
             free_count: self.free_count,
         }

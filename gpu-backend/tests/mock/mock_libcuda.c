@@ -16,8 +16,10 @@
  *   MOCK_TOTAL_BYTES, MOCK_CONTEXT_BYTES   the card
  *   MOCK_MAX_ALLOC_BYTES   cuMemAlloc_v2 larger than this is out of memory (fragmentation)
  *   MOCK_ALLOC_OVERHEAD_BYTES   extra bytes charged per cuMemAlloc_v2 (page tables)
- *   MOCK_FAIL=<symbol>:<n>  the n-th call (1-based) of <symbol> fails with
- *                     CUDA_ERROR_ILLEGAL_ADDRESS (700)
+ *   MOCK_FAIL=<symbol>:<n>[,<symbol>:<n>...]  (at most 4) the n-th call (1-based) of
+ *                     <symbol> fails with CUDA_ERROR_ILLEGAL_ADDRESS (700)
+ *   MOCK_LOG=1        print one line on stderr per virtual memory call:
+ *                     `mock_libcuda call: <symbol> <bytes> -> <result>`
  *
  * At exit it prints one line on stderr, which the tests check for leaks:
  *   mock_libcuda report: used_bytes=0 allocs=0 handles=0 mappings=0 ranges=0 ctx_refs=0
@@ -70,16 +72,17 @@ typedef struct { Location location; int flags; /* PROT_READWRITE = 3 */ } Access
 
 static u64 total_bytes = 16 * GIB, context_bytes = 512 * MIB, used_bytes;
 static u64 max_alloc = ~0ull, alloc_overhead;
-static int initialized, ctx_refs;
+static int initialized, ctx_refs, log_calls;
 static char ctx_object;
 #define THE_CONTEXT ((CUcontext)&ctx_object)
 static __thread CUcontext current;
-static char fail_symbol[64];
-static long fail_at, fail_seen;
+#define MAX_FAIL 4
+static struct { char symbol[64]; long at, seen; } fails[MAX_FAIL];
+static int n_fails;
 
 static struct { CUdeviceptr ptr; u64 charged; } allocs[MAX_OBJ];
 static int n_allocs;
-static struct { CUhandle id; u64 size; int mapped; } handles[MAX_OBJ];
+static struct { CUhandle id; u64 size; int mapped; /* mappings now */ } handles[MAX_OBJ];
 static int n_handles;
 static struct { CUdeviceptr ptr; u64 size; } ranges[MAX_OBJ];
 static int n_ranges;
@@ -102,11 +105,14 @@ __attribute__((constructor)) static void mock_setup(void) {
     context_bytes = env_u64("MOCK_CONTEXT_BYTES", context_bytes);
     max_alloc = env_u64("MOCK_MAX_ALLOC_BYTES", max_alloc);
     alloc_overhead = env_u64("MOCK_ALLOC_OVERHEAD_BYTES", 0);
-    const char *f = getenv("MOCK_FAIL");
-    const char *colon = f ? strchr(f, ':') : NULL;
-    if (colon && (size_t)(colon - f) < sizeof fail_symbol) {
-        memcpy(fail_symbol, f, (size_t)(colon - f));
-        fail_at = atol(colon + 1);
+    log_calls = env_u64("MOCK_LOG", 0) != 0;
+    for (const char *f = getenv("MOCK_FAIL"); f && *f && n_fails < MAX_FAIL;) {
+        const char *colon = strchr(f, ':');
+        if (!colon || (size_t)(colon - f) >= sizeof fails[0].symbol) break;
+        memcpy(fails[n_fails].symbol, f, (size_t)(colon - f));
+        fails[n_fails++].at = atol(colon + 1);
+        const char *comma = strchr(colon, ',');
+        f = comma ? comma + 1 : NULL;
     }
 }
 
@@ -116,10 +122,19 @@ __attribute__((destructor)) static void mock_report(void) {
             used_bytes, n_allocs, n_handles, n_maps, n_ranges, ctx_refs);
 }
 
+/* Prints a virtual memory call and its result when MOCK_LOG is set; returns r. */
+static CUresult logged(const char *symbol, u64 bytes, CUresult r) {
+    if (log_calls) fprintf(stderr, "mock_libcuda call: %s %llu -> %d\n", symbol, bytes, r);
+    return r;
+}
+
 /* Whether this call of `symbol` is the one MOCK_FAIL asks to fail. */
 static int inject(const char *symbol) {
-    if (fail_at <= 0 || strcmp(symbol, fail_symbol) != 0) return 0;
-    return ++fail_seen == fail_at;
+    int hit = 0;
+    for (int i = 0; i < n_fails; i++)
+        if (fails[i].at > 0 && strcmp(symbol, fails[i].symbol) == 0 && ++fails[i].seen == fails[i].at)
+            hit = 1;
+    return hit;
 }
 
 static CUresult need_context(void) {
@@ -257,7 +272,7 @@ CUresult cuMemGetAllocationGranularity(size_t *g, const Prop *prop, int option) 
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, u64 flags) {
+static CUresult address_reserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, u64 flags) {
     NEED_CONTEXT();
     if (!p || size == 0 || size % PAGE || flags != 0 || n_ranges == MAX_OBJ) return CUDA_ERROR_INVALID_VALUE;
     (void)align; (void)addr;
@@ -268,7 +283,11 @@ CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdevice
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, u64 flags) {
+    return logged("cuMemAddressReserve", size, address_reserve(p, size, align, addr, flags));
+}
+
+static CUresult address_free(CUdeviceptr p, size_t size) {
     NEED_CONTEXT();
     for (int i = 0; i < n_ranges; i++) {
         if (ranges[i].ptr == p) {
@@ -282,10 +301,14 @@ CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+    return logged("cuMemAddressFree", size, address_free(p, size));
+}
+
 #ifndef MOCK_OMIT_VMM
 static u64 next_handle = 1;
 
-CUresult cuMemCreate(CUhandle *h, size_t size, const Prop *prop, u64 flags) {
+static CUresult mem_create(CUhandle *h, size_t size, const Prop *prop, u64 flags) {
     NEED_CONTEXT();
     if (inject("cuMemCreate")) return CUDA_ERROR_ILLEGAL_ADDRESS;
     if (!h || !prop_ok(prop) || flags != 0 || size == 0 || size % PAGE || n_handles == MAX_OBJ)
@@ -297,6 +320,10 @@ CUresult cuMemCreate(CUhandle *h, size_t size, const Prop *prop, u64 flags) {
     handles[n_handles].size = size;
     handles[n_handles++].mapped = 0;
     return CUDA_SUCCESS;
+}
+
+CUresult cuMemCreate(CUhandle *h, size_t size, const Prop *prop, u64 flags) {
+    return logged("cuMemCreate", size, mem_create(h, size, prop, flags));
 }
 #endif
 
@@ -310,7 +337,7 @@ static int find_map(CUdeviceptr va, u64 size) {
     return -1;
 }
 
-CUresult cuMemRelease(CUhandle h) {
+static CUresult mem_release(CUhandle h) {
     NEED_CONTEXT();
     int i = find_handle(h);
     if (i < 0 || handles[i].mapped) return CUDA_ERROR_INVALID_VALUE; /* stricter than CUDA */
@@ -319,12 +346,19 @@ CUresult cuMemRelease(CUhandle h) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUhandle h, u64 flags) {
+CUresult cuMemRelease(CUhandle h) {
+    int i = find_handle(h);
+    u64 bytes = i < 0 ? 0 : handles[i].size;
+    return logged("cuMemRelease", bytes, mem_release(h));
+}
+
+static CUresult mem_map(CUdeviceptr va, size_t size, size_t offset, CUhandle h, u64 flags) {
     NEED_CONTEXT();
     if (inject("cuMemMap")) return CUDA_ERROR_ILLEGAL_ADDRESS;
     int i = find_handle(h);
-    if (i < 0 || handles[i].mapped || handles[i].size != size || offset != 0 || flags != 0 ||
-        va % PAGE || n_maps == MAX_OBJ)
+    /* A handle may be mapped at several places at once, as with CUDA. */
+    if (i < 0 || handles[i].size != size || offset != 0 || flags != 0 || va % PAGE ||
+        n_maps == MAX_OBJ)
         return CUDA_ERROR_INVALID_VALUE;
     int inside = 0;
     for (int r = 0; r < n_ranges; r++)
@@ -332,7 +366,7 @@ CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUhandle h, u64 fl
     if (!inside) return CUDA_ERROR_INVALID_VALUE;
     for (int m = 0; m < n_maps; m++)
         if (va < maps[m].va + maps[m].size && maps[m].va < va + size) return CUDA_ERROR_INVALID_VALUE;
-    handles[i].mapped = 1;
+    handles[i].mapped++;
     maps[n_maps].va = va;
     maps[n_maps].size = size;
     maps[n_maps].handle = h;
@@ -340,25 +374,45 @@ CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUhandle h, u64 fl
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const AccessDesc *desc, size_t count) {
+CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUhandle h, u64 flags) {
+    return logged("cuMemMap", size, mem_map(va, size, offset, h, flags));
+}
+
+static CUresult set_access(CUdeviceptr va, size_t size, const AccessDesc *desc, size_t count) {
     NEED_CONTEXT();
     if (inject("cuMemSetAccess")) return CUDA_ERROR_ILLEGAL_ADDRESS;
-    if (count != 1 || !desc || desc->location.type != 1 || desc->location.id != 0 || desc->flags != 3)
+    if (count != 1 || !desc || desc->location.type != 1 || desc->location.id != 0 || desc->flags != 3 ||
+        size == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    int m = find_map(va, size);
-    if (m < 0) return CUDA_ERROR_INVALID_VALUE;
-    maps[m].access = 1;
+    /* The span must be covered exactly by mappings laid back to back. */
+    for (u64 at = va; at < va + size;) {
+        int m = -1;
+        for (int k = 0; k < n_maps; k++)
+            if (maps[k].va == at) m = k;
+        if (m < 0 || at + maps[m].size > va + size) return CUDA_ERROR_INVALID_VALUE;
+        at += maps[m].size;
+    }
+    for (int k = 0; k < n_maps; k++)
+        if (maps[k].va >= va && maps[k].va < va + size) maps[k].access = 1;
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
+CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const AccessDesc *desc, size_t count) {
+    return logged("cuMemSetAccess", size, set_access(va, size, desc, count));
+}
+
+static CUresult mem_unmap(CUdeviceptr va, size_t size) {
     NEED_CONTEXT();
     if (inject("cuMemUnmap")) return CUDA_ERROR_ILLEGAL_ADDRESS;
     int m = find_map(va, size);
     if (m < 0) return CUDA_ERROR_INVALID_VALUE;
-    handles[find_handle(maps[m].handle)].mapped = 0;
+    handles[find_handle(maps[m].handle)].mapped--;
     maps[m] = maps[--n_maps];
     return CUDA_SUCCESS;
+}
+
+CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
+    return logged("cuMemUnmap", size, mem_unmap(va, size));
 }
 
 /* ---- errors --------------------------------------------------------------------- */

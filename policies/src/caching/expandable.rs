@@ -90,7 +90,7 @@ impl CachingPolicy {
         self.expandables.push(Some(ExpandableSegment {
             range,
             page_bytes,
-            mapped_pages: vec![false; max_handles as usize],
+            handles: Vec::new(),
             mapped_bytes: 0,
         }));
         let es = (self.expandables.len() - 1) as u32;
@@ -124,16 +124,10 @@ impl CachingPolicy {
         let vm = device.virtual_memory().ok_or(DeviceError::Unsupported {
             what: "virtual memory management (needed by expandable segments)",
         })?;
-        match vm.map_pages(&es.range, begin * page, page, end - begin) {
-            Ok(()) => {}
-            Err(DeviceError::OutOfMemory { .. }) => return Ok(false),
-            Err(e) => return Err(e),
+        if !es.map(vm, begin, end)? {
+            return Ok(false);
         }
         let mapped_size = (end - begin) * page;
-        for p in begin..end {
-            es.mapped_pages[p as usize] = true;
-        }
-        es.mapped_bytes += mapped_size;
         self.pool_mut(b.pool).unmapped.remove(&(b.stream.0, b.addr));
         self.block_mut(id).mapped = true;
         if mapped_size < b.size {
@@ -184,13 +178,9 @@ impl CachingPolicy {
         let vm = device.virtual_memory().ok_or(DeviceError::Unsupported {
             what: "virtual memory management (needed by expandable segments)",
         })?;
-        vm.unmap_pages(&es.range, begin * page, page, end - begin)?;
-        for p in begin..end {
-            es.mapped_pages[p as usize] = false;
-        }
+        es.unmap(vm, begin, end)?;
         let unmapped_addr = base + begin * page;
         let unmapped_size = (end - begin) * page;
-        es.mapped_bytes -= unmapped_size;
         self.pool_mut(b.pool)
             .blocks
             .remove(&(b.stream.0, b.size, b.addr));
@@ -257,5 +247,78 @@ impl CachingPolicy {
             what: "virtual memory management (needed by expandable segments)",
         })?;
         vm.release_range(es.range)
+    }
+}
+
+impl ExpandableSegment {
+    /// Whether page `p` is mapped.
+    pub(super) fn is_mapped(&self, p: u64) -> bool {
+        self.handles.get(p as usize).is_some_and(Option::is_some)
+    }
+
+    /// Mapped pages.
+    pub(super) fn mapped_page_count(&self) -> u64 {
+        self.handles.iter().flatten().count() as u64
+    }
+
+    /// `ExpandableSegment::map`: creates one physical chunk per page of `begin..end`, one
+    /// by one; if the device runs out of memory, releases the chunks this call created
+    /// and returns `false`. Then maps them all in one call.
+    fn map(
+        &mut self,
+        vm: &mut dyn VirtualMemory,
+        begin: u64,
+        end: u64,
+    ) -> Result<bool, DeviceError> {
+        let mut created = Vec::with_capacity((end - begin) as usize);
+        for p in begin..end {
+            assert!(!self.is_mapped(p), "expandable segment page mapped twice");
+            match vm.create_physical(self.page_bytes) {
+                Ok(chunk) => created.push(chunk),
+                Err(DeviceError::OutOfMemory { .. }) => {
+                    for chunk in created {
+                        vm.release_physical(chunk)?;
+                    }
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        vm.map(&self.range, begin * self.page_bytes, &created)?;
+        if self.handles.len() < end as usize {
+            self.handles.resize_with(end as usize, || None);
+        }
+        for (slot, chunk) in self.handles[begin as usize..end as usize]
+            .iter_mut()
+            .zip(created)
+        {
+            *slot = Some(chunk);
+        }
+        self.mapped_bytes += (end - begin) * self.page_bytes;
+        Ok(true)
+    }
+
+    /// `ExpandableSegment::unmapHandles`: unmaps pages `begin..end` and releases their
+    /// chunks. (PyTorch unmaps and releases page by page; the device sees one unmap of
+    /// the span, then the releases. No figure depends on that order.)
+    fn unmap(
+        &mut self,
+        vm: &mut dyn VirtualMemory,
+        begin: u64,
+        end: u64,
+    ) -> Result<(), DeviceError> {
+        let chunks: Vec<PhysicalChunk> = self.handles[begin as usize..end as usize]
+            .iter_mut()
+            .map(|h| h.take().expect("unmapping an unmapped expandable page"))
+            .collect();
+        vm.unmap(&self.range, begin * self.page_bytes, &chunks)?;
+        for chunk in chunks {
+            vm.release_physical(chunk)?;
+        }
+        while self.handles.last().is_some_and(Option::is_none) {
+            self.handles.pop();
+        }
+        self.mapped_bytes -= (end - begin) * self.page_bytes;
+        Ok(())
     }
 }

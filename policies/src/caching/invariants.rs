@@ -114,10 +114,7 @@ impl CachingPolicy {
                     let last_page = (c.addr + c.size - 1 - es.range.addr.0) / es.page_bytes;
                     if c.mapped {
                         for p in first_page..=last_page {
-                            assert!(
-                                es.mapped_pages[p as usize],
-                                "mapped block over an unmapped page"
-                            );
+                            assert!(es.is_mapped(p), "mapped block over an unmapped page");
                         }
                     } else {
                         assert_eq!(
@@ -127,10 +124,7 @@ impl CachingPolicy {
                         );
                         assert_eq!(c.size % es.page_bytes, 0, "unmapped block not whole pages");
                         for p in first_page..=last_page {
-                            assert!(
-                                !es.mapped_pages[p as usize],
-                                "unmapped block over a mapped page"
-                            );
+                            assert!(!es.is_mapped(p), "unmapped block over a mapped page");
                         }
                     }
                     covered += c.size;
@@ -140,7 +134,7 @@ impl CachingPolicy {
                     covered, es.range.size_bytes,
                     "blocks do not tile their expandable segment"
                 );
-                let mapped = es.mapped_pages.iter().filter(|&&m| m).count() as u64 * es.page_bytes;
+                let mapped = es.mapped_page_count() * es.page_bytes;
                 assert_eq!(mapped, es.mapped_bytes, "expandable segment mapped bytes");
                 reserved += es.mapped_bytes;
             }

@@ -52,7 +52,10 @@ pub use stats::{CachingStats, PoolKind, Stat, StatArray};
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use crate::device::{AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, Segment};
+use crate::device::{
+    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, PhysicalChunk, Segment,
+    VirtualMemory,
+};
 use crate::policy::{
     AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
@@ -150,12 +153,15 @@ struct BlockPool {
     get_free_blocks_call_count: u64,
 }
 
-/// One expandable segment: a reserved address range, mapped page by page.
+/// One expandable segment: a reserved address range, mapped page by page, one physical
+/// chunk per page (PyTorch's `ExpandableSegment`).
 #[derive(Debug)]
 struct ExpandableSegment {
     range: AddressRange,
     page_bytes: u64,
-    mapped_pages: Vec<bool>,
+    /// The chunk mapped at each page (PyTorch's `handles_`): as long as the highest
+    /// mapped page, trimmed after unmaps.
+    handles: Vec<Option<PhysicalChunk>>,
     mapped_bytes: u64,
 }
 

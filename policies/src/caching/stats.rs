@@ -132,7 +132,7 @@ pub struct CachingStats {
     pub num_ooms: u64,
     /// Synchronizations of all outstanding events (`num_sync_all_streams`).
     pub num_sync_all_streams: u64,
-    /// `cudaMalloc` calls and page mappings (`num_device_alloc`).
+    /// `cudaMalloc` calls and expandable-segment mappings (`num_device_alloc`).
     pub num_device_alloc: u64,
     /// `cudaFree` calls and page unmappings (`num_device_free`).
     pub num_device_free: u64,
