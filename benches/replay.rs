@@ -5,7 +5,8 @@
 //! Run with `cargo bench --bench replay`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use sim::spec::{parse_policy_list, CachingDefaults};
+use policies::caching::CachingDefaults;
+use policies::spec::parse_policy_list;
 use sim::{ReplayOptions, SimDevice, SimDeviceOptions};
 use workloads::generate::{random, RandomOptions};
 

@@ -2,8 +2,21 @@
 //! options.
 
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Every registered policy, comma-separated: the default of `--policies`.
+static ALL_POLICIES: LazyLock<String> = LazyLock::new(|| policies::registry::known_names(","));
+
+/// Help of `--policy` and `--policies`, naming the registered policies.
+fn policy_help(what: &str) -> String {
+    format!(
+        "{what}. Known: {}, each written NAME or NAME:KEY=VALUE,... (`allocsim policies` \
+         lists their options and defaults)",
+        policies::registry::known_names(", ")
+    )
+}
 
 /// How much GPU memory will this workload take under allocator X, where will it run
 /// out, and which allocator or configuration would fit it?
@@ -26,6 +39,8 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Validate traces and list every problem found.
     Check(CheckArgs),
+    /// List every policy with its options, their defaults and what they mean.
+    Policies(PoliciesArgs),
     /// Convert a trace (YAML, CSV, recorded JSON, snapshot pickle) to YAML or CSV.
     Convert(ConvertArgs),
     /// Replay recorded PyTorch runs under the caching policy and compare with what
@@ -105,8 +120,13 @@ pub struct DeviceArgs {
 pub struct ReplayArgs {
     /// The trace: .yaml, .csv, .json (recorded run) or .pickle (PyTorch snapshot).
     pub trace: PathBuf,
-    /// The policy, e.g. `caching`, `buddy:min_block=4KiB,segment=1GiB`.
-    #[arg(long, short, default_value = "caching")]
+    /// The policy (generated help: see `policy_help`).
+    #[arg(
+        long,
+        short,
+        default_value = "caching",
+        help = policy_help("The policy, e.g. `buddy:min_block=4KiB,segment=1GiB`")
+    )]
     pub policy: String,
     /// Write requested, allocated, reserved and charged bytes after every event here.
     #[arg(long, value_name = "FILE.csv")]
@@ -127,8 +147,12 @@ pub struct CompareArgs {
     /// Traces to replay.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
-    /// Comma-separated policies, e.g. `caching,immediate,buddy,arena`.
-    #[arg(long, default_value = "caching,immediate,buddy,arena")]
+    /// Comma-separated policies (generated help: see `policy_help`).
+    #[arg(
+        long,
+        default_value = ALL_POLICIES.as_str(),
+        help = policy_help("Comma-separated policies, e.g. `caching,caching:expandable_segments=True`")
+    )]
     pub policies: Vec<String>,
     /// Write the CSV here instead of stdout.
     #[arg(long, short)]
@@ -212,6 +236,13 @@ pub struct CheckArgs {
     pub input: InputArgs,
 }
 
+/// `allocsim policies`.
+#[derive(Debug, Args)]
+pub struct PoliciesArgs {
+    /// Show only this policy.
+    pub name: Option<String>,
+}
+
 /// `allocsim convert`.
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
@@ -270,8 +301,12 @@ pub struct ValidateArgs {
     /// Traces to replay.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
-    /// Comma-separated policies.
-    #[arg(long, default_value = "caching,immediate,buddy,arena")]
+    /// Comma-separated policies (generated help: see `policy_help`).
+    #[arg(
+        long,
+        default_value = ALL_POLICIES.as_str(),
+        help = policy_help("Comma-separated policies")
+    )]
     pub policies: Vec<String>,
     /// Write the CSV here instead of stdout.
     #[arg(long, short)]

@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use policies::caching::MemoryLimit;
-use sim::spec::{parse_policy_list, CachingDefaults, PolicySpec};
+use policies::caching::{CachingDefaults, MemoryLimit};
+use policies::spec::{parse_policy_list, PolicySpec};
 use sim::{AddressHints, CompareInput, DeviceProfile, ReplayOptions, SimDeviceOptions};
 use workloads::size::parse_size;
 use workloads::validate::{validate, Severity};
@@ -183,7 +183,7 @@ pub fn device_setup(args: &DeviceArgs) -> anyhow::Result<DeviceSetup> {
 pub fn policies(lists: &[String], caching: &CachingDefaults) -> anyhow::Result<Vec<PolicySpec>> {
     let mut out = Vec::new();
     for list in lists {
-        out.extend(parse_policy_list(list, caching).map_err(anyhow::Error::msg)?);
+        out.extend(parse_policy_list(list, caching)?);
     }
     Ok(out)
 }

@@ -102,6 +102,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Compare(a) => commands::compare::run(a),
         Command::Generate(a) => commands::generate::run(a),
         Command::Check(a) => commands::check::run(a),
+        Command::Policies(a) => commands::policies::run(a),
         Command::Convert(a) => commands::convert::run(a),
         Command::Fidelity(a) => commands::fidelity::run(a),
         Command::Probe(a) => commands::gpu::probe(a),

@@ -1,9 +1,16 @@
-//! The same scenarios for every registered policy (adding a policy to
-//! `PolicyConfig::defaults()` enlists it here).
+//! The same scenarios for every policy of the registry table (`policies::POLICIES`), and
+//! the proof that the table is the only list: registering a policy there enlists it
+//! here, in specifications, in `allocsim policies`, in the command line's help, defaults
+//! and error messages.
 
+use policies::caching::CachingDefaults;
+use policies::registry::known_names;
+use policies::spec::parse_policy;
 use policies::testing::NullDevice;
-use policies::{AllocError, Device, Policy, PolicyConfig, PolicyStats, Request, StreamId};
+use policies::{AllocError, Device, Policy, PolicyStats, Request, StreamId, POLICIES};
 use sim::{SimDevice, SimDeviceOptions};
+
+use crate::util::{allocsim, stderr, stdout};
 
 const MIB: u64 = 1 << 20;
 
@@ -14,10 +21,108 @@ fn req(size_bytes: u64) -> Request {
     }
 }
 
+/// Runs `f` on a fresh default instance of every registered policy.
 fn each_policy(mut f: impl FnMut(&str, Box<dyn Policy>)) {
-    for config in PolicyConfig::defaults() {
-        f(config.kind_name(), config.build().unwrap());
+    for entry in POLICIES {
+        f(entry.name, entry.default_config().build().unwrap());
     }
+}
+
+/// Every registered policy parses from its bare name to its defaults, which build,
+/// print as that name and read back.
+#[test]
+fn every_entry_parses_builds_and_prints() {
+    assert!(!POLICIES.is_empty());
+    for entry in POLICIES {
+        let spec = parse_policy(entry.name, &CachingDefaults::default()).unwrap();
+        assert_eq!(spec.label, entry.name);
+        assert_eq!(spec.config, entry.default_config(), "{}", entry.name);
+        assert_eq!(spec.config.kind_name(), entry.name);
+        assert_eq!(spec.config.to_string(), entry.name);
+        spec.config.build().unwrap();
+    }
+}
+
+/// `allocsim policies` lists every entry with every option and its default, and shows one
+/// entry by name.
+#[test]
+fn policies_command_lists_the_table() {
+    let o = allocsim(["policies"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let all = stdout(&o);
+    for entry in POLICIES {
+        assert!(
+            all.lines().any(|l| l == entry.name),
+            "{} missing",
+            entry.name
+        );
+        let o = allocsim(["policies", entry.name]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let one = stdout(&o);
+        assert!(one.starts_with(&format!("{}\n", entry.name)), "{one}");
+        for doc in entry.docs() {
+            let line = format!(
+                "    {}={}  (default: {})\n",
+                doc.name,
+                doc.kind.placeholder(),
+                doc.default
+            );
+            assert!(
+                one.contains(&line),
+                "{}: '{line}' missing from\n{one}",
+                entry.name
+            );
+            assert!(all.contains(&line), "{}: '{line}' missing", entry.name);
+        }
+    }
+    let o = allocsim(["policies", "magic"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o).trim(),
+        format!(
+            "error: unknown policy 'magic' (known: {})",
+            known_names(", ")
+        )
+    );
+}
+
+/// The command line's default policy list, help and error messages name exactly the
+/// registered policies, and a comparison with the default list runs each of them.
+#[test]
+fn command_line_lists_come_from_the_table() {
+    let names: Vec<&str> = POLICIES.iter().map(|e| e.name).collect();
+    let help = stdout(&allocsim(["compare", "--help"]));
+    assert!(
+        help.contains(&format!("[default: {}]", names.join(","))),
+        "{help}"
+    );
+    for command in ["compare", "validate", "replay"] {
+        let help = stdout(&allocsim([command, "--help"]));
+        assert!(help.contains(&names.join(", ")), "{command}: {help}");
+        assert!(help.contains("allocsim policies"), "{command}: {help}");
+    }
+    let o = allocsim(["replay", "examples/seed000.yaml", "--policy", "magic"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains(&format!("(known: {})", names.join(", "))),
+        "{}",
+        stderr(&o)
+    );
+    let o = allocsim(["compare", "examples/seed000.yaml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let csv = stdout(&o);
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let column = reader
+        .headers()
+        .unwrap()
+        .iter()
+        .position(|h| h == "policy")
+        .unwrap();
+    let policies: Vec<String> = reader
+        .records()
+        .map(|r| r.unwrap()[column].to_string())
+        .collect();
+    assert_eq!(policies, names);
 }
 
 /// Freeing everything brings allocated bytes to zero, and empty_cache then reserved bytes.
@@ -119,9 +224,9 @@ fn replay_is_deterministic() {
         ..workloads::generate::RandomOptions::default()
     })
     .unwrap();
-    for config in PolicyConfig::defaults() {
+    for entry in POLICIES {
         let run = || {
-            let mut p = config.build().unwrap();
+            let mut p = entry.default_config().build().unwrap();
             let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(8 << 30));
             let o = sim::ReplayOptions {
                 timeline: true,
@@ -129,6 +234,6 @@ fn replay_is_deterministic() {
             };
             sim::replay(&trace, p.as_mut(), &mut d, &o).unwrap()
         };
-        assert_eq!(run(), run(), "{}", config.kind_name());
+        assert_eq!(run(), run(), "{}", entry.name);
     }
 }

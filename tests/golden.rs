@@ -2,7 +2,8 @@
 //! with `tests/data/expected/NAME.csv` (rewrite with `UPDATE_EXPECT=1`), plus the
 //! hand-checked facts each trace is there for, asserted independently of the CSVs.
 
-use sim::spec::{parse_policy_list, CachingDefaults};
+use policies::caching::CachingDefaults;
+use policies::spec::parse_policy_list;
 use sim::{CompareInput, ReplayOptions, Row, SimDeviceOptions};
 
 use crate::util::root;

@@ -2,7 +2,8 @@
 //! `ALLOCSIM_REQUIRE_GPU=1`, in which case a missing driver fails them.
 
 use gpu_backend::{CudaDevice, OpenError};
-use sim::spec::{parse_policy_list, CachingDefaults};
+use policies::caching::CachingDefaults;
+use policies::spec::parse_policy_list;
 use sim::{CompareInput, DeviceProfile};
 
 use crate::util::root;

@@ -4,11 +4,12 @@
 
 use std::collections::BTreeMap;
 
+use policies::caching::CachingDefaults;
+use policies::spec::parse_policy;
 use policies::{
     AllocError, Allocation, BlockState, Device, Policy, PolicyConfig, Request, StreamId,
 };
 use proptest::prelude::*;
-use sim::spec::{parse_policy, CachingDefaults};
 use sim::{SimDevice, SimDeviceOptions};
 
 const MIB: u64 = 1 << 20;

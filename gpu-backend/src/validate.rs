@@ -4,8 +4,8 @@
 use std::io;
 use std::sync::atomic::AtomicBool;
 
+use policies::spec::PolicySpec;
 use policies::DeviceError;
-use sim::spec::PolicySpec;
 use sim::{CompareInput, Replay, ReplayError, ReplayOptions, SimDevice, SimDeviceOptions};
 
 use crate::device::CudaDevice;

@@ -693,7 +693,7 @@ fn scenario_validate() {
         trace,
         hints: Default::default(),
     };
-    let spec = sim::spec::parse_policy("caching", &Default::default()).unwrap();
+    let spec = policies::spec::parse_policy("caching", &Default::default()).unwrap();
     let model = sim::SimDeviceOptions::default();
     let first =
         gpu_backend::validate_one(&mut dev, &input, &spec, None, &model, None).expect("validate");

@@ -50,6 +50,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::device::{Device, DeviceAddr, DeviceError, Segment};
 use crate::lease::Leases;
+use crate::options::{Field, FieldValue, PolicyOptions};
 use crate::policy::{
     AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
@@ -74,6 +75,33 @@ impl Default for BuddyOptions {
             min_block_bytes: 512,
             segment_bytes: 1 << 30,
         }
+    }
+}
+
+impl PolicyOptions for BuddyOptions {
+    const NAME: &'static str = "buddy";
+    const ABOUT: &'static str = "Binary buddy allocation inside large segments: power-of-two \
+        blocks split and merged with their buddy; larger requests get a segment of their own.";
+    const FIELDS: &'static [Field<Self>] = &[
+        Field {
+            name: "min_block",
+            help: "Smallest block, a power of two.",
+            value: FieldValue::Bytes(|o| o.min_block_bytes, |o, v| o.min_block_bytes = v),
+        },
+        Field {
+            name: "segment",
+            help: "Size of each segment drawn from the device, a power of two between \
+                   min_block and 1TiB.",
+            value: FieldValue::Bytes(|o| o.segment_bytes, |o, v| o.segment_bytes = v),
+        },
+    ];
+
+    fn validate(&self) -> Result<(), OptionsError> {
+        BuddyOptions::validate(self)
+    }
+
+    fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
+        Ok(Box::new(BuddyPolicy::new(self.clone())?))
     }
 }
 
@@ -916,13 +944,13 @@ mod tests {
             segment_bytes: 4
         })
         .is_err());
-        assert!(PolicyConfig::Buddy(BuddyOptions {
+        assert!(PolicyConfig::new(BuddyOptions {
             min_block_bytes: 3,
             segment_bytes: 4
         })
         .build()
         .is_err());
-        assert!(PolicyConfig::Buddy(BuddyOptions::default()).build().is_ok());
+        assert!(PolicyConfig::new(BuddyOptions::default()).build().is_ok());
     }
 
     /// Freeing an allocation twice panics, naming the broken invariant.

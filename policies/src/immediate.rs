@@ -10,10 +10,26 @@
 
 use crate::device::{Device, DeviceAddr, DeviceError, Segment};
 use crate::lease::Leases;
+use crate::options::PolicyOptions;
 use crate::policy::{
     AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
     SegmentSnapshot, MAX_REQUEST_BYTES,
 };
+use crate::registry::OptionsError;
+
+/// Options of the immediate policy: there are none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImmediateOptions;
+
+impl PolicyOptions for ImmediateOptions {
+    const NAME: &'static str = "immediate";
+    const ABOUT: &'static str = "One cudaMalloc per request, freed at once: PyTorch with \
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1.";
+
+    fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
+        Ok(Box::new(ImmediatePolicy::default()))
+    }
+}
 
 /// See the module docs.
 #[derive(Debug, Default)]

@@ -27,7 +27,9 @@
 //! The policies: [`caching`] (PyTorch's caching allocator), [`immediate`] (one
 //! `cudaMalloc` per request, PyTorch with caching disabled), [`buddy`] (binary buddy
 //! inside large segments) and [`arena`] (RAPIDS RMM's arena resource). [`registry`]
-//! builds any of them from a [`PolicyConfig`].
+//! lists them in one table ([`registry::POLICIES`]) from which everything that names a
+//! policy is derived; [`options`] is the schema each policy's options type follows, and
+//! [`spec`] reads the `name:key=value,...` specifications users write.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -38,10 +40,12 @@ pub mod caching;
 mod device;
 pub mod immediate;
 mod lease;
+pub mod options;
 pub mod page_table;
 mod policy;
 pub mod registry;
 mod slab;
+pub mod spec;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
@@ -54,4 +58,4 @@ pub use policy::{
     AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
 };
-pub use registry::PolicyConfig;
+pub use registry::{PolicyConfig, POLICIES};

@@ -1,24 +1,233 @@
-//! One place that knows every policy: a [`PolicyConfig`] names a policy and its options,
-//! and [`PolicyConfig::build`] makes it. Adding a variant here enlists a policy in the
-//! CLI, `compare` and the conformance tests.
+//! The one list of policies: [`POLICIES`]. Each entry comes from a type implementing
+//! [`PolicyOptions`], which carries the policy's name, help, options (with their
+//! defaults), parsing, printing and building. The command line's `--policies`, its help
+//! and error messages, `allocsim policies`, [`PolicyConfig::defaults`] and the
+//! conformance tests all read this table; adding a policy is one line here.
 
-use crate::arena::{ArenaOptions, ArenaPolicy};
-use crate::buddy::{BuddyOptions, BuddyPolicy};
-use crate::caching::{CachingConfig, CachingPolicy};
-use crate::immediate::ImmediatePolicy;
+use std::any::Any;
+use std::fmt;
+
+use crate::arena::ArenaOptions;
+use crate::buddy::BuddyOptions;
+use crate::caching::{CachingConfig, CachingDefaults};
+use crate::immediate::ImmediateOptions;
+use crate::options::{OptionDoc, ParseError, PolicyOptions, Setting};
 use crate::policy::Policy;
 
-/// A policy and its options.
-#[derive(Clone, Debug, PartialEq)]
-pub enum PolicyConfig {
-    /// PyTorch's caching allocator.
-    Caching(CachingConfig),
-    /// One device allocation per request, freed at once.
-    Immediate,
-    /// Binary buddy allocation inside large segments.
-    Buddy(BuddyOptions),
-    /// RAPIDS RMM-style arena allocation.
-    Arena(ArenaOptions),
+/// Every policy, in the order help lists them and `compare` runs them by default.
+pub static POLICIES: &[PolicyEntry] = &[
+    PolicyEntry::of::<CachingConfig>(),
+    PolicyEntry::of::<ImmediateOptions>(),
+    PolicyEntry::of::<BuddyOptions>(),
+    PolicyEntry::of::<ArenaOptions>(),
+];
+
+/// One registered policy: its name and help, and its options type's functions.
+#[derive(Clone, Copy)]
+pub struct PolicyEntry {
+    /// The name in specifications.
+    pub name: &'static str,
+    /// What the policy is, for help.
+    pub about: &'static str,
+    docs: fn() -> Vec<OptionDoc>,
+    parse: fn(&[Setting<'_>], &CachingDefaults) -> Result<PolicyConfig, ParseError>,
+    default: fn() -> PolicyConfig,
+}
+
+impl PolicyEntry {
+    /// The entry of the policy whose options are `T`.
+    pub const fn of<T: PolicyOptions>() -> PolicyEntry {
+        PolicyEntry {
+            name: T::NAME,
+            about: T::ABOUT,
+            docs: T::docs,
+            parse: parse_as::<T>,
+            default: default_as::<T>,
+        }
+    }
+
+    /// Every option with its meaning and default.
+    pub fn docs(&self) -> Vec<OptionDoc> {
+        (self.docs)()
+    }
+
+    /// The policy with the settings of a specification, on top of the command line's
+    /// defaults.
+    ///
+    /// # Errors
+    /// An unknown option, a value that does not read, or a bad default.
+    pub fn parse(
+        &self,
+        settings: &[Setting<'_>],
+        defaults: &CachingDefaults,
+    ) -> Result<PolicyConfig, ParseError> {
+        (self.parse)(settings, defaults)
+    }
+
+    /// The policy with its default options.
+    pub fn default_config(&self) -> PolicyConfig {
+        (self.default)()
+    }
+}
+
+impl fmt::Debug for PolicyEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyEntry")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn parse_as<T: PolicyOptions>(
+    settings: &[Setting<'_>],
+    defaults: &CachingDefaults,
+) -> Result<PolicyConfig, ParseError> {
+    T::parse(settings, defaults).map(PolicyConfig::new)
+}
+
+fn default_as<T: PolicyOptions>() -> PolicyConfig {
+    PolicyConfig::new(T::default())
+}
+
+/// The registered policy called `name`.
+pub fn find(name: &str) -> Option<&'static PolicyEntry> {
+    POLICIES.iter().find(|e| e.name == name)
+}
+
+/// The registered names, comma-separated (`caching, immediate, ...`), for messages.
+pub fn known_names(separator: &str) -> String {
+    POLICIES
+        .iter()
+        .map(|e| e.name)
+        .collect::<Vec<_>>()
+        .join(separator)
+}
+
+/// A policy and its options: any [`PolicyOptions`] type.
+///
+/// Displays as its canonical specification (`buddy:segment=256MiB`; the name alone for
+/// the defaults), which parses back to an equal configuration.
+pub struct PolicyConfig {
+    options: Box<dyn AnyOptions>,
+}
+
+impl PolicyConfig {
+    /// A configuration from a policy's options.
+    pub fn new<T: PolicyOptions>(options: T) -> PolicyConfig {
+        PolicyConfig {
+            options: Box::new(options),
+        }
+    }
+
+    /// Every registered policy with its default options, in [`POLICIES`] order.
+    pub fn defaults() -> Vec<PolicyConfig> {
+        POLICIES.iter().map(PolicyEntry::default_config).collect()
+    }
+
+    /// The policy's name: `caching`, `immediate`, `buddy`, ...
+    pub fn kind_name(&self) -> &'static str {
+        self.options.name()
+    }
+
+    /// The options, if they are of type `T` (`config.options::<CachingConfig>()`).
+    pub fn options<T: PolicyOptions>(&self) -> Option<&T> {
+        self.options.as_any().downcast_ref()
+    }
+
+    /// Checks the options without building anything.
+    ///
+    /// # Errors
+    /// When the options are inconsistent (e.g. a buddy minimum block that is not a power
+    /// of two).
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        self.options.validate()
+    }
+
+    /// Builds the policy.
+    ///
+    /// # Errors
+    /// See [`PolicyConfig::validate`].
+    pub fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
+        self.options.validate()?;
+        self.options.build()
+    }
+}
+
+impl Clone for PolicyConfig {
+    fn clone(&self) -> Self {
+        PolicyConfig {
+            options: self.options.clone_box(),
+        }
+    }
+}
+
+impl PartialEq for PolicyConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.options.equals(other.options.as_any())
+    }
+}
+
+impl fmt::Debug for PolicyConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.options.debug(f)
+    }
+}
+
+impl fmt::Display for PolicyConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let options = self.options.print();
+        if options.is_empty() {
+            write!(f, "{}", self.kind_name())
+        } else {
+            write!(f, "{}:{options}", self.kind_name())
+        }
+    }
+}
+
+/// [`PolicyOptions`] behind a pointer: what [`PolicyConfig`] needs of any options type.
+trait AnyOptions: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn print(&self) -> String;
+    fn validate(&self) -> Result<(), OptionsError>;
+    fn build(&self) -> Result<Box<dyn Policy>, OptionsError>;
+    fn as_any(&self) -> &dyn Any;
+    fn clone_box(&self) -> Box<dyn AnyOptions>;
+    fn equals(&self, other: &dyn Any) -> bool;
+    fn debug(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
+}
+
+impl<T: PolicyOptions> AnyOptions for T {
+    fn name(&self) -> &'static str {
+        T::NAME
+    }
+
+    fn print(&self) -> String {
+        PolicyOptions::print(self)
+    }
+
+    fn validate(&self) -> Result<(), OptionsError> {
+        PolicyOptions::validate(self)
+    }
+
+    fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
+        PolicyOptions::build(self)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn clone_box(&self) -> Box<dyn AnyOptions> {
+        Box::new(self.clone())
+    }
+
+    fn equals(&self, other: &dyn Any) -> bool {
+        other.downcast_ref::<T>() == Some(self)
+    }
+
+    fn debug(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
 }
 
 /// Options that do not make a valid policy.
@@ -31,51 +240,64 @@ pub struct OptionsError {
     pub message: String,
 }
 
-impl PolicyConfig {
-    /// Every policy with its default options.
-    pub fn defaults() -> Vec<PolicyConfig> {
-        vec![
-            PolicyConfig::Caching(CachingConfig::default()),
-            PolicyConfig::Immediate,
-            PolicyConfig::Buddy(BuddyOptions::default()),
-            PolicyConfig::Arena(ArenaOptions::default()),
-        ]
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    /// The policy's short name: `caching`, `immediate`, `buddy` or `arena`.
-    pub fn kind_name(&self) -> &'static str {
-        match self {
-            PolicyConfig::Caching(_) => "caching",
-            PolicyConfig::Immediate => "immediate",
-            PolicyConfig::Buddy(_) => "buddy",
-            PolicyConfig::Arena(_) => "arena",
+    /// Names are unique and so are each policy's option names.
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<&str> = POLICIES.iter().map(|e| e.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), POLICIES.len());
+        for entry in POLICIES {
+            let mut options: Vec<&str> = entry.docs().iter().map(|d| d.name).collect();
+            let n = options.len();
+            options.sort_unstable();
+            options.dedup();
+            assert_eq!(options.len(), n, "{}", entry.name);
         }
     }
 
-    /// Checks the options without building anything.
-    ///
-    /// # Errors
-    /// When the options are inconsistent (e.g. a buddy minimum block that is not a power
-    /// of two).
-    pub fn validate(&self) -> Result<(), OptionsError> {
-        match self {
-            PolicyConfig::Caching(_) | PolicyConfig::Immediate => Ok(()),
-            PolicyConfig::Buddy(o) => o.validate(),
-            PolicyConfig::Arena(o) => o.validate(),
+    /// Every entry's defaults carry its name, build, print as the bare name and read back
+    /// from it.
+    #[test]
+    fn every_entry_parses_builds_and_prints() {
+        for entry in POLICIES {
+            let config = entry.default_config();
+            assert_eq!(config.kind_name(), entry.name);
+            assert_eq!(config.to_string(), entry.name);
+            assert!(config.build().is_ok(), "{}", entry.name);
+            assert_eq!(
+                entry.parse(&[], &CachingDefaults::default()).unwrap(),
+                config,
+                "{}",
+                entry.name
+            );
+            assert_eq!(find(entry.name).map(|e| e.name), Some(entry.name));
         }
+        assert_eq!(PolicyConfig::defaults().len(), POLICIES.len());
     }
 
-    /// Builds the policy.
-    ///
-    /// # Errors
-    /// See [`PolicyConfig::validate`].
-    pub fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
-        self.validate()?;
-        Ok(match self {
-            PolicyConfig::Caching(c) => Box::new(CachingPolicy::new(c.clone())),
-            PolicyConfig::Immediate => Box::new(ImmediatePolicy::default()),
-            PolicyConfig::Buddy(o) => Box::new(BuddyPolicy::new(o.clone())?),
-            PolicyConfig::Arena(o) => Box::new(ArenaPolicy::new(o.clone())?),
-        })
+    /// Configurations compare by policy and options; a downcast finds the options type.
+    #[test]
+    fn equality_and_downcast() {
+        let buddy = PolicyConfig::new(BuddyOptions::default());
+        let arena = PolicyConfig::new(ArenaOptions::default());
+        assert_eq!(buddy, buddy.clone());
+        assert_ne!(buddy, arena);
+        assert_ne!(
+            buddy,
+            PolicyConfig::new(BuddyOptions {
+                segment_bytes: 1 << 20,
+                ..BuddyOptions::default()
+            })
+        );
+        assert_eq!(
+            buddy.options::<BuddyOptions>(),
+            Some(&BuddyOptions::default())
+        );
+        assert!(buddy.options::<ArenaOptions>().is_none());
     }
 }

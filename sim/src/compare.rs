@@ -7,7 +7,7 @@ use workloads::Trace;
 use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
 use crate::metrics::{Oom, Summary};
 use crate::replay::{replay, ReplayError, ReplayOptions};
-use crate::spec::PolicySpec;
+use policies::spec::PolicySpec;
 
 /// A trace to compare, with the recorded addresses to reuse (from a recorded run), if
 /// any.

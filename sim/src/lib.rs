@@ -29,7 +29,6 @@ mod metrics;
 mod profile;
 mod replay;
 pub mod report;
-pub mod spec;
 
 pub use compare::{compare, CompareInput, Row};
 pub use device::{AddressHints, AddressModel, SimDevice, SimDeviceOptions};

@@ -6,4 +6,5 @@ pub mod convert;
 pub mod fidelity;
 pub mod generate;
 pub mod gpu;
+pub mod policies;
 pub mod replay;

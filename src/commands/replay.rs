@@ -33,8 +33,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         sim::report::write_timeline_csv(&r.timeline, out)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let label = match &spec.config {
-        policies::PolicyConfig::Caching(c) => {
+    let label = match spec.config.options::<policies::caching::CachingConfig>() {
+        Some(c) => {
             let conf = c.to_alloc_conf();
             let limit = match c.memory_limit {
                 policies::caching::MemoryLimit::FromConfig => String::new(),
@@ -46,7 +46,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
                 format!("{} (PYTORCH_CUDA_ALLOC_CONF={conf:?}{limit})", spec.label)
             }
         }
-        _ => spec.label.clone(),
+        None => spec.label.clone(),
     };
     let mut out = crate::output::create(None)?;
     write!(

@@ -67,6 +67,7 @@ use std::collections::BTreeMap;
 
 use crate::device::{Device, DeviceAddr, DeviceError, Segment};
 use crate::lease::{Lease, Leases};
+use crate::options::{Field, FieldValue, PolicyOptions};
 use crate::policy::{
     AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
@@ -94,15 +95,61 @@ pub struct ArenaOptions {
 
 impl Default for ArenaOptions {
     fn default() -> Self {
+        let superblock_bytes = 1 << 20;
         ArenaOptions {
-            superblock_bytes: 1 << 20,
+            superblock_bytes,
             growth_bytes: 1 << 30,
-            threshold_bytes: 1 << 19,
+            threshold_bytes: ArenaOptions::default_threshold(superblock_bytes),
         }
     }
 }
 
+impl PolicyOptions for ArenaOptions {
+    const NAME: &'static str = "arena";
+    const ABOUT: &'static str = "RAPIDS RMM's arena resource: a global arena of large chunks \
+        and one arena per stream taking superblocks from it, address-ordered first fit \
+        with coalescing.";
+    const FIELDS: &'static [Field<Self>] = &[
+        Field {
+            name: "superblock",
+            help: "Unit stream arenas take from the global arena; a positive multiple of 256.",
+            value: FieldValue::Bytes(|o| o.superblock_bytes, |o, v| o.superblock_bytes = v),
+        },
+        Field {
+            name: "growth",
+            help: "Smallest chunk the global arena draws from the device; at least one \
+                   superblock.",
+            value: FieldValue::Bytes(|o| o.growth_bytes, |o, v| o.growth_bytes = v),
+        },
+        Field {
+            name: "threshold",
+            help: "Largest (rounded) request a stream arena serves; at most one superblock. \
+                   Default: half the superblock.",
+            value: FieldValue::Bytes(|o| o.threshold_bytes, |o, v| o.threshold_bytes = v),
+        },
+    ];
+
+    fn derive_defaults(&mut self, given: &[&str]) {
+        if !given.contains(&"threshold") {
+            self.threshold_bytes = ArenaOptions::default_threshold(self.superblock_bytes);
+        }
+    }
+
+    fn validate(&self) -> Result<(), OptionsError> {
+        ArenaOptions::validate(self)
+    }
+
+    fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
+        Ok(Box::new(ArenaPolicy::new(self.clone())?))
+    }
+}
+
 impl ArenaOptions {
+    /// The threshold when none is given: half a superblock.
+    pub fn default_threshold(superblock_bytes: u64) -> u64 {
+        superblock_bytes / 2
+    }
+
     /// Checks the options: the superblock a positive multiple of 256 bytes, growth at
     /// least one superblock, threshold at most one superblock.
     ///

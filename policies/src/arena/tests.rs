@@ -365,8 +365,8 @@ fn option_validation() {
         ..ArenaOptions::default()
     };
     assert!(ArenaPolicy::new(invalid.clone()).is_err());
-    assert!(PolicyConfig::Arena(invalid).build().is_err());
-    assert!(PolicyConfig::Arena(ArenaOptions::default()).build().is_ok());
+    assert!(PolicyConfig::new(invalid).build().is_err());
+    assert!(PolicyConfig::new(ArenaOptions::default()).build().is_ok());
 }
 
 /// Freeing an allocation twice panics, naming the broken invariant.

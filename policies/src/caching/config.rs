@@ -8,6 +8,11 @@
 
 use std::fmt;
 
+use super::CachingPolicy;
+use crate::options::{unknown_option, OptionDoc, OptionKind, ParseError, PolicyOptions, Setting};
+use crate::policy::Policy;
+use crate::registry::OptionsError;
+
 /// 1 MiB, PyTorch's "MB" in option names.
 pub const MIB: u64 = 1 << 20;
 /// Every block size is a multiple of this, and at least this.
@@ -133,18 +138,36 @@ impl CachingConfig {
         self.roundup_power2_divisions[index]
     }
 
-    /// Renders the settings that differ from the defaults back into
-    /// `PYTORCH_CUDA_ALLOC_CONF` syntax (for labels and reports).
+    /// Renders the configuration string back into `PYTORCH_CUDA_ALLOC_CONF` syntax: the
+    /// settings a fresh parse needs to give these settings (empty for the defaults), in
+    /// field order. [`CachingConfig::from_alloc_conf`] reads it back to an equal
+    /// configuration, [`CachingConfig::memory_limit`] aside.
     pub fn to_alloc_conf(&self) -> String {
+        self.alloc_conf_parts().join(",")
+    }
+
+    /// The `key:value` items of [`CachingConfig::to_alloc_conf`].
+    fn alloc_conf_parts(&self) -> Vec<String> {
         let defaults = CachingConfig::default();
         let mut parts = Vec::new();
-        if self.max_split_size_bytes != defaults.max_split_size_bytes {
-            parts.push(format!(
-                "max_split_size_mb:{}",
-                self.max_split_size_bytes / MIB
-            ));
+        let split_mb = self.max_split_size_bytes / MIB;
+        // PyTorch checks a split size against the large segment size parsed before it: a
+        // split size under the default segment size (reachable by setting a smaller
+        // segment size first) needs that smaller segment size first again.
+        let lower_segment_first = self.max_split_size_bytes != defaults.max_split_size_bytes
+            && self.max_split_size_bytes < defaults.large_segment_size_bytes;
+        if lower_segment_first {
+            parts.push(format!("large_segment_size_mb:{split_mb}"));
         }
-        if self.max_non_split_rounding_bytes != defaults.max_non_split_rounding_bytes {
+        if self.max_split_size_bytes != defaults.max_split_size_bytes {
+            parts.push(format!("max_split_size_mb:{split_mb}"));
+        }
+        // Left out, the tolerance follows the large segment size. Written where it differs
+        // from that, and (as always) where it is above its default; never when it follows
+        // a segment size below 20 MiB, since PyTorch refuses such a tolerance written out.
+        if self.max_non_split_rounding_bytes != self.large_segment_size_bytes
+            || self.max_non_split_rounding_bytes > defaults.max_non_split_rounding_bytes
+        {
             parts.push(format!(
                 "max_non_split_rounding_mb:{}",
                 self.max_non_split_rounding_bytes / MIB
@@ -163,28 +186,41 @@ impl CachingConfig {
                 parts.push(format!("roundup_power2_divisions:[{}]", list.join(",")));
             }
         }
-        if self.garbage_collection_threshold != 0.0 {
+        if self.garbage_collection_threshold != defaults.garbage_collection_threshold {
             parts.push(format!(
                 "garbage_collection_threshold:{}",
                 self.garbage_collection_threshold
             ));
         }
-        if self.expandable_segments {
-            parts.push("expandable_segments:True".to_string());
+        if self.expandable_segments != defaults.expandable_segments {
+            parts.push(format!(
+                "expandable_segments:{}",
+                py_bool(self.expandable_segments)
+            ));
         }
-        if self.large_segment_size_bytes != defaults.large_segment_size_bytes {
+        if self.large_segment_size_bytes != defaults.large_segment_size_bytes || lower_segment_first
+        {
             parts.push(format!(
                 "large_segment_size_mb:{}",
                 self.large_segment_size_bytes / MIB
             ));
         }
-        if self.per_process_memory_fraction != 1.0 {
+        if self.per_process_memory_fraction != defaults.per_process_memory_fraction {
             parts.push(format!(
                 "per_process_memory_fraction:{}",
                 self.per_process_memory_fraction
             ));
         }
-        parts.join(",")
+        if self.release_lock_on_cudamalloc != defaults.release_lock_on_cudamalloc {
+            parts.push(format!(
+                "release_lock_on_cudamalloc:{}",
+                py_bool(self.release_lock_on_cudamalloc)
+            ));
+        }
+        if self.backend_cuda_malloc_async != defaults.backend_cuda_malloc_async {
+            parts.push("backend:cudaMallocAsync".to_string());
+        }
+        parts
     }
 
     /// `AcceleratorAllocatorConfig::parseArgs`: the device-generic keys; unknown keys are
@@ -573,6 +609,231 @@ fn stod(token: &str) -> Result<f64, AllocConfError> {
         })
 }
 
+/// `PYTORCH_CUDA_ALLOC_CONF`-style booleans.
+fn py_bool(value: bool) -> &'static str {
+    if value {
+        "True"
+    } else {
+        "False"
+    }
+}
+
+/// What the command line sets for every caching policy of a list before the policy's own
+/// options: `--alloc-conf`, and `--cap` or `--memory-fraction`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CachingDefaults {
+    /// A `PYTORCH_CUDA_ALLOC_CONF` string (`--alloc-conf`).
+    pub alloc_conf: Option<String>,
+    /// The memory limit (`--cap`, `--memory-fraction`).
+    pub memory_limit: Option<MemoryLimit>,
+}
+
+/// Specification options: PyTorch's `PYTORCH_CUDA_ALLOC_CONF` keys written `key=value`
+/// (`caching:expandable_segments=True,max_split_size_mb=64`), plus `cap=SIZE` and
+/// `memory_fraction=F`, applied on top of [`CachingDefaults`].
+impl PolicyOptions for CachingConfig {
+    const NAME: &'static str = "caching";
+    const ABOUT: &'static str = "PyTorch's CUDA caching allocator (CUDACachingAllocator.cpp \
+        2.11, rule for rule). Options are PYTORCH_CUDA_ALLOC_CONF keys written key=value, \
+        plus cap and memory_fraction; --alloc-conf, --cap and --memory-fraction apply to \
+        every caching policy before its own options.";
+
+    fn docs() -> Vec<OptionDoc> {
+        let d = CachingConfig::default();
+        let doc = |name, kind, default: String, help| OptionDoc {
+            name,
+            kind,
+            default,
+            help,
+        };
+        let mib = OptionKind::Text("MiB");
+        let flag = OptionKind::Text("True|False");
+        let host = "Host (pinned) memory setting: checked as PyTorch checks it; no effect on \
+            device memory.";
+        vec![
+            doc(
+                "cap",
+                OptionKind::Bytes,
+                "none".into(),
+                "Exact limit on reserved bytes (overrides the fractions).",
+            ),
+            doc(
+                "memory_fraction",
+                OptionKind::Float,
+                "none".into(),
+                "torch.cuda.set_per_process_memory_fraction(F), F in [0, 1]: limit = \
+                 floor(F × total bytes) (overrides per_process_memory_fraction).",
+            ),
+            doc(
+                "max_split_size_mb",
+                mib,
+                "unlimited".into(),
+                "Blocks of at least this size are never split; at least \
+                 large_segment_size_mb.",
+            ),
+            doc(
+                "max_non_split_rounding_mb",
+                mib,
+                format!(
+                    "large_segment_size_mb ({})",
+                    d.max_non_split_rounding_bytes / MIB
+                ),
+                "An oversize request may take a cached oversize block at most this much \
+                 larger; at least 20.",
+            ),
+            doc(
+                "roundup_power2_divisions",
+                OptionKind::Text("N|[MiB:N,...,>:N]"),
+                format!("{} (off)", d.roundup_power2_divisions[0]),
+                "Round requests up to one of N divisions of their power-of-two interval; \
+                 a list gives N per interval from the MiB boundary on, > for the rest.",
+            ),
+            doc(
+                "garbage_collection_threshold",
+                OptionKind::Float,
+                format!("{} (off)", d.garbage_collection_threshold),
+                "Above this fraction of the memory limit, free cached whole segments, \
+                 oldest first; in (0, 1), needs a memory limit.",
+            ),
+            doc(
+                "expandable_segments",
+                flag,
+                py_bool(d.expandable_segments).into(),
+                "One growing virtual segment per stream and pool instead of one \
+                 cudaMalloc per segment.",
+            ),
+            doc(
+                "large_segment_size_mb",
+                mib,
+                (d.large_segment_size_bytes / MIB).to_string(),
+                "Segment size for 1-10 MiB requests, and the large pool's page of \
+                 expandable segments; above 10.",
+            ),
+            doc(
+                "per_process_memory_fraction",
+                OptionKind::Float,
+                format!("{} (no limit)", d.per_process_memory_fraction),
+                "Limit on reserved bytes as a fraction of total memory, in [0, 1].",
+            ),
+            doc(
+                "release_lock_on_cudamalloc",
+                flag,
+                py_bool(d.release_lock_on_cudamalloc).into(),
+                "Changes only thread interleaving: no effect here.",
+            ),
+            doc(
+                "release_lock_on_hipmalloc",
+                flag,
+                py_bool(d.release_lock_on_cudamalloc).into(),
+                "ROCm spelling of release_lock_on_cudamalloc.",
+            ),
+            doc(
+                "backend",
+                OptionKind::Text("native|cudaMallocAsync"),
+                "native".into(),
+                "Only the native allocator is modelled: cudaMallocAsync is accepted and \
+                 replayed as native.",
+            ),
+            doc("pinned_use_background_threads", flag, "False".into(), host),
+            doc("pinned_use_cuda_host_register", flag, "False".into(), host),
+            doc("pinned_use_hip_host_register", flag, "False".into(), host),
+            doc(
+                "pinned_num_register_threads",
+                OptionKind::Text("N"),
+                "1".into(),
+                host,
+            ),
+            doc("pinned_reserve_segment_size_mb", mib, "0".into(), host),
+            doc(
+                "graph_capture_record_stream_reuse",
+                flag,
+                "False".into(),
+                "CUDA graph capture setting: checked as PyTorch checks it; graphs are not modelled.",
+            ),
+        ]
+    }
+
+    fn parse(settings: &[Setting<'_>], defaults: &CachingDefaults) -> Result<Self, ParseError> {
+        let bad = |message: String| ParseError::Options(message);
+        let mut config = CachingConfig::default();
+        if let Some(conf) = &defaults.alloc_conf {
+            config
+                .apply_alloc_conf(conf)
+                .map_err(|e| ParseError::Default {
+                    flag: "--alloc-conf",
+                    value: conf.clone(),
+                    message: e.to_string(),
+                })?;
+        }
+        if let Some(limit) = defaults.memory_limit {
+            config.memory_limit = limit;
+        }
+        let known = Self::docs();
+        let mut conf = Vec::new();
+        for &Setting { key, value } in settings {
+            match key {
+                "cap" => {
+                    let bytes = units::parse_size(value).map_err(|e| bad(format!("cap: {e}")))?;
+                    config.memory_limit = MemoryLimit::Bytes(bytes);
+                }
+                "memory_fraction" => {
+                    let f: f64 = value
+                        .parse()
+                        .map_err(|_| bad(format!("memory_fraction: '{value}' is not a number")))?;
+                    if !(0.0..=1.0).contains(&f) {
+                        return Err(bad(format!(
+                            "memory_fraction must be in [0, 1], got {value}"
+                        )));
+                    }
+                    config.memory_limit = MemoryLimit::Fraction(f);
+                }
+                _ if known.iter().any(|d| d.name == key) => conf.push(format!("{key}:{value}")),
+                _ => return Err(unknown_option::<Self>(key)),
+            }
+        }
+        if !conf.is_empty() {
+            // The specification's keys add to --alloc-conf rather than resetting it: one
+            // string, parsed once, as PyTorch would see it.
+            let joined = defaults
+                .alloc_conf
+                .iter()
+                .filter(|base| !base.is_empty())
+                .cloned()
+                .chain([conf.join(",")])
+                .collect::<Vec<_>>()
+                .join(",");
+            let limit = config.memory_limit;
+            config
+                .apply_alloc_conf(&joined)
+                .map_err(|e| bad(e.to_string()))?;
+            config.memory_limit = limit;
+        }
+        Ok(config)
+    }
+
+    /// The configuration string's keys (see [`CachingConfig::to_alloc_conf`]) written
+    /// `key=value`, then the memory limit.
+    fn print(&self) -> String {
+        let mut parts: Vec<String> = self
+            .alloc_conf_parts()
+            .into_iter()
+            .map(|part| part.replacen(':', "=", 1))
+            .collect();
+        match self.memory_limit {
+            MemoryLimit::FromConfig => {}
+            MemoryLimit::Bytes(bytes) => {
+                parts.push(format!("cap={}", units::format_size_exact(bytes)))
+            }
+            MemoryLimit::Fraction(f) => parts.push(format!("memory_fraction={f}")),
+        }
+        parts.join(",")
+    }
+
+    fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
+        Ok(Box::new(CachingPolicy::new(self.clone())))
+    }
+}
+
 impl fmt::Display for MemoryLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -730,5 +991,47 @@ mod tests {
             CachingConfig::from_alloc_conf(&c.to_alloc_conf()).unwrap(),
             c
         );
+    }
+
+    /// Regression: the rendering left out `release_lock_on_cudamalloc` and `backend`,
+    /// left out a default oversize tolerance that differs from the segment size it would
+    /// otherwise follow, wrote out a tolerance below PyTorch's minimum (following a
+    /// smaller segment size), and put a split size below 20 MiB before the smaller
+    /// segment size it needs; each read back to another configuration or not at all.
+    #[test]
+    fn to_alloc_conf_reads_back_in_corner_cases() {
+        for conf in [
+            "release_lock_on_cudamalloc:True,backend:cudaMallocAsync",
+            "max_non_split_rounding_mb:20,large_segment_size_mb:40",
+            "large_segment_size_mb:14",
+            "large_segment_size_mb:12,max_split_size_mb:15,large_segment_size_mb:30",
+        ] {
+            let c = CachingConfig::from_alloc_conf(conf).unwrap();
+            let rendered = c.to_alloc_conf();
+            assert_eq!(
+                CachingConfig::from_alloc_conf(&rendered).as_ref(),
+                Ok(&c),
+                "{conf} rendered as {rendered}"
+            );
+        }
+    }
+
+    /// Every key the options table documents is one PyTorch's parsers accept.
+    #[test]
+    fn documented_keys_are_accepted() {
+        for doc in CachingConfig::docs() {
+            if matches!(doc.name, "cap" | "memory_fraction") {
+                continue;
+            }
+            let message = CachingConfig::from_alloc_conf(&format!("{}:1", doc.name))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                !message.contains("Unrecognized key"),
+                "{}: {message}",
+                doc.name
+            );
+        }
     }
 }

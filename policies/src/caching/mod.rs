@@ -44,9 +44,9 @@ mod release;
 mod stats;
 
 pub use config::{
-    AllocConfError, CachingConfig, MemoryLimit, LARGE_BUFFER_BYTES, MIB, MIN_BLOCK_BYTES,
-    MIN_LARGE_ALLOC_BYTES, ROUNDUP_INTERVALS, ROUND_LARGE_BYTES, SMALL_BUFFER_BYTES,
-    SMALL_SIZE_BYTES,
+    AllocConfError, CachingConfig, CachingDefaults, MemoryLimit, LARGE_BUFFER_BYTES, MIB,
+    MIN_BLOCK_BYTES, MIN_LARGE_ALLOC_BYTES, ROUNDUP_INTERVALS, ROUND_LARGE_BYTES,
+    SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES,
 };
 pub use stats::{CachingStats, PoolKind, Stat, StatArray};
 
