@@ -87,7 +87,7 @@ pub struct DeviceArgs {
     /// Default: 80 GiB, or the profile's measured capacity.
     #[arg(long, value_name = "SIZE")]
     pub capacity: Option<String>,
-    /// A built-in device profile (`h100`), or for snapshot pickles a number: the GPU
+    /// A built-in device profile (`h100`, `h200`), or for snapshot pickles a number: the GPU
     /// whose trace to read (same as --snapshot-device).
     #[arg(long, value_name = "NAME|N")]
     pub device: Option<String>,

@@ -45,7 +45,10 @@ pub struct ProfileError {
     pub message: String,
 }
 
-const BUILTIN: &[(&str, &str)] = &[("h100", include_str!("../profiles/h100.yaml"))];
+const BUILTIN: &[(&str, &str)] = &[
+    ("h100", include_str!("../profiles/h100.yaml")),
+    ("h200", include_str!("../profiles/h200.yaml")),
+];
 
 impl DeviceProfile {
     /// Reads a profile file.
@@ -62,7 +65,7 @@ impl DeviceProfile {
         DeviceProfile::parse(&text).map_err(err)
     }
 
-    /// A built-in profile by name (`h100`).
+    /// A built-in profile by name (`h100`, `h200`).
     pub fn builtin(name: &str) -> Option<DeviceProfile> {
         BUILTIN
             .iter()
@@ -118,6 +121,19 @@ mod tests {
         let o = p.to_options();
         assert_eq!(o.capacity_bytes, 84_462_796_800);
         assert_eq!(DeviceProfile::parse(&p.to_yaml()).unwrap(), p);
+    }
+
+    /// The shipped H200 profile parses and carries the capacity `allocsim probe`
+    /// measured on an H200.
+    #[test]
+    fn builtin_h200() {
+        let p = DeviceProfile::builtin("H200").unwrap();
+        assert_eq!(p.name, "NVIDIA H200");
+        assert_eq!(p.total_bytes, 150_109_880_320);
+        let o = p.to_options();
+        assert_eq!(o.capacity_bytes, 149_554_200_576);
+        assert_eq!(DeviceProfile::parse(&p.to_yaml()).unwrap(), p);
+        assert_eq!(DeviceProfile::builtin_names(), ["h100", "h200"]);
     }
 
     /// A profile with an unknown field or bad figures is refused with its place.
