@@ -1,4 +1,4 @@
-use crate::util::{allocsim, root, shared, stderr, stdout, TempDir};
+use crate::util::{allocsim, root, stderr, stdout, TempDir};
 
 /// Runs `allocsim replay` on a file with `text` and returns (exit code, stderr).
 fn replay_text(dir: &TempDir, name: &str, text: &str) -> (i32, String) {
@@ -368,7 +368,7 @@ fn check_lists_every_problem() {
 /// `fidelity` writes the documented header and says exact for a recorded run.
 #[test]
 fn fidelity_header_and_exact_row() {
-    let run = shared().join("oracle/h100-torch2.11/seed002_retain.json");
+    let run = root().join("tests/data/oracle/h100-torch2.11/seed002_retain.json");
     let o = allocsim(["fidelity".as_ref(), run.as_os_str(), "--explain".as_ref()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);

@@ -12,5 +12,9 @@ mod golden;
 mod gpu;
 /// Property tests against a reference model.
 mod model;
+/// The JSON of tools/record_torch.py read as a recorded run.
+mod recorder;
+/// Nothing points outside the repository.
+mod selfcontained;
 /// Helpers: running the binary, temporary files.
 mod util;

@@ -10,11 +10,6 @@ pub fn root() -> PathBuf {
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
 }
 
-/// `../shared` beside the repository (CI provides it).
-pub fn shared() -> PathBuf {
-    root().join("../shared")
-}
-
 /// Runs the built `allocsim` with `args`.
 pub fn allocsim<I, S>(args: I) -> Output
 where

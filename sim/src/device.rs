@@ -1,7 +1,7 @@
 //! The simulated GPU: a capacity, deterministic addresses, and the bytes the CUDA
 //! driver would charge for each allocation.
 //!
-//! The charge model comes from measurement on an H100 (`../shared/oracle/
+//! The charge model comes from measurement on an H100 (`tests/data/oracle/
 //! h100-driver-granularity.json`, `allocsim probe`, and the charged peaks observed by
 //! `allocsim validate`, see `docs/validation.md`): the driver backs device memory with
 //! 2 MiB pages. An allocation of a page or more takes whole pages of its own (`2 MiB + 1`

@@ -1,11 +1,12 @@
-//! The caching policy against every recorded PyTorch 2.11 run in `../shared/oracle`.
+//! The caching policy against every recorded PyTorch 2.11 run in `tests/data/oracle`
+//! and `tests/data/recorded`.
 
 use std::path::PathBuf;
 
 use sim::fidelity::{fidelity, FidelityOptions};
 
 fn oracle_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/oracle/h100-torch2.11")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/oracle/h100-torch2.11")
 }
 
 /// Every recorded run is reproduced exactly: segment decisions, peaks, OOM point and
@@ -16,7 +17,7 @@ fn every_recorded_run_is_exact() {
 }
 
 /// The runs this project recorded itself on an H100 with PyTorch 2.11
-/// (`tests/data/recorded`: other configurations and caps than ../shared, among them
+/// (`tests/data/recorded`: other configurations and caps than `tests/data/oracle`, among them
 /// expandable segments running out under a cap, `large_segment_size_mb`, GC at 0.8 and
 /// `max_non_split_rounding_mb`) are reproduced exactly too.
 #[test]
@@ -29,12 +30,7 @@ fn every_run_recorded_here_is_exact() {
 
 fn all_exact(dir: &std::path::Path, expected: usize) {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (CI must have ../shared beside the repository)",
-                dir.display()
-            )
-        })
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();

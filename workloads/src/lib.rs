@@ -348,7 +348,7 @@ mod tests {
 
     fn oracle(name: &str) -> PathBuf {
         repo()
-            .join("../shared/oracle/h100-torch2.11-pickles")
+            .join("tests/data/oracle/h100-torch2.11-pickles")
             .join(name)
     }
 

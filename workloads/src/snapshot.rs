@@ -871,13 +871,8 @@ mod tests {
     #[test]
     fn corrupted_pickles_do_not_panic() {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/oracle/h100-torch2.11-pickles/seed000.pickle");
-        let bytes = std::fs::read(&path).unwrap_or_else(|_| {
-            pickle(&snapshot(
-                vec![vec![entry("segment_alloc", 1, 2)]],
-                vec![segment(1, 2, false)],
-            ))
-        });
+            .join("../tests/data/oracle/h100-torch2.11-pickles/seed000.pickle");
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         for cut in (0..bytes.len()).step_by(7) {
             let _ = read_snapshot_pickle_from(&bytes[..cut], &path, 0);
         }
@@ -890,7 +885,8 @@ mod tests {
     }
 
     fn oracle_dir() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/oracle/h100-torch2.11-pickles")
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/data/oracle/h100-torch2.11-pickles")
     }
 
     /// Drops the JSON's empty_cache markers that released nothing (no segment release
@@ -926,12 +922,7 @@ mod tests {
     fn real_pickles_match_their_json() {
         let dir = oracle_dir();
         let mut pickles: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| {
-                panic!(
-                    "{}: {e} (../shared must sit beside the repository)",
-                    dir.display()
-                )
-            })
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
             .map(|e| e.unwrap().path())
             .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
             .collect();
