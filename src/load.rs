@@ -54,11 +54,13 @@ pub fn snapshot_device(input: &InputArgs, device: Option<&DeviceArgs>) -> usize 
 }
 
 /// Reads a trace in any format and validates it. Problems refuse the trace (one line:
-/// the first problem and how many more) unless `lenient`.
+/// the first problem and how many more) unless `lenient`. A recorded run's addresses
+/// become hints for the simulated device `model` (see `sim::recorded::address_hints`).
 pub fn load_trace(
     path: &Path,
     input: &InputArgs,
     device: Option<&DeviceArgs>,
+    model: &SimDeviceOptions,
 ) -> anyhow::Result<Loaded> {
     let (trace, run) =
         workloads::read_source(path, format(input.format), snapshot_device(input, device))
@@ -72,11 +74,7 @@ pub fn load_trace(
             })?;
     // Recorded runs keep the segment addresses PyTorch got, for best-fit ties.
     let hints = match &run {
-        Some(run) => {
-            let conf = sim::fidelity::run_config(run).ok().unwrap_or_default();
-            let total = run.total_bytes.unwrap_or(85_017_493_504);
-            sim::fidelity::address_hints(run, &conf, total)
-        }
+        Some(run) => sim::recorded::address_hints(run, model.total_bytes)?,
         None => AddressHints::default(),
     };
     let issues = validate(&trace);
@@ -103,15 +101,16 @@ pub fn load_trace(
     Ok(Loaded { trace, hints })
 }
 
-/// Reads and validates every trace, as inputs of `sim::compare`.
+/// Reads and validates every trace, as inputs of `sim::compare` on `model`.
 pub fn load_inputs(
     paths: &[std::path::PathBuf],
     input: &InputArgs,
     device: &DeviceArgs,
+    model: &SimDeviceOptions,
 ) -> anyhow::Result<Vec<CompareInput>> {
     paths
         .iter()
-        .map(|p| load_trace(p, input, Some(device)).map(Loaded::into_input))
+        .map(|p| load_trace(p, input, Some(device), model).map(Loaded::into_input))
         .collect()
 }
 

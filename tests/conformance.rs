@@ -228,11 +228,10 @@ fn replay_is_deterministic() {
         let run = || {
             let mut p = entry.default_config().build().unwrap();
             let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(8 << 30));
-            let o = sim::ReplayOptions {
-                timeline: true,
-                ..sim::ReplayOptions::default()
-            };
-            sim::replay(&trace, p.as_mut(), &mut d, &o).unwrap()
+            let mut timeline = sim::Timeline::default();
+            let o = sim::ReplayOptions::default();
+            let r = sim::replay_with(&trace, p.as_mut(), &mut d, &o, &mut timeline).unwrap();
+            (r, timeline)
         };
         assert_eq!(run(), run(), "{}", entry.name);
     }

@@ -70,12 +70,12 @@ fn golden_traces_on_the_gpu() {
                 v.predicted.summary.reserved_bytes_peak,
                 v.observed.summary.reserved_bytes_peak,
                 "{}",
-                gpu_backend::summary_line(&v)
+                sim::validation::summary_line(&v)
             );
             assert!(
                 v.charged_within_tolerance(),
                 "{}",
-                gpu_backend::summary_line(&v)
+                sim::validation::summary_line(&v)
             );
         }
     }
@@ -99,13 +99,13 @@ fn capacity_oom_matches_on_the_gpu() {
         assert!(
             v.observed.oom.is_some(),
             "{}",
-            gpu_backend::summary_line(&v)
+            sim::validation::summary_line(&v)
         );
         assert_eq!(
             v.predicted.oom.as_ref().map(|o| o.event_index),
             v.observed.oom.as_ref().map(|o| o.event_index),
             "{}",
-            gpu_backend::summary_line(&v)
+            sim::validation::summary_line(&v)
         );
     }
 }

@@ -14,7 +14,7 @@ use crate::util::{allocsim, root, stderr};
 fn recorder_json_reads_as_a_recorded_run() {
     let path = root().join("tests/data/recorder/fake_pools.json");
     let run = workloads::read_recorded_json(&path).unwrap();
-    assert_eq!(run.workload.as_deref(), Some("fake_pools"));
+    assert_eq!(run.meta.workload.as_deref(), Some("fake_pools"));
     assert_eq!(run.entries.len(), 61);
     let labels: Vec<_> = run.checkpoints.iter().map(|c| c.label.as_str()).collect();
     assert_eq!(

@@ -23,8 +23,8 @@
 //! The accounting in [`policies::Device::stats`] is cached and never calls the driver.
 //!
 //! [`validate_one`] replays a trace under a policy both on the simulated device
-//! (predicted) and on the GPU (observed), with the same engine, and reports where they
-//! part.
+//! (predicted) and on the GPU (observed), with the same engine; `sim::validation` says
+//! whether and where they part.
 //!
 //! A card larger than the one being modelled can be shrunk with
 //! [`CudaDevice::set_ballast_for_free_bytes`] (to within 2 MiB).
@@ -72,6 +72,4 @@ pub use probe::{
     probe, FillProbe, ProbeError, ProbeReport, SizeProbe, FILL_CHUNK_BYTES, FILL_MIN_CHUNK_BYTES,
     PROBE_BATCH, PROBE_SIZES,
 };
-pub use validate::{
-    summary_line, validate_one, write_validate_csv, ValidateError, Validation, VALIDATE_COLUMNS,
-};
+pub use validate::{validate_one, ValidateError};

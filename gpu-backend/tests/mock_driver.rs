@@ -700,7 +700,7 @@ fn scenario_validate() {
     let second =
         gpu_backend::validate_one(&mut dev, &input, &spec, None, &model, None).expect("validate");
     for v in [&first, &second] {
-        assert!(v.agrees(), "{}", gpu_backend::summary_line(v));
+        assert!(v.agrees(), "{}", sim::validation::summary_line(v));
         // The 3 MiB request is carved from the cached 1 GiB block: three segments.
         assert_eq!(v.observed.summary.reserved_bytes_peak, 3 * GIB);
         assert_eq!(v.segment_ops, 3, "three 1 GiB segments, counted per run");
@@ -714,7 +714,11 @@ fn scenario_validate() {
     let capped = gpu_backend::validate_one(&mut dev, &input, &spec, Some(2 * GIB), &model, None)
         .expect("validate");
     assert_eq!(capped.capacity_bytes, Some(2 * GIB));
-    assert!(capped.agrees(), "{}", gpu_backend::summary_line(&capped));
+    assert!(
+        capped.agrees(),
+        "{}",
+        sim::validation::summary_line(&capped)
+    );
     assert_eq!(capped.observed.oom.as_ref().map(|o| o.event_index), Some(4));
     assert_eq!(free_bytes(&dev), MOCK_FREE, "ballast freed too");
 }

@@ -161,6 +161,28 @@ pub trait Policy {
     /// If the allocation did not come from this policy (a bug, not an error).
     fn free(&mut self, device: &mut dyn Device, allocation: Allocation) -> Result<(), DeviceError>;
 
+    /// The program dropped `allocation`, but other streams may still use it
+    /// (`record_stream`; PyTorch's `free_requested`): its memory must not be reused
+    /// until [`Policy::free`] returns it. A policy that tracks streams (the caching
+    /// policy) stops counting it as allocated here, as PyTorch's statistics do. The
+    /// default does nothing: a policy without streams keeps the allocation allocated,
+    /// and in its own accounting, until the completed free, which is the safe reading
+    /// of a delayed free (the memory is never reused early).
+    ///
+    /// # Errors
+    /// Only for device failures (a policy that gives memory back here).
+    ///
+    /// # Panics
+    /// If the allocation did not come from this policy, or its free was already
+    /// requested (a bug, not an error).
+    fn free_requested(
+        &mut self,
+        _device: &mut dyn Device,
+        _allocation: &Allocation,
+    ) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
     /// Returns every segment the policy can give back (`torch.cuda.empty_cache()`).
     ///
     /// # Errors

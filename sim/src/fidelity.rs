@@ -13,23 +13,28 @@
 //! - **checkpoints**: allocated, reserved, inactive_split bytes, segment count,
 //!   `num_alloc_retries` and `num_ooms` at every checkpoint.
 //!
-//! Replay drives the policy from the requests alone: `alloc` (and `oom`) entries are
-//! mallocs, `free_requested` drops allocated bytes when its block waits for other
-//! streams, `free_completed` returns the block, `empty_cache` markers release the cache.
-//! Segment addresses recorded by PyTorch are fed to the simulated device while the
-//! simulation follows the recorded path, so best-fit ties break as they did on the GPU.
+//! The simulation is the one replay engine ([`crate::replay_with`]) replaying the run's
+//! requests, [`RecordedRun::to_trace`] (`alloc` and `oom` entries are mallocs,
+//! `free_requested` drops allocated bytes when its block waits for other streams,
+//! `free_completed` returns the block, `empty_cache` markers release the cache), with
+//! an observer that ties each device operation to its entry and takes the checkpoints.
+//! It goes on after an out-of-memory: an `oom` entry the simulation serves stays
+//! allocated (the program never got it, so never frees it), and a request PyTorch
+//! served but the simulation could not is skipped, with its frees. Segment addresses
+//! recorded by PyTorch are fed to the simulated device while the simulation follows the
+//! recorded path, so best-fit ties break as they did on the GPU.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use policies::caching::{CachingConfig, CachingPolicy, MemoryLimit};
-use policies::{
-    AddressRange, AllocError, Allocation, Device, DeviceError, DeviceStats, PhysicalChunk, Policy,
-    Request, Segment, StreamId, VirtualMemory,
-};
-use workloads::{Action, Checkpoint, RecordedRun};
+use policies::caching::CachingPolicy;
+use policies::Policy;
+use serde::Serialize;
+use workloads::{Action, Checkpoint, Event, ReadError, RecordedRun};
 
 use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
+use crate::observe::{DeviceOpKind, Observer, Step};
+use crate::recorded::{address_hints, run_config, run_device, AllocConfError};
+use crate::replay::{replay_with, ReplayError, ReplayOptions};
 
 /// A segment decision: kind and bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,8 +47,9 @@ pub struct SegmentOp {
     pub owner: usize,
 }
 
-/// One row of `allocsim fidelity`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One row of `allocsim fidelity`, also its CSV record: the fields are the columns, in
+/// order (`docs/metrics.md`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct FidelityRow {
     /// Run name.
     pub trace: String,
@@ -70,45 +76,6 @@ pub struct FidelityRow {
     pub checkpoints_match: bool,
     /// All of the above agree.
     pub exact: bool,
-}
-
-/// Columns of `allocsim fidelity`, in order.
-pub const FIDELITY_COLUMNS: &[&str] = &[
-    "trace",
-    "events",
-    "segment_ops_match",
-    "first_divergence_event",
-    "reserved_bytes_peak_sim",
-    "reserved_bytes_peak_torch",
-    "allocated_bytes_peak_sim",
-    "allocated_bytes_peak_torch",
-    "oom_event_sim",
-    "oom_event_torch",
-    "checkpoints_match",
-    "exact",
-];
-
-impl FidelityRow {
-    /// The row as CSV fields, in [`FIDELITY_COLUMNS`] order.
-    pub fn fields(&self) -> Vec<String> {
-        let opt = |v: Option<usize>| v.map(|x| x.to_string()).unwrap_or_default();
-        vec![
-            self.trace.clone(),
-            self.events.to_string(),
-            self.segment_ops_match.to_string(),
-            opt(self.first_divergence_event),
-            self.reserved_bytes_peak_sim.to_string(),
-            self.reserved_bytes_peak_torch.to_string(),
-            self.allocated_bytes_peak_sim.to_string(),
-            self.allocated_bytes_peak_torch
-                .map(|x| x.to_string())
-                .unwrap_or_default(),
-            opt(self.oom_event_sim),
-            opt(self.oom_event_torch),
-            self.checkpoints_match.to_string(),
-            self.exact.to_string(),
-        ]
-    }
 }
 
 /// A checkpoint compared field by field.
@@ -203,154 +170,107 @@ impl Default for FidelityOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum FidelityError {
     /// The run's `alloc_conf` does not parse.
-    #[error("{path}: alloc_conf '{conf}': {message}")]
-    Config {
-        /// The run's file.
-        path: String,
-        /// The configuration string.
-        conf: String,
-        /// PyTorch's error.
-        message: String,
-    },
-    /// A device failure that is not out-of-memory.
+    #[error(transparent)]
+    Config(#[from] AllocConfError),
+    /// The run's requests do not form a trace (the recording started late or wrapped).
+    #[error(transparent)]
+    Trace(#[from] ReadError),
+    /// The replay stopped: a device failure other than out-of-memory, or a policy
+    /// error.
     #[error("{path}: entry {index}: {error}")]
-    Device {
+    Replay {
         /// The run's file.
         path: String,
-        /// Where.
+        /// Index of the entry being replayed.
         index: usize,
-        /// What.
-        error: DeviceError,
+        /// What happened.
+        error: ReplayError,
     },
 }
 
-/// Wraps the simulated device and writes down every segment operation.
-struct RecordingDevice<'a> {
-    inner: &'a mut SimDevice,
-    ops: Vec<(Action, u64)>,
+/// The fidelity observer: each device operation with the entry whose request caused
+/// it, and the checkpoints, each taken before the first event at or after its entry.
+struct Observe<'r> {
+    run: &'r RecordedRun,
+    /// For each event, the index of its entry.
+    entry_of: &'r [usize],
+    /// For each checkpoint, the entry before which it is taken (`usize::MAX`: the end).
+    checkpoint_at: Vec<usize>,
+    checkpoints: Vec<CheckpointComparison>,
+    sim_ops: Vec<SegmentOp>,
 }
 
-impl Device for RecordingDevice<'_> {
-    fn allocate_segment(&mut self, size_bytes: u64) -> Result<Segment, DeviceError> {
-        let s = self.inner.allocate_segment(size_bytes)?;
-        self.ops.push((Action::SegmentAlloc, size_bytes));
-        Ok(s)
-    }
-
-    fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError> {
-        let bytes = segment.size_bytes;
-        self.inner.free_segment(segment)?;
-        self.ops.push((Action::SegmentFree, bytes));
-        Ok(())
-    }
-
-    fn stats(&self) -> DeviceStats {
-        self.inner.stats()
-    }
-
-    fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
-        Some(self)
-    }
-}
-
-impl VirtualMemory for RecordingDevice<'_> {
-    fn reserve_range(&mut self, size_bytes: u64) -> Result<AddressRange, DeviceError> {
-        self.inner.reserve_range(size_bytes)
-    }
-
-    fn create_physical(&mut self, size_bytes: u64) -> Result<PhysicalChunk, DeviceError> {
-        self.inner.create_physical(size_bytes)
-    }
-
-    /// One map call is one of PyTorch's `segment_map` entries.
-    fn map(
-        &mut self,
-        range: &AddressRange,
-        offset_bytes: u64,
-        chunks: &[PhysicalChunk],
-    ) -> Result<(), DeviceError> {
-        self.inner.map(range, offset_bytes, chunks)?;
-        let bytes = chunks.iter().map(|c| c.size_bytes).sum();
-        self.ops.push((Action::SegmentMap, bytes));
-        Ok(())
-    }
-
-    /// One unmap call is one of PyTorch's `segment_unmap` entries.
-    fn unmap(
-        &mut self,
-        range: &AddressRange,
-        offset_bytes: u64,
-        chunks: &[PhysicalChunk],
-    ) -> Result<(), DeviceError> {
-        self.inner.unmap(range, offset_bytes, chunks)?;
-        let bytes = chunks.iter().map(|c| c.size_bytes).sum();
-        self.ops.push((Action::SegmentUnmap, bytes));
-        Ok(())
-    }
-
-    fn release_physical(&mut self, chunk: PhysicalChunk) -> Result<(), DeviceError> {
-        self.inner.release_physical(chunk)
-    }
-
-    fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError> {
-        self.inner.release_range(range)
+impl Observe<'_> {
+    fn take_checkpoint(&mut self, policy: &dyn Policy) {
+        let c = &self.run.checkpoints[self.checkpoints.len()];
+        let flat = policy.detailed_stats();
+        let stat = |key: &str| {
+            flat.binary_search_by(|(k, _)| k.as_str().cmp(key))
+                .map_or(0, |i| u64::try_from(flat[i].1).unwrap_or(0))
+        };
+        self.checkpoints.push(CheckpointComparison {
+            recorded: c.clone(),
+            simulated: [
+                stat("allocated_bytes.all.current"),
+                stat("reserved_bytes.all.current"),
+                stat("inactive_split_bytes.all.current"),
+                stat("segment.all.current"),
+                stat("num_alloc_retries"),
+                stat("num_ooms"),
+            ],
+        });
     }
 }
 
-/// The caching configuration a recorded run ran with.
-///
-/// # Errors
-/// When its `alloc_conf` does not parse.
-pub fn run_config(run: &RecordedRun) -> Result<CachingConfig, FidelityError> {
-    let mut config =
-        CachingConfig::from_alloc_conf(&run.alloc_conf).map_err(|e| FidelityError::Config {
-            path: run.path.display().to_string(),
-            conf: run.alloc_conf.clone(),
-            message: e.to_string(),
-        })?;
-    if let Some(f) = run.memory_fraction() {
-        config.memory_limit = MemoryLimit::Fraction(f);
-    }
-    Ok(config)
-}
-
-/// The simulated device a recorded run ran on: the run's total, and as capacity the
-/// least free memory the driver reported plus what PyTorch held at that moment.
-pub fn run_device(run: &RecordedRun, base: &SimDeviceOptions) -> SimDeviceOptions {
-    let mut d = base.clone();
-    if let Some(total) = run.total_bytes {
-        d.total_bytes = total;
-    }
-    if let Some(cap) = run
-        .checkpoints
-        .iter()
-        .map(|c| c.driver_free + c.reserved)
-        .min()
-    {
-        d.capacity_bytes = cap;
-    }
-    d.capacity_bytes = d.capacity_bytes.min(d.total_bytes);
-    d
-}
-
-/// Recorded segment addresses, for best-fit ties: each `segment_alloc`'s (size, address),
-/// and the base of each expandable segment (the first mapping outside every known range).
-pub fn address_hints(run: &RecordedRun, config: &CachingConfig, total_bytes: u64) -> AddressHints {
-    let mut hints = AddressHints::default();
-    let page = config.large_segment_size_bytes.max(2 << 20);
-    let window = page * (total_bytes + total_bytes / 8).div_ceil(page);
-    let mut bases: Vec<u64> = Vec::new();
-    for e in &run.entries {
-        match e.action {
-            Action::SegmentAlloc => hints.segments.push_back((e.size, e.addr)),
-            Action::SegmentMap if !bases.iter().any(|&b| e.addr >= b && e.addr < b + window) => {
-                bases.push(e.addr);
-                hints.ranges.push_back(e.addr);
-            }
-            _ => {}
+impl Observer for Observe<'_> {
+    fn before_event(&mut self, index: usize, _event: &Event, policy: &dyn Policy) {
+        let entry = self.entry_of[index];
+        while self
+            .checkpoint_at
+            .get(self.checkpoints.len())
+            .is_some_and(|&at| at <= entry)
+        {
+            self.take_checkpoint(policy);
         }
     }
-    hints
+
+    fn after_event(&mut self, step: &Step<'_>) {
+        let owner = self.entry_of[step.index];
+        self.sim_ops
+            .extend(step.device_ops.iter().map(|op| SegmentOp {
+                action: match op.kind {
+                    DeviceOpKind::SegmentAlloc => Action::SegmentAlloc,
+                    DeviceOpKind::SegmentFree => Action::SegmentFree,
+                    DeviceOpKind::Map => Action::SegmentMap,
+                    DeviceOpKind::Unmap => Action::SegmentUnmap,
+                },
+                bytes: op.bytes,
+                owner,
+            }));
+    }
+}
+
+/// For each checkpoint, the entry before which PyTorch took it: the first entry
+/// (`empty_cache` markers aside) once `trace_len` entries (markers not counted) were
+/// recorded; `usize::MAX` for those taken after the last entry.
+fn checkpoint_entries(run: &RecordedRun) -> Vec<usize> {
+    let mut at = Vec::with_capacity(run.checkpoints.len());
+    let mut recorded = 0u64;
+    for (i, e) in run.entries.iter().enumerate() {
+        if e.action == Action::EmptyCache {
+            continue;
+        }
+        while run
+            .checkpoints
+            .get(at.len())
+            .is_some_and(|c| c.trace_len <= recorded)
+        {
+            at.push(i);
+        }
+        recorded += 1;
+    }
+    at.resize(run.checkpoints.len(), usize::MAX);
+    at
 }
 
 /// The entry index whose request caused each recorded segment operation: the `alloc`
@@ -419,7 +339,11 @@ fn torch_ops(run: &RecordedRun) -> Vec<(usize, SegmentOp)> {
 /// Checks one recorded run. See the module docs.
 ///
 /// # Errors
-/// An `alloc_conf` that does not parse, or a device failure.
+/// An `alloc_conf` that does not parse, requests that do not form a trace, or a device
+/// failure.
+///
+/// # Panics
+/// With `check_invariants`, at the first broken invariant (a policy bug).
 pub fn fidelity(
     run: &RecordedRun,
     options: &FidelityOptions,
@@ -427,125 +351,54 @@ pub fn fidelity(
     let config = run_config(run)?;
     let device_options = run_device(run, &options.device);
     let hints = if options.use_recorded_addresses {
-        address_hints(run, &config, device_options.total_bytes)
+        address_hints(run, device_options.total_bytes)?
     } else {
         AddressHints::default()
     };
-    let mut sim = SimDevice::with_hints(device_options, hints);
-    let mut device = RecordingDevice {
-        inner: &mut sim,
-        ops: Vec::new(),
-    };
+    let (trace, entry_of) = run.to_trace_with_entries()?;
+    let mut device = SimDevice::with_hints(device_options, hints);
     let mut policy = CachingPolicy::new(config);
-    let path = run.path.display().to_string();
-
-    let mut live: HashMap<u64, Allocation> = HashMap::new();
-    let mut sim_ops: Vec<SegmentOp> = Vec::new();
-    let mut oom_event_sim: Option<usize> = None;
-    let mut oom_message_sim: Option<String> = None;
-    let mut checkpoints = Vec::new();
-    let mut next_checkpoint = 0usize;
-    let mut recorded_count = 0u64; // entries seen, not counting inserted markers
-    let entries = &run.entries;
-
-    let snapshot_checkpoint = |policy: &CachingPolicy, c: &Checkpoint| {
-        let s = policy.caching_stats();
-        CheckpointComparison {
-            recorded: c.clone(),
-            simulated: [
-                s.allocated_bytes.all.current,
-                s.reserved_bytes.all.current,
-                s.inactive_split_bytes.all.current,
-                s.segment.all.current,
-                s.num_alloc_retries,
-                s.num_ooms,
-            ],
-        }
+    let mut observe = Observe {
+        run,
+        entry_of: &entry_of,
+        checkpoint_at: checkpoint_entries(run),
+        checkpoints: Vec::with_capacity(run.checkpoints.len()),
+        sim_ops: Vec::new(),
     };
-
-    for (i, e) in entries.iter().enumerate() {
-        if e.action != Action::EmptyCache {
-            while let Some(c) = run
-                .checkpoints
-                .get(next_checkpoint)
-                .filter(|c| c.trace_len <= recorded_count)
-            {
-                checkpoints.push(snapshot_checkpoint(&policy, c));
-                next_checkpoint += 1;
-            }
-            recorded_count += 1;
-        }
-        let device_error = |error| FidelityError::Device {
-            path: path.clone(),
-            index: i,
-            error,
-        };
-        match e.action {
-            Action::Alloc | Action::Oom => {
-                let request = Request {
-                    size_bytes: e.size,
-                    stream: StreamId(e.stream),
-                };
-                match policy.allocate(&mut device, request) {
-                    Ok(a) => {
-                        if e.action == Action::Alloc {
-                            live.insert(e.addr, a);
-                        }
-                        // After a missed OOM the allocation stays live in the simulation:
-                        // the program never got (and never freed) it.
-                    }
-                    Err(AllocError::OutOfMemory { tried_bytes, .. }) => {
-                        if oom_event_sim.is_none() {
-                            oom_event_sim = Some(i);
-                            oom_message_sim = Some(policy.oom_message(tried_bytes, &device));
-                        }
-                    }
-                    Err(AllocError::Device(err)) => return Err(device_error(err)),
-                    Err(other) => {
-                        return Err(device_error(DeviceError::Driver {
-                            code: 0,
-                            message: other.to_string(),
-                        }))
-                    }
-                }
-            }
-            Action::FreeRequested => {
-                let completes_now = entries
-                    .get(i + 1)
-                    .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
-                if !completes_now {
-                    if let Some(a) = live.get(&e.addr) {
-                        policy.free_requested(a);
-                    }
-                }
-            }
-            Action::FreeCompleted => {
-                if let Some(a) = live.remove(&e.addr) {
-                    policy.free(&mut device, a).map_err(device_error)?;
-                }
-            }
-            Action::EmptyCache => policy.empty_cache(&mut device).map_err(device_error)?,
-            _ => {}
-        }
-        for (action, bytes) in device.ops.drain(..) {
-            sim_ops.push(SegmentOp {
-                action,
-                bytes,
-                owner: i,
-            });
-        }
-        if options.check_invariants {
-            policy.check_invariants();
-            assert_eq!(
-                policy.stats().reserved_bytes,
-                device.stats().reserved_bytes,
-                "policy and device disagree"
-            );
-        }
+    let replay_options = ReplayOptions {
+        check_invariants: options.check_invariants,
+        continue_after_oom: true,
+        interrupt: None,
+    };
+    let replayed = replay_with(
+        &trace,
+        &mut policy,
+        &mut device,
+        &replay_options,
+        &mut observe,
+    )
+    .map_err(|error| FidelityError::Replay {
+        path: run.path.display().to_string(),
+        index: entry_of
+            .get(error.event_index() as usize)
+            .copied()
+            .unwrap_or(run.entries.len()),
+        error,
+    })?;
+    while observe.checkpoints.len() < run.checkpoints.len() {
+        observe.take_checkpoint(&policy);
     }
-    for c in &run.checkpoints[next_checkpoint.min(run.checkpoints.len())..] {
-        checkpoints.push(snapshot_checkpoint(&policy, c));
-    }
+    let Observe {
+        checkpoints,
+        sim_ops,
+        ..
+    } = observe;
+    let oom_event_sim = replayed
+        .oom
+        .as_ref()
+        .map(|o| entry_of[o.event_index as usize]);
+    let oom_message_sim = replayed.oom.and_then(|o| o.message);
+    let entries = &run.entries;
 
     let oom_event_torch = entries.iter().position(|e| e.action == Action::Oom);
     let all_torch_ops = torch_ops(run);
@@ -784,7 +637,10 @@ mod tests {
         };
         let run = RecordedRun {
             name: "tiny".into(),
-            total_bytes: Some(80 * gib),
+            meta: workloads::TraceMeta {
+                total_bytes: Some(80 * gib),
+                ..workloads::TraceMeta::default()
+            },
             entries: vec![
                 e(Action::SegmentAlloc, 0x7f00_0000_0000, gib),
                 e(Action::Alloc, 0x7f00_0000_0000, gib),

@@ -7,8 +7,12 @@
 //!   and replay options give byte-identical output: no clock, no environment, no GPU, no
 //!   randomness here (generators take explicit seeds in `workloads`). Parallel
 //!   comparisons keep input order.
-//! - **The engine is a function.** [`replay`] holds all control flow; policies and
-//!   devices only react. An OOM ends up in the [`Replay`] result, never in `Err`.
+//! - **One engine, observed.** [`replay`] holds all control flow; policies and devices
+//!   only react. Whoever needs more than the summary (fidelity, timelines, the model
+//!   tests, plots) is an [`Observer`] of [`replay_with`], shown each event's
+//!   [`Outcome`], the device operations it caused and the state after it; the engine is
+//!   generic over the observer, so watching nothing costs nothing. An OOM ends up in
+//!   the [`Replay`] result, never in `Err`.
 //! - **Check the same fact twice.** With `check_invariants` the engine compares the
 //!   policy's reserved bytes with the device's, and the live allocations with the
 //!   policy's blocks, after every event.
@@ -16,8 +20,11 @@
 //!   driver did when measured on an H100 (2 MiB pages, packed small allocations) and can
 //!   load other measured profiles ([`DeviceProfile`]).
 //! - **Fidelity is measured, not assumed.** [`fidelity`] replays a recorded PyTorch run
-//!   with its own configuration and compares every segment decision, peak, OOM point and
-//!   checkpoint.
+//!   with its own configuration ([`recorded`]) through the same engine and compares
+//!   every segment decision, peak, OOM point and checkpoint.
+//! - **CSV columns are records.** Each CSV this crate writes is a `#[derive(Serialize)]`
+//!   struct whose fields are its columns ([`report`], [`validation`]), so a column
+//!   cannot be misaligned with its value; `serde` is also how device profiles are read.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -26,12 +33,16 @@ pub mod compare;
 mod device;
 pub mod fidelity;
 mod metrics;
+mod observe;
 mod profile;
+pub mod recorded;
 mod replay;
 pub mod report;
+pub mod validation;
 
 pub use compare::{compare, CompareInput, Row};
 pub use device::{AddressHints, AddressModel, SimDevice, SimDeviceOptions};
 pub use metrics::{Oom, Recorder, Sample, Summary};
+pub use observe::{DeviceOp, DeviceOpKind, Observer, Outcome, Skip, Step, Timeline};
 pub use profile::{DeviceProfile, ProfileError};
-pub use replay::{replay, Replay, ReplayError, ReplayOptions};
+pub use replay::{replay, replay_with, Replay, ReplayError, ReplayOptions};

@@ -1,4 +1,4 @@
-//! What a replay measured: peaks, the OOM point, and optionally a timeline.
+//! What a replay measured: peaks, the OOM point, and the samples of timelines.
 
 use policies::{DeviceStats, PolicyStats};
 
@@ -42,7 +42,7 @@ impl Summary {
     }
 }
 
-/// State after one event, for timelines.
+/// State after one event, for timelines ([`crate::Timeline`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sample {
     /// Index of the event in the trace.
@@ -70,20 +70,16 @@ pub struct Oom {
     pub message: Option<String>,
 }
 
-/// Accumulates a [`Summary`] (and optionally samples) as events are replayed.
+/// Accumulates a [`Summary`] as events are replayed.
 #[derive(Debug, Default)]
 pub struct Recorder {
     summary: Summary,
-    timeline: Option<Vec<Sample>>,
 }
 
 impl Recorder {
-    /// A recorder; `timeline` keeps one sample per event.
-    pub fn new(timeline: bool) -> Recorder {
-        Recorder {
-            summary: Summary::default(),
-            timeline: timeline.then(Vec::new),
-        }
+    /// A recorder that has seen nothing.
+    pub fn new() -> Recorder {
+        Recorder::default()
     }
 
     /// Notes the state after event `event_index`.
@@ -101,17 +97,10 @@ impl Recorder {
         s.segment_count_peak = s.segment_count_peak.max(policy.segment_count);
         s.device_allocate_count = device.allocate_count;
         s.device_free_count = device.free_count;
-        if let Some(t) = &mut self.timeline {
-            t.push(Sample {
-                event_index,
-                policy: *policy,
-                charged_bytes: device.charged_bytes,
-            });
-        }
     }
 
-    /// The summary and the timeline (empty unless asked for).
-    pub fn finish(self) -> (Summary, Vec<Sample>) {
-        (self.summary, self.timeline.unwrap_or_default())
+    /// The summary.
+    pub fn finish(self) -> Summary {
+        self.summary
     }
 }

@@ -1,4 +1,5 @@
-//! The replay engine: one pass over a trace, one policy, one device.
+//! The replay engine: one pass over a trace, one policy, one device, and an observer
+//! that sees every event ([`replay_with`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,20 +10,20 @@ use policies::{
 };
 use workloads::{AllocId, Event, Trace};
 
-use crate::metrics::{Oom, Recorder, Sample, Summary};
+use crate::metrics::{Oom, Recorder, Summary};
+use crate::observe::{Observer, OpLog, Outcome, Skip, Step};
 
 /// How to replay.
 #[derive(Clone, Debug, Default)]
 pub struct ReplayOptions {
     /// After every event: the policy's own invariant walk, policy-reserved equal to
-    /// device-reserved, and every live allocation inside a live block with no overlap.
-    /// Costly; always on in tests.
+    /// device-reserved, every live allocation inside its own allocated block, and at an
+    /// out-of-memory the reported state equal to the state after, with no reservation
+    /// grown. Costly; always on in tests.
     pub check_invariants: bool,
     /// Keep going after an out-of-memory (the failed allocation is skipped, and so is its
     /// later free) instead of stopping at the first one.
     pub continue_after_oom: bool,
-    /// Keep one [`Sample`] per event.
-    pub timeline: bool,
     /// Stop early when this becomes true (Ctrl-C on a GPU run).
     pub interrupt: Option<&'static AtomicBool>,
 }
@@ -32,8 +33,6 @@ pub struct ReplayOptions {
 pub struct Replay {
     /// Peaks and totals.
     pub summary: Summary,
-    /// One sample per event, if asked for.
-    pub timeline: Vec<Sample>,
     /// The first request that failed, if any.
     pub oom: Option<Oom>,
     /// Requests that failed (more than one only with `continue_after_oom`).
@@ -60,6 +59,15 @@ pub enum ReplayError {
         /// The driver's error.
         error: DeviceError,
     },
+    /// The policy refused a request for a reason other than memory, a zero size or the
+    /// device (an [`AllocError`] variant this engine does not know).
+    #[error("event {event_index}: {error}")]
+    Policy {
+        /// Where it happened.
+        event_index: u64,
+        /// The policy's error (boxed: it is rare and large).
+        error: Box<AllocError>,
+    },
     /// The interrupt flag was raised.
     #[error("interrupted at event {event_index}")]
     Interrupted {
@@ -68,14 +76,31 @@ pub enum ReplayError {
     },
 }
 
+impl ReplayError {
+    /// Index of the event at which the replay stopped.
+    pub fn event_index(&self) -> u64 {
+        match *self {
+            ReplayError::Device { event_index, .. }
+            | ReplayError::Policy { event_index, .. }
+            | ReplayError::Interrupted { event_index } => event_index,
+        }
+    }
+}
+
+/// A live allocation and whether its free was requested.
+struct Live {
+    allocation: Allocation,
+    free_requested: bool,
+}
+
 /// Live allocations by id: a dense table for the usual small ids, a map otherwise.
 struct LiveTable {
-    dense: Vec<Option<Allocation>>,
-    sparse: HashMap<AllocId, Allocation>,
+    dense: Vec<Option<Live>>,
+    sparse: HashMap<AllocId, Live>,
     /// Allocations whose id was reused while they were live (a trace problem that
     /// validation reports): the trace can never free them.
-    orphans: Vec<Allocation>,
-    count: u64,
+    orphans: Vec<Live>,
+    limit: u64,
 }
 
 impl LiveTable {
@@ -85,31 +110,46 @@ impl LiveTable {
             dense: Vec::new(),
             sparse: HashMap::new(),
             orphans: Vec::new(),
-            count: limit,
+            limit,
         }
     }
 
-    fn insert(&mut self, id: AllocId, a: Allocation) -> Option<Allocation> {
-        if id.0 < self.count {
+    fn insert(&mut self, id: AllocId, allocation: Allocation) {
+        let live = Live {
+            allocation,
+            free_requested: false,
+        };
+        let old = if id.0 < self.limit {
             let i = id.0 as usize;
             if self.dense.len() <= i {
                 self.dense.resize_with(i + 1, || None);
             }
-            self.dense[i].replace(a)
+            self.dense[i].replace(live)
         } else {
-            self.sparse.insert(id, a)
+            self.sparse.insert(id, live)
+        };
+        if let Some(old) = old {
+            self.orphans.push(old);
         }
     }
 
-    fn remove(&mut self, id: AllocId) -> Option<Allocation> {
-        if id.0 < self.count {
+    fn get_mut(&mut self, id: AllocId) -> Option<&mut Live> {
+        if id.0 < self.limit {
+            self.dense.get_mut(id.0 as usize).and_then(Option::as_mut)
+        } else {
+            self.sparse.get_mut(&id)
+        }
+    }
+
+    fn remove(&mut self, id: AllocId) -> Option<Live> {
+        if id.0 < self.limit {
             self.dense.get_mut(id.0 as usize).and_then(Option::take)
         } else {
             self.sparse.remove(&id)
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = &Allocation> {
+    fn iter(&self) -> impl Iterator<Item = &Live> {
         self.dense
             .iter()
             .flatten()
@@ -125,7 +165,8 @@ impl LiveTable {
 /// Replays `trace` under `policy` on `device`.
 ///
 /// # Errors
-/// Device failures other than out-of-memory, and interruption.
+/// Device failures other than out-of-memory, policy errors other than out-of-memory
+/// and zero sizes, and interruption.
 ///
 /// # Panics
 /// With `check_invariants`, at the first broken invariant (a policy bug).
@@ -135,11 +176,42 @@ pub fn replay(
     device: &mut dyn Device,
     options: &ReplayOptions,
 ) -> Result<Replay, ReplayError> {
+    replay_with(trace, policy, device, options, &mut ())
+}
+
+/// [`replay`], showing every event to `observer`: before it, and after it with its
+/// [`Outcome`], the device operations it caused and the state after it (see
+/// [`Step`]). The engine is generic over the observer, so [`replay`]'s observer of
+/// nothing costs nothing.
+///
+/// Events: `alloc` asks the policy; `free_requested` tells it the program dropped a
+/// live allocation ([`Policy::free_requested`]; the allocation stays live until its
+/// `free`); `free` returns the allocation; `empty_cache` releases the cache. An
+/// out-of-memory ends the replay after its event unless `continue_after_oom`, which
+/// skips the failed allocation and its later frees.
+///
+/// # Errors
+/// As [`replay`].
+///
+/// # Panics
+/// As [`replay`].
+pub fn replay_with<O: Observer>(
+    trace: &Trace,
+    policy: &mut dyn Policy,
+    device: &mut dyn Device,
+    options: &ReplayOptions,
+    observer: &mut O,
+) -> Result<Replay, ReplayError> {
+    let mut device = OpLog {
+        device,
+        ops: Vec::new(),
+    };
     let mut live = LiveTable::for_trace(trace);
-    let mut recorder = Recorder::new(options.timeline);
+    let mut recorder = Recorder::new();
     let mut oom: Option<Oom> = None;
     let mut oom_count = 0u64;
     let mut skipped = 0u64;
+    let mut before = policy.stats();
     for (index, event) in trace.events.iter().enumerate() {
         let event_index = index as u64;
         if let Some(flag) = options.interrupt {
@@ -147,8 +219,11 @@ pub fn replay(
                 return Err(ReplayError::Interrupted { event_index });
             }
         }
+        observer.before_event(index, event, &*policy);
+        device.ops.clear();
         let device_error = |error| ReplayError::Device { event_index, error };
-        match *event {
+        let mut stop = false;
+        let outcome = match *event {
             Event::Alloc {
                 id,
                 size_bytes,
@@ -158,11 +233,15 @@ pub fn replay(
                     size_bytes,
                     stream: StreamId(stream),
                 };
-                match policy.allocate(device, request) {
+                match policy.allocate(&mut device, request) {
                     Ok(a) => {
-                        if let Some(old) = live.insert(id, a) {
-                            live.orphans.push(old);
-                        }
+                        let outcome = Outcome::Allocated {
+                            addr: a.addr,
+                            requested_bytes: a.requested_bytes,
+                            block_bytes: a.block_bytes,
+                        };
+                        live.insert(id, a);
+                        outcome
                     }
                     Err(AllocError::OutOfMemory {
                         requested_bytes,
@@ -170,6 +249,9 @@ pub fn replay(
                         stats,
                     }) => {
                         oom_count += 1;
+                        if options.check_invariants {
+                            check_oom(&stats, &policy.stats(), &before, event_index);
+                        }
                         if oom.is_none() {
                             oom = Some(Oom {
                                 event_index,
@@ -177,42 +259,89 @@ pub fn replay(
                                 tried_bytes,
                                 policy: stats,
                                 device: device.stats(),
-                                message: policy.describe_oom(tried_bytes, device),
+                                message: policy.describe_oom(tried_bytes, &device),
                             });
                         }
-                        if !options.continue_after_oom {
-                            recorder.observe(event_index, &policy.stats(), &device.stats());
-                            break;
+                        stop = !options.continue_after_oom;
+                        Outcome::OutOfMemory {
+                            requested_bytes,
+                            tried_bytes,
                         }
                     }
-                    Err(AllocError::ZeroSize) => skipped += 1,
+                    Err(AllocError::ZeroSize) => {
+                        skipped += 1;
+                        Outcome::Skipped(Skip::ZeroSize)
+                    }
                     Err(AllocError::Device(e)) => return Err(device_error(e)),
-                    Err(e) => {
-                        return Err(device_error(DeviceError::Driver {
-                            code: 0,
-                            message: e.to_string(),
-                        }))
+                    Err(error) => {
+                        return Err(ReplayError::Policy {
+                            event_index,
+                            error: Box::new(error),
+                        })
                     }
                 }
             }
-            Event::Free { id } => match live.remove(id) {
-                Some(a) => policy.free(device, a).map_err(device_error)?,
-                None => skipped += 1,
+            Event::FreeRequested { id } => match live.get_mut(id) {
+                None => {
+                    skipped += 1;
+                    Outcome::Skipped(Skip::NotLive)
+                }
+                Some(l) if l.free_requested => {
+                    skipped += 1;
+                    Outcome::Skipped(Skip::AlreadyRequested)
+                }
+                Some(l) => {
+                    policy
+                        .free_requested(&mut device, &l.allocation)
+                        .map_err(device_error)?;
+                    l.free_requested = true;
+                    Outcome::FreeRequested {
+                        addr: l.allocation.addr,
+                        block_bytes: l.allocation.block_bytes,
+                    }
+                }
             },
-            Event::EmptyCache => policy.empty_cache(device).map_err(device_error)?,
-            Event::Mark { .. } => {}
-        }
+            Event::Free { id } => match live.remove(id) {
+                Some(l) => {
+                    let (addr, block_bytes) = (l.allocation.addr, l.allocation.block_bytes);
+                    policy
+                        .free(&mut device, l.allocation)
+                        .map_err(device_error)?;
+                    Outcome::Freed { addr, block_bytes }
+                }
+                None => {
+                    skipped += 1;
+                    Outcome::Skipped(Skip::NotLive)
+                }
+            },
+            Event::EmptyCache => {
+                policy.empty_cache(&mut device).map_err(device_error)?;
+                Outcome::CacheEmptied
+            }
+            Event::Mark { .. } => Outcome::Marked,
+        };
         let stats = policy.stats();
         let dstats = device.stats();
         recorder.observe(event_index, &stats, &dstats);
-        if options.check_invariants {
-            check_state(policy, &stats, &dstats, &live, event_index);
+        observer.after_event(&Step {
+            index,
+            event,
+            outcome,
+            device_ops: &device.ops,
+            policy_stats: &stats,
+            device_stats: &dstats,
+            policy: &*policy,
+        });
+        if stop {
+            break;
         }
+        if options.check_invariants {
+            check_state(&*policy, &stats, &dstats, &live, event_index);
+        }
+        before = stats;
     }
-    let (summary, timeline) = recorder.finish();
     Ok(Replay {
-        summary,
-        timeline,
+        summary: recorder.finish(),
         oom,
         oom_count,
         skipped_event_count: skipped,
@@ -222,8 +351,26 @@ pub fn replay(
     })
 }
 
+/// At an out-of-memory: the state the policy reported is the state after, and the
+/// failed attempt grew no reservation (it may have released cached memory).
+fn check_oom(reported: &PolicyStats, after: &PolicyStats, before: &PolicyStats, event_index: u64) {
+    let at = format!("at the out-of-memory of event {event_index}");
+    assert_eq!(
+        reported, after,
+        "the reported state is not the state after {at}"
+    );
+    assert!(
+        after.reserved_bytes <= before.reserved_bytes,
+        "the reservation grew {at}"
+    );
+}
+
 /// The engine's own checks, on two paths: the policy's view against the device's, and
-/// the live allocations against the policy's blocks.
+/// the live allocations against the policy's blocks. Each live allocation whose free
+/// was not requested is an allocated block of its own; one whose free was requested
+/// may still be one (a policy without streams keeps it allocated) or not; every
+/// allocated block belongs to a live allocation, and the policy's count and bytes are
+/// those of its allocated blocks.
 fn check_state(
     policy: &dyn Policy,
     stats: &PolicyStats,
@@ -242,7 +389,7 @@ fn check_state(
         "allocated exceeds reserved {at}"
     );
     assert!(
-        stats.requested_bytes <= stats.allocated_bytes,
+        stats.requested_bytes <= stats.allocated_bytes + pending_bytes(live),
         "requested exceeds allocated {at}"
     );
     let snapshot = policy.snapshot();
@@ -272,21 +419,54 @@ fn check_state(
         );
         last_end = cursor;
     }
+    let mut claimed = vec![false; blocks.len()];
+    let block_of = |a: &Allocation| {
+        let i = blocks.partition_point(|&(addr, _, _)| addr < a.addr.0);
+        blocks
+            .get(i)
+            .filter(|&&(addr, size, state)| {
+                addr == a.addr.0 && size == a.block_bytes && state == BlockState::Allocated
+            })
+            .map(|_| i)
+    };
     let mut count = 0u64;
     let mut bytes = 0u64;
-    for a in live.iter() {
-        let i = blocks.partition_point(|&(addr, _, _)| addr < a.addr.0);
-        let hit = blocks.get(i).filter(|&&(addr, size, state)| {
-            addr == a.addr.0 && size == a.block_bytes && state == BlockState::Allocated
+    for l in live.iter().filter(|l| !l.free_requested) {
+        let a = &l.allocation;
+        assert!(
+            a.requested_bytes <= a.block_bytes,
+            "allocation at {} has a block smaller than its request {at}",
+            a.addr
+        );
+        let i = block_of(a).unwrap_or_else(|| {
+            panic!(
+                "live allocation at {} ({} bytes) is not an allocated block {at}",
+                a.addr, a.block_bytes
+            )
         });
         assert!(
-            hit.is_some(),
-            "live allocation at {} ({} bytes) is not an allocated block {at}",
-            a.addr,
-            a.block_bytes
+            !claimed[i],
+            "two live allocations share the block at {} {at}",
+            a.addr
         );
+        claimed[i] = true;
         count += 1;
         bytes += a.block_bytes;
+    }
+    for l in live.iter().filter(|l| l.free_requested) {
+        if let Some(i) = block_of(&l.allocation).filter(|&i| !claimed[i]) {
+            claimed[i] = true;
+            count += 1;
+            bytes += l.allocation.block_bytes;
+        }
+    }
+    if let Some(i) =
+        (0..blocks.len()).find(|&i| blocks[i].2 == BlockState::Allocated && !claimed[i])
+    {
+        panic!(
+            "the allocated block at {:#x} belongs to no live allocation {at}",
+            blocks[i].0
+        );
     }
     assert_eq!(count, stats.allocation_count, "live allocation count {at}");
     assert_eq!(
@@ -295,10 +475,20 @@ fn check_state(
     );
 }
 
+/// Requested bytes of allocations whose free was requested (a policy with streams no
+/// longer counts them as allocated, but still as requested until the free completes).
+fn pending_bytes(live: &LiveTable) -> u64 {
+    live.iter()
+        .filter(|l| l.free_requested)
+        .map(|l| l.allocation.block_bytes)
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::device::{SimDevice, SimDeviceOptions};
+    use crate::observe::{DeviceOp, DeviceOpKind};
     use policies::caching::CachingPolicy;
     use policies::immediate::ImmediatePolicy;
 
@@ -380,7 +570,7 @@ mod tests {
         assert_eq!(r.summary.event_count, 4);
     }
 
-    /// A timeline has one sample per event with the policy's figures.
+    /// A timeline observer gets one sample per event with the policy's figures.
     #[test]
     fn timeline_samples_every_event() {
         let t = Trace::new(
@@ -393,14 +583,228 @@ mod tests {
             ],
         );
         let mut d = SimDevice::new(SimDeviceOptions::default());
-        let o = ReplayOptions {
-            timeline: true,
-            ..checked()
-        };
-        let r = replay(&t, &mut CachingPolicy::default(), &mut d, &o).unwrap();
-        let reserved: Vec<u64> = r.timeline.iter().map(|s| s.policy.reserved_bytes).collect();
+        let mut timeline = crate::Timeline::default();
+        replay_with(
+            &t,
+            &mut CachingPolicy::default(),
+            &mut d,
+            &checked(),
+            &mut timeline,
+        )
+        .unwrap();
+        let reserved: Vec<u64> = timeline
+            .samples
+            .iter()
+            .map(|s| s.policy.reserved_bytes)
+            .collect();
         assert_eq!(reserved, vec![2 << 20, 2 << 20, 2 << 20, 0]);
-        assert_eq!(r.timeline[0].policy.requested_bytes, 100);
+        assert_eq!(timeline.samples[0].policy.requested_bytes, 100);
+    }
+
+    /// What an observer is shown, per event.
+    #[derive(Default)]
+    struct Log {
+        before: Vec<(usize, u64)>,
+        steps: Vec<(usize, Outcome, Vec<DeviceOp>, u64, usize)>,
+    }
+
+    impl Observer for Log {
+        fn before_event(&mut self, index: usize, _event: &Event, policy: &dyn Policy) {
+            self.before.push((index, policy.stats().allocated_bytes));
+        }
+
+        fn after_event(&mut self, step: &Step<'_>) {
+            self.steps.push((
+                step.index,
+                step.outcome,
+                step.device_ops.to_vec(),
+                step.device_stats.reserved_bytes,
+                step.policy.snapshot().len(),
+            ));
+        }
+    }
+
+    /// The observer sees each event before and after, with its outcome, the device
+    /// operations it caused (addresses and bytes), the stats and the policy; the OOM
+    /// that stops a replay is shown too.
+    #[test]
+    fn observer_sees_outcomes_and_device_ops() {
+        let t = Trace::new(
+            "t",
+            vec![
+                alloc(0, 3 * GIB),
+                free(0),
+                Event::EmptyCache,
+                free(0),
+                alloc(1, 5 * GIB),
+                alloc(2, 1),
+            ],
+        );
+        let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(4 * GIB));
+        let mut log = Log::default();
+        let r = replay_with(
+            &t,
+            &mut CachingPolicy::default(),
+            &mut d,
+            &checked(),
+            &mut log,
+        )
+        .unwrap();
+        assert_eq!(
+            log.before,
+            vec![(0, 0), (1, 3 * GIB), (2, 0), (3, 0), (4, 0)]
+        );
+        let (_, outcome, ops, reserved, segments) = &log.steps[0];
+        let Outcome::Allocated {
+            addr, block_bytes, ..
+        } = *outcome
+        else {
+            panic!("{outcome:?}")
+        };
+        assert_eq!(block_bytes, 3 * GIB);
+        assert_eq!(
+            ops,
+            &vec![DeviceOp {
+                kind: DeviceOpKind::SegmentAlloc,
+                addr,
+                bytes: 3 * GIB
+            }]
+        );
+        assert_eq!((*reserved, *segments), (3 * GIB, 1));
+        assert_eq!(
+            log.steps[1].1,
+            Outcome::Freed {
+                addr,
+                block_bytes: 3 * GIB
+            }
+        );
+        assert!(log.steps[1].2.is_empty(), "a free keeps the segment cached");
+        assert_eq!(log.steps[2].1, Outcome::CacheEmptied);
+        assert_eq!(
+            log.steps[2].2,
+            vec![DeviceOp {
+                kind: DeviceOpKind::SegmentFree,
+                addr,
+                bytes: 3 * GIB
+            }]
+        );
+        assert_eq!(log.steps[3].1, Outcome::Skipped(Skip::NotLive));
+        assert_eq!(
+            log.steps[4].1,
+            Outcome::OutOfMemory {
+                requested_bytes: 5 * GIB,
+                tried_bytes: 5 * GIB
+            }
+        );
+        assert_eq!(log.steps.len(), 5, "the replay stops after the OOM");
+        assert_eq!(r.oom.unwrap().event_index, 4);
+    }
+
+    /// Expandable segments show their page mappings as device operations, at the
+    /// address they map.
+    #[test]
+    fn observer_sees_page_mappings() {
+        let t = Trace::new("t", vec![alloc(0, 30 << 20), free(0), Event::EmptyCache]);
+        let config =
+            policies::caching::CachingConfig::from_alloc_conf("expandable_segments:True").unwrap();
+        let mut d = SimDevice::new(SimDeviceOptions::default());
+        let mut log = Log::default();
+        replay_with(
+            &t,
+            &mut CachingPolicy::new(config),
+            &mut d,
+            &checked(),
+            &mut log,
+        )
+        .unwrap();
+        let maps = &log.steps[0].2;
+        assert!(
+            !maps.is_empty() && maps.iter().all(|op| op.kind == DeviceOpKind::Map),
+            "{maps:?}"
+        );
+        let Outcome::Allocated { addr, .. } = log.steps[0].1 else {
+            panic!()
+        };
+        assert_eq!(
+            maps[0].addr, addr,
+            "the block starts at the first mapped page"
+        );
+        let unmapped: u64 = log.steps[2].2.iter().map(|op| op.bytes).sum();
+        assert_eq!(unmapped, maps.iter().map(|op| op.bytes).sum::<u64>());
+        assert!(log.steps[2]
+            .2
+            .iter()
+            .all(|op| op.kind == DeviceOpKind::Unmap));
+    }
+
+    /// A delayed free (`free_requested`) stops the caching policy counting the block as
+    /// allocated, keeps its memory from reuse until the `free`, and passes the engine's
+    /// checks; a policy without streams ignores it; a second one, or one of an id that
+    /// is not live, is skipped.
+    #[test]
+    fn free_requested_is_a_delayed_free() {
+        let req = |id| Event::FreeRequested { id: AllocId(id) };
+        let t = Trace::new(
+            "t",
+            vec![
+                alloc(0, 64 << 20),
+                req(0),
+                alloc(1, 64 << 20),
+                req(0),
+                req(7),
+                free(0),
+                alloc(2, 64 << 20),
+            ],
+        );
+        let mut log = Log::default();
+        let mut d = SimDevice::new(SimDeviceOptions::default());
+        let r = replay_with(
+            &t,
+            &mut CachingPolicy::default(),
+            &mut d,
+            &checked(),
+            &mut log,
+        )
+        .unwrap();
+        let Outcome::Allocated { addr, .. } = log.steps[0].1 else {
+            panic!()
+        };
+        assert_eq!(
+            log.steps[1].1,
+            Outcome::FreeRequested {
+                addr,
+                block_bytes: 64 << 20
+            }
+        );
+        assert_eq!(log.before[2].1, 0, "no longer counted as allocated");
+        assert_eq!(
+            log.steps[2].4, 2,
+            "not reused before its free: a second segment"
+        );
+        assert_eq!(log.steps[3].1, Outcome::Skipped(Skip::AlreadyRequested));
+        assert_eq!(log.steps[4].1, Outcome::Skipped(Skip::NotLive));
+        let Outcome::Allocated { addr: reused, .. } = log.steps[6].1 else {
+            panic!()
+        };
+        assert_eq!(reused, addr, "reused after its free");
+        assert_eq!((r.skipped_event_count, r.live_allocation_count), (2, 2));
+        assert_eq!(log.before[3].1, 64 << 20, "after the second alloc");
+
+        let mut log = Log::default();
+        let mut d = SimDevice::new(SimDeviceOptions::default());
+        replay_with(
+            &t,
+            &mut ImmediatePolicy::default(),
+            &mut d,
+            &checked(),
+            &mut log,
+        )
+        .unwrap();
+        assert_eq!(
+            log.before[3].1,
+            128 << 20,
+            "without streams the block stays allocated until its free"
+        );
     }
 
     /// Large ids and reused ids work.

@@ -1,105 +1,331 @@
-//! CSV output of comparisons and timelines. The column order is defined here once and
-//! documented in `docs/metrics.md`.
+//! CSV output. Each CSV is a `#[derive(Serialize)]` record struct whose fields are its
+//! columns, in order (documented in `docs/metrics.md`): a column cannot drift from its
+//! value, and the header is the struct's field names.
 
 use std::io;
 
+use serde::Serialize;
+
 use crate::compare::Row;
 use crate::metrics::Sample;
-
-/// Columns of `allocsim compare`, in order. The first ten are a stable contract.
-pub const COMPARE_COLUMNS: &[&str] = &[
-    "trace",
-    "policy",
-    "capacity_bytes",
-    "events",
-    "requested_bytes_peak",
-    "allocated_bytes_peak",
-    "reserved_bytes_peak",
-    "utilization",
-    "oom_event_index",
-    "oom_requested_bytes",
-    "charged_bytes_peak",
-    "segment_count_peak",
-    "cached_bytes_at_reserved_peak",
-    "device_alloc_count",
-    "device_free_count",
-    "oom_tried_bytes",
-    "allocated_bytes_at_oom",
-    "reserved_bytes_at_oom",
-    "events_replayed",
-    "live_allocations_at_end",
-];
 
 /// Formats a ratio with six decimals (empty when undefined), the same on every machine.
 pub fn format_ratio(value: Option<f64>) -> String {
     value.map(|v| format!("{v:.6}")).unwrap_or_default()
 }
 
+/// The column names of record type `R`: its field names, in order.
+///
+/// # Panics
+/// If `R` does not serialize as a flat record of named fields (a bug in `R`).
+pub fn columns<R: Serialize + Default>() -> Vec<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.serialize(R::default())
+        .expect("a record struct serializes");
+    let bytes = w.into_inner().expect("writing to memory does not fail");
+    let mut r = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(&bytes[..]);
+    let header = r
+        .records()
+        .next()
+        .expect("a header was written")
+        .expect("the header reads back");
+    header.iter().map(str::to_string).collect()
+}
+
+/// Writes records of type `R` as CSV: the header (`R`'s field names) first, even when
+/// no record follows, then one row per record.
+pub struct RecordWriter<W: io::Write> {
+    inner: csv::Writer<W>,
+}
+
+impl<W: io::Write> RecordWriter<W> {
+    /// A writer to `writer`; the header is written at once.
+    ///
+    /// # Errors
+    /// I/O errors of the writer.
+    pub fn new<R: Serialize + Default>(writer: W) -> csv::Result<RecordWriter<W>> {
+        let mut inner = csv::WriterBuilder::new()
+            .has_headers(false)
+            .from_writer(writer);
+        inner.write_record(columns::<R>())?;
+        Ok(RecordWriter { inner })
+    }
+
+    /// Writes one record.
+    ///
+    /// # Errors
+    /// I/O errors of the writer.
+    pub fn write<R: Serialize>(&mut self, record: &R) -> csv::Result<()> {
+        self.inner.serialize(record)
+    }
+
+    /// Flushes what was written.
+    ///
+    /// # Errors
+    /// I/O errors of the writer.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes `records` as CSV with a header.
+///
+/// # Errors
+/// I/O errors of the writer.
+pub fn write_records<R: Serialize + Default, W: io::Write>(
+    records: impl IntoIterator<Item = R>,
+    writer: W,
+) -> csv::Result<()> {
+    let mut w = RecordWriter::new::<R>(writer)?;
+    for r in records {
+        w.write(&r)?;
+    }
+    Ok(w.flush()?)
+}
+
+/// One row of `allocsim compare`. The first ten columns are a stable contract.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CompareRecord<'a> {
+    /// Trace name.
+    pub trace: &'a str,
+    /// Policy label as given.
+    pub policy: &'a str,
+    /// Capacity of the simulated device.
+    pub capacity_bytes: u64,
+    /// Events in the trace.
+    pub events: u64,
+    /// Peak of requested bytes.
+    pub requested_bytes_peak: u64,
+    /// Peak of allocated bytes.
+    pub allocated_bytes_peak: u64,
+    /// Peak of reserved bytes.
+    pub reserved_bytes_peak: u64,
+    /// Allocated peak ÷ reserved peak, six decimals; empty when nothing was reserved.
+    pub utilization: String,
+    /// Index of the first event whose request failed.
+    pub oom_event_index: Option<u64>,
+    /// Bytes that request asked for.
+    pub oom_requested_bytes: Option<u64>,
+    /// Peak of charged bytes.
+    pub charged_bytes_peak: u64,
+    /// Peak number of live segments.
+    pub segment_count_peak: u64,
+    /// Reserved − allocated where reserved first peaked.
+    pub cached_bytes_at_reserved_peak: u64,
+    /// Segment allocations and page mappings.
+    pub device_alloc_count: u64,
+    /// Segment frees and page unmappings.
+    pub device_free_count: u64,
+    /// Bytes the policy last tried to get at the OOM.
+    pub oom_tried_bytes: Option<u64>,
+    /// Allocated bytes at the OOM.
+    pub allocated_bytes_at_oom: Option<u64>,
+    /// Reserved bytes at the OOM.
+    pub reserved_bytes_at_oom: Option<u64>,
+    /// Events replayed.
+    pub events_replayed: u64,
+    /// Allocations live at the end.
+    pub live_allocations_at_end: u64,
+}
+
+impl<'a> From<&'a Row> for CompareRecord<'a> {
+    fn from(r: &'a Row) -> CompareRecord<'a> {
+        let s = &r.summary;
+        let oom = r.oom.as_ref();
+        CompareRecord {
+            trace: &r.trace,
+            policy: &r.policy,
+            capacity_bytes: r.capacity_bytes,
+            events: r.events,
+            requested_bytes_peak: s.requested_bytes_peak,
+            allocated_bytes_peak: s.allocated_bytes_peak,
+            reserved_bytes_peak: s.reserved_bytes_peak,
+            utilization: format_ratio(s.utilization()),
+            oom_event_index: oom.map(|o| o.event_index),
+            oom_requested_bytes: oom.map(|o| o.requested_bytes),
+            charged_bytes_peak: s.charged_bytes_peak,
+            segment_count_peak: s.segment_count_peak,
+            cached_bytes_at_reserved_peak: s.cached_bytes_at_reserved_peak(),
+            device_alloc_count: s.device_allocate_count,
+            device_free_count: s.device_free_count,
+            oom_tried_bytes: oom.map(|o| o.tried_bytes),
+            allocated_bytes_at_oom: oom.map(|o| o.policy.allocated_bytes),
+            reserved_bytes_at_oom: oom.map(|o| o.policy.reserved_bytes),
+            events_replayed: s.event_count,
+            live_allocations_at_end: r.live_allocation_count,
+        }
+    }
+}
+
 /// Writes comparison rows as CSV with a header.
 ///
 /// # Errors
 /// I/O errors of the writer.
-pub fn write_compare_csv<W: io::Write>(rows: &[Row], writer: W) -> io::Result<()> {
-    let mut w = csv::Writer::from_writer(writer);
-    w.write_record(COMPARE_COLUMNS)?;
-    for r in rows {
-        let s = &r.summary;
-        let opt = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
-        w.write_record([
-            r.trace.clone(),
-            r.policy.clone(),
-            r.capacity_bytes.to_string(),
-            r.events.to_string(),
-            s.requested_bytes_peak.to_string(),
-            s.allocated_bytes_peak.to_string(),
-            s.reserved_bytes_peak.to_string(),
-            format_ratio(s.utilization()),
-            opt(r.oom.as_ref().map(|o| o.event_index)),
-            opt(r.oom.as_ref().map(|o| o.requested_bytes)),
-            s.charged_bytes_peak.to_string(),
-            s.segment_count_peak.to_string(),
-            s.cached_bytes_at_reserved_peak().to_string(),
-            s.device_allocate_count.to_string(),
-            s.device_free_count.to_string(),
-            opt(r.oom.as_ref().map(|o| o.tried_bytes)),
-            opt(r.oom.as_ref().map(|o| o.policy.allocated_bytes)),
-            opt(r.oom.as_ref().map(|o| o.policy.reserved_bytes)),
-            s.event_count.to_string(),
-            r.live_allocation_count.to_string(),
-        ])?;
-    }
-    w.flush()
+pub fn write_compare_csv<W: io::Write>(rows: &[Row], writer: W) -> csv::Result<()> {
+    write_records(rows.iter().map(CompareRecord::from), writer)
 }
 
-/// Columns of `--timeline` files.
-pub const TIMELINE_COLUMNS: &[&str] = &[
-    "event_index",
-    "requested_bytes",
-    "allocated_bytes",
-    "reserved_bytes",
-    "charged_bytes",
-    "allocation_count",
-    "segment_count",
-];
+/// One row of a `--timeline` file: the state after one event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TimelineRecord {
+    /// Index of the event.
+    pub event_index: u64,
+    /// Requested bytes after it.
+    pub requested_bytes: u64,
+    /// Allocated bytes after it.
+    pub allocated_bytes: u64,
+    /// Reserved bytes after it.
+    pub reserved_bytes: u64,
+    /// Charged bytes after it.
+    pub charged_bytes: u64,
+    /// Live allocations after it.
+    pub allocation_count: u64,
+    /// Live segments after it.
+    pub segment_count: u64,
+}
+
+impl From<&Sample> for TimelineRecord {
+    fn from(s: &Sample) -> TimelineRecord {
+        let p = &s.policy;
+        TimelineRecord {
+            event_index: s.event_index,
+            requested_bytes: p.requested_bytes,
+            allocated_bytes: p.allocated_bytes,
+            reserved_bytes: p.reserved_bytes,
+            charged_bytes: s.charged_bytes,
+            allocation_count: p.allocation_count,
+            segment_count: p.segment_count,
+        }
+    }
+}
 
 /// Writes a timeline as CSV with a header.
 ///
 /// # Errors
 /// I/O errors of the writer.
-pub fn write_timeline_csv<W: io::Write>(samples: &[Sample], writer: W) -> io::Result<()> {
-    let mut w = csv::Writer::from_writer(writer);
-    w.write_record(TIMELINE_COLUMNS)?;
-    for s in samples {
-        let p = &s.policy;
-        w.write_record([
-            s.event_index.to_string(),
-            p.requested_bytes.to_string(),
-            p.allocated_bytes.to_string(),
-            p.reserved_bytes.to_string(),
-            s.charged_bytes.to_string(),
-            p.allocation_count.to_string(),
-            p.segment_count.to_string(),
-        ])?;
+pub fn write_timeline_csv<W: io::Write>(samples: &[Sample], writer: W) -> csv::Result<()> {
+    write_records(samples.iter().map(TimelineRecord::from), writer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fidelity::FidelityRow;
+    use crate::metrics::{Oom, Summary};
+    use policies::{DeviceStats, PolicyStats};
+
+    /// The compare CSV's columns are CompareRecord's fields, in the documented order.
+    #[test]
+    fn compare_columns() {
+        assert_eq!(
+            columns::<CompareRecord<'_>>().join(","),
+            "trace,policy,capacity_bytes,events,requested_bytes_peak,allocated_bytes_peak,\
+             reserved_bytes_peak,utilization,oom_event_index,oom_requested_bytes,\
+             charged_bytes_peak,segment_count_peak,cached_bytes_at_reserved_peak,\
+             device_alloc_count,device_free_count,oom_tried_bytes,allocated_bytes_at_oom,\
+             reserved_bytes_at_oom,events_replayed,live_allocations_at_end"
+        );
     }
-    w.flush()
+
+    /// The timeline CSV's columns are TimelineRecord's fields, in the documented order.
+    #[test]
+    fn timeline_columns() {
+        assert_eq!(
+            columns::<TimelineRecord>().join(","),
+            "event_index,requested_bytes,allocated_bytes,reserved_bytes,charged_bytes,\
+             allocation_count,segment_count"
+        );
+    }
+
+    /// The fidelity CSV's columns are FidelityRow's fields, in the documented order.
+    #[test]
+    fn fidelity_columns() {
+        assert_eq!(
+            columns::<FidelityRow>().join(","),
+            "trace,events,segment_ops_match,first_divergence_event,reserved_bytes_peak_sim,\
+             reserved_bytes_peak_torch,allocated_bytes_peak_sim,allocated_bytes_peak_torch,\
+             oom_event_sim,oom_event_torch,checkpoints_match,exact"
+        );
+    }
+
+    /// Every column of every CSV is documented in docs/metrics.md or docs/validation.md.
+    #[test]
+    fn every_column_is_documented() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let docs = std::fs::read_to_string(root.join("docs/metrics.md")).unwrap()
+            + &std::fs::read_to_string(root.join("docs/validation.md")).unwrap();
+        let all = [
+            columns::<CompareRecord<'_>>(),
+            columns::<TimelineRecord>(),
+            columns::<FidelityRow>(),
+            columns::<crate::validation::ValidationRecord<'_>>(),
+        ];
+        for c in all.iter().flatten() {
+            assert!(
+                docs.contains(&format!("`{c}`")),
+                "column {c} is not documented"
+            );
+        }
+    }
+
+    /// A row is written with empty fields for what is absent, ratios with six decimals;
+    /// a table with no rows still has its header.
+    #[test]
+    fn rows_and_empty_tables() {
+        let row = Row {
+            trace: "t,1".into(),
+            policy: "caching".into(),
+            capacity_bytes: 100,
+            events: 3,
+            summary: Summary {
+                event_count: 3,
+                allocated_bytes_peak: 1,
+                reserved_bytes_peak: 3,
+                ..Summary::default()
+            },
+            oom: None,
+            live_allocation_count: 2,
+        };
+        let mut out = Vec::new();
+        write_compare_csv(std::slice::from_ref(&row), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text.lines().nth(1),
+            Some("\"t,1\",caching,100,3,0,1,3,0.333333,,,0,0,3,0,0,,,,3,2")
+        );
+        let oom = Row {
+            oom: Some(Oom {
+                event_index: 2,
+                requested_bytes: 5,
+                tried_bytes: 6,
+                policy: PolicyStats {
+                    allocated_bytes: 7,
+                    reserved_bytes: 8,
+                    ..PolicyStats::default()
+                },
+                device: DeviceStats::default(),
+                message: None,
+            }),
+            summary: Summary::default(),
+            ..row
+        };
+        let record = CompareRecord::from(&oom);
+        assert_eq!(
+            (
+                record.utilization.as_str(),
+                record.oom_event_index,
+                record.oom_tried_bytes,
+                record.reserved_bytes_at_oom
+            ),
+            ("", Some(2), Some(6), Some(8))
+        );
+        let mut out = Vec::new();
+        write_timeline_csv(&[], &mut out).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "event_index,requested_bytes,allocated_bytes,reserved_bytes,charged_bytes,allocation_count,segment_count\n"
+        );
+    }
 }

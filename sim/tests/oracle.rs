@@ -49,7 +49,7 @@ fn all_exact(dir: &std::path::Path, expected: usize) {
     for f in &files {
         let run = workloads::read_recorded_json(f).unwrap();
         let report = fidelity(&run, &options).unwrap();
-        println!("{}", report.row.fields().join(","));
+        println!("{:?}", report.row);
         if !report.row.exact {
             failures.push(report.explain().to_string());
         }

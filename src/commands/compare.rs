@@ -10,7 +10,7 @@ use crate::load;
 pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     let setup = load::device_setup(&args.device)?;
     let specs = load::policies(&args.policies, &setup.caching)?;
-    let inputs = load::load_inputs(&args.traces, &args.input, &args.device)?;
+    let inputs = load::load_inputs(&args.traces, &args.input, &args.device, &setup.options)?;
     let rows = sim::compare(
         &inputs,
         &specs,

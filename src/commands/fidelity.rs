@@ -3,7 +3,8 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use sim::fidelity::{fidelity, FidelityOptions, FIDELITY_COLUMNS};
+use sim::fidelity::{fidelity, FidelityOptions, FidelityRow};
+use sim::report::RecordWriter;
 
 use crate::flags::FidelityArgs;
 
@@ -13,12 +14,11 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
         check_invariants: args.check_invariants,
         ..FidelityOptions::default()
     };
-    let mut out = csv::Writer::from_writer(crate::output::create(None)?);
-    out.write_record(FIDELITY_COLUMNS)?;
+    let mut out = RecordWriter::new::<FidelityRow>(crate::output::create(None)?)?;
     for path in &args.files {
         let run = workloads::read_recorded(path, None, args.device.unwrap_or(0))?;
         let report = fidelity(&run, &options)?;
-        out.write_record(report.row.fields())?;
+        out.write(&report.row)?;
         out.flush().context("writing the CSV")?;
         if args.explain && !report.row.exact {
             eprint!("{}", report.explain());

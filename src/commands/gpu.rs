@@ -103,7 +103,7 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
             .to_options();
     }
     let specs = load::policies(&args.policies, &setup.caching)?;
-    let inputs = load::load_inputs(&args.traces, &args.input, &args.device)?;
+    let inputs = load::load_inputs(&args.traces, &args.input, &args.device, &setup.options)?;
     let mut gpu = CudaDevice::open(args.gpu).map_err(open_error)?;
     if !gpu.info().name.contains("H100")
         && args.device.device.is_none()
@@ -139,13 +139,13 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
                     } => anyhow::Error::new(crate::Interrupted),
                     other => anyhow::Error::new(other),
                 })?;
-                eprintln!("{}", gpu_backend::summary_line(&v));
+                eprintln!("{}", sim::validation::summary_line(&v));
                 rows.push(v);
             }
         }
     }
     let out = crate::output::create(args.output.as_deref())?;
-    gpu_backend::write_validate_csv(&rows, out).context("writing the CSV")?;
+    sim::validation::write_validation_csv(&rows, out).context("writing the CSV")?;
     let agree = rows.iter().filter(|v| v.agrees()).count();
     eprintln!("{agree} of {} runs agree (reserved peak equal, OOM at the same event, charged peak within a page per segment)", rows.len());
     Ok(ExitCode::SUCCESS)

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use sim::{Replay, SimDevice};
+use sim::{Replay, SimDevice, Timeline};
 use workloads::size::format_size_human;
 use workloads::Trace;
 
@@ -17,20 +17,28 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     if setup.capacities.len() > 1 {
         bail!("--capacity: replay takes one capacity; `allocsim compare` takes several");
     }
-    let loaded = load::load_trace(&args.trace, &args.input, Some(&args.device))?;
+    let loaded = load::load_trace(&args.trace, &args.input, Some(&args.device), &setup.options)?;
     let specs = load::policies(std::slice::from_ref(&args.policy), &setup.caching)?;
     let [spec] = specs.as_slice() else {
         bail!("--policy takes one policy; `allocsim compare --policies` takes several");
     };
     let mut policy = spec.config.build()?;
     let mut device = SimDevice::with_hints(setup.options.clone(), loaded.hints);
-    let mut options = setup.replay.clone();
-    options.timeline = args.timeline.is_some();
-    let r = sim::replay(&loaded.trace, policy.as_mut(), &mut device, &options)
-        .with_context(|| format!("replaying {}", args.trace.display()))?;
+    let mut timeline = Timeline::default();
+    let r = match &args.timeline {
+        Some(_) => sim::replay_with(
+            &loaded.trace,
+            policy.as_mut(),
+            &mut device,
+            &setup.replay,
+            &mut timeline,
+        ),
+        None => sim::replay(&loaded.trace, policy.as_mut(), &mut device, &setup.replay),
+    }
+    .with_context(|| format!("replaying {}", args.trace.display()))?;
     if let Some(path) = &args.timeline {
         let out = crate::output::create(Some(path))?;
-        sim::report::write_timeline_csv(&r.timeline, out)
+        sim::report::write_timeline_csv(&timeline.samples, out)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     let label = match spec.config.options::<policies::caching::CachingConfig>() {

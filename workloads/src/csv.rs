@@ -10,8 +10,9 @@
 //! ```
 //!
 //! The header must be exactly `op,id,bytes,stream`. Every row has exactly four fields:
-//! `alloc,<id>,<bytes>,<stream>` (an empty stream means 0), `free,<id>,,`,
-//! `empty_cache,,,` and `mark,<label>,,`. Numbers are plain unsigned decimal integers
+//! `alloc,<id>,<bytes>,<stream>` (an empty stream means 0), `free,<id>,,` (also read
+//! as `free_completed,<id>,,`), `free_requested,<id>,,`, `empty_cache,,,` and
+//! `mark,<label>,,`. Numbers are plain unsigned decimal integers
 //! (no sign, no unit, no separators), so the format stays trivially machine-written;
 //! sizes with units belong to the YAML format. Labels may contain commas, quotes and
 //! line breaks through standard CSV quoting.
@@ -26,8 +27,8 @@
 use std::io;
 use std::path::Path;
 
-use crate::trace::{AllocId, Event, LocationKind, Trace};
-use crate::ReadError;
+use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
+use crate::{Format, ReadError};
 
 /// The header every CSV trace starts with.
 pub const CSV_HEADER: &str = "op,id,bytes,stream";
@@ -103,6 +104,7 @@ pub fn read_csv_from(mut reader: impl io::Read, path: &Path) -> Result<Trace, Re
         events,
         locations,
         location_kind: LocationKind::Line,
+        meta: TraceMeta::of_format(Format::Csv),
     })
 }
 
@@ -129,6 +131,9 @@ pub fn write_csv(trace: &Trace, out: impl io::Write) -> io::Result<()> {
                 &size_bytes.to_string(),
                 &stream.to_string(),
             ])?,
+            Event::FreeRequested { id } => {
+                csv.write_record(["free_requested", &id.0.to_string(), "", ""])?
+            }
             Event::Free { id } => csv.write_record(["free", &id.0.to_string(), "", ""])?,
             Event::EmptyCache => csv.write_record(["empty_cache", "", "", ""])?,
             Event::Mark { label } => csv.write_record(["mark", label.as_str(), "", ""])?,
@@ -167,9 +172,12 @@ fn check_header(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<
 fn parse_row(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<Event, ReadError> {
     let err = |message: String| ReadError::syntax(path, Some(format!("line {line}")), message);
     let op = record.get(0).unwrap_or("");
-    if !matches!(op, "alloc" | "free" | "empty_cache" | "mark") {
+    if !matches!(
+        op,
+        "alloc" | "free" | "free_completed" | "free_requested" | "empty_cache" | "mark"
+    ) {
         return Err(err(format!(
-            "unknown op '{}' (expected alloc, free, empty_cache or mark)",
+            "unknown op '{}' (expected alloc, free, free_requested, empty_cache or mark)",
             shorten(op)
         )));
     }
@@ -215,11 +223,15 @@ fn parse_row(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<Eve
                 stream,
             })
         }
-        "free" => {
+        "free" | "free_completed" | "free_requested" => {
             let id = AllocId(number(1)?);
             must_be_empty(2)?;
             must_be_empty(3)?;
-            Ok(Event::Free { id })
+            Ok(if op == "free_requested" {
+                Event::FreeRequested { id }
+            } else {
+                Event::Free { id }
+            })
         }
         "empty_cache" => {
             must_be_empty(1)?;
@@ -241,6 +253,8 @@ fn row_shape(op: &str) -> &'static str {
     match op {
         "alloc" => "alloc,<id>,<bytes>,<stream>",
         "free" => "free,<id>,,",
+        "free_completed" => "free_completed,<id>,,",
+        "free_requested" => "free_requested,<id>,,",
         "empty_cache" => "empty_cache,,,",
         _ => "mark,<label>,,",
     }
@@ -400,6 +414,29 @@ mod tests {
         );
     }
 
+    /// `free_requested` rows read and write as the delayed free, `free_completed` rows
+    /// read as `free`, and both take only an id.
+    #[test]
+    fn free_requested_and_free_completed_rows() {
+        let t = read("op,id,bytes,stream\nalloc,1,8,5\nfree_requested,1,,\nfree_completed,1,,\n")
+            .unwrap();
+        assert_eq!(
+            t.events[1..],
+            [
+                Event::FreeRequested { id: AllocId(1) },
+                Event::Free { id: AllocId(1) }
+            ]
+        );
+        assert_eq!(
+            write(&t),
+            "op,id,bytes,stream\nalloc,1,8,5\nfree_requested,1,,\nfree,1,,\n"
+        );
+        assert_eq!(t.meta.format, Some(Format::Csv));
+        assert!(read_err("op,id,bytes,stream\nfree_requested,1,4,\n").contains(
+            "line 2: free_requested takes no bytes, found '4' (expected 'free_requested,<id>,,')"
+        ));
+    }
+
     /// A missing or different header is refused at line 1, naming the expected header.
     #[test]
     fn header_is_required() {
@@ -421,7 +458,7 @@ mod tests {
         let cases = [
             (
                 "allocate,1,2,0",
-                "line 2: unknown op 'allocate' (expected alloc, free, empty_cache or mark)",
+                "line 2: unknown op 'allocate' (expected alloc, free, free_requested, empty_cache or mark)",
             ),
             ("alloc,1,2", "line 2: alloc row has 3 fields, expected 4"),
             ("free,1,,,", "line 2: free row has 5 fields, expected 4"),
@@ -508,6 +545,7 @@ mod tests {
                 }
             }),
             any::<u64>().prop_map(|id| Event::Free { id: AllocId(id) }),
+            any::<u64>().prop_map(|id| Event::FreeRequested { id: AllocId(id) }),
             Just(Event::EmptyCache),
             any::<String>().prop_map(|label| Event::Mark { label }),
             "[ ,\"\r\n a-z]{0,8}".prop_map(|label| Event::Mark { label }),

@@ -2,8 +2,9 @@
 //!
 //! Design choices, and why:
 //!
-//! - **One small model.** A [`Trace`] is a list of [`Event`]s: `alloc`, `free`,
-//!   `empty_cache`, `mark`. Every source (hand-written YAML, CSV, PyTorch snapshot
+//! - **One small model.** A [`Trace`] is a list of [`Event`]s: `alloc`,
+//!   `free_requested`, `free`, `empty_cache`, `mark`, with the source's metadata
+//!   ([`TraceMeta`]: format, recorded configuration, cap, device). Every source (hand-written YAML, CSV, PyTorch snapshot
 //!   pickles, recorded runs, generators) becomes this model, and every consumer reads
 //!   only it.
 //! - **Formats are a boundary.** This is the only crate that derives `Serialize` /
@@ -52,7 +53,7 @@ pub use recorded::{
     RecordedRun, RecordedSegment,
 };
 pub use snapshot::{read_snapshot_pickle, read_snapshot_pickle_from};
-pub use trace::{AllocId, Event, LocationKind, Trace};
+pub use trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
 pub use validate::{has_errors, validate, IssueKind, Severity, TraceIssue};
 pub use yaml::{read_yaml, read_yaml_from, write_yaml};
 
@@ -464,6 +465,7 @@ mod tests {
                         Some(format!("alloc #{n} {size_bytes} on {stream}"))
                     }
                     Event::Free { id } => Some(format!("free #{}", order[id])),
+                    Event::FreeRequested { id } => Some(format!("free_requested #{}", order[id])),
                     Event::EmptyCache => Some("empty_cache".into()),
                     Event::Mark { .. } => None,
                 })

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::trace::{AllocId, Event, LocationKind, Trace};
-use crate::ReadError;
+use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
+use crate::{Format, ReadError};
 
 /// What a trace entry records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -161,18 +161,10 @@ pub struct RecordedRun {
     pub name: String,
     /// The file it was read from.
     pub path: PathBuf,
-    /// The recording script's workload name, if recorded.
-    pub workload: Option<String>,
-    /// The `PYTORCH_CUDA_ALLOC_CONF` string in force ("" = defaults).
-    pub alloc_conf: String,
-    /// The cap given to `set_per_process_memory_fraction(cap / total)`, if any.
-    pub cap_bytes: Option<u64>,
-    /// `cudaMemGetInfo` total of the device, if recorded.
-    pub total_bytes: Option<u64>,
-    /// Device name, if recorded.
-    pub device: Option<String>,
-    /// PyTorch version, if recorded.
-    pub torch_version: Option<String>,
+    /// What the file records about the run (format, `PYTORCH_CUDA_ALLOC_CONF`, cap,
+    /// device, PyTorch version); carried over to the trace by
+    /// [`RecordedRun::to_trace`].
+    pub meta: TraceMeta,
     /// The trace, oldest first.
     pub entries: Vec<RecordedEntry>,
     /// For each entry, its index in the source file's trace, used in messages and
@@ -192,18 +184,32 @@ pub struct RecordedRun {
 }
 
 impl RecordedRun {
-    /// The requests of the run as a trace: `alloc` → alloc, `free_completed` → free,
-    /// `empty_cache` markers → empty_cache, and each `oom` → the alloc that failed
-    /// (with the rounded size PyTorch recorded; rounding is idempotent). Locations are
-    /// entry indexes in the source file (see [`RecordedRun::source_indexes`]).
+    /// The requests of the run as a trace: `alloc` → alloc, `free_requested` →
+    /// free_requested (only when its `free_completed` is not the very next entry: a
+    /// free that completes at once is a plain free), `free_completed` → free,
+    /// `empty_cache` markers → empty_cache, and each `oom` → the alloc that failed (with
+    /// the rounded size PyTorch recorded; rounding is idempotent). Locations are entry
+    /// indexes in the source file (see [`RecordedRun::source_indexes`]); the trace
+    /// carries the run's [`TraceMeta`].
     ///
     /// # Errors
     /// When an entry frees an address with no live allocation: the recording did not
     /// start from an empty allocator (it started after allocations existed, or its ring
     /// buffer wrapped).
     pub fn to_trace(&self) -> Result<Trace, ReadError> {
+        self.to_trace_with_entries().map(|(trace, _)| trace)
+    }
+
+    /// [`RecordedRun::to_trace`], and for each event of the trace the index into
+    /// [`RecordedRun::entries`] of the entry it came from (which, unlike the event's
+    /// location, counts the `empty_cache` entries inferred in snapshot pickles).
+    ///
+    /// # Errors
+    /// As [`RecordedRun::to_trace`].
+    pub fn to_trace_with_entries(&self) -> Result<(Trace, Vec<usize>), ReadError> {
         let mut events = Vec::new();
         let mut locations = Vec::new();
+        let mut entry_indexes = Vec::new();
         let mut live: HashMap<u64, AllocId> = HashMap::new();
         let mut next_id = 0u64;
         for (index, e) in self.entries.iter().enumerate() {
@@ -232,36 +238,37 @@ impl RecordedRun {
                     }
                 },
                 Action::FreeRequested => {
-                    if !live.contains_key(&e.addr) {
+                    let Some(&id) = live.get(&e.addr) else {
                         return Err(self.not_from_empty(
                             index,
                             "frees an address that was never allocated in the trace",
                         ));
+                    };
+                    let completes_now = self
+                        .entries
+                        .get(index + 1)
+                        .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
+                    if completes_now {
+                        continue;
                     }
-                    continue;
+                    Event::FreeRequested { id }
                 }
                 Action::EmptyCache => Event::EmptyCache,
                 _ => continue,
             };
             events.push(event);
             locations.push(self.source_index(index));
+            entry_indexes.push(index);
         }
-        Ok(Trace {
+        let trace = Trace {
             name: self.name.clone(),
             path: Some(self.path.clone()),
             events,
             locations,
             location_kind: LocationKind::Entry,
-        })
-    }
-
-    /// The memory limit PyTorch applied: `floor((cap / total) × total)` in double
-    /// arithmetic, as `set_per_process_memory_fraction(cap / total)` computes it.
-    pub fn memory_fraction(&self) -> Option<f64> {
-        match (self.cap_bytes, self.total_bytes) {
-            (Some(cap), Some(total)) if total > 0 => Some(cap as f64 / total as f64),
-            _ => None,
-        }
+            meta: self.meta.clone(),
+        };
+        Ok((trace, entry_indexes))
     }
 
     /// Index in the source file of entry `index` (see [`RecordedRun::source_indexes`]).
@@ -347,12 +354,15 @@ pub fn read_recorded_json_from(
     Ok(RecordedRun {
         name,
         path: path.to_path_buf(),
-        workload: json.workload,
-        alloc_conf: json.alloc_conf,
-        cap_bytes: json.cap_bytes,
-        total_bytes: json.total_bytes,
-        device: json.device,
-        torch_version: json.torch,
+        meta: TraceMeta {
+            format: Some(Format::RecordedJson),
+            workload: json.workload,
+            alloc_conf: Some(json.alloc_conf),
+            cap_bytes: json.cap_bytes,
+            total_bytes: json.total_bytes,
+            device: json.device,
+            torch_version: json.torch,
+        },
         entries: json
             .events
             .into_iter()
@@ -384,12 +394,19 @@ mod tests {
         }
     }
 
-    /// Requests become trace events; segment decisions and snapshots are dropped, and
-    /// each event remembers its entry index.
+    /// Requests become trace events; segment decisions and snapshots are dropped, a
+    /// `free_requested` that completes at once is a plain free, a delayed one is kept,
+    /// and each event remembers its entry index and carries the run's metadata.
     #[test]
     fn requests_become_events() {
+        let meta = TraceMeta {
+            alloc_conf: Some("max_split_size_mb:64".into()),
+            total_bytes: Some(80 << 30),
+            ..TraceMeta::default()
+        };
         let run = RecordedRun {
             name: "r".into(),
+            meta: meta.clone(),
             entries: vec![
                 entry(Action::SegmentAlloc, 100, 2 << 20),
                 entry(Action::Alloc, 100, 7),
@@ -399,29 +416,59 @@ mod tests {
                 entry(Action::EmptyCache, 0, 0),
                 entry(Action::SegmentFree, 100, 2 << 20),
                 entry(Action::Oom, 0, 1 << 30),
+                entry(Action::Alloc, 200, 9),
+                entry(Action::FreeRequested, 200, 9),
+                entry(Action::Alloc, 300, 3),
+                entry(Action::FreeCompleted, 200, 9),
             ],
             ..RecordedRun::default()
         };
-        let t = run.to_trace().unwrap();
+        let (t, entries) = run.to_trace_with_entries().unwrap();
+        let alloc = |id, size_bytes| Event::Alloc {
+            id: AllocId(id),
+            size_bytes,
+            stream: 0,
+        };
         assert_eq!(
             t.events,
             vec![
-                Event::Alloc {
-                    id: AllocId(0),
-                    size_bytes: 7,
-                    stream: 0
-                },
+                alloc(0, 7),
                 Event::Free { id: AllocId(0) },
                 Event::EmptyCache,
-                Event::Alloc {
-                    id: AllocId(1),
-                    size_bytes: 1 << 30,
-                    stream: 0
-                },
+                alloc(1, 1 << 30),
+                alloc(2, 9),
+                Event::FreeRequested { id: AllocId(2) },
+                alloc(3, 3),
+                Event::Free { id: AllocId(2) },
             ]
         );
-        assert_eq!(t.locations, vec![1, 4, 5, 7]);
+        assert_eq!(t.locations, vec![1, 4, 5, 7, 8, 9, 10, 11]);
+        assert_eq!(entries, vec![1, 4, 5, 7, 8, 9, 10, 11]);
         assert_eq!(t.location(1), "entry 4");
+        assert_eq!(t.meta, meta);
+        assert_eq!(run.to_trace().unwrap(), t);
+    }
+
+    /// The JSON reader fills the trace metadata from the file's fields.
+    #[test]
+    fn json_fills_the_metadata() {
+        let text = r#"{"workload": "w", "alloc_conf": "expandable_segments:True", "cap_bytes": 1024,
+            "total_bytes": 4096, "device": "NVIDIA H100", "torch": "2.11.0", "events": []}"#;
+        let run = read_recorded_json_from(text.as_bytes(), Path::new("r.json")).unwrap();
+        assert_eq!(
+            run.meta,
+            TraceMeta {
+                format: Some(Format::RecordedJson),
+                workload: Some("w".into()),
+                alloc_conf: Some("expandable_segments:True".into()),
+                cap_bytes: Some(1024),
+                total_bytes: Some(4096),
+                device: Some("NVIDIA H100".into()),
+                torch_version: Some("2.11.0".into()),
+            }
+        );
+        assert_eq!(run.meta.memory_fraction(), Some(0.25));
+        assert_eq!(run.to_trace().unwrap().meta, run.meta);
     }
 
     /// A free of an address never allocated means the recording is incomplete.

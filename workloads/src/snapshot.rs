@@ -11,7 +11,7 @@
 //!   this crate does not know (annotations of other PyTorch versions) are kept as
 //!   [`Action::Other`] and need no fields.
 //! - `allocator_settings["PYTORCH_CUDA_ALLOC_CONF"]` becomes
-//!   [`RecordedRun::alloc_conf`] ("" when absent).
+//!   the `alloc_conf` of [`RecordedRun::meta`] ("" when absent).
 //! - `segments` of the chosen device become [`RecordedSegment`]s, blocks as
 //!   (size, state).
 //! - The last `oom` entry, if any, becomes [`RecordedRun::oom`], with a message made
@@ -75,7 +75,8 @@ const MAX_NESTING: u32 = 256;
 use crate::csv::file_stem;
 use crate::recorded::{Action, RecordedEntry, RecordedOom, RecordedRun, RecordedSegment};
 use crate::size::format_size_human;
-use crate::ReadError;
+use crate::trace::TraceMeta;
+use crate::{Format, ReadError};
 
 type Dict = BTreeMap<HashableValue, Value>;
 
@@ -215,7 +216,11 @@ pub fn read_snapshot_pickle_from(
     Ok(RecordedRun {
         name: file_stem(path),
         path: path.to_path_buf(),
-        alloc_conf,
+        meta: TraceMeta {
+            format: Some(Format::TorchPickle),
+            alloc_conf: Some(alloc_conf),
+            ..TraceMeta::default()
+        },
         entries,
         source_indexes,
         oom: last_oom.map(|(index, size, device_free)| RecordedOom {
@@ -636,7 +641,11 @@ mod tests {
             0,
         )
         .unwrap();
-        assert_eq!(run.alloc_conf, "expandable_segments:True");
+        assert_eq!(
+            run.meta.alloc_conf.as_deref(),
+            Some("expandable_segments:True")
+        );
+        assert_eq!(run.meta.format, Some(crate::Format::TorchPickle));
         assert_eq!(run.name, "snap");
         let actions: Vec<Action> = run.entries.iter().map(|e| e.action).collect();
         assert_eq!(actions[7], Action::EmptyCache);
@@ -949,7 +958,7 @@ mod tests {
             };
             assert_eq!(no_marker(&run), no_marker(&json), "{name}");
             assert_eq!(run.segments, json.segments, "{name}");
-            assert_eq!(run.alloc_conf, json.alloc_conf, "{name}");
+            assert_eq!(run.meta.alloc_conf, json.meta.alloc_conf, "{name}");
             assert_eq!(
                 run.oom.as_ref().map(|o| o.trace_len),
                 json.oom.as_ref().map(|o| o.trace_len),

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::Format;
+
 /// Identifies one allocation within a trace, from its `alloc` to its `free`.
 /// An id may be reused after its allocation was freed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -27,8 +29,18 @@ pub enum Event {
         /// The stream it is used on.
         stream: u64,
     },
-    /// The program is done with an allocation; its memory may be reused from here
-    /// (PyTorch's `free_completed`).
+    /// The program dropped an allocation that other streams may still use
+    /// (`record_stream`): PyTorch's `free_requested` when its `free_completed` comes
+    /// later. The memory is not reusable until the allocation's [`Event::Free`]; a
+    /// policy that tracks streams stops counting it as allocated from here, others
+    /// ignore it. Written `free_requested` in YAML and CSV.
+    FreeRequested {
+        /// The allocation, still live until its `Free`.
+        id: AllocId,
+    },
+    /// The allocation's memory may be reused from here: the completed free (PyTorch's
+    /// `free_completed`; also ends an allocation whose free was requested earlier).
+    /// Written `free` in YAML and CSV (`free_completed` is read as the same).
     Free {
         /// The allocation.
         id: AllocId,
@@ -69,6 +81,50 @@ pub struct Trace {
     pub locations: Vec<u64>,
     /// How `locations` count.
     pub location_kind: LocationKind,
+    /// What the source says about how and where it was recorded.
+    pub meta: TraceMeta,
+}
+
+/// What a trace's source records about the run behind it, filled by the readers (all
+/// of it only by the recorded-run readers: YAML and CSV name only their format). One
+/// struct, so that no consumer re-derives a recorded setting from a file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TraceMeta {
+    /// The format the trace was read from; `None` for traces built in code (generators).
+    pub format: Option<Format>,
+    /// The recording script's workload name.
+    pub workload: Option<String>,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string the run had (`Some("")`: PyTorch's defaults);
+    /// `None` when the source does not record one.
+    pub alloc_conf: Option<String>,
+    /// The cap given to `torch.cuda.set_per_process_memory_fraction(cap / total)`.
+    pub cap_bytes: Option<u64>,
+    /// The device's total memory as `cudaMemGetInfo` reported it.
+    pub total_bytes: Option<u64>,
+    /// The device's name.
+    pub device: Option<String>,
+    /// The PyTorch version that recorded it.
+    pub torch_version: Option<String>,
+}
+
+impl TraceMeta {
+    /// The metadata of a trace read from a `format` file that records nothing else.
+    pub fn of_format(format: Format) -> TraceMeta {
+        TraceMeta {
+            format: Some(format),
+            ..TraceMeta::default()
+        }
+    }
+
+    /// The fraction the run passed to `set_per_process_memory_fraction`, `cap / total`
+    /// (PyTorch's limit is then `floor(fraction × total)` in double arithmetic), when
+    /// both are recorded.
+    pub fn memory_fraction(&self) -> Option<f64> {
+        match (self.cap_bytes, self.total_bytes) {
+            (Some(cap), Some(total)) if total > 0 => Some(cap as f64 / total as f64),
+            _ => None,
+        }
+    }
 }
 
 impl Trace {
@@ -80,6 +136,7 @@ impl Trace {
             events,
             locations: Vec::new(),
             location_kind: LocationKind::Event,
+            meta: TraceMeta::default(),
         }
     }
 

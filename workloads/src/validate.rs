@@ -7,6 +7,8 @@
 //! | --- | --- | --- |
 //! | `free` of an id that was never allocated | error | `free of unknown id 5` |
 //! | `free` of an id whose allocation was already freed | error | `free of already-freed id 5 (freed at line 9)` |
+//! | `free_requested` of an id that is not live | error | `free_requested of id 5, which is not live` |
+//! | `free_requested` of an id whose free was already requested | error | `free_requested of id 5 twice (first at line 4)` |
 //! | `alloc` of an id that is still live | error | `alloc of id 5, which is still live (allocated at line 3)` |
 //! | `alloc` of 0 bytes | error | `alloc of id 5 asks for 0 bytes` |
 //! | `alloc` of 2^60 bytes (1 EiB) or more | error | `alloc of id 5 asks for 1152921504606846976 bytes, over PyTorch's 1 EiB limit` |
@@ -19,7 +21,7 @@
 //!
 //! After an error the check goes on as the replay engine would: a duplicate live id
 //! replaces the earlier allocation (which is then no longer tracked), and bad frees
-//! change nothing.
+//! change nothing. A `free_requested` allocation stays live until its `free`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -67,6 +69,18 @@ pub enum IssueKind {
         /// Index of the event that freed it first.
         freed_at: usize,
     },
+    /// A `free_requested` of an id with no live allocation.
+    FreeRequestedNotLive {
+        /// The id.
+        id: AllocId,
+    },
+    /// A second `free_requested` of the same allocation.
+    FreeRequestedTwice {
+        /// The id.
+        id: AllocId,
+        /// Index of the first `free_requested`.
+        requested_at: usize,
+    },
     /// An alloc of an id that is still live.
     DuplicateLiveId {
         /// The id.
@@ -103,6 +117,12 @@ impl fmt::Display for IssueKind {
         match self {
             IssueKind::FreeOfUnknownId { id } => write!(f, "free of unknown id {id}"),
             IssueKind::FreeOfFreedId { id, .. } => write!(f, "free of already-freed id {id}"),
+            IssueKind::FreeRequestedNotLive { id } => {
+                write!(f, "free_requested of id {id}, which is not live")
+            }
+            IssueKind::FreeRequestedTwice { id, .. } => {
+                write!(f, "free_requested of id {id} twice")
+            }
             IssueKind::DuplicateLiveId { id, .. } => {
                 write!(f, "alloc of id {id}, which is still live")
             }
@@ -184,6 +204,9 @@ impl fmt::Display for IssueDisplay<'_> {
             IssueKind::DuplicateLiveId { allocated_at, .. } => {
                 write!(f, " (allocated at {})", trace.location(allocated_at))
             }
+            IssueKind::FreeRequestedTwice { requested_at, .. } => {
+                write!(f, " (first at {})", trace.location(requested_at))
+            }
             _ => Ok(()),
         }
     }
@@ -193,8 +216,8 @@ impl fmt::Display for IssueDisplay<'_> {
 /// last). An empty list means the trace replays as written.
 pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
     let mut issues = Vec::new();
-    // id -> (alloc event index, bytes)
-    let mut live: HashMap<AllocId, (usize, u64)> = HashMap::new();
+    // id -> (alloc event index, bytes, index of its free_requested)
+    let mut live: HashMap<AllocId, (usize, u64, Option<usize>)> = HashMap::new();
     // id -> index of the free that ended its last allocation
     let mut freed: HashMap<AllocId, usize> = HashMap::new();
     let mut error = |event_index: usize, kind: IssueKind| {
@@ -212,7 +235,7 @@ pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
                 } else if size_bytes >= ABSURD_SIZE_BYTES {
                     error(index, IssueKind::AbsurdSize { id, size_bytes });
                 }
-                if let Some((allocated_at, _)) = live.insert(id, (index, size_bytes)) {
+                if let Some((allocated_at, _, _)) = live.insert(id, (index, size_bytes, None)) {
                     error(index, IssueKind::DuplicateLiveId { id, allocated_at });
                 }
                 freed.remove(&id);
@@ -226,13 +249,21 @@ pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
                     error(index, IssueKind::FreeOfUnknownId { id });
                 }
             }
+            Event::FreeRequested { id } => match live.get_mut(&id) {
+                None => error(index, IssueKind::FreeRequestedNotLive { id }),
+                Some((_, _, Some(requested_at))) => {
+                    let requested_at = *requested_at;
+                    error(index, IssueKind::FreeRequestedTwice { id, requested_at });
+                }
+                Some((_, _, requested)) => *requested = Some(index),
+            },
             Event::EmptyCache | Event::Mark { .. } => {}
         }
     }
     if !live.is_empty() {
         let mut remaining: Vec<(usize, AllocId, u64)> = live
             .into_iter()
-            .map(|(id, (index, bytes))| (index, id, bytes))
+            .map(|(id, (index, bytes, _))| (index, id, bytes))
             .collect();
         remaining.sort_unstable();
         let bytes = remaining
@@ -285,6 +316,7 @@ mod tests {
             events,
             locations,
             location_kind: LocationKind::Line,
+            meta: Default::default(),
         }
     }
 
@@ -361,6 +393,35 @@ mod tests {
         assert_eq!(
             validate(&one)[0].display_with(&one).to_string(),
             "one: event 1: 1 allocation (512 B) is still live at the end of the trace: id 9 (allocated here)"
+        );
+    }
+
+    /// A `free_requested` then `free` is clean; a `free_requested` of an id that is not
+    /// live, or a second one, is an error naming the first; the allocation stays live
+    /// until its `free`.
+    #[test]
+    fn free_requested_rules() {
+        let req = |id| Event::FreeRequested { id: AllocId(id) };
+        let clean = csv_trace(vec![alloc(1, 10), req(1), alloc(2, 5), free(1), free(2)]);
+        assert!(validate(&clean).is_empty());
+        let t = csv_trace(vec![
+            req(4),      // line 2
+            alloc(1, 8), // line 3
+            req(1),      // line 4
+            req(1),      // line 5
+            free(1),     // line 6
+            req(1),      // line 7
+            alloc(2, 8), // line 8
+            req(2),      // line 9
+        ]);
+        assert_eq!(
+            lines(&t),
+            vec![
+                "trace.csv: line 2: free_requested of id 4, which is not live",
+                "trace.csv: line 5: free_requested of id 1 twice (first at line 4)",
+                "trace.csv: line 7: free_requested of id 1, which is not live",
+                "trace.csv: line 8: 1 allocation (8 B) is still live at the end of the trace: id 2 (allocated here)",
+            ]
         );
     }
 

@@ -11,8 +11,8 @@
 //! ```
 //!
 //! Each event is a mapping with an `op` and exactly the keys that op takes:
-//! `alloc` takes `id`, `bytes` and optionally `stream` (default 0); `free` takes `id`;
-//! `empty_cache` takes nothing; `mark` takes `label`. `bytes` is an integer or a size
+//! `alloc` takes `id`, `bytes` and optionally `stream` (default 0); `free` (or its alias
+//! `free_completed`) and `free_requested` take `id`; `empty_cache` takes nothing; `mark` takes `label`. `bytes` is an integer or a size
 //! string (`512`, `4KiB`, `20MiB`, `1.5GiB`; see [`crate::size::parse_size`]); `id` and
 //! `stream` are unsigned integers. Unknown keys and ops are refused rather than
 //! ignored, because a misspelt `strem:` would otherwise silently replay on stream 0.
@@ -33,8 +33,8 @@ use serde_yaml::Value;
 
 use crate::csv::{file_stem, shorten};
 use crate::size::parse_size;
-use crate::trace::{AllocId, Event, LocationKind, Trace};
-use crate::ReadError;
+use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
+use crate::{Format, ReadError};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -89,6 +89,7 @@ pub fn read_yaml_from(mut reader: impl io::Read, path: &Path) -> Result<Trace, R
         events,
         locations: Vec::new(),
         location_kind: LocationKind::Event,
+        meta: TraceMeta::of_format(Format::Yaml),
     })
 }
 
@@ -113,6 +114,7 @@ pub fn write_yaml(trace: &Trace, mut out: impl io::Write) -> io::Result<()> {
                 out,
                 "  - {{op: alloc, id: {id}, bytes: {size_bytes}, stream: {stream}}}"
             )?,
+            Event::FreeRequested { id } => writeln!(out, "  - {{op: free_requested, id: {id}}}")?,
             Event::Free { id } => writeln!(out, "  - {{op: free, id: {id}}}")?,
             Event::EmptyCache => writeln!(out, "  - {{op: empty_cache}}")?,
             Event::Mark { label } => writeln!(out, "  - {{op: mark, label: {}}}", quote(label))?,
@@ -125,7 +127,7 @@ pub fn write_yaml(trace: &Trace, mut out: impl io::Write) -> io::Result<()> {
 fn allowed_keys(op: &str) -> Option<&'static [&'static str]> {
     Some(match op {
         "alloc" => &["op", "id", "bytes", "stream"],
-        "free" => &["op", "id"],
+        "free" | "free_completed" | "free_requested" => &["op", "id"],
         "empty_cache" => &["op"],
         "mark" => &["op", "label"],
         _ => return None,
@@ -143,11 +145,13 @@ fn parse_event(value: &Value) -> Result<Event, String> {
     let op = match get("op") {
         Some(Value::String(op)) => op.as_str(),
         Some(other) => return Err(format!("op must be a name, found {}", describe(other))),
-        None => return Err("missing 'op' (alloc, free, empty_cache or mark)".into()),
+        None => {
+            return Err("missing 'op' (alloc, free, free_requested, empty_cache or mark)".into())
+        }
     };
     let Some(allowed) = allowed_keys(op) else {
         return Err(format!(
-            "unknown op '{}' (expected alloc, free, empty_cache or mark)",
+            "unknown op '{}' (expected alloc, free, free_requested, empty_cache or mark)",
             shorten(op)
         ));
     };
@@ -179,7 +183,10 @@ fn parse_event(value: &Value) -> Result<Event, String> {
                 None => 0,
             },
         },
-        "free" => Event::Free {
+        "free" | "free_completed" => Event::Free {
+            id: AllocId(uint("id", required("id")?)?),
+        },
+        "free_requested" => Event::FreeRequested {
             id: AllocId(uint("id", required("id")?)?),
         },
         "empty_cache" => Event::EmptyCache,
@@ -369,6 +376,30 @@ mod tests {
         assert_eq!(write(&Trace::new("e", vec![])), "name: \"e\"\nevents: []\n");
     }
 
+    /// `free_requested` reads and writes as the delayed free, `free_completed` reads as
+    /// `free`, and both take only an id.
+    #[test]
+    fn free_requested_and_free_completed_ops() {
+        let t = read(
+            "events:\n  - {op: alloc, id: 1, bytes: 8}\n  - {op: free_requested, id: 1}\n  - {op: free_completed, id: 1}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            t.events[1..],
+            [
+                Event::FreeRequested { id: AllocId(1) },
+                Event::Free { id: AllocId(1) }
+            ]
+        );
+        assert!(write(&t).ends_with("  - {op: free_requested, id: 1}\n  - {op: free, id: 1}\n"));
+        assert_eq!(t.meta.format, Some(Format::Yaml));
+        let e = read_err("events:\n  - {op: free_requested, id: 1, stream: 2}\n");
+        assert!(
+            e.contains("event 1: unknown key 'stream' for op free_requested (allowed: op, id)"),
+            "{e}"
+        );
+    }
+
     /// Event problems name `event N` and say what is wrong, on one line.
     #[test]
     fn bad_events_name_their_position() {
@@ -465,6 +496,7 @@ mod tests {
                 }
             }),
             any::<u64>().prop_map(|id| Event::Free { id: AllocId(id) }),
+            any::<u64>().prop_map(|id| Event::FreeRequested { id: AllocId(id) }),
             Just(Event::EmptyCache),
             any::<String>().prop_map(|label| Event::Mark { label }),
         ]

@@ -412,6 +412,15 @@ impl Policy for CachingPolicy {
         Ok(())
     }
 
+    fn free_requested(
+        &mut self,
+        _device: &mut dyn Device,
+        allocation: &Allocation,
+    ) -> Result<(), DeviceError> {
+        CachingPolicy::free_requested(self, allocation);
+        Ok(())
+    }
+
     fn empty_cache(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
         self.release_cached_blocks(device)
     }

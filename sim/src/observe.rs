@@ -1,0 +1,267 @@
+//! What the engine shows an observer: per event, the decision, the device operations it
+//! caused and the state after it. Fidelity, timelines and the model tests are observers
+//! of the one engine ([`crate::replay_with`]); so are future plots, OOM explanations and
+//! snapshot exports.
+
+use policies::{
+    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, PhysicalChunk, Policy,
+    PolicyStats, Segment, VirtualMemory,
+};
+use workloads::Event;
+
+use crate::metrics::Sample;
+
+/// What became of one event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// An `alloc` was served.
+    Allocated {
+        /// First byte handed to the program.
+        addr: DeviceAddr,
+        /// Bytes asked for.
+        requested_bytes: u64,
+        /// Bytes the policy set aside.
+        block_bytes: u64,
+    },
+    /// An `alloc` could not be served (a result, not an error).
+    OutOfMemory {
+        /// Bytes asked for.
+        requested_bytes: u64,
+        /// Bytes the policy last tried to get from the device.
+        tried_bytes: u64,
+    },
+    /// A `free_requested` reached the policy; the allocation stays live until its `free`.
+    FreeRequested {
+        /// First byte of the allocation.
+        addr: DeviceAddr,
+        /// Its block bytes.
+        block_bytes: u64,
+    },
+    /// A `free` returned an allocation to the policy.
+    Freed {
+        /// First byte of the allocation.
+        addr: DeviceAddr,
+        /// Its block bytes.
+        block_bytes: u64,
+    },
+    /// `empty_cache` ran.
+    CacheEmptied,
+    /// A `mark`: nothing to do.
+    Marked,
+    /// The event did nothing (only in traces replayed despite validation errors, and
+    /// for the free of an allocation that ran out of memory).
+    Skipped(Skip),
+}
+
+/// Why an event was skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// An `alloc` of zero bytes.
+    ZeroSize,
+    /// A `free` or `free_requested` of an id with no live allocation (never allocated,
+    /// already freed, or its allocation ran out of memory).
+    NotLive,
+    /// A second `free_requested` of the same allocation.
+    AlreadyRequested,
+}
+
+/// Kinds of device operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceOpKind {
+    /// A segment allocated (`cudaMalloc`).
+    SegmentAlloc,
+    /// A segment freed (`cudaFree`).
+    SegmentFree,
+    /// Physical chunks mapped into a reserved range (expandable segments).
+    Map,
+    /// Physical chunks unmapped from a reserved range.
+    Unmap,
+}
+
+/// One operation the device performed for the policy: segments, and mappings of physical
+/// chunks into reserved ranges (one per map or unmap call). Reserving and releasing
+/// address space, and creating and releasing physical chunks (which have no address
+/// until mapped), are not listed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceOp {
+    /// What happened.
+    pub kind: DeviceOpKind,
+    /// First byte of the segment or of the mapped span.
+    pub addr: DeviceAddr,
+    /// Bytes of the segment or of the mapped span.
+    pub bytes: u64,
+}
+
+/// Everything about one replayed event, shown to [`Observer::after_event`].
+pub struct Step<'a> {
+    /// Index of the event in the trace.
+    pub index: usize,
+    /// The event.
+    pub event: &'a Event,
+    /// What the policy did with it.
+    pub outcome: Outcome,
+    /// The device operations the event caused, in order (usually none).
+    pub device_ops: &'a [DeviceOp],
+    /// Policy accounting after the event.
+    pub policy_stats: &'a PolicyStats,
+    /// Device accounting after the event.
+    pub device_stats: &'a DeviceStats,
+    /// The policy, for snapshots and detailed statistics (costly: at checkpoints only).
+    pub policy: &'a dyn Policy,
+}
+
+/// Watches a replay event by event. Every method has a default that does nothing, and
+/// the engine is generic over the observer, so an observer costs only what it does.
+pub trait Observer {
+    /// Before event `index` is replayed: the policy is in the state after the previous
+    /// event.
+    fn before_event(&mut self, _index: usize, _event: &Event, _policy: &dyn Policy) {}
+
+    /// After each replayed event, the out-of-memory that stops a replay included.
+    fn after_event(&mut self, _step: &Step<'_>) {}
+}
+
+/// The observer that watches nothing ([`crate::replay`]).
+impl Observer for () {}
+
+impl<O: Observer + ?Sized> Observer for &mut O {
+    fn before_event(&mut self, index: usize, event: &Event, policy: &dyn Policy) {
+        (**self).before_event(index, event, policy);
+    }
+
+    fn after_event(&mut self, step: &Step<'_>) {
+        (**self).after_event(step);
+    }
+}
+
+/// Two observers at once, the first called first.
+impl<A: Observer, B: Observer> Observer for (A, B) {
+    fn before_event(&mut self, index: usize, event: &Event, policy: &dyn Policy) {
+        self.0.before_event(index, event, policy);
+        self.1.before_event(index, event, policy);
+    }
+
+    fn after_event(&mut self, step: &Step<'_>) {
+        self.0.after_event(step);
+        self.1.after_event(step);
+    }
+}
+
+/// One [`Sample`] per replayed event: the timeline of `allocsim replay --timeline`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Timeline {
+    /// The samples, in event order.
+    pub samples: Vec<Sample>,
+}
+
+impl Observer for Timeline {
+    fn after_event(&mut self, step: &Step<'_>) {
+        self.samples.push(Sample {
+            event_index: step.index as u64,
+            policy: *step.policy_stats,
+            charged_bytes: step.device_stats.charged_bytes,
+        });
+    }
+}
+
+/// The device as the engine hands it to the policy: every call goes to the real device,
+/// and each segment operation is written down for the observer. Segment operations are
+/// rare, so this costs one indirection per call. Every `Device` method is forwarded
+/// (a method left to its default here would hide the real device's).
+pub(crate) struct OpLog<'d> {
+    pub(crate) device: &'d mut dyn Device,
+    pub(crate) ops: Vec<DeviceOp>,
+}
+
+impl OpLog<'_> {
+    fn log(&mut self, kind: DeviceOpKind, addr: u64, bytes: u64) {
+        self.ops.push(DeviceOp {
+            kind,
+            addr: DeviceAddr(addr),
+            bytes,
+        });
+    }
+
+    fn vm(&mut self) -> Result<&mut dyn VirtualMemory, DeviceError> {
+        self.device
+            .virtual_memory()
+            .ok_or(DeviceError::Unsupported {
+                what: "virtual memory management",
+            })
+    }
+}
+
+impl Device for OpLog<'_> {
+    fn allocate_segment(&mut self, size_bytes: u64) -> Result<Segment, DeviceError> {
+        let segment = self.device.allocate_segment(size_bytes)?;
+        self.log(DeviceOpKind::SegmentAlloc, segment.addr.0, size_bytes);
+        Ok(segment)
+    }
+
+    fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError> {
+        let (addr, bytes) = (segment.addr.0, segment.size_bytes);
+        self.device.free_segment(segment)?;
+        self.log(DeviceOpKind::SegmentFree, addr, bytes);
+        Ok(())
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.device.stats()
+    }
+
+    fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
+        if self.device.virtual_memory().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    fn observed_used_bytes(&mut self) -> Option<u64> {
+        self.device.observed_used_bytes()
+    }
+}
+
+impl VirtualMemory for OpLog<'_> {
+    fn reserve_range(&mut self, size_bytes: u64) -> Result<AddressRange, DeviceError> {
+        self.vm()?.reserve_range(size_bytes)
+    }
+
+    fn create_physical(&mut self, size_bytes: u64) -> Result<PhysicalChunk, DeviceError> {
+        self.vm()?.create_physical(size_bytes)
+    }
+
+    /// One map call is one operation (one of PyTorch's `segment_map` entries).
+    fn map(
+        &mut self,
+        range: &AddressRange,
+        offset_bytes: u64,
+        chunks: &[PhysicalChunk],
+    ) -> Result<(), DeviceError> {
+        self.vm()?.map(range, offset_bytes, chunks)?;
+        let bytes = chunks.iter().map(|c| c.size_bytes).sum();
+        self.log(DeviceOpKind::Map, range.addr.0 + offset_bytes, bytes);
+        Ok(())
+    }
+
+    /// One unmap call is one operation (one of PyTorch's `segment_unmap` entries).
+    fn unmap(
+        &mut self,
+        range: &AddressRange,
+        offset_bytes: u64,
+        chunks: &[PhysicalChunk],
+    ) -> Result<(), DeviceError> {
+        self.vm()?.unmap(range, offset_bytes, chunks)?;
+        let bytes = chunks.iter().map(|c| c.size_bytes).sum();
+        self.log(DeviceOpKind::Unmap, range.addr.0 + offset_bytes, bytes);
+        Ok(())
+    }
+
+    fn release_physical(&mut self, chunk: PhysicalChunk) -> Result<(), DeviceError> {
+        self.vm()?.release_physical(chunk)
+    }
+
+    fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError> {
+        self.vm()?.release_range(range)
+    }
+}

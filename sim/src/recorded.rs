@@ -1,0 +1,150 @@
+//! The setup a recorded PyTorch run describes, derived in one place from the run and its
+//! [`TraceMeta`](workloads::TraceMeta): the caching configuration it ran with, the
+//! device it ran on, and the segment addresses it got (as hints for the simulated
+//! device). Fidelity and the CLI's loading of recorded traces both use these.
+
+use policies::caching::{CachingConfig, MemoryLimit};
+use workloads::{Action, RecordedRun};
+
+use crate::device::{AddressHints, SimDeviceOptions};
+
+/// A recorded run whose `alloc_conf` does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: alloc_conf '{conf}': {message}")]
+pub struct AllocConfError {
+    /// The run's file.
+    pub path: String,
+    /// The configuration string.
+    pub conf: String,
+    /// PyTorch's error.
+    pub message: String,
+}
+
+/// The caching configuration a recorded run ran with: its `PYTORCH_CUDA_ALLOC_CONF`
+/// (PyTorch's defaults when none is recorded) and its memory fraction.
+///
+/// # Errors
+/// When its `alloc_conf` does not parse.
+pub fn run_config(run: &RecordedRun) -> Result<CachingConfig, AllocConfError> {
+    let conf = run.meta.alloc_conf.as_deref().unwrap_or("");
+    let mut config = CachingConfig::from_alloc_conf(conf).map_err(|e| AllocConfError {
+        path: run.path.display().to_string(),
+        conf: conf.to_string(),
+        message: e.to_string(),
+    })?;
+    if let Some(f) = run.meta.memory_fraction() {
+        config.memory_limit = MemoryLimit::Fraction(f);
+    }
+    Ok(config)
+}
+
+/// The simulated device a recorded run ran on: `base` with the run's total, and as
+/// capacity the least free memory the driver reported plus what PyTorch held at that
+/// moment.
+pub fn run_device(run: &RecordedRun, base: &SimDeviceOptions) -> SimDeviceOptions {
+    let mut d = base.clone();
+    if let Some(total) = run.meta.total_bytes {
+        d.total_bytes = total;
+    }
+    if let Some(cap) = run
+        .checkpoints
+        .iter()
+        .map(|c| c.driver_free + c.reserved)
+        .min()
+    {
+        d.capacity_bytes = cap;
+    }
+    d.capacity_bytes = d.capacity_bytes.min(d.total_bytes);
+    d
+}
+
+/// Recorded segment addresses, for best-fit ties: each `segment_alloc`'s (size,
+/// address), and the base of each expandable segment (the first mapping outside every
+/// known range). A range spans the device's total memory and an eighth, rounded up to
+/// the run's segment size, as PyTorch reserves it; the total is the run's, or
+/// `total_bytes` (the simulated device's) when the run does not record one.
+///
+/// # Errors
+/// When the run's `alloc_conf` does not parse.
+pub fn address_hints(run: &RecordedRun, total_bytes: u64) -> Result<AddressHints, AllocConfError> {
+    let config = run_config(run)?;
+    let total_bytes = run.meta.total_bytes.unwrap_or(total_bytes);
+    let mut hints = AddressHints::default();
+    let page = config.large_segment_size_bytes.max(2 << 20);
+    let window = page * (total_bytes + total_bytes / 8).div_ceil(page);
+    let mut bases: Vec<u64> = Vec::new();
+    for e in &run.entries {
+        match e.action {
+            Action::SegmentAlloc => hints.segments.push_back((e.size, e.addr)),
+            Action::SegmentMap if !bases.iter().any(|&b| e.addr >= b && e.addr < b + window) => {
+                bases.push(e.addr);
+                hints.ranges.push_back(e.addr);
+            }
+            _ => {}
+        }
+    }
+    Ok(hints)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use workloads::{RecordedEntry, TraceMeta};
+
+    fn entry(action: Action, addr: u64, size: u64) -> RecordedEntry {
+        RecordedEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+        }
+    }
+
+    /// A recorded alloc_conf that does not parse is an error naming the file and the
+    /// string, not silently PyTorch's defaults.
+    #[test]
+    fn bad_alloc_conf_is_an_error() {
+        let run = RecordedRun {
+            path: "runs/x.json".into(),
+            meta: TraceMeta {
+                alloc_conf: Some("max_split_size_mb:oops".into()),
+                ..TraceMeta::default()
+            },
+            ..RecordedRun::default()
+        };
+        let e = address_hints(&run, 80 << 30).unwrap_err().to_string();
+        assert!(
+            e.starts_with("runs/x.json: alloc_conf 'max_split_size_mb:oops': "),
+            "{e}"
+        );
+        assert!(run_config(&run).is_err());
+    }
+
+    /// Segment allocations become address hints in order; mappings inside a known
+    /// range are not new ranges, and the range window comes from the recorded total
+    /// when there is one, else from the device's.
+    #[test]
+    fn hints_follow_the_recording() {
+        let gib = 1u64 << 30;
+        let base = 0x7f00_0000_0000;
+        let mut run = RecordedRun {
+            entries: vec![
+                entry(Action::SegmentAlloc, 0x1000, 2 << 20),
+                entry(Action::SegmentMap, base, 2 << 20),
+                entry(Action::SegmentMap, base + 40 * gib, 2 << 20),
+                entry(Action::SegmentAlloc, 0x9000, 20 << 20),
+            ],
+            ..RecordedRun::default()
+        };
+        let hints = address_hints(&run, 80 * gib).unwrap();
+        assert_eq!(
+            hints.segments.iter().copied().collect::<Vec<_>>(),
+            vec![(2 << 20, 0x1000), (20 << 20, 0x9000)]
+        );
+        assert_eq!(hints.ranges.iter().copied().collect::<Vec<_>>(), vec![base]);
+        // A 32 GiB device's ranges are 36 GiB: the second mapping starts a new one.
+        assert_eq!(address_hints(&run, 32 * gib).unwrap().ranges.len(), 2);
+        run.meta.total_bytes = Some(32 * gib);
+        assert_eq!(address_hints(&run, 80 * gib).unwrap().ranges.len(), 2);
+    }
+}
