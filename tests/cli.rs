@@ -77,6 +77,16 @@ fn bad_traces_exit_2_with_file_and_place() {
             "events:\n  - {op: free, id: 9}\n",
             &["free.yaml", "event 1", "9"],
         ),
+        (
+            "requested-twice.csv",
+            "op,id,bytes,stream\nalloc,1,10,0\nfree_requested,1,,\nfree_requested,1,,\n",
+            &["requested-twice.csv", "line 4", "twice (first at line 3)"],
+        ),
+        (
+            "bad-conf.json",
+            "{\"alloc_conf\": \"max_split_size_mb:oops\", \"events\": []}",
+            &["bad-conf.json", "alloc_conf 'max_split_size_mb:oops'"],
+        ),
         ("syntax.yaml", "events: [\n", &["syntax.yaml", "line"]),
         ("trace.txt", "hello\n", &["trace.txt", "--format"]),
     ];
@@ -266,6 +276,53 @@ fn replay_pickle_with_stats() {
         stdout(&o).contains("\nmultistream,caching,85899345920,"),
         "{}",
         stdout(&o)
+    );
+}
+
+/// A trace with a delayed free replays: the caching policy stops counting the block as
+/// allocated at `free_requested` but does not reuse it before its `free`, a policy
+/// without streams keeps it allocated; `convert` keeps the delayed free.
+#[test]
+fn free_requested_traces_replay_and_convert() {
+    let dir = TempDir::new("cli-free-requested");
+    let trace = dir.file(
+        "delayed.yaml",
+        "events:\n  - {op: alloc, id: 1, bytes: 64MiB}\n  - {op: free_requested, id: 1}\n  - {op: alloc, id: 2, bytes: 64MiB}\n  - {op: free_completed, id: 1}\n  - {op: free, id: 2}\n",
+    );
+    let peaks = |policy: &str| {
+        let o = allocsim([
+            "replay".as_ref(),
+            trace.as_os_str(),
+            "--policy".as_ref(),
+            policy.as_ref(),
+            "--check-invariants".as_ref(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let out = stdout(&o);
+        let line = |key: &str| {
+            out.lines()
+                .find(|l| l.starts_with(key))
+                .unwrap()
+                .to_string()
+        };
+        (line("peak allocated"), line("peak reserved"))
+    };
+    let (allocated, reserved) = peaks("caching");
+    assert!(allocated.contains("(67108864 bytes)"), "{allocated}");
+    assert!(reserved.contains("(134217728 bytes)"), "{reserved}");
+    let (allocated, _) = peaks("immediate");
+    assert!(allocated.contains("(134217728 bytes)"), "{allocated}");
+    let csv = dir.path().join("delayed.csv");
+    let o = allocsim([
+        "convert".as_ref(),
+        trace.as_os_str(),
+        "-o".as_ref(),
+        csv.as_os_str(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(&csv).unwrap(),
+        "op,id,bytes,stream\nalloc,1,67108864,0\nfree_requested,1,,\nalloc,2,67108864,0\nfree,1,,\nfree,2,,\n"
     );
 }
 

@@ -618,6 +618,104 @@ mod tests {
         );
     }
 
+    /// A delayed free (`free_requested` with its completion later) is replayed by the
+    /// engine: the block leaves `allocated` at once, as the checkpoint taken between the
+    /// two shows, and is not reused before its completion (the next request takes
+    /// another block of the segment, no new segment).
+    #[test]
+    fn delayed_free_is_replayed() {
+        let a = 0x7f00_0000_0000u64;
+        let cp = |label: &str, trace_len, allocated, inactive_split| Checkpoint {
+            label: label.into(),
+            trace_len,
+            allocated,
+            reserved: 2 << 20,
+            max_allocated: 0,
+            max_reserved: 0,
+            inactive_split,
+            num_alloc_retries: 0,
+            num_ooms: 0,
+            segments: 1,
+            driver_free: 70 << 30,
+        };
+        let run = RecordedRun {
+            name: "delayed".into(),
+            entries: vec![
+                e(Action::SegmentAlloc, a, 2 << 20),
+                e(Action::Alloc, a, 512),
+                e(Action::FreeRequested, a, 512),
+                e(Action::Alloc, a + 512, 512),
+                e(Action::FreeCompleted, a, 512),
+                e(Action::FreeRequested, a + 512, 512),
+                e(Action::FreeCompleted, a + 512, 512),
+            ],
+            checkpoints: vec![
+                cp("pending", 3, 0, (2 << 20) - 512),
+                cp("both", 4, 512, (2 << 20) - 1024),
+                cp("end", 7, 0, 0),
+            ],
+            final_stats: vec![
+                ("reserved_bytes.all.peak".into(), f64::from(2 << 20)),
+                ("allocated_bytes.all.peak".into(), 512.0),
+            ],
+            ..RecordedRun::default()
+        };
+        let trace = run.to_trace().unwrap();
+        assert_eq!(
+            trace.events[1],
+            Event::FreeRequested {
+                id: workloads::AllocId(0)
+            }
+        );
+        let r = fidelity(
+            &run,
+            &FidelityOptions {
+                check_invariants: true,
+                ..FidelityOptions::default()
+            },
+        )
+        .unwrap();
+        assert!(r.row.exact, "{}", r.explain());
+        assert_eq!(r.sim_ops.len(), 1);
+        assert_eq!(
+            r.checkpoints
+                .iter()
+                .map(|c| c.simulated[0])
+                .collect::<Vec<_>>(),
+            vec![0, 512, 0]
+        );
+    }
+
+    /// Checkpoints are taken before the first entry (empty_cache markers aside) once
+    /// `trace_len` entries were recorded, markers not counted; later ones at the end.
+    #[test]
+    fn checkpoints_map_to_entries() {
+        let cp = |trace_len| Checkpoint {
+            label: String::new(),
+            trace_len,
+            allocated: 0,
+            reserved: 0,
+            max_allocated: 0,
+            max_reserved: 0,
+            inactive_split: 0,
+            num_alloc_retries: 0,
+            num_ooms: 0,
+            segments: 0,
+            driver_free: 0,
+        };
+        let run = RecordedRun {
+            entries: vec![
+                e(Action::Alloc, 1, 1),
+                e(Action::EmptyCache, 0, 0),
+                e(Action::FreeCompleted, 1, 1),
+                e(Action::EmptyCache, 0, 0),
+            ],
+            checkpoints: vec![cp(0), cp(1), cp(2), cp(3)],
+            ..RecordedRun::default()
+        };
+        assert_eq!(checkpoint_entries(&run), vec![0, 2, usize::MAX, usize::MAX]);
+    }
+
     /// A tiny hand-made run is reproduced exactly, segment operations and checkpoints.
     #[test]
     fn tiny_run_is_exact() {

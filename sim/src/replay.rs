@@ -195,7 +195,7 @@ pub fn replay(
 ///
 /// # Panics
 /// As [`replay`].
-pub fn replay_with<O: Observer>(
+pub fn replay_with<O: Observer + ?Sized>(
     trace: &Trace,
     policy: &mut dyn Policy,
     device: &mut dyn Device,
@@ -805,6 +805,119 @@ mod tests {
             128 << 20,
             "without streams the block stays allocated until its free"
         );
+    }
+
+    /// A policy that misreports, to show the engine's checks catch it.
+    struct Lying {
+        inner: ImmediatePolicy,
+        /// Leave the first block out of snapshots.
+        hide_block: bool,
+        /// Report stale stats with an out-of-memory.
+        stale_oom: bool,
+    }
+
+    impl Policy for Lying {
+        fn name(&self) -> &str {
+            "lying"
+        }
+
+        fn allocate(
+            &mut self,
+            device: &mut dyn Device,
+            request: Request,
+        ) -> Result<Allocation, AllocError> {
+            match self.inner.allocate(device, request) {
+                Err(AllocError::OutOfMemory {
+                    requested_bytes,
+                    tried_bytes,
+                    mut stats,
+                }) if self.stale_oom => {
+                    stats.allocated_bytes += 1;
+                    Err(AllocError::OutOfMemory {
+                        requested_bytes,
+                        tried_bytes,
+                        stats,
+                    })
+                }
+                other => other,
+            }
+        }
+
+        fn free(
+            &mut self,
+            device: &mut dyn Device,
+            allocation: Allocation,
+        ) -> Result<(), DeviceError> {
+            self.inner.free(device, allocation)
+        }
+
+        fn empty_cache(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
+            self.inner.empty_cache(device)
+        }
+
+        fn stats(&self) -> PolicyStats {
+            self.inner.stats()
+        }
+
+        fn snapshot(&self) -> Vec<policies::SegmentSnapshot> {
+            let mut s = self.inner.snapshot();
+            if self.hide_block {
+                for seg in &mut s {
+                    for b in &mut seg.blocks {
+                        b.state = BlockState::Free;
+                    }
+                }
+            }
+            s
+        }
+
+        fn check_invariants(&self) {
+            self.inner.check_invariants();
+        }
+    }
+
+    fn lying(hide_block: bool, stale_oom: bool) -> Lying {
+        Lying {
+            inner: ImmediatePolicy::default(),
+            hide_block,
+            stale_oom,
+        }
+    }
+
+    /// The engine's checks catch a live allocation the policy's blocks do not show.
+    #[test]
+    #[should_panic(expected = "is not an allocated block after event 0")]
+    fn checks_catch_a_missing_block() {
+        let t = Trace::new("t", vec![alloc(0, 100)]);
+        let mut d = SimDevice::new(SimDeviceOptions::default());
+        let _ = replay(&t, &mut lying(true, false), &mut d, &checked());
+    }
+
+    /// The engine's checks catch an out-of-memory that reports a state other than the
+    /// state after it.
+    #[test]
+    #[should_panic(
+        expected = "the reported state is not the state after at the out-of-memory of event 1"
+    )]
+    fn checks_catch_a_stale_oom_state() {
+        let t = Trace::new("t", vec![alloc(0, GIB), alloc(1, 8 * GIB)]);
+        let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(4 * GIB));
+        let _ = replay(&t, &mut lying(false, true), &mut d, &checked());
+    }
+
+    /// Without checks the same lying policy replays (the checks are what caught it).
+    #[test]
+    fn lying_policy_replays_unchecked() {
+        let t = Trace::new("t", vec![alloc(0, GIB), alloc(1, 8 * GIB)]);
+        let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(4 * GIB));
+        let r = replay(
+            &t,
+            &mut lying(true, true),
+            &mut d,
+            &ReplayOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(r.oom.unwrap().event_index, 1);
     }
 
     /// Large ids and reused ids work.
