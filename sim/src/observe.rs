@@ -4,8 +4,8 @@
 //! snapshot exports.
 
 use policies::{
-    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, PhysicalChunk, Policy,
-    PolicyStats, Segment, VirtualMemory,
+    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, PhysicalChunk, Policy, PolicyStats,
+    Segment, VirtualMemory,
 };
 use workloads::Event;
 
