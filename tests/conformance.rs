@@ -3,11 +3,15 @@
 //! here, in specifications, in `allocsim policies`, in the command line's help, defaults
 //! and error messages.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
 use policies::caching::CachingDefaults;
 use policies::registry::known_names;
 use policies::spec::parse_policy;
-use policies::testing::NullDevice;
-use policies::{AllocError, Device, Policy, PolicyStats, Request, StreamId, POLICIES};
+use policies::testing::{broken_driver_error, duplicate, BrokenDevice, NullDevice, TestDevice};
+use policies::{
+    AllocError, Device, DeviceError, Policy, PolicyStats, Request, StreamId, POLICIES,
+};
 use sim::{SimDevice, SimDeviceOptions};
 
 use crate::util::{allocsim, stderr, stdout};
@@ -125,15 +129,34 @@ fn command_line_lists_come_from_the_table() {
     assert_eq!(policies, names);
 }
 
-/// Freeing everything brings allocated bytes to zero, and empty_cache then reserved bytes.
+fn on(stream: u64, size_bytes: u64) -> Request {
+    Request {
+        size_bytes,
+        stream: StreamId(stream),
+    }
+}
+
+/// Freeing everything, on several streams, brings allocated bytes to zero, and
+/// empty_cache then reserved bytes.
 #[test]
 fn free_all_then_empty_cache_is_zero() {
     each_policy(|name, mut p| {
         let mut d = SimDevice::new(SimDeviceOptions::default());
-        let sizes = [1, 512, 4097, MIB, 3 * MIB, 25 * MIB, 300 * MIB];
+        let sizes = [
+            1,
+            512,
+            700,
+            4097,
+            MIB,
+            3 * MIB,
+            25 * MIB,
+            300 * MIB,
+            2 << 30,
+        ];
         let live: Vec<_> = sizes
             .iter()
-            .map(|&s| p.allocate(&mut d, req(s)).unwrap())
+            .enumerate()
+            .map(|(i, &s)| p.allocate(&mut d, on(i as u64 % 3, s)).unwrap())
             .collect();
         assert!(
             p.stats().allocated_bytes >= sizes.iter().sum::<u64>(),
@@ -235,4 +258,62 @@ fn replay_is_deterministic() {
         };
         assert_eq!(run(), run(), "{}", entry.name);
     }
+}
+
+/// A driver failure other than out of memory reaches the caller as a device error and
+/// leaves the policy as it was.
+#[test]
+fn driver_failures_propagate() {
+    each_policy(|name, mut p| {
+        for size in [512, 3 * MIB, 300 * MIB] {
+            let e = p.allocate(&mut BrokenDevice, req(size)).unwrap_err();
+            assert_eq!(e, AllocError::Device(broken_driver_error()), "{name}");
+        }
+        assert_eq!(p.stats(), PolicyStats::default(), "{name}");
+        p.check_invariants();
+    });
+}
+
+/// The same, for a policy with virtual memory (expandable segments).
+#[test]
+fn driver_failures_propagate_through_virtual_memory() {
+    let config = policies::caching::CachingConfig::from_alloc_conf("expandable_segments:True")
+        .expect("config");
+    let mut p = policies::caching::CachingPolicy::new(config);
+    let e = p.allocate(&mut BrokenDevice, req(MIB)).unwrap_err();
+    assert!(
+        matches!(e, AllocError::Device(DeviceError::Driver { code: 700, .. })),
+        "{e:?}"
+    );
+    assert_eq!(p.stats(), PolicyStats::default());
+    p.check_invariants();
+}
+
+/// Freeing an allocation twice, or a stale handle whose block was handed out again,
+/// panics naming the broken invariant, before anything changes.
+#[test]
+fn stale_and_double_frees_panic() {
+    each_policy(|name, mut p| {
+        let mut d = TestDevice::unbounded();
+        let a = p.allocate(&mut d, req(512)).unwrap();
+        let twin = duplicate(&a);
+        p.free(&mut d, a).unwrap();
+        let message = |r: std::thread::Result<()>| {
+            let e = r.expect_err("the free should panic");
+            e.downcast_ref::<String>().cloned().unwrap_or_default()
+        };
+        let double = message(catch_unwind(AssertUnwindSafe(|| {
+            let _ = p.free(&mut d, duplicate(&twin));
+        })));
+        assert!(double.contains("is not live in this"), "{name}: {double}");
+        let b = p.allocate(&mut d, req(512)).unwrap();
+        let stale = message(catch_unwind(AssertUnwindSafe(|| {
+            let _ = p.free(&mut d, twin);
+        })));
+        assert!(stale.contains("is not live in this"), "{name}: {stale}");
+        p.free(&mut d, b).unwrap();
+        p.empty_cache(&mut d).unwrap();
+        assert_eq!(p.stats(), PolicyStats::default(), "{name}");
+        p.check_invariants();
+    });
 }

@@ -588,8 +588,7 @@ impl Policy for BuddyPolicy {
 mod tests {
     use super::*;
     use crate::registry::PolicyConfig;
-    use crate::testing::{NullDevice, TestDevice};
-    use crate::DeviceStats;
+    use crate::testing::{check_against_device, NullDevice, TestDevice};
     use proptest::prelude::*;
 
     const GIB: u64 = 1 << 30;
@@ -619,20 +618,6 @@ mod tests {
             .collect()
     }
 
-    fn check(p: &BuddyPolicy, d: &TestDevice) {
-        p.check_invariants();
-        assert_eq!(
-            p.stats().reserved_bytes,
-            d.stats().reserved_bytes,
-            "reserved disagrees with the device"
-        );
-        assert_eq!(
-            p.stats().segment_count,
-            d.live_segments().len() as u64,
-            "segment count disagrees with the device"
-        );
-    }
-
     /// With the default options a 1 GiB + 1 B request gets a 2 GiB block in its own 2 GiB segment.
     #[test]
     fn golden_one_gib_plus_one() {
@@ -644,7 +629,7 @@ mod tests {
         assert_eq!(p.stats().allocated_bytes, 2 * GIB);
         assert_eq!(d.live_segments(), vec![(a.addr.0, 2 * GIB)]);
         assert_eq!(p.snapshot()[0].pool, "buddy-oversize");
-        check(&p, &d);
+        check_against_device(&p, &d);
     }
 
     /// Requests round up to a power of two of at least the minimum block, in 1 GiB segments.
@@ -667,7 +652,7 @@ mod tests {
                 (p.stats().requested_bytes, p.stats().allocated_bytes),
                 (request, block)
             );
-            check(&p, &d);
+            check_against_device(&p, &d);
         }
     }
 
@@ -689,7 +674,7 @@ mod tests {
             1024,
             "a 1 KiB block takes the free 1 KiB buddy, no split"
         );
-        check(&p, &d);
+        check_against_device(&p, &d);
     }
 
     /// Freeing merges buddies back into a whole segment, which is then reused without the device.
@@ -703,13 +688,13 @@ mod tests {
         assert_eq!(p.stats().segment_count, 1);
         for a in blocks.into_iter().rev() {
             p.free(&mut d, a).unwrap();
-            check(&p, &d);
+            check_against_device(&p, &d);
         }
         assert_eq!(layout(&p, 0), vec![(0, 4096, BlockState::Free)]);
         let whole = p.allocate(&mut d, req(4096)).unwrap();
         assert_eq!(whole.addr.0, d.live_segments()[0].0);
         assert_eq!(d.stats().allocate_count, 1, "the cached segment was reused");
-        check(&p, &d);
+        check_against_device(&p, &d);
     }
 
     /// Adjacent free blocks that are not buddies stay apart.
@@ -727,7 +712,7 @@ mod tests {
             layout(&p, 0),
             vec![(0, 512, A), (512, 512, F), (1024, 1024, F), (2048, 2048, F)]
         );
-        check(&p, &d);
+        check_against_device(&p, &d);
     }
 
     /// The search takes the smallest order with a free block before splitting a larger one.
@@ -743,7 +728,7 @@ mod tests {
         assert_eq!(c.addr.0 - d.live_segments()[0].0, 3072);
         let e = p.allocate(&mut d, req(512)).unwrap();
         assert_eq!(e.addr.0 - d.live_segments()[0].0, 2560);
-        check(&p, &d);
+        check_against_device(&p, &d);
     }
 
     /// Freed oversize segments are cached whole and reused only for the same block size.
@@ -762,7 +747,7 @@ mod tests {
         let c = p.allocate(&mut d, req(6000)).unwrap();
         assert_eq!(c.addr, addr, "the same block size does");
         assert_eq!(d.stats().allocate_count, 2);
-        check(&p, &d);
+        check_against_device(&p, &d);
     }
 
     /// On device OOM the policy releases wholly free segments and the retry succeeds.
@@ -781,10 +766,10 @@ mod tests {
             "the cached segment made room"
         );
         assert_eq!(d.stats().free_count, 1);
-        check(&p, &d);
+        check_against_device(&p, &d);
         p.free(&mut d, big).unwrap();
         p.free(&mut d, keep).unwrap();
-        check(&p, &d);
+        check_against_device(&p, &d);
     }
 
     /// A failed request leaves live allocations and allocated bytes as they were.
@@ -835,7 +820,7 @@ mod tests {
             after.reserved_bytes, 4096,
             "recovery released the cached segment"
         );
-        check(&p, &d);
+        check_against_device(&p, &d);
 
         let err = p.allocate(&mut NullDevice, req(512)).unwrap_err();
         assert!(
@@ -865,40 +850,7 @@ mod tests {
         assert_eq!(p.stats().segment_count, 4);
         p.empty_cache(&mut d).unwrap();
         assert_eq!(d.live_segments(), vec![(used.addr.0, 4096)]);
-        check(&p, &d);
-    }
-
-    /// Freeing everything and emptying the cache leaves nothing reserved.
-    #[test]
-    fn free_all_then_empty_cache_reserves_nothing() {
-        let mut d = TestDevice::unbounded();
-        let mut p = BuddyPolicy::default();
-        let live: Vec<_> = [1, 700, 3 << 20, GIB, GIB + 1, 5]
-            .iter()
-            .map(|&s| p.allocate(&mut d, req(s)).unwrap())
-            .collect();
-        for a in live {
-            p.free(&mut d, a).unwrap();
-        }
-        p.empty_cache(&mut d).unwrap();
-        assert_eq!(p.stats(), PolicyStats::default());
-        assert!(d.live_segments().is_empty());
-        check(&p, &d);
-    }
-
-    /// Zero-byte and 1 EiB requests are refused without touching the device.
-    #[test]
-    fn zero_and_huge_requests() {
-        let mut p = BuddyPolicy::default();
-        assert_eq!(
-            p.allocate(&mut NullDevice, req(0)),
-            Err(AllocError::ZeroSize)
-        );
-        let err = p
-            .allocate(&mut NullDevice, req(MAX_REQUEST_BYTES))
-            .unwrap_err();
-        assert!(matches!(err, AllocError::OutOfMemory { .. }));
-        assert_eq!(p.stats(), PolicyStats::default());
+        check_against_device(&p, &d);
     }
 
     /// Invalid options are refused with a message naming the problem.
@@ -953,56 +905,6 @@ mod tests {
         assert!(PolicyConfig::new(BuddyOptions::default()).build().is_ok());
     }
 
-    /// Freeing an allocation twice panics, naming the broken invariant.
-    #[test]
-    #[should_panic(expected = "not live in this policy")]
-    fn stale_free_panics() {
-        let mut d = TestDevice::unbounded();
-        let mut p = small();
-        let a = p.allocate(&mut d, req(512)).unwrap();
-        let copy = Allocation {
-            addr: a.addr,
-            requested_bytes: 512,
-            block_bytes: 512,
-            stream: a.stream,
-            block: a.block,
-            serial: a.serial,
-        };
-        p.free(&mut d, a).unwrap();
-        let _b = p.allocate(&mut d, req(512)).unwrap();
-        p.free(&mut d, copy).unwrap();
-    }
-
-    /// A driver failure other than out of memory propagates as a device error.
-    #[test]
-    fn driver_errors_propagate() {
-        struct Broken;
-        impl Device for Broken {
-            fn allocate_segment(&mut self, _: u64) -> Result<Segment, DeviceError> {
-                Err(DeviceError::Driver {
-                    code: 700,
-                    message: "illegal address".into(),
-                })
-            }
-            fn free_segment(&mut self, _: Segment) -> Result<(), DeviceError> {
-                unreachable!()
-            }
-            fn stats(&self) -> DeviceStats {
-                DeviceStats::default()
-            }
-        }
-        let mut p = small();
-        let err = p.allocate(&mut Broken, req(512)).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                AllocError::Device(DeviceError::Driver { code: 700, .. })
-            ),
-            "{err:?}"
-        );
-        p.check_invariants();
-    }
-
     #[derive(Clone, Debug)]
     enum Op {
         Alloc(u64),
@@ -1051,13 +953,13 @@ mod tests {
                     Op::Free(_) => {}
                     Op::EmptyCache => p.empty_cache(&mut d).unwrap(),
                 }
-                check(&p, &d);
+                check_against_device(&p, &d);
             }
             for a in live {
                 p.free(&mut d, a).unwrap();
             }
             p.empty_cache(&mut d).unwrap();
-            check(&p, &d);
+            check_against_device(&p, &d);
             prop_assert_eq!(p.stats(), PolicyStats::default());
         }
     }

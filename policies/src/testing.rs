@@ -1,5 +1,7 @@
-//! Test doubles for policies: a device that never has memory and one with a simple,
-//! exact capacity and virtual memory. Enough to unit-test a policy without `sim`.
+//! Test doubles for policies: a device that never has memory, one whose driver fails,
+//! and one with a simple, exact capacity and virtual memory; checks shared by the
+//! policies' unit tests and the conformance suite. Enough to unit-test a policy without
+//! `sim`.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +10,7 @@ use crate::device::{
     VirtualMemory,
 };
 use crate::page_table::PageTable;
+use crate::policy::{Allocation, Policy};
 
 /// A device with no memory at all: every allocation is out of memory.
 #[derive(Debug, Default)]
@@ -66,6 +69,119 @@ impl VirtualMemory for NullDevice {
     fn release_range(&mut self, _: AddressRange) -> Result<(), DeviceError> {
         Ok(())
     }
+}
+
+/// The error a [`BrokenDevice`] fails with: `CUDA_ERROR_ILLEGAL_ADDRESS`.
+pub fn broken_driver_error() -> DeviceError {
+    DeviceError::Driver {
+        code: 700,
+        message: "CUDA_ERROR_ILLEGAL_ADDRESS (700): an illegal memory access was encountered (in BrokenDevice)".into(),
+    }
+}
+
+/// A device whose driver has failed: every segment, address range and physical chunk
+/// request fails with [`broken_driver_error`] (not out of memory), so a policy must stop
+/// and pass the error on.
+#[derive(Debug, Default)]
+pub struct BrokenDevice;
+
+impl Device for BrokenDevice {
+    fn allocate_segment(&mut self, _: u64) -> Result<Segment, DeviceError> {
+        Err(broken_driver_error())
+    }
+
+    fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError> {
+        panic!("BrokenDevice never handed out segment {:?}", segment.id)
+    }
+
+    fn stats(&self) -> DeviceStats {
+        DeviceStats {
+            total_bytes: 80 << 30,
+            capacity_bytes: 80 << 30,
+            ..DeviceStats::default()
+        }
+    }
+
+    fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
+        Some(self)
+    }
+}
+
+impl VirtualMemory for BrokenDevice {
+    fn reserve_range(&mut self, _: u64) -> Result<AddressRange, DeviceError> {
+        Err(broken_driver_error())
+    }
+
+    fn create_physical(&mut self, _: u64) -> Result<PhysicalChunk, DeviceError> {
+        Err(broken_driver_error())
+    }
+
+    fn map(&mut self, _: &AddressRange, _: u64, _: &[PhysicalChunk]) -> Result<(), DeviceError> {
+        panic!("BrokenDevice never created a physical chunk")
+    }
+
+    fn unmap(&mut self, _: &AddressRange, _: u64, _: &[PhysicalChunk]) -> Result<(), DeviceError> {
+        panic!("BrokenDevice never mapped a page")
+    }
+
+    fn release_physical(&mut self, chunk: PhysicalChunk) -> Result<(), DeviceError> {
+        panic!("BrokenDevice never created physical chunk {:?}", chunk.id)
+    }
+
+    fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError> {
+        panic!("BrokenDevice never reserved range {:?}", range.id)
+    }
+}
+
+/// A second handle on an allocation, which the type system otherwise rules out: for
+/// tests that a policy catches a stale or doubly freed handle.
+pub fn duplicate(allocation: &Allocation) -> Allocation {
+    Allocation {
+        addr: allocation.addr,
+        requested_bytes: allocation.requested_bytes,
+        block_bytes: allocation.block_bytes,
+        stream: allocation.stream,
+        block: allocation.block,
+        serial: allocation.serial,
+    }
+}
+
+/// Checks a policy against the [`TestDevice`] it draws from: its own invariants, its
+/// reserved bytes and segment count against the device's, and its snapshot (each
+/// segment tiled by its blocks, the segments adding up to the reserved bytes).
+///
+/// # Panics
+/// On the first disagreement.
+pub fn check_against_device(policy: &dyn Policy, device: &TestDevice) {
+    policy.check_invariants();
+    let stats = policy.stats();
+    assert_eq!(
+        stats.reserved_bytes,
+        device.stats().reserved_bytes,
+        "reserved disagrees with the device"
+    );
+    assert_eq!(
+        stats.segment_count,
+        device.stats().segment_count,
+        "segment count disagrees with the device"
+    );
+    let snapshot = policy.snapshot();
+    for s in &snapshot {
+        let mut cursor = s.addr.0;
+        for b in &s.blocks {
+            assert_eq!(
+                b.addr.0, cursor,
+                "snapshot blocks do not tile their segment"
+            );
+            cursor += b.size_bytes;
+        }
+        assert_eq!(cursor, s.addr.0 + s.size_bytes, "snapshot segment size");
+    }
+    assert_eq!(
+        snapshot.iter().map(|s| s.size_bytes).sum::<u64>(),
+        stats.reserved_bytes,
+        "snapshot does not add up to the reserved bytes"
+    );
 }
 
 /// A device with a byte capacity (`u64::MAX`: unbounded), ascending 2 MiB-aligned

@@ -1,7 +1,6 @@
 use super::*;
 use crate::registry::PolicyConfig;
-use crate::testing::{NullDevice, TestDevice};
-use crate::DeviceStats;
+use crate::testing::{check_against_device, NullDevice, TestDevice};
 use proptest::prelude::*;
 
 const KIB: u64 = 1 << 10;
@@ -22,33 +21,6 @@ fn small() -> ArenaPolicy {
         threshold_bytes: 512 * KIB,
     })
     .unwrap()
-}
-
-fn check(p: &ArenaPolicy, d: &TestDevice) {
-    p.check_invariants();
-    assert_eq!(
-        p.stats().reserved_bytes,
-        d.stats().reserved_bytes,
-        "reserved disagrees with the device"
-    );
-    assert_eq!(
-        p.stats().segment_count,
-        d.live_segments().len() as u64,
-        "segment count disagrees with the device"
-    );
-    let snapshot = p.snapshot();
-    for s in &snapshot {
-        let mut cursor = s.addr.0;
-        for b in &s.blocks {
-            assert_eq!(b.addr.0, cursor, "snapshot blocks do not tile their entry");
-            cursor += b.size_bytes;
-        }
-        assert_eq!(cursor, s.addr.0 + s.size_bytes);
-    }
-    assert_eq!(
-        snapshot.iter().map(|s| s.size_bytes).sum::<u64>(),
-        p.stats().reserved_bytes
-    );
 }
 
 /// (pool, stream, offset from the first chunk, size) of every snapshot entry.
@@ -78,7 +50,7 @@ fn rounding_and_first_superblock() {
             ("arena-global", 0, MIB, (1 << 30) - MIB)
         ]
     );
-    check(&p, &d);
+    check_against_device(&p, &d);
 }
 
 /// Requests above the threshold go to the global arena, after the superblocks already taken.
@@ -95,7 +67,7 @@ fn large_requests_go_to_the_global_arena() {
         (base + MIB, 512 * KIB + 256),
         "above it: global arena"
     );
-    check(&p, &d);
+    check_against_device(&p, &d);
 }
 
 /// A chunk is growth_bytes, or the need rounded up to 2 MiB when that is larger.
@@ -108,7 +80,7 @@ fn chunk_sizes() {
     let sizes: Vec<u64> = d.live_segments().iter().map(|s| s.1).collect();
     assert_eq!(sizes, vec![6 * MIB, 4 * MIB]);
     assert_eq!(p.chunk_bytes_for(MIB), 4 * MIB);
-    check(&p, &d);
+    check_against_device(&p, &d);
 }
 
 /// Each stream gets its own superblocks; an emptied superblock stays with its stream.
@@ -138,7 +110,7 @@ fn superblocks_per_stream_and_cached() {
     );
     let e = p.allocate(&mut d, on(1, 1000)).unwrap();
     assert_eq!(e.addr.0 - base, 0, "stream 1 reuses it");
-    check(&p, &d);
+    check_against_device(&p, &d);
 }
 
 /// Freed neighbours inside a superblock coalesce and first fit reuses the merged range.
@@ -165,7 +137,7 @@ fn coalescing_inside_a_superblock() {
     );
     let e = p.allocate(&mut d, on(0, 1200)).unwrap();
     assert_eq!(e.addr.0, sb, "first fit takes the merged range");
-    check(&p, &d);
+    check_against_device(&p, &d);
 }
 
 /// Freed neighbours in the global arena coalesce and first fit reuses the merged range.
@@ -182,7 +154,7 @@ fn coalescing_in_the_global_arena() {
     let e = p.allocate(&mut d, on(0, 2 * MIB)).unwrap();
     assert_eq!(e.addr, at);
     assert_eq!(d.live_segments().len(), 1);
-    check(&p, &d);
+    check_against_device(&p, &d);
 }
 
 /// Under memory pressure empty superblocks return to the global arena and the retry fits.
@@ -198,7 +170,7 @@ fn pressure_returns_empty_superblocks() {
     let l = p.allocate(&mut d, on(0, MIB)).unwrap();
     assert_eq!(l.addr.0, base, "the empty superblock of stream 1 made room");
     assert_eq!(entries(&p, base), vec![("arena-global", 0, 0, 4 * MIB)]);
-    check(&p, &d);
+    check_against_device(&p, &d);
 }
 
 /// Under memory pressure wholly free chunks go back to the device so a larger one can grow.
@@ -214,7 +186,7 @@ fn pressure_releases_free_chunks() {
     assert_eq!(c.block_bytes, 5 * MIB);
     assert_eq!(p.stats().reserved_bytes, 10 * MIB);
     assert_eq!(d.stats().free_count, 1);
-    check(&p, &d);
+    check_against_device(&p, &d);
 }
 
 /// A failed request leaves live allocations and allocated bytes as they were.
@@ -239,7 +211,7 @@ fn oom_leaves_allocations_unchanged() {
     assert_eq!(stats, before);
     assert_eq!(p.stats(), before);
     assert_eq!(p.snapshot(), snapshot);
-    check(&p, &d);
+    check_against_device(&p, &d);
     let err = p.allocate(&mut NullDevice, on(2, 2 * MIB)).unwrap_err();
     assert!(
         matches!(err, AllocError::OutOfMemory { tried_bytes, .. } if tried_bytes == 4 * MIB),
@@ -274,51 +246,11 @@ fn empty_cache_returns_every_free_chunk() {
             ("arena-global", 0, MIB, 3 * MIB)
         ]
     );
-    check(&p, &d);
+    check_against_device(&p, &d);
     p.free(&mut d, x).unwrap();
     p.empty_cache(&mut d).unwrap();
     assert!(d.live_segments().is_empty());
-    check(&p, &d);
-}
-
-/// Freeing everything and emptying the cache leaves nothing reserved.
-#[test]
-fn free_all_then_empty_cache_reserves_nothing() {
-    let mut d = TestDevice::unbounded();
-    let mut p = ArenaPolicy::default();
-    let live: Vec<_> = [
-        (0, 1),
-        (1, 700),
-        (0, 3 * MIB),
-        (2, 2 << 30),
-        (1, 512 * KIB),
-        (3, 5),
-    ]
-    .iter()
-    .map(|&(s, n)| p.allocate(&mut d, on(s, n)).unwrap())
-    .collect();
-    for a in live {
-        p.free(&mut d, a).unwrap();
-    }
-    p.empty_cache(&mut d).unwrap();
-    assert_eq!(p.stats(), PolicyStats::default());
-    assert!(d.live_segments().is_empty());
-    check(&p, &d);
-}
-
-/// Zero-byte and 1 EiB requests are refused without touching the device.
-#[test]
-fn zero_and_huge_requests() {
-    let mut p = ArenaPolicy::default();
-    assert_eq!(
-        p.allocate(&mut NullDevice, on(0, 0)),
-        Err(AllocError::ZeroSize)
-    );
-    let err = p
-        .allocate(&mut NullDevice, on(0, MAX_REQUEST_BYTES))
-        .unwrap_err();
-    assert!(matches!(err, AllocError::OutOfMemory { .. }));
-    assert_eq!(p.stats(), PolicyStats::default());
+    check_against_device(&p, &d);
 }
 
 /// Invalid options are refused with a message naming the problem.
@@ -367,56 +299,6 @@ fn option_validation() {
     assert!(ArenaPolicy::new(invalid.clone()).is_err());
     assert!(PolicyConfig::new(invalid).build().is_err());
     assert!(PolicyConfig::new(ArenaOptions::default()).build().is_ok());
-}
-
-/// Freeing an allocation twice panics, naming the broken invariant.
-#[test]
-#[should_panic(expected = "not live in this policy")]
-fn stale_free_panics() {
-    let mut d = TestDevice::unbounded();
-    let mut p = small();
-    let a = p.allocate(&mut d, on(0, 512)).unwrap();
-    let copy = Allocation {
-        addr: a.addr,
-        requested_bytes: 512,
-        block_bytes: 512,
-        stream: a.stream,
-        block: a.block,
-        serial: a.serial,
-    };
-    p.free(&mut d, a).unwrap();
-    let _b = p.allocate(&mut d, on(0, 512)).unwrap();
-    p.free(&mut d, copy).unwrap();
-}
-
-/// A driver failure other than out of memory propagates as a device error.
-#[test]
-fn driver_errors_propagate() {
-    struct Broken;
-    impl Device for Broken {
-        fn allocate_segment(&mut self, _: u64) -> Result<Segment, DeviceError> {
-            Err(DeviceError::Driver {
-                code: 700,
-                message: "illegal address".into(),
-            })
-        }
-        fn free_segment(&mut self, _: Segment) -> Result<(), DeviceError> {
-            unreachable!()
-        }
-        fn stats(&self) -> DeviceStats {
-            DeviceStats::default()
-        }
-    }
-    let mut p = small();
-    let err = p.allocate(&mut Broken, on(0, 512)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            AllocError::Device(DeviceError::Driver { code: 700, .. })
-        ),
-        "{err:?}"
-    );
-    p.check_invariants();
 }
 
 #[derive(Clone, Debug)]
@@ -472,13 +354,13 @@ proptest! {
                 Op::Free(_) => {}
                 Op::EmptyCache => p.empty_cache(&mut d).unwrap(),
             }
-            check(&p, &d);
+            check_against_device(&p, &d);
         }
         for a in live {
             p.free(&mut d, a).unwrap();
         }
         p.empty_cache(&mut d).unwrap();
-        check(&p, &d);
+        check_against_device(&p, &d);
         prop_assert_eq!(p.stats(), PolicyStats::default());
     }
 }

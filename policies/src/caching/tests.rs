@@ -465,22 +465,3 @@ fn format_size_matches_pytorch() {
     assert_eq!(format_size(GIB), "1024.00 MiB");
     assert_eq!(format_size(85_017_493_504), "79.18 GiB");
 }
-
-/// Freeing an allocation twice is a bug and panics with the invariant's name.
-#[test]
-#[should_panic(expected = "not live in this caching policy")]
-fn double_free_panics() {
-    let mut d = TestDevice::unbounded();
-    let mut p = CachingPolicy::default();
-    let a = p.allocate(&mut d, req(100)).unwrap();
-    let twin = Allocation {
-        addr: a.addr,
-        requested_bytes: 100,
-        block_bytes: 512,
-        stream: a.stream,
-        block: a.block,
-        serial: a.serial,
-    };
-    p.free(&mut d, a).unwrap();
-    p.free(&mut d, twin).unwrap();
-}
