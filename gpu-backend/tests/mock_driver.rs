@@ -6,6 +6,10 @@
 //! LD_LIBRARY_PATH and `GPU_BACKEND_MOCK_SCENARIO` set; as that child, it sees the
 //! variable and runs its scenario. The parent checks that the child passed, ran exactly
 //! one test, and that the mock's exit report shows nothing left allocated.
+//!
+//! The mock is compiled with `$CC`, else the first of `cc`, `gcc`, `clang` found. With no
+//! C compiler the tests skip, saying so on stderr (past the test harness's capture), and
+//! pass; with `ALLOCSIM_REQUIRE_MOCK=1` they fail instead.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -25,6 +29,8 @@ use policies::{
 };
 
 const SCENARIO_VAR: &str = "GPU_BACKEND_MOCK_SCENARIO";
+/// Set to 1, a missing C compiler fails the tests instead of skipping them.
+const REQUIRE_VAR: &str = "ALLOCSIM_REQUIRE_MOCK";
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 /// The mock's defaults: a 16 GiB card whose context takes 512 MiB.
@@ -62,7 +68,16 @@ fn in_child() -> bool {
     std::env::var_os(SCENARIO_VAR).is_some()
 }
 
-/// Compiles the mock (once per variant and process) into target/tmp; `None` without gcc.
+/// The C compilers tried, in order: `$CC` if set, else `cc`, `gcc`, `clang`.
+fn compilers() -> Vec<OsString> {
+    match std::env::var_os("CC").filter(|cc| !cc.is_empty()) {
+        Some(cc) => vec![cc],
+        None => ["cc", "gcc", "clang"].map(OsString::from).to_vec(),
+    }
+}
+
+/// Compiles the mock (once per variant and process) into target/tmp; `None` without a C
+/// compiler.
 fn build_mock(variant: Mock) -> Option<PathBuf> {
     static BUILT: OnceLock<Mutex<HashMap<Mock, Option<PathBuf>>>> = OnceLock::new();
     let mut built = BUILT
@@ -77,29 +92,57 @@ fn build_mock(variant: Mock) -> Option<PathBuf> {
             std::fs::create_dir_all(&dir).expect("create the mock's folder");
             let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mock/mock_libcuda.c");
             let tmp = dir.join(format!("libcuda.so.{}.tmp", std::process::id()));
-            let status = Command::new("gcc")
-                .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
-                .arg(&tmp)
-                .args(variant.defines())
-                .arg(&source)
-                .status();
-            match status {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => panic!("running gcc: {e}"),
-                Ok(s) => {
-                    assert!(s.success(), "gcc failed to build the mock ({s})");
-                    // Atomic, so concurrent test runs never load a half-written file.
-                    std::fs::rename(&tmp, dir.join("libcuda.so")).expect("install the mock");
-                    Some(dir)
+            for compiler in compilers() {
+                let status = Command::new(&compiler)
+                    .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
+                    .arg(&tmp)
+                    .args(variant.defines())
+                    .arg(&source)
+                    .status();
+                match status {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => panic!("running {}: {e}", compiler.to_string_lossy()),
+                    Ok(s) => {
+                        assert!(
+                            s.success(),
+                            "{} failed to build the mock ({s})",
+                            compiler.to_string_lossy()
+                        );
+                        // Atomic, so concurrent test runs never load a half-written file.
+                        std::fs::rename(&tmp, dir.join("libcuda.so")).expect("install the mock");
+                        return Some(dir);
+                    }
                 }
             }
+            None
         })
         .clone()
 }
 
+/// Without a C compiler: fails under `ALLOCSIM_REQUIRE_MOCK=1`, else says on stderr that
+/// `test` is skipped. Written to stderr directly, so that it shows without
+/// `--nocapture`.
+fn skip_without_compiler(test: &str) {
+    let tried: Vec<String> = compilers()
+        .iter()
+        .map(|c| c.to_string_lossy().into_owned())
+        .collect();
+    let why = format!(
+        "no C compiler to build the mock libcuda (tried {})",
+        tried.join(", ")
+    );
+    assert!(
+        std::env::var(REQUIRE_VAR).as_deref() != Ok("1"),
+        "{REQUIRE_VAR}=1 but {why}"
+    );
+    let line = format!("skipped: {test}: {why}; set {REQUIRE_VAR}=1 to fail instead\n");
+    // A failed write to stderr leaves nothing better to do.
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+}
+
 /// In the child: runs `scenario` and returns `None`. In the parent: builds the mock,
 /// runs this test again in a child process with the mock on the loader path and `envs`
-/// set, checks it passed, and returns its output (`None` when skipped: no gcc).
+/// set, checks it passed, and returns its output (`None` when skipped: no C compiler).
 fn run(test: &str, mock: Option<Mock>, envs: &[(&str, &str)], scenario: fn()) -> Option<Output> {
     if in_child() {
         scenario();
@@ -121,7 +164,7 @@ fn run(test: &str, mock: Option<Mock>, envs: &[(&str, &str)], scenario: fn()) ->
     }
     if let Some(mock) = mock {
         let Some(dir) = build_mock(mock) else {
-            println!("skipped: gcc not found");
+            skip_without_compiler(test);
             return None;
         };
         let mut path = OsString::from(dir.as_os_str());
@@ -1059,4 +1102,45 @@ fn interrupt_sets_flag() {
             std::thread::sleep(Duration::from_millis(10));
         }
     });
+}
+
+/// Without a C compiler a mock test is skipped with a line on stderr (shown without
+/// `--nocapture`) and passes; with `ALLOCSIM_REQUIRE_MOCK=1` it fails, naming why.
+#[test]
+fn missing_compiler_is_a_visible_skip_or_a_failure() {
+    if in_child() {
+        return;
+    }
+    let child = |require: bool| {
+        let mut cmd = Command::new(std::env::current_exe().expect("test binary path"));
+        cmd.args(["--exact", "mock_zero_devices", "--test-threads=1"])
+            .env("CC", "/nonexistent/allocsim-test-cc")
+            .env_remove(SCENARIO_VAR)
+            .env_remove(REQUIRE_VAR);
+        if require {
+            cmd.env(REQUIRE_VAR, "1");
+        }
+        cmd.output().expect("run the test binary again")
+    };
+    let skipped = child(false);
+    let stderr = String::from_utf8_lossy(&skipped.stderr);
+    assert!(skipped.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "skipped: mock_zero_devices: no C compiler to build the mock libcuda \
+             (tried /nonexistent/allocsim-test-cc)"
+        ),
+        "{stderr}"
+    );
+    let required = child(true);
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&required.stdout),
+        String::from_utf8_lossy(&required.stderr)
+    );
+    assert!(!required.status.success(), "{out}");
+    assert!(
+        out.contains("ALLOCSIM_REQUIRE_MOCK=1 but no C compiler"),
+        "{out}"
+    );
 }
