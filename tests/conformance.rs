@@ -9,9 +9,7 @@ use policies::caching::CachingDefaults;
 use policies::registry::known_names;
 use policies::spec::parse_policy;
 use policies::testing::{broken_driver_error, duplicate, BrokenDevice, NullDevice, TestDevice};
-use policies::{
-    AllocError, Device, DeviceError, Policy, PolicyStats, Request, StreamId, POLICIES,
-};
+use policies::{AllocError, Device, DeviceError, Policy, PolicyStats, Request, StreamId, POLICIES};
 use sim::{SimDevice, SimDeviceOptions};
 
 use crate::util::{allocsim, stderr, stdout};
