@@ -17,6 +17,9 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<ExitCode> {
     let mut out = RecordWriter::new::<FidelityRow>(crate::output::create(None)?)?;
     for path in &args.files {
         let run = workloads::read_recorded(path, None, args.device.unwrap_or(0))?;
+        // A snapshot that does not replay from an empty allocator is refused here, as
+        // converting it to a trace would.
+        run.check_replayable()?;
         let report = fidelity(&run, &options)?;
         out.write(&report.row)?;
         out.flush().context("writing the CSV")?;

@@ -14,7 +14,7 @@
 //! - **Knows nothing about policies.** Streams are plain `u64`s here; sizes are bytes.
 //! - **Strict readers.** Unknown ops, keys and extra fields are errors, never skipped:
 //!   a silently ignored field gives a plausible but wrong replay. No input makes a
-//!   reader panic (pickles have one documented limit, see [`snapshot`]).
+//!   reader panic.
 //! - **Recorded runs refuse what they cannot replay.** A PyTorch recording that started
 //!   late or whose ring buffer wrapped is refused with advice, not patched up.
 //! - **Deterministic writers and generators.** The same trace writes the same bytes; the
@@ -34,7 +34,6 @@
 
 pub mod csv;
 pub mod generate;
-mod pickle_depth;
 pub mod recorded;
 pub mod size;
 pub mod snapshot;
@@ -49,8 +48,8 @@ use std::path::{Path, PathBuf};
 pub use crate::csv::{read_csv, read_csv_from, write_csv};
 pub use generate::{random, InvalidOptions, RandomOptions, SizeDistribution};
 pub use recorded::{
-    read_recorded_json, read_recorded_json_from, Action, Checkpoint, RecordedEntry, RecordedOom,
-    RecordedRun, RecordedSegment,
+    read_recorded_json, read_recorded_json_from, Action, BlockState, Checkpoint, RecordedBlock,
+    RecordedEntry, RecordedOom, RecordedRun, RecordedSegment,
 };
 pub use snapshot::{read_snapshot_pickle, read_snapshot_pickle_from};
 pub use trace::{AllocId, Event, LocationKind, Trace, TraceMeta};

@@ -38,7 +38,11 @@ pub enum Action {
     EmptyCache,
     /// `_snapshot()` was called; no effect.
     Snapshot,
-    /// Annotations and actions of other PyTorch versions; no effect.
+    /// `torch.cuda.memory._annotate_memory`: metadata attached to the live allocation
+    /// at `addr` (the text is in [`crate::snapshot::SnapshotInfo::annotations`]); no
+    /// effect on memory.
+    Annotate,
+    /// Actions of other PyTorch versions; no effect.
     Other,
 }
 
@@ -56,6 +60,7 @@ impl Action {
             "oom" => Action::Oom,
             "empty_cache" => Action::EmptyCache,
             "snapshot" => Action::Snapshot,
+            "annotate" => Action::Annotate,
             _ => Action::Other,
         }
     }
@@ -73,6 +78,7 @@ impl Action {
             Action::Oom => "oom",
             Action::EmptyCache => "empty_cache",
             Action::Snapshot => "snapshot",
+            Action::Annotate => "annotate",
             Action::Other => "other",
         }
     }
@@ -141,7 +147,7 @@ pub struct RecordedOom {
 pub struct RecordedSegment {
     /// Segment base address.
     pub address: u64,
-    /// Segment bytes.
+    /// Segment bytes (for an expandable segment, the mapped bytes).
     pub total_size: u64,
     /// Raw stream handle.
     pub stream: u64,
@@ -149,8 +155,77 @@ pub struct RecordedSegment {
     pub segment_type: String,
     /// Bytes of allocated blocks.
     pub allocated_size: u64,
-    /// Blocks as (size, state).
-    pub blocks: Vec<(u64, String)>,
+    /// Blocks in address order, tiling the segment.
+    pub blocks: Vec<RecordedBlock>,
+    /// Whether it is an expandable segment (snapshots only; `false` otherwise).
+    #[serde(default)]
+    pub is_expandable: bool,
+    /// The memory pool owning it, `(0, 0)` for the default pool (snapshots only).
+    #[serde(default)]
+    pub pool_id: (u64, u64),
+}
+
+/// A block of a [`RecordedSegment`].
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(from = "(u64, String)")]
+pub struct RecordedBlock {
+    /// Block address (the segment's address plus the sizes of the blocks before it).
+    pub address: u64,
+    /// Block bytes.
+    pub size: u64,
+    /// Bytes the program asked for (snapshots only; `None` in `record_torch.py` JSON).
+    pub requested_size: Option<u64>,
+    /// Allocated, freed but waiting for other streams, or free.
+    pub state: BlockState,
+}
+
+impl From<(u64, String)> for RecordedBlock {
+    /// A `record_torch.py` block, `[size, state]`; its address is set once the segment
+    /// is known.
+    fn from((size, state): (u64, String)) -> RecordedBlock {
+        RecordedBlock {
+            address: 0,
+            size,
+            requested_size: None,
+            state: BlockState::from_name(&state),
+        }
+    }
+}
+
+/// The state of a [`RecordedBlock`], as PyTorch's snapshot names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// `active_allocated`: handed out to the program.
+    ActiveAllocated,
+    /// `active_pending_free` (`active_awaiting_free` in older versions): freed by the
+    /// program, waiting for the streams that used it.
+    ActivePendingFree,
+    /// `inactive`: free, cached.
+    Inactive,
+    /// A name this crate does not know, kept as written.
+    Other(String),
+}
+
+impl BlockState {
+    /// Parses PyTorch's name of a block state.
+    pub fn from_name(name: &str) -> BlockState {
+        match name {
+            "active_allocated" => BlockState::ActiveAllocated,
+            "active_pending_free" | "active_awaiting_free" => BlockState::ActivePendingFree,
+            "inactive" => BlockState::Inactive,
+            other => BlockState::Other(other.to_string()),
+        }
+    }
+
+    /// PyTorch's name of the state.
+    pub fn name(&self) -> &str {
+        match self {
+            BlockState::ActiveAllocated => "active_allocated",
+            BlockState::ActivePendingFree => "active_pending_free",
+            BlockState::Inactive => "inactive",
+            BlockState::Other(name) => name,
+        }
+    }
 }
 
 /// A recorded PyTorch run: its allocator trace and, where recorded, its settings,
@@ -181,6 +256,9 @@ pub struct RecordedRun {
     pub segments: Vec<RecordedSegment>,
     /// `torch.cuda.memory_stats()` at the end, flattened.
     pub final_stats: Vec<(String, f64)>,
+    /// What only a snapshot pickle records (settings, annotations, pools, frames);
+    /// `None` for `record_torch.py` JSON.
+    pub snapshot: Option<crate::snapshot::SnapshotInfo>,
 }
 
 impl RecordedRun {
@@ -195,7 +273,8 @@ impl RecordedRun {
     /// # Errors
     /// When an entry frees an address with no live allocation: the recording did not
     /// start from an empty allocator (it started after allocations existed, or its ring
-    /// buffer wrapped).
+    /// buffer wrapped). For snapshots, also what
+    /// [`RecordedRun::check_replayable`] refuses.
     pub fn to_trace(&self) -> Result<Trace, ReadError> {
         self.to_trace_with_entries().map(|(trace, _)| trace)
     }
@@ -207,6 +286,9 @@ impl RecordedRun {
     /// # Errors
     /// As [`RecordedRun::to_trace`].
     pub fn to_trace_with_entries(&self) -> Result<(Trace, Vec<usize>), ReadError> {
+        if self.snapshot.is_some() {
+            self.check_replayable()?;
+        }
         let mut events = Vec::new();
         let mut locations = Vec::new();
         let mut entry_indexes = Vec::new();
@@ -376,8 +458,20 @@ pub fn read_recorded_json_from(
         source_indexes: Vec::new(),
         checkpoints: json.checkpoints,
         oom: json.oom,
-        segments: json.segments,
+        segments: json
+            .segments
+            .into_iter()
+            .map(|mut s| {
+                let mut address = s.address;
+                for b in &mut s.blocks {
+                    b.address = address;
+                    address = address.wrapping_add(b.size);
+                }
+                s
+            })
+            .collect(),
         final_stats: json.final_stats.into_iter().collect(),
+        snapshot: None,
     })
 }
 

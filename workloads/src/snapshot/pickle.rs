@@ -1,0 +1,1232 @@
+//! A streaming pickle machine built for PyTorch memory snapshots.
+//!
+//! It runs the opcodes of pickle protocols 0 to 5 (as Python's `pickle` module writes
+//! them) over a buffered reader, one pass, with no recursion, and builds values as it
+//! goes, except where a snapshot's shape lets it do better:
+//!
+//! - **Trace entries and segments become typed records when their list receives
+//!   them.** A dict appended to a list is classified by its keys (`action`: a trace
+//!   entry; `blocks` or `total_size`: a segment) and converted on the spot
+//!   ([`super::schema`]); its generic form, and its memo slot, are dropped. A trace of
+//!   millions of entries is thus held as compact records, never as a value tree.
+//! - **Values nobody reads are skipped.** A container stored under a key of
+//!   [`SKIP_KEYS`] (stack frames unless asked for, `forward_frames`,
+//!   `internal_metadata`, the host allocator's traces) and everything inside it is
+//!   [`Value::Skipped`]: its opcodes run, nothing is stored.
+//!
+//! Every resource is bounded, so hostile bytes give an error, not a crash: containers
+//! nest at most [`Limits::max_nesting`] levels (checked when a container receives a
+//! value, and containers are sealed once placed in another, so memo references cannot
+//! build deeper chains later), open MARKs, pending stack values, single arguments and
+//! containers built are capped, integers too long for 64 bits are never converted, and
+//! the input is read in blocks as the machine consumes it (an endless source stops at
+//! the first byte that is not a pickle, or at a cap).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::rc::Rc;
+
+use super::schema::{EntryStore, SegmentStore};
+
+/// Keys whose values are not kept (and, unless frames are asked for, `frames`).
+pub(crate) const SKIP_KEYS: [&str; 4] = [
+    "forward_frames",
+    "internal_metadata",
+    "host_segments",
+    "host_traces",
+];
+
+/// Resource caps of one read.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    /// Deepest container nesting accepted (real snapshots nest about six levels).
+    pub max_nesting: u32,
+    /// Most MARKs open at once (a real snapshot needs one per nesting level).
+    pub max_marks: usize,
+    /// Most values waiting on the stack (Python's pickler batches 1000 items a level).
+    pub max_stack: usize,
+    /// Largest single string, bytes or text-line argument.
+    pub max_argument: usize,
+    /// Most bytes read (the file's size when known).
+    pub max_input: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_nesting: 256,
+            max_marks: 1024,
+            max_stack: 1 << 20,
+            max_argument: 64 << 20,
+            max_input: 16 << 30,
+        }
+    }
+}
+
+/// A value on the pickle machine's stack or in its memo. 16 bytes.
+#[derive(Clone)]
+pub(crate) enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An integer in `[2^63, 2^64)`.
+    Big(u64),
+    /// An integer outside `[-2^63, 2^64)`; its digits are not kept.
+    Huge,
+    Float(f64),
+    Str(Rc<String>),
+    /// A bytes object (content not kept: snapshots hold none).
+    Bytes,
+    Tuple(Rc<Tuple>),
+    List(Rc<List>),
+    Dict(Rc<Dict>),
+    /// A Python object other than the plain types: a class reference, or what
+    /// calling one built. Named by its class.
+    Object(Rc<String>),
+    /// Content not kept (see the module docs).
+    Skipped,
+    /// A trace entry or segment already converted to its record.
+    Consumed,
+}
+
+impl Value {
+    /// What the value is, for messages ("an int", "a dict").
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "a bool",
+            Value::Int(_) | Value::Big(_) | Value::Huge => "an int",
+            Value::Float(_) => "a float",
+            Value::Str(_) => "a string",
+            Value::Bytes => "bytes",
+            Value::Tuple(_) => "a tuple",
+            Value::List(_) => "a list",
+            Value::Dict(_) => "a dict",
+            Value::Object(_) => "a Python object",
+            Value::Skipped => "a value that was not kept",
+            Value::Consumed => "a trace entry or segment used twice",
+        }
+    }
+
+    /// Nesting depth: 0 for a scalar, one more than the deepest element for a container.
+    fn depth(&self) -> u32 {
+        match self {
+            Value::Tuple(t) => t.depth,
+            Value::List(l) => l.depth.get(),
+            Value::Dict(d) => d.depth.get(),
+            _ => 0,
+        }
+    }
+
+    /// Marks a container as placed inside another: it may not change any more.
+    fn seal(&self) {
+        match self {
+            Value::List(l) => l.sealed.set(true),
+            Value::Dict(d) => d.sealed.set(true),
+            _ => {}
+        }
+    }
+
+    pub(crate) fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// An immutable tuple.
+pub(crate) struct Tuple {
+    pub items: Vec<Value>,
+    depth: u32,
+}
+
+/// What a list holds: values, or the records its elements were converted to.
+pub(crate) enum Items {
+    Values(Vec<Value>),
+    Entries(Box<EntryStore>),
+    Segments(Box<SegmentStore>),
+}
+
+/// A list. Containers are shared through the memo (`Rc`), so they mutate in place.
+pub(crate) struct List {
+    pub items: RefCell<Items>,
+    sealed: Cell<bool>,
+    depth: Cell<u32>,
+}
+
+/// A dict, its items in insertion order.
+pub(crate) struct Dict {
+    pub items: RefCell<Vec<(Value, Value)>>,
+    sealed: Cell<bool>,
+    depth: Cell<u32>,
+    /// Its memo key, so that converting it to a record can free the slot.
+    memo: Cell<Option<u64>>,
+}
+
+impl Dict {
+    /// The value of string key `key` (the last one, as Python keeps it).
+    pub(crate) fn get(&self, key: &str) -> Option<Value> {
+        self.items
+            .borrow()
+            .iter()
+            .rev()
+            .find(|(k, _)| k.as_str() == Some(key))
+            .map(|(_, v)| v.clone())
+    }
+
+    fn has(&self, key: &str) -> bool {
+        self.items
+            .borrow()
+            .iter()
+            .any(|(k, _)| k.as_str() == Some(key))
+    }
+}
+
+/// Why the machine stopped.
+#[derive(Debug)]
+pub(crate) enum PickleError {
+    /// Reading failed.
+    Io(io::Error),
+    /// The bytes are not a pickle this reader accepts; `offset` is where it stopped.
+    Bad { offset: u64, message: String },
+}
+
+type Result<T> = std::result::Result<T, PickleError>;
+
+/// Buffered input with the offset of every byte, for messages.
+struct Input<R> {
+    reader: R,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    /// Offset of `buf[0]` in the input.
+    base: u64,
+    eof: bool,
+    max_input: u64,
+}
+
+const BLOCK: usize = 1 << 18;
+
+impl<R: Read> Input<R> {
+    fn new(reader: R, max_input: u64) -> Input<R> {
+        Input {
+            reader,
+            buf: vec![0; BLOCK],
+            pos: 0,
+            end: 0,
+            base: 0,
+            eof: false,
+            max_input,
+        }
+    }
+
+    fn offset(&self) -> u64 {
+        self.base + self.pos as u64
+    }
+
+    /// Reads more input so that at least `n` bytes (n <= BLOCK) are buffered, unless
+    /// the input ends first. Returns whether they are.
+    fn fill(&mut self, n: usize) -> Result<bool> {
+        if self.end - self.pos >= n {
+            return Ok(true);
+        }
+        if self.pos > 0 {
+            self.buf.copy_within(self.pos..self.end, 0);
+            self.base += self.pos as u64;
+            self.end -= self.pos;
+            self.pos = 0;
+        }
+        while self.end < n && !self.eof {
+            let got = match self.reader.read(&mut self.buf[self.end..]) {
+                Ok(got) => got,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(PickleError::Io(e)),
+            };
+            if got == 0 {
+                self.eof = true;
+            }
+            self.end += got;
+            if self.base + self.end as u64 > self.max_input {
+                return Err(PickleError::Bad {
+                    offset: self.max_input,
+                    message: format!(
+                        "the input goes on past {} bytes without ending the pickle",
+                        self.max_input
+                    ),
+                });
+            }
+        }
+        Ok(self.end - self.pos >= n)
+    }
+
+    #[inline]
+    fn byte(&mut self) -> Result<Option<u8>> {
+        if self.pos == self.end && !self.fill(1)? {
+            return Ok(None);
+        }
+        let b = self.buf[self.pos];
+        self.pos += 1;
+        Ok(Some(b))
+    }
+
+    fn truncated(&self, what: &str) -> PickleError {
+        PickleError::Bad {
+            offset: self.offset(),
+            message: format!("the pickle ends inside {what}"),
+        }
+    }
+
+    /// The next `n` bytes, `n <= BLOCK`.
+    #[inline]
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8]> {
+        if self.end - self.pos < n && !self.fill(n)? {
+            return Err(self.truncated(what));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    /// The next `n` bytes of any size, read as they arrive (a bogus length cannot make
+    /// it allocate more than the input holds).
+    fn take_long(&mut self, n: usize, what: &str) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(n.min(BLOCK));
+        while out.len() < n {
+            if self.pos == self.end && !self.fill(1)? {
+                return Err(self.truncated(what));
+            }
+            let k = (n - out.len()).min(self.end - self.pos);
+            out.extend_from_slice(&self.buf[self.pos..self.pos + k]);
+            self.pos += k;
+        }
+        Ok(out)
+    }
+
+    /// A newline-terminated text argument, without the newline.
+    fn line(&mut self, max: usize, what: &str) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        loop {
+            if self.pos == self.end && !self.fill(1)? {
+                return Err(self.truncated(what));
+            }
+            let chunk = &self.buf[self.pos..self.end];
+            match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    out.extend_from_slice(&chunk[..i]);
+                    self.pos += i + 1;
+                    break;
+                }
+                None => {
+                    out.extend_from_slice(chunk);
+                    self.pos = self.end;
+                }
+            }
+            if out.len() > max {
+                return Err(PickleError::Bad {
+                    offset: self.offset(),
+                    message: format!("{what} is longer than {max} bytes"),
+                });
+            }
+        }
+        if out.len() > max {
+            return Err(PickleError::Bad {
+                offset: self.offset(),
+                message: format!("{what} is longer than {max} bytes"),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// The pickle machine.
+pub(crate) struct Machine<R> {
+    input: Input<R>,
+    limits: Limits,
+    stack: Vec<Value>,
+    marks: Vec<usize>,
+    memo: Vec<Value>,
+    /// Memo keys beyond the dense range (protocol 0-3 `PUT`s of other numbers).
+    memo_sparse: HashMap<u64, Value>,
+    /// Short strings seen, shared (keys, actions, `'N/A'` appear millions of times).
+    strings: HashMap<Box<[u8]>, Rc<String>>,
+    keep_frames: bool,
+    containers: u64,
+    /// Offset of the opcode being run.
+    at: u64,
+}
+
+const INTERN_MAX_LEN: usize = 32;
+const INTERN_MAX_COUNT: usize = 1 << 16;
+
+impl<R: Read> Machine<R> {
+    pub(crate) fn new(reader: R, limits: Limits, keep_frames: bool) -> Machine<R> {
+        Machine {
+            input: Input::new(reader, limits.max_input),
+            limits,
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: Vec::new(),
+            memo_sparse: HashMap::new(),
+            strings: HashMap::new(),
+            keep_frames,
+            containers: 0,
+            at: 0,
+        }
+    }
+
+    fn bad(&self, message: impl Into<String>) -> PickleError {
+        PickleError::Bad {
+            offset: self.at,
+            message: message.into(),
+        }
+    }
+
+    fn pop(&mut self) -> Result<Value> {
+        if self.marks.last().is_some_and(|&m| m >= self.stack.len()) {
+            return Err(self.bad("an opcode takes a value from below a MARK"));
+        }
+        self.stack.pop().ok_or_else(|| self.bad("stack underflow"))
+    }
+
+    fn top(&self) -> Result<&Value> {
+        self.stack.last().ok_or_else(|| self.bad("stack underflow"))
+    }
+
+    #[inline]
+    fn push(&mut self, v: Value) -> Result<()> {
+        if self.stack.len() >= self.limits.max_stack {
+            return Err(self.bad(format!(
+                "more than {} values wait on the pickle stack: not a PyTorch memory snapshot",
+                self.limits.max_stack
+            )));
+        }
+        self.stack.push(v);
+        Ok(())
+    }
+
+    /// Pops everything above the last MARK, and the MARK.
+    fn pop_mark(&mut self) -> Result<Vec<Value>> {
+        let at = self
+            .marks
+            .pop()
+            .ok_or_else(|| self.bad("no MARK to pop to"))?;
+        Ok(self.stack.split_off(at))
+    }
+
+    /// Counts a container built, within a budget proportional to the input read.
+    fn count_container(&mut self) -> Result<()> {
+        self.containers += 1;
+        if self.containers > (1 << 20) + self.input.offset() / 4 {
+            return Err(self.bad(
+                "more containers than the input could describe: not a PyTorch memory snapshot",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a container created now is stored under a skipped key or inside a
+    /// skipped container (see the module docs).
+    fn new_container_skipped(&self) -> bool {
+        let p = self.stack.len();
+        let owner = match self.marks.last() {
+            Some(&m) if m > 0 => Some((m, &self.stack[m - 1])),
+            _ => None,
+        };
+        if let Some((_, Value::Skipped)) = owner {
+            return true;
+        }
+        match self.stack.last() {
+            Some(Value::Str(key)) => {
+                SKIP_KEYS.contains(&key.as_str()) || (!self.keep_frames && key.as_str() == "frames")
+            }
+            Some(Value::Skipped) => match owner {
+                // A container cannot be a dict's key: it is the skipped top's element.
+                Some((m, Value::Dict(_))) => (p - m) % 2 == 0,
+                Some((_, _)) => false,
+                None => true,
+            },
+            _ => false,
+        }
+    }
+
+    fn new_list(&mut self, items: Vec<Value>) -> Result<Value> {
+        if self.new_container_skipped() {
+            return Ok(Value::Skipped);
+        }
+        self.count_container()?;
+        let list = Rc::new(List {
+            items: RefCell::new(Items::Values(Vec::new())),
+            sealed: Cell::new(false),
+            depth: Cell::new(1),
+        });
+        self.extend_list(&list, items)?;
+        Ok(Value::List(list))
+    }
+
+    fn new_dict(&mut self, items: Vec<Value>) -> Result<Value> {
+        if self.new_container_skipped() {
+            return Ok(Value::Skipped);
+        }
+        self.count_container()?;
+        let dict = Rc::new(Dict {
+            items: RefCell::new(Vec::new()),
+            sealed: Cell::new(false),
+            depth: Cell::new(1),
+            memo: Cell::new(None),
+        });
+        self.set_items(&Value::Dict(dict.clone()), items)?;
+        Ok(Value::Dict(dict))
+    }
+
+    fn new_tuple(&mut self, items: Vec<Value>) -> Result<Value> {
+        let depth = items.iter().map(Value::depth).max().unwrap_or(0) + 1;
+        if depth > self.limits.max_nesting {
+            return Err(self.too_deep());
+        }
+        items.iter().for_each(Value::seal);
+        Ok(Value::Tuple(Rc::new(Tuple { items, depth })))
+    }
+
+    fn too_deep(&self) -> PickleError {
+        self.bad(format!(
+            "values nest more than {} levels deep: not a PyTorch memory snapshot",
+            self.limits.max_nesting
+        ))
+    }
+
+    /// Checks that `container` may receive `values` and raises its depth.
+    fn admit(&self, sealed: &Cell<bool>, depth: &Cell<u32>, values: &[Value]) -> Result<()> {
+        if sealed.get() {
+            return Err(self.bad(
+                "the pickle changes a container after placing it in another: not a PyTorch memory snapshot",
+            ));
+        }
+        let inner = values.iter().map(Value::depth).max().unwrap_or(0);
+        if inner >= self.limits.max_nesting {
+            return Err(self.too_deep());
+        }
+        depth.set(depth.get().max(inner + 1));
+        values.iter().for_each(Value::seal);
+        if sealed.get() {
+            // It was among the values: a container inside itself.
+            return Err(self.bad("a container contains itself: not a PyTorch memory snapshot"));
+        }
+        Ok(())
+    }
+
+    /// Appends to a list, converting trace entries and segments to records.
+    fn extend_list(&mut self, list: &List, values: Vec<Value>) -> Result<()> {
+        self.admit(&list.sealed, &list.depth, &values)?;
+        let mut items = list.items.borrow_mut();
+        for v in values {
+            if let Items::Values(vec) = &*items {
+                if vec.is_empty() {
+                    if let Value::Dict(d) = &v {
+                        if d.has("action") {
+                            *items = Items::Entries(Box::default());
+                        } else if d.has("blocks") || d.has("total_size") {
+                            *items = Items::Segments(Box::default());
+                        }
+                    }
+                }
+            }
+            match &mut *items {
+                Items::Values(vec) => vec.push(v),
+                Items::Entries(store) => {
+                    self.release(&v);
+                    store.push(&v, self.keep_frames);
+                }
+                Items::Segments(store) => {
+                    self.release(&v);
+                    store.push(&v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees the memo slot of a dict about to become a record.
+    fn release(&mut self, v: &Value) {
+        if let Value::Dict(d) = v {
+            if let Some(key) = d.memo.take() {
+                match usize::try_from(key).ok().filter(|&k| k < self.memo.len()) {
+                    Some(k) => self.memo[k] = Value::Consumed,
+                    None => {
+                        self.memo_sparse.insert(key, Value::Consumed);
+                    }
+                }
+            }
+        }
+    }
+
+    fn set_items(&mut self, target: &Value, items: Vec<Value>) -> Result<()> {
+        if items.len() % 2 != 0 {
+            return Err(self.bad("a dict receives a key without a value"));
+        }
+        match target {
+            Value::Dict(d) => {
+                self.admit(&d.sealed, &d.depth, &items)?;
+                let mut map = d.items.borrow_mut();
+                let mut it = items.into_iter();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    map.push((k, v));
+                }
+                Ok(())
+            }
+            Value::Skipped | Value::Object(_) => Ok(()),
+            other => Err(self.bad(format!("items are set on {}, not a dict", other.kind()))),
+        }
+    }
+
+    fn append_to(&mut self, target: &Value, values: Vec<Value>) -> Result<()> {
+        match target {
+            Value::List(l) => {
+                let l = l.clone();
+                self.extend_list(&l, values)
+            }
+            Value::Skipped | Value::Object(_) => Ok(()),
+            other => Err(self.bad(format!(
+                "values are appended to {}, not a list",
+                other.kind()
+            ))),
+        }
+    }
+
+    fn memo_put(&mut self, key: u64) -> Result<()> {
+        let v = self.top()?.clone();
+        if let Value::Dict(d) = &v {
+            d.memo.set(Some(key));
+        }
+        if key == self.memo.len() as u64 {
+            self.memo.push(v);
+        } else if key < self.memo.len() as u64 {
+            self.memo[key as usize] = v;
+        } else {
+            if self.memo_sparse.len() >= self.limits.max_stack {
+                return Err(self.bad("too many scattered memo keys: not a PyTorch memory snapshot"));
+            }
+            self.memo_sparse.insert(key, v);
+        }
+        Ok(())
+    }
+
+    fn memo_get(&mut self, key: u64) -> Result<()> {
+        let v = match usize::try_from(key).ok().and_then(|k| self.memo.get(k)) {
+            Some(v) => v.clone(),
+            None => self
+                .memo_sparse
+                .get(&key)
+                .cloned()
+                .ok_or_else(|| self.bad(format!("memo key {key} was never stored")))?,
+        };
+        self.push(v)
+    }
+
+    fn string(&mut self, bytes: &[u8]) -> Value {
+        if bytes.len() <= INTERN_MAX_LEN {
+            if let Some(s) = self.strings.get(bytes) {
+                return Value::Str(s.clone());
+            }
+        }
+        let s = Rc::new(String::from_utf8_lossy(bytes).into_owned());
+        if bytes.len() <= INTERN_MAX_LEN && self.strings.len() < INTERN_MAX_COUNT {
+            self.strings.insert(bytes.into(), s.clone());
+        }
+        Value::Str(s)
+    }
+
+    /// A string argument of `n` bytes.
+    fn string_arg(&mut self, n: u64, what: &str) -> Result<Value> {
+        let n = self.arg_len(n, what)?;
+        if n <= BLOCK {
+            let bytes = self.input.take(n, what)?;
+            // Borrow juggling: copy short strings out before interning.
+            let owned: Vec<u8>;
+            let bytes = if n <= INTERN_MAX_LEN {
+                owned = bytes.to_vec();
+                &owned[..]
+            } else {
+                let s = Rc::new(String::from_utf8_lossy(bytes).into_owned());
+                return Ok(Value::Str(s));
+            };
+            Ok(self.string(bytes))
+        } else {
+            let bytes = self.input.take_long(n, what)?;
+            Ok(Value::Str(Rc::new(
+                String::from_utf8_lossy(&bytes).into_owned(),
+            )))
+        }
+    }
+
+    fn skip_arg(&mut self, n: u64, what: &str) -> Result<()> {
+        let n = self.arg_len(n, what)?;
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(BLOCK);
+            self.input.take(k, what)?;
+            left -= k;
+        }
+        Ok(())
+    }
+
+    fn arg_len(&self, n: u64, what: &str) -> Result<usize> {
+        match usize::try_from(n) {
+            Ok(n) if n <= self.limits.max_argument => Ok(n),
+            _ => Err(self.bad(format!(
+                "{what} of {n} bytes is larger than {} bytes: not a PyTorch memory snapshot",
+                self.limits.max_argument
+            ))),
+        }
+    }
+
+    fn uint(&mut self, n: usize, what: &str) -> Result<u64> {
+        let s = self.input.take(n, what)?;
+        Ok(s.iter()
+            .rev()
+            .fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
+    }
+
+    fn line(&mut self, what: &str) -> Result<Vec<u8>> {
+        self.input.line(self.limits.max_argument, what)
+    }
+
+    /// Runs the machine to its STOP and returns the pickled value.
+    pub(crate) fn run(&mut self) -> Result<Value> {
+        loop {
+            self.at = self.input.offset();
+            let Some(op) = self.input.byte()? else {
+                return Err(self.bad(if self.at == 0 {
+                    "the input is empty, not a pickle".to_string()
+                } else {
+                    "the pickle ends without its STOP opcode".to_string()
+                }));
+            };
+            match op {
+                b'.' => {
+                    // STOP
+                    let v = self.pop()?;
+                    return Ok(v);
+                }
+                0x80 => {
+                    // PROTO
+                    let p = self.uint(1, "PROTO")?;
+                    if p > 5 {
+                        return Err(
+                            self.bad(format!("pickle protocol {p} is not known (0 to 5 are)"))
+                        );
+                    }
+                }
+                0x95 => {
+                    self.uint(8, "FRAME")?;
+                }
+                b'N' => self.push(Value::None)?,
+                0x88 => self.push(Value::Bool(true))?,
+                0x89 => self.push(Value::Bool(false))?,
+                b'J' => {
+                    let v = self.uint(4, "BININT")? as u32 as i32;
+                    self.push(Value::Int(i64::from(v)))?;
+                }
+                b'K' => {
+                    let v = self.uint(1, "BININT1")?;
+                    self.push(Value::Int(v as i64))?;
+                }
+                b'M' => {
+                    let v = self.uint(2, "BININT2")?;
+                    self.push(Value::Int(v as i64))?;
+                }
+                0x8a => {
+                    let n = self.uint(1, "LONG1")?;
+                    let v = self.long_arg(n)?;
+                    self.push(v)?;
+                }
+                0x8b => {
+                    let n = self.uint(4, "LONG4")? as u32 as i32;
+                    if n < 0 {
+                        return Err(self.bad("LONG4 with a negative length"));
+                    }
+                    let v = self.long_arg(n as u64)?;
+                    self.push(v)?;
+                }
+                b'I' => {
+                    let text = self.line("an INT argument")?;
+                    let v = match &text[..] {
+                        b"01" => Value::Bool(true),
+                        b"00" => Value::Bool(false),
+                        t => self.decimal(t, "INT")?,
+                    };
+                    self.push(v)?;
+                }
+                b'L' => {
+                    let mut text = self.line("a LONG argument")?;
+                    if text.last() == Some(&b'L') {
+                        text.pop();
+                    }
+                    let v = self.decimal(&text, "LONG")?;
+                    self.push(v)?;
+                }
+                b'G' => {
+                    let s = self.input.take(8, "BINFLOAT")?;
+                    let v = f64::from_be_bytes(s.try_into().expect("8 bytes"));
+                    self.push(Value::Float(v))?;
+                }
+                b'F' => {
+                    let text = self.line("a FLOAT argument")?;
+                    let v = std::str::from_utf8(&text)
+                        .ok()
+                        .and_then(|t| t.trim().parse::<f64>().ok())
+                        .ok_or_else(|| self.bad("a FLOAT argument that is not a number"))?;
+                    self.push(Value::Float(v))?;
+                }
+                // Strings.
+                0x8c => {
+                    let n = self.uint(1, "SHORT_BINUNICODE")?;
+                    let v = self.string_arg(n, "a string")?;
+                    self.push(v)?;
+                }
+                b'X' => {
+                    let n = self.uint(4, "BINUNICODE")?;
+                    let v = self.string_arg(n, "a string")?;
+                    self.push(v)?;
+                }
+                0x8d => {
+                    let n = self.uint(8, "BINUNICODE8")?;
+                    let v = self.string_arg(n, "a string")?;
+                    self.push(v)?;
+                }
+                b'U' => {
+                    let n = self.uint(1, "SHORT_BINSTRING")?;
+                    let v = self.string_arg(n, "a string")?;
+                    self.push(v)?;
+                }
+                b'T' => {
+                    let n = self.uint(4, "BINSTRING")?;
+                    let v = self.string_arg(n, "a string")?;
+                    self.push(v)?;
+                }
+                b'V' => {
+                    let text = self.line("a UNICODE argument")?;
+                    let s = raw_unicode_escape(&text)
+                        .ok_or_else(|| self.bad("a UNICODE argument with a bad escape"))?;
+                    let v = self.string(s.as_bytes());
+                    self.push(v)?;
+                }
+                b'S' => {
+                    let text = self.line("a STRING argument")?;
+                    let s = python_string_literal(&text)
+                        .ok_or_else(|| self.bad("a STRING argument that is not a quoted string"))?;
+                    let v = self.string(&s);
+                    self.push(v)?;
+                }
+                // Bytes.
+                b'C' => {
+                    let n = self.uint(1, "SHORT_BINBYTES")?;
+                    self.skip_arg(n, "bytes")?;
+                    self.push(Value::Bytes)?;
+                }
+                b'B' => {
+                    let n = self.uint(4, "BINBYTES")?;
+                    self.skip_arg(n, "bytes")?;
+                    self.push(Value::Bytes)?;
+                }
+                0x8e | 0x96 => {
+                    let n = self.uint(8, "BINBYTES8")?;
+                    self.skip_arg(n, "bytes")?;
+                    self.push(Value::Bytes)?;
+                }
+                // Containers.
+                b']' => {
+                    let v = self.new_list(Vec::new())?;
+                    self.push(v)?;
+                }
+                b'}' => {
+                    let v = self.new_dict(Vec::new())?;
+                    self.push(v)?;
+                }
+                b')' => {
+                    let v = self.new_tuple(Vec::new())?;
+                    self.push(v)?;
+                }
+                0x8f => {
+                    // EMPTY_SET: a list will do (snapshots hold no sets).
+                    let v = self.new_list(Vec::new())?;
+                    self.push(v)?;
+                }
+                b'(' => {
+                    if self.marks.len() >= self.limits.max_marks {
+                        return Err(self.bad(format!(
+                            "more than {} MARKs are open at once: not a PyTorch memory snapshot",
+                            self.limits.max_marks
+                        )));
+                    }
+                    self.marks.push(self.stack.len());
+                }
+                b'l' => {
+                    let items = self.pop_mark()?;
+                    let v = self.new_list(items)?;
+                    self.push(v)?;
+                }
+                0x91 => {
+                    // FROZENSET
+                    let items = self.pop_mark()?;
+                    let v = self.new_list(items)?;
+                    self.push(v)?;
+                }
+                b'd' => {
+                    let items = self.pop_mark()?;
+                    let v = self.new_dict(items)?;
+                    self.push(v)?;
+                }
+                b't' => {
+                    let items = self.pop_mark()?;
+                    let v = self.new_tuple(items)?;
+                    self.push(v)?;
+                }
+                0x85..=0x87 => {
+                    let n = usize::from(op - 0x84);
+                    if self.stack.len() < n + self.marks.last().copied().unwrap_or(0) {
+                        return Err(self.bad("stack underflow"));
+                    }
+                    let items = self.stack.split_off(self.stack.len() - n);
+                    let v = self.new_tuple(items)?;
+                    self.push(v)?;
+                }
+                b'a' => {
+                    let v = self.pop()?;
+                    let target = self.top()?.clone();
+                    self.append_to(&target, vec![v])?;
+                }
+                b'e' => {
+                    let items = self.pop_mark()?;
+                    let target = self.top()?.clone();
+                    self.append_to(&target, items)?;
+                }
+                0x90 => {
+                    // ADDITEMS
+                    let items = self.pop_mark()?;
+                    let target = self.top()?.clone();
+                    self.append_to(&target, items)?;
+                }
+                b's' => {
+                    let v = self.pop()?;
+                    let k = self.pop()?;
+                    let target = self.top()?.clone();
+                    self.set_items(&target, vec![k, v])?;
+                }
+                b'u' => {
+                    let items = self.pop_mark()?;
+                    let target = self.top()?.clone();
+                    self.set_items(&target, items)?;
+                }
+                // Stack manipulation.
+                b'0' => drop(self.pop()?),
+                b'1' => drop(self.pop_mark()?),
+                b'2' => {
+                    let v = self.top()?.clone();
+                    self.push(v)?;
+                }
+                // Memo.
+                0x94 => {
+                    let key = self.memo.len() as u64;
+                    self.memo_put(key)?;
+                }
+                b'q' => {
+                    let key = self.uint(1, "BINPUT")?;
+                    self.memo_put(key)?;
+                }
+                b'r' => {
+                    let key = self.uint(4, "LONG_BINPUT")?;
+                    self.memo_put(key)?;
+                }
+                b'p' => {
+                    let text = self.line("a PUT argument")?;
+                    let key = memo_key(&text)
+                        .ok_or_else(|| self.bad("a PUT key that is not a number"))?;
+                    self.memo_put(key)?;
+                }
+                b'h' => {
+                    let key = self.uint(1, "BINGET")?;
+                    self.memo_get(key)?;
+                }
+                b'j' => {
+                    let key = self.uint(4, "LONG_BINGET")?;
+                    self.memo_get(key)?;
+                }
+                b'g' => {
+                    let text = self.line("a GET argument")?;
+                    let key = memo_key(&text)
+                        .ok_or_else(|| self.bad("a GET key that is not a number"))?;
+                    self.memo_get(key)?;
+                }
+                // Objects: snapshots hold none, but C++-written pickles build lists
+                // through `torch.jit._pickle.build_*list`.
+                b'c' => {
+                    let module = self.line("a GLOBAL module")?;
+                    let name = self.line("a GLOBAL name")?;
+                    let v = Value::Object(Rc::new(format!(
+                        "{}.{}",
+                        String::from_utf8_lossy(&module),
+                        String::from_utf8_lossy(&name)
+                    )));
+                    self.push(v)?;
+                }
+                0x93 => {
+                    let name = self.pop()?;
+                    let module = self.pop()?;
+                    let text = match (module.as_str(), name.as_str()) {
+                        (Some(m), Some(n)) => format!("{m}.{n}"),
+                        _ => return Err(self.bad("STACK_GLOBAL needs two strings")),
+                    };
+                    self.push(Value::Object(Rc::new(text)))?;
+                }
+                b'R' => {
+                    let args = self.pop()?;
+                    let callable = self.pop()?;
+                    let v = self.reduce(callable, args)?;
+                    self.push(v)?;
+                }
+                0x81 => {
+                    // NEWOBJ
+                    let _args = self.pop()?;
+                    let class = self.pop()?;
+                    self.push(object_of(&class))?;
+                }
+                0x92 => {
+                    // NEWOBJ_EX
+                    let _kwargs = self.pop()?;
+                    let _args = self.pop()?;
+                    let class = self.pop()?;
+                    self.push(object_of(&class))?;
+                }
+                b'b' => {
+                    // BUILD: the state goes into the object, which stays opaque.
+                    self.pop()?;
+                    self.top()?;
+                }
+                b'i' => {
+                    let module = self.line("an INST module")?;
+                    let name = self.line("an INST name")?;
+                    self.pop_mark()?;
+                    let v = Value::Object(Rc::new(format!(
+                        "{}.{}",
+                        String::from_utf8_lossy(&module),
+                        String::from_utf8_lossy(&name)
+                    )));
+                    self.push(v)?;
+                }
+                b'o' => {
+                    let mut items = self.pop_mark()?;
+                    if items.is_empty() {
+                        return Err(self.bad("OBJ without a class"));
+                    }
+                    let class = items.swap_remove(0);
+                    self.push(object_of(&class))?;
+                }
+                0x82..=0x84 => {
+                    let n = [1, 2, 4][usize::from(op - 0x82)];
+                    let code = self.uint(n, "EXT")?;
+                    self.push(Value::Object(Rc::new(format!("extension {code}"))))?;
+                }
+                b'P' => {
+                    self.line("a PERSID argument")?;
+                    self.push(Value::Object(Rc::new("persistent id".into())))?;
+                }
+                b'Q' => {
+                    self.pop()?;
+                    self.push(Value::Object(Rc::new("persistent id".into())))?;
+                }
+                0x97 | 0x98 => {
+                    return Err(
+                        self.bad("out-of-band buffers (pickle protocol 5) are not in snapshots")
+                    )
+                }
+                _ => {
+                    return Err(self.bad(format!("not a Python pickle (unknown opcode {op:#04x})")))
+                }
+            }
+        }
+    }
+
+    /// REDUCE: `torch.jit._pickle.build_*list(list)` gives the list back; anything
+    /// else is an opaque object.
+    fn reduce(&mut self, callable: Value, args: Value) -> Result<Value> {
+        if let (Value::Object(name), Value::Tuple(args)) = (&callable, &args) {
+            if name.starts_with("torch.jit._pickle.build_") && name.ends_with("list") {
+                if let [list @ Value::List(_)] = &args.items[..] {
+                    return Ok(list.clone());
+                }
+            }
+        }
+        Ok(object_of(&callable))
+    }
+
+    /// An integer from `n` little-endian two's-complement bytes.
+    fn long_arg(&mut self, n: u64) -> Result<Value> {
+        if n <= 8 {
+            let s = self.input.take(n as usize, "a LONG")?;
+            if s.is_empty() {
+                return Ok(Value::Int(0));
+            }
+            let negative = s[s.len() - 1] & 0x80 != 0;
+            let mut v: u64 = if negative { u64::MAX } else { 0 };
+            for (i, &b) in s.iter().enumerate() {
+                v &= !(0xffu64 << (8 * i));
+                v |= u64::from(b) << (8 * i);
+            }
+            return Ok(Value::Int(v as i64));
+        }
+        let n_usize = self.arg_len(n, "a LONG")?;
+        // Beyond 8 bytes only a non-negative value below 2^64 with zero padding fits.
+        let mut fits = true;
+        let mut low = 0u64;
+        let mut read = 0usize;
+        while read < n_usize {
+            let k = (n_usize - read).min(BLOCK);
+            let s = self.input.take(k, "a LONG")?;
+            for (j, &b) in s.iter().enumerate() {
+                let i = read + j;
+                if i < 8 {
+                    low |= u64::from(b) << (8 * i);
+                } else if b != 0 {
+                    fits = false;
+                }
+            }
+            read += k;
+        }
+        Ok(if fits { int_of_u64(low) } else { Value::Huge })
+    }
+
+    /// A decimal integer argument (protocol 0), never converting more than 20 digits.
+    fn decimal(&self, text: &[u8], what: &str) -> Result<Value> {
+        let (negative, digits) = match text {
+            [b'-', rest @ ..] => (true, rest),
+            [b'+', rest @ ..] => (false, rest),
+            _ => (false, text),
+        };
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return Err(self.bad(format!("{what} argument that is not an integer")));
+        }
+        let digits = {
+            let first = digits
+                .iter()
+                .position(|&d| d != b'0')
+                .unwrap_or(digits.len());
+            &digits[first..]
+        };
+        if digits.len() > 20 {
+            return Ok(Value::Huge);
+        }
+        let mut v: u128 = 0;
+        for &d in digits {
+            v = v * 10 + u128::from(d - b'0');
+        }
+        Ok(if negative {
+            match i64::try_from(-(v as i128)) {
+                Ok(i) => Value::Int(i),
+                Err(_) => Value::Huge,
+            }
+        } else {
+            match u64::try_from(v) {
+                Ok(u) => int_of_u64(u),
+                Err(_) => Value::Huge,
+            }
+        })
+    }
+}
+
+fn int_of_u64(u: u64) -> Value {
+    match i64::try_from(u) {
+        Ok(i) => Value::Int(i),
+        Err(_) => Value::Big(u),
+    }
+}
+
+fn object_of(class: &Value) -> Value {
+    match class {
+        Value::Object(name) => Value::Object(name.clone()),
+        _ => Value::Object(Rc::new("object".into())),
+    }
+}
+
+fn memo_key(text: &[u8]) -> Option<u64> {
+    std::str::from_utf8(text).ok()?.trim().parse().ok()
+}
+
+/// Decodes Python's `raw-unicode-escape` (protocol 0 `UNICODE`): `\uXXXX` and
+/// `\UXXXXXXXX` escapes, other bytes as Latin-1.
+fn raw_unicode_escape(bytes: &[u8]) -> Option<String> {
+    let mut out = String::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'\\' && i + 1 < bytes.len() && matches!(bytes[i + 1], b'u' | b'U') {
+            let n = if bytes[i + 1] == b'u' { 4 } else { 8 };
+            let hex = bytes.get(i + 2..i + 2 + n)?;
+            let code = u32::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+            out.push(char::from_u32(code)?);
+            i += 2 + n;
+        } else {
+            out.push(char::from(b));
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+/// Decodes a protocol 0 `STRING` argument: a quoted Python bytes literal.
+fn python_string_literal(text: &[u8]) -> Option<Vec<u8>> {
+    let q = *text.first()?;
+    if !(q == b'\'' || q == b'"') || text.len() < 2 || *text.last()? != q {
+        return None;
+    }
+    let body = &text[1..text.len() - 1];
+    let mut out = Vec::with_capacity(body.len());
+    let mut i = 0;
+    while i < body.len() {
+        if body[i] != b'\\' {
+            out.push(body[i]);
+            i += 1;
+            continue;
+        }
+        let c = *body.get(i + 1)?;
+        i += 2;
+        match c {
+            b'n' => out.push(b'\n'),
+            b't' => out.push(b'\t'),
+            b'r' => out.push(b'\r'),
+            b'0'..=b'7' => {
+                let mut v = u32::from(c - b'0');
+                let mut k = 0;
+                while k < 2 && i < body.len() && (b'0'..=b'7').contains(&body[i]) {
+                    v = v * 8 + u32::from(body[i] - b'0');
+                    i += 1;
+                    k += 1;
+                }
+                out.push(v as u8);
+            }
+            b'x' => {
+                let hex = body.get(i..i + 2)?;
+                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+                i += 2;
+            }
+            other => out.push(other),
+        }
+    }
+    Some(out)
+}
+
+/// Reads a whole pickle.
+pub(crate) fn read_value(
+    reader: impl Read,
+    limits: Limits,
+    keep_frames: bool,
+) -> std::result::Result<Value, PickleError> {
+    Machine::new(reader, limits, keep_frames).run()
+}
+
+impl std::fmt::Debug for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.kind())
+    }
+}

@@ -1,0 +1,441 @@
+//! The records of a snapshot pickle, as `serde`-derived structs, and the stores that
+//! hold trace entries and segments converted as the pickle machine reads them.
+//!
+//! The shapes follow PyTorch's `torch.cuda.memory._snapshot()` (2.1 to 2.15): a trace
+//! entry is `{action, addr | device_free (oom), size, stream, time_us, frames,
+//! compile_context, user_metadata, pool_id, forward_frames, internal_metadata}`, a
+//! segment `{device, address, total_size, allocated_size, active_size,
+//! requested_size, stream, segment_type, segment_pool_id, is_expandable, frames,
+//! blocks}` and a block `{address, size, requested_size, state, frames}`. Keys this
+//! crate does not use are ignored, so later versions that add keys still read.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use super::pickle::Value;
+use super::value_de::{escape, from_value, DeError};
+use crate::recorded::{Action, BlockState, RecordedBlock, RecordedEntry, RecordedSegment};
+
+/// An address or stream handle: any 64-bit pattern (a negative int is the `int64_t`
+/// view PyTorch gives some handles).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) struct Handle(pub u64);
+
+impl<'de> Deserialize<'de> for Handle {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Handle, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Handle;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an integer")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Handle, E> {
+                Ok(Handle(v as u64))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Handle, E> {
+                Ok(Handle(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A byte count or index: a non-negative integer below 2^64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Size, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a non-negative integer")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Size, E> {
+                u64::try_from(v)
+                    .map(Size)
+                    .map_err(|_| E::custom(format!("is {v}, expected a non-negative integer")))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Size, E> {
+                Ok(Size(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A trace entry's `action`, parsed without allocating.
+struct ActionName(Action);
+
+impl<'de> Deserialize<'de> for ActionName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ActionName, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = ActionName;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ActionName, E> {
+                Ok(ActionName(Action::from_name(v)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A memory pool id, `(int, int)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) struct PoolId(pub u64, pub u64);
+
+impl<'de> Deserialize<'de> for PoolId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PoolId, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PoolId;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a pair of integers")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PoolId, A::Error> {
+                let a: Handle = seq
+                    .next_element()?
+                    .ok_or_else(|| de::Error::invalid_length(0, &self))?;
+                let b: Handle = seq
+                    .next_element()?
+                    .ok_or_else(|| de::Error::invalid_length(1, &self))?;
+                if seq.next_element::<de::IgnoredAny>()?.is_some() {
+                    return Err(de::Error::invalid_length(3, &self));
+                }
+                Ok(PoolId(a.0, b.0))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A trace entry, as far as replaying it needs.
+#[derive(Deserialize)]
+struct RawEntry {
+    action: ActionName,
+    #[serde(default)]
+    addr: Option<Handle>,
+    #[serde(default)]
+    size: Option<Size>,
+    #[serde(default)]
+    stream: Option<Handle>,
+    #[serde(default)]
+    device_free: Option<Size>,
+    #[serde(default)]
+    time_us: Option<Handle>,
+    #[serde(default)]
+    pool_id: Option<PoolId>,
+}
+
+/// `user_metadata`: a string, or (in some versions) a dict of strings.
+pub(crate) struct Metadata(pub String);
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Metadata, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Metadata;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or a dict")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Metadata, E> {
+                Ok(Metadata(v.to_string()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Metadata, E> {
+                Ok(Metadata(String::new()))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Metadata, A::Error> {
+                let mut parts = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, super::SettingValue>()? {
+                    parts.push(format!("{k}: {v}"));
+                }
+                Ok(Metadata(parts.join(", ")))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A stack frame.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Frame {
+    /// Source file.
+    pub filename: String,
+    /// Line number.
+    pub line: u64,
+    /// Function name.
+    pub name: String,
+}
+
+/// The trace entries of one list of a snapshot, converted as they arrive; with what a
+/// [`RecordedEntry`] has no room for kept beside it, sparsely.
+#[derive(Default)]
+pub(crate) struct EntryStore {
+    pub entries: Vec<RecordedEntry>,
+    /// `time_us` of each entry (0 when absent).
+    pub times: Vec<u64>,
+    /// Entries of a pool other than `(0, 0)`.
+    pub pools: Vec<(u64, PoolId)>,
+    /// `device_free` of each `oom` entry.
+    pub device_free: Vec<(u64, u64)>,
+    /// The text of each `annotate` entry.
+    pub annotations: Vec<(u64, String)>,
+    /// The frames list of each entry that has one (only when frames are kept).
+    pub frames: Vec<(u64, Value)>,
+    /// The first entry that could not be read: its index and what is wrong.
+    pub error: Option<(u64, String)>,
+    len: u64,
+}
+
+impl EntryStore {
+    /// Converts and keeps one entry; after a bad one, only counts.
+    pub(crate) fn push(&mut self, v: &Value, keep_frames: bool) {
+        let index = self.len;
+        self.len += 1;
+        if self.error.is_some() {
+            return;
+        }
+        if let Err(message) = self.convert(index, v, keep_frames) {
+            self.error = Some((index, message));
+        }
+    }
+
+    fn convert(&mut self, index: u64, v: &Value, keep_frames: bool) -> Result<(), String> {
+        let Value::Dict(dict) = v else {
+            return Err(format!("a trace entry is a dict, found {}", v.kind()));
+        };
+        let raw: RawEntry = from_value(v).map_err(|e| match e.0.strip_prefix("has no") {
+            Some(rest) => format!("the entry has no{rest}"),
+            None => e.0,
+        })?;
+        let action = raw.action.0;
+        // Entries without effect on memory need no fields; the others need theirs.
+        let needs = !matches!(action, Action::Other | Action::Snapshot);
+        let missing = |key: &str| format!("the {} entry has no '{key}'", action.name());
+        let (addr, device_free) = if action == Action::Oom {
+            let free = match raw.device_free {
+                Some(f) => f.0,
+                None if needs => return Err(missing("device_free")),
+                None => 0,
+            };
+            (0, Some(free))
+        } else {
+            let addr = match raw.addr {
+                Some(a) => a.0,
+                None if needs => return Err(missing("addr")),
+                None => 0,
+            };
+            (addr, None)
+        };
+        let needs_size = needs && action != Action::Annotate;
+        let size = match raw.size {
+            Some(s) => s.0,
+            None if needs_size => return Err(missing("size")),
+            None => 0,
+        };
+        let stream = match raw.stream {
+            Some(s) => s.0,
+            None if needs_size => return Err(missing("stream")),
+            None => 0,
+        };
+        if let Some(free) = device_free {
+            self.device_free.push((index, free));
+        }
+        if let Some(pool) = raw.pool_id.filter(|p| *p != PoolId(0, 0)) {
+            self.pools.push((index, pool));
+        }
+        if action == Action::Annotate {
+            let text = match dict.get("user_metadata") {
+                Some(m) => {
+                    from_value::<Metadata>(&m)
+                        .map_err(|e| format!("'user_metadata' {e}"))?
+                        .0
+                }
+                None => String::new(),
+            };
+            self.annotations.push((index, text));
+        }
+        if keep_frames {
+            if let Some(f @ Value::List(_)) = dict.get("frames") {
+                self.frames.push((index, f));
+            }
+        }
+        self.times.push(raw.time_us.map_or(0, |t| t.0));
+        self.entries.push(RecordedEntry {
+            action,
+            addr,
+            size,
+            stream,
+        });
+        Ok(())
+    }
+}
+
+/// A segment.
+#[derive(Deserialize)]
+struct RawSegment {
+    address: Handle,
+    total_size: Size,
+    stream: Handle,
+    allocated_size: Size,
+    #[serde(default)]
+    segment_type: Option<String>,
+    #[serde(default)]
+    segment_pool_id: Option<PoolId>,
+    #[serde(default)]
+    is_expandable: Option<bool>,
+    #[serde(default)]
+    blocks: Option<Vec<RawBlock>>,
+}
+
+/// A block of a segment.
+#[derive(Deserialize)]
+struct RawBlock {
+    size: Size,
+    state: String,
+    #[serde(default)]
+    address: Option<Handle>,
+    #[serde(default)]
+    requested_size: Option<Size>,
+}
+
+/// The segments of a snapshot, converted as they arrive, each with its device.
+#[derive(Default)]
+pub(crate) struct SegmentStore {
+    pub segments: Vec<(u64, RecordedSegment)>,
+    /// Segments that could not be read: index, device if known, what is wrong.
+    pub errors: Vec<(u64, Option<u64>, String)>,
+    len: u64,
+}
+
+const MAX_ERRORS: usize = 64;
+
+impl SegmentStore {
+    /// Converts and keeps one segment.
+    pub(crate) fn push(&mut self, v: &Value) {
+        let index = self.len;
+        self.len += 1;
+        let device = match v {
+            Value::Dict(d) => match d.get("device") {
+                None => Ok(0),
+                Some(dev) => from_value::<Size>(&dev)
+                    .map(|s| s.0)
+                    .map_err(|e| format!("'device' {e}")),
+            },
+            other => Err(format!("a segment is a dict, found {}", other.kind())),
+        };
+        let error = match device {
+            Err(message) => (None, message),
+            Ok(device) => match convert_segment(v) {
+                Ok(segment) => {
+                    self.segments.push((device, segment));
+                    return;
+                }
+                Err(message) => (Some(device), message),
+            },
+        };
+        if self.errors.len() < MAX_ERRORS {
+            self.errors.push((index, error.0, error.1));
+        }
+    }
+}
+
+fn convert_segment(v: &Value) -> Result<RecordedSegment, String> {
+    let raw: RawSegment = from_value(v).map_err(|e| match e.0.strip_prefix("has no") {
+        Some(rest) => format!("the segment has no{rest}"),
+        None => e.0,
+    })?;
+    let mut address = raw.address.0;
+    let blocks = raw
+        .blocks
+        .unwrap_or_default()
+        .into_iter()
+        .map(|b| {
+            let block = RecordedBlock {
+                address: b.address.map_or(address, |a| a.0),
+                size: b.size.0,
+                requested_size: b.requested_size.map(|r| r.0),
+                state: BlockState::from_name(&b.state),
+            };
+            address = block.address.wrapping_add(block.size);
+            block
+        })
+        .collect();
+    let pool = raw.segment_pool_id.unwrap_or_default();
+    Ok(RecordedSegment {
+        address: raw.address.0,
+        total_size: raw.total_size.0,
+        stream: raw.stream.0,
+        segment_type: raw.segment_type.unwrap_or_default(),
+        allocated_size: raw.allocated_size.0,
+        blocks,
+        is_expandable: raw.is_expandable.unwrap_or(false),
+        pool_id: (pool.0, pool.1),
+    })
+}
+
+/// Reads a list of generic entry dicts (a trace whose first element was not an
+/// entry, or an empty one) into a store.
+pub(crate) fn entries_of(items: &[Value], keep_frames: bool) -> EntryStore {
+    let mut store = EntryStore::default();
+    for v in items {
+        store.push(v, keep_frames);
+    }
+    store
+}
+
+/// Reads a list of generic segment dicts into a store.
+pub(crate) fn segments_of(items: &[Value]) -> SegmentStore {
+    let mut store = SegmentStore::default();
+    for v in items {
+        store.push(v);
+    }
+    store
+}
+
+/// An `external_annotations` element: `device`, `time_us` and string fields (PyTorch
+/// writes `stage` and `name`).
+#[derive(Default)]
+pub(crate) struct RawExternal {
+    pub device: Option<u64>,
+    pub time_us: Option<u64>,
+    pub fields: Vec<(String, String)>,
+}
+
+impl<'de> Deserialize<'de> for RawExternal {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RawExternal, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawExternal;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a dict")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<RawExternal, A::Error> {
+                let mut out = RawExternal::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "device" => out.device = Some(map.next_value::<Size>()?.0),
+                        "time_us" => out.time_us = Some(map.next_value::<Handle>()?.0),
+                        _ => {
+                            let v: super::SettingValue = map.next_value()?;
+                            out.fields.push((key, v.to_string()));
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Converts a value, naming what it is in errors.
+pub(crate) fn convert<T: de::DeserializeOwned>(v: &Value, what: &str) -> Result<T, String> {
+    from_value(v).map_err(|e: DeError| format!("{what} {}", escape(&e.0)))
+}
