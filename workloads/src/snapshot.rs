@@ -151,13 +151,27 @@ pub struct ExternalAnnotation {
     pub fields: Vec<(String, String)>,
 }
 
-/// The stack frames of trace entries, each distinct stack stored once.
+/// The stack frames of trace entries, each distinct frame and stack stored once.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Frames {
-    /// The distinct stacks, innermost frame first as PyTorch writes them.
-    pub stacks: Vec<Vec<Frame>>,
+    /// The distinct frames.
+    pub frames: Vec<Frame>,
+    /// The distinct stacks, as indexes into `frames`, innermost frame first as
+    /// PyTorch writes them.
+    pub stacks: Vec<Vec<u32>>,
     /// (entry index in the file, index into `stacks`) for each entry with frames.
-    pub entries: Vec<(u64, usize)>,
+    pub entries: Vec<(u64, u32)>,
+}
+
+impl Frames {
+    /// The frames of stack `index`.
+    pub fn stack(&self, index: u32) -> impl Iterator<Item = &Frame> {
+        self.stacks
+            .get(index as usize)
+            .into_iter()
+            .flatten()
+            .map(|&f| &self.frames[f as usize])
+    }
 }
 
 /// A value of `allocator_settings`.
@@ -345,7 +359,7 @@ fn read(
     options: &SnapshotOptions,
     limits: Limits,
 ) -> Result<RecordedRun, ReadError> {
-    let root = pickle::read_value(reader, limits, options.keep_frames).map_err(|e| match e {
+    let root = pickle::read_value(reader, limits, options.keep_frames).map_err(|e| match *e {
         PickleError::Io(e) => ReadError::io(path, &e),
         PickleError::Bad { offset, message } => {
             ReadError::syntax(path, Some(format!("byte {offset}")), escape(&message))
@@ -567,7 +581,11 @@ impl Snapshot<'_> {
             })
             .collect();
         if self.options.keep_frames {
-            info.frames = Some(self.frames(&frames)?);
+            info.frames = Some(Frames {
+                frames: frames.frames,
+                stacks: frames.stacks.iter().map(|s| s.to_vec()).collect(),
+                entries: frames.entries,
+            });
         }
         let (entries, source_indexes) = infer_empty_cache(&entries);
         Ok(RecordedRun {
@@ -593,29 +611,6 @@ impl Snapshot<'_> {
             snapshot: Some(info),
             ..RecordedRun::default()
         })
-    }
-
-    /// Converts the kept frames lists, each distinct list once.
-    fn frames(&self, lists: &[(u64, Value)]) -> Result<Frames, ReadError> {
-        let mut out = Frames::default();
-        let mut seen: std::collections::HashMap<*const pickle::List, usize> =
-            std::collections::HashMap::new();
-        for (entry, v) in lists {
-            let Value::List(l) = v else { continue };
-            let key = std::rc::Rc::as_ptr(l);
-            let stack = match seen.get(&key) {
-                Some(&k) => k,
-                None => {
-                    let frames: Vec<Frame> = schema::convert(v, "'frames'")
-                        .map_err(|m| self.invalid(Some(format!("entry {entry}")), m))?;
-                    out.stacks.push(frames);
-                    seen.insert(key, out.stacks.len() - 1);
-                    out.stacks.len() - 1
-                }
-            };
-            out.entries.push((*entry, stack));
-        }
-        Ok(out)
     }
 }
 
@@ -1449,9 +1444,12 @@ mod tests {
         let frames = run.snapshot.as_ref().unwrap().frames.as_ref().unwrap();
         assert_eq!(frames.entries.len(), plain.entries.len());
         assert_eq!(frames.stacks.len(), 5);
+        // Three frames a stack, the last two shared by all.
+        assert_eq!(frames.frames.len(), 7);
+        let first: Vec<&Frame> = frames.stack(frames.entries[0].1).collect();
         assert_eq!(
-            frames.stacks[0][2],
-            Frame {
+            first[2],
+            &Frame {
                 filename: "/work/train.py".into(),
                 line: 12,
                 name: "main".into()

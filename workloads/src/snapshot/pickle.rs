@@ -24,6 +24,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, Read};
 use std::rc::Rc;
 
@@ -156,9 +157,9 @@ pub(crate) struct List {
     depth: Cell<u32>,
 }
 
-/// A dict, its items in insertion order.
+/// A dict, its items in insertion order, flat: key, value, key, value...
 pub(crate) struct Dict {
-    pub items: RefCell<Vec<(Value, Value)>>,
+    pub items: RefCell<Vec<Value>>,
     sealed: Cell<bool>,
     depth: Cell<u32>,
     /// Its memo key, so that converting it to a record can free the slot.
@@ -170,17 +171,17 @@ impl Dict {
     pub(crate) fn get(&self, key: &str) -> Option<Value> {
         self.items
             .borrow()
-            .iter()
+            .chunks_exact(2)
             .rev()
-            .find(|(k, _)| k.as_str() == Some(key))
-            .map(|(_, v)| v.clone())
+            .find(|kv| kv[0].as_str() == Some(key))
+            .map(|kv| kv[1].clone())
     }
 
     fn has(&self, key: &str) -> bool {
         self.items
             .borrow()
-            .iter()
-            .any(|(k, _)| k.as_str() == Some(key))
+            .chunks_exact(2)
+            .any(|kv| kv[0].as_str() == Some(key))
     }
 }
 
@@ -193,7 +194,8 @@ pub(crate) enum PickleError {
     Bad { offset: u64, message: String },
 }
 
-type Result<T> = std::result::Result<T, PickleError>;
+/// Boxed, so that the machine's results stay small on the hot path.
+type Result<T> = std::result::Result<T, Box<PickleError>>;
 
 /// Buffered input with the offset of every byte, for messages.
 struct Input<R> {
@@ -242,20 +244,20 @@ impl<R: Read> Input<R> {
             let got = match self.reader.read(&mut self.buf[self.end..]) {
                 Ok(got) => got,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(PickleError::Io(e)),
+                Err(e) => return Err(Box::new(PickleError::Io(e))),
             };
             if got == 0 {
                 self.eof = true;
             }
             self.end += got;
             if self.base + self.end as u64 > self.max_input {
-                return Err(PickleError::Bad {
+                return Err(Box::new(PickleError::Bad {
                     offset: self.max_input,
                     message: format!(
                         "the input goes on past {} bytes without ending the pickle",
                         self.max_input
                     ),
-                });
+                }));
             }
         }
         Ok(self.end - self.pos >= n)
@@ -271,11 +273,11 @@ impl<R: Read> Input<R> {
         Ok(Some(b))
     }
 
-    fn truncated(&self, what: &str) -> PickleError {
-        PickleError::Bad {
+    fn truncated(&self, what: &str) -> Box<PickleError> {
+        Box::new(PickleError::Bad {
             offset: self.offset(),
             message: format!("the pickle ends inside {what}"),
-        }
+        })
     }
 
     /// The next `n` bytes, `n <= BLOCK`.
@@ -324,17 +326,17 @@ impl<R: Read> Input<R> {
                 }
             }
             if out.len() > max {
-                return Err(PickleError::Bad {
+                return Err(Box::new(PickleError::Bad {
                     offset: self.offset(),
                     message: format!("{what} is longer than {max} bytes"),
-                });
+                }));
             }
         }
         if out.len() > max {
-            return Err(PickleError::Bad {
+            return Err(Box::new(PickleError::Bad {
                 offset: self.offset(),
                 message: format!("{what} is longer than {max} bytes"),
-            });
+            }));
         }
         Ok(out)
     }
@@ -350,15 +352,40 @@ pub(crate) struct Machine<R> {
     /// Memo keys beyond the dense range (protocol 0-3 `PUT`s of other numbers).
     memo_sparse: HashMap<u64, Value>,
     /// Short strings seen, shared (keys, actions, `'N/A'` appear millions of times).
-    strings: HashMap<Box<[u8]>, Rc<String>>,
+    strings: HashMap<Box<[u8]>, Rc<String>, BuildHasherDefault<Fnv>>,
     keep_frames: bool,
     containers: u64,
+    /// Converted entry dicts, cleared, for the next ones.
+    dict_pool: Vec<Rc<Dict>>,
     /// Offset of the opcode being run.
     at: u64,
 }
 
+/// FNV-1a, for the short strings of the interner (the default hasher costs more than
+/// the lookup saves).
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
 const INTERN_MAX_LEN: usize = 32;
-const INTERN_MAX_COUNT: usize = 1 << 16;
+const INTERN_MAX_COUNT: usize = 4096;
 
 impl<R: Read> Machine<R> {
     pub(crate) fn new(reader: R, limits: Limits, keep_frames: bool) -> Machine<R> {
@@ -369,18 +396,19 @@ impl<R: Read> Machine<R> {
             marks: Vec::new(),
             memo: Vec::new(),
             memo_sparse: HashMap::new(),
-            strings: HashMap::new(),
+            strings: HashMap::default(),
             keep_frames,
             containers: 0,
+            dict_pool: Vec::new(),
             at: 0,
         }
     }
 
-    fn bad(&self, message: impl Into<String>) -> PickleError {
-        PickleError::Bad {
+    fn bad(&self, message: impl Into<String>) -> Box<PickleError> {
+        Box::new(PickleError::Bad {
             offset: self.at,
             message: message.into(),
-        }
+        })
     }
 
     fn pop(&mut self) -> Result<Value> {
@@ -397,13 +425,18 @@ impl<R: Read> Machine<R> {
     #[inline]
     fn push(&mut self, v: Value) -> Result<()> {
         if self.stack.len() >= self.limits.max_stack {
-            return Err(self.bad(format!(
-                "more than {} values wait on the pickle stack: not a PyTorch memory snapshot",
-                self.limits.max_stack
-            )));
+            return Err(self.stack_full());
         }
         self.stack.push(v);
         Ok(())
+    }
+
+    #[cold]
+    fn stack_full(&self) -> Box<PickleError> {
+        self.bad(format!(
+            "more than {} values wait on the pickle stack: not a PyTorch memory snapshot",
+            self.limits.max_stack
+        ))
     }
 
     /// Pops everything above the last MARK, and the MARK.
@@ -424,6 +457,16 @@ impl<R: Read> Machine<R> {
             ));
         }
         Ok(())
+    }
+
+    /// Whether the values pushed now go to a skipped container (the one below the
+    /// last MARK).
+    #[inline]
+    fn in_skipped_batch(&self) -> bool {
+        match self.marks.last() {
+            Some(&m) if m > 0 => matches!(self.stack.get(m - 1), Some(Value::Skipped)),
+            _ => false,
+        }
     }
 
     /// Whether a container created now is stored under a skipped key or inside a
@@ -461,7 +504,7 @@ impl<R: Read> Machine<R> {
             sealed: Cell::new(false),
             depth: Cell::new(1),
         });
-        self.extend_list(&list, items)?;
+        self.extend_list(&list, items.into_iter())?;
         Ok(Value::List(list))
     }
 
@@ -470,11 +513,13 @@ impl<R: Read> Machine<R> {
             return Ok(Value::Skipped);
         }
         self.count_container()?;
-        let dict = Rc::new(Dict {
-            items: RefCell::new(Vec::new()),
-            sealed: Cell::new(false),
-            depth: Cell::new(1),
-            memo: Cell::new(None),
+        let dict = self.dict_pool.pop().unwrap_or_else(|| {
+            Rc::new(Dict {
+                items: RefCell::new(Vec::new()),
+                sealed: Cell::new(false),
+                depth: Cell::new(1),
+                memo: Cell::new(None),
+            })
         });
         self.set_items(&Value::Dict(dict.clone()), items)?;
         Ok(Value::Dict(dict))
@@ -489,7 +534,7 @@ impl<R: Read> Machine<R> {
         Ok(Value::Tuple(Rc::new(Tuple { items, depth })))
     }
 
-    fn too_deep(&self) -> PickleError {
+    fn too_deep(&self) -> Box<PickleError> {
         self.bad(format!(
             "values nest more than {} levels deep: not a PyTorch memory snapshot",
             self.limits.max_nesting
@@ -499,9 +544,7 @@ impl<R: Read> Machine<R> {
     /// Checks that `container` may receive `values` and raises its depth.
     fn admit(&self, sealed: &Cell<bool>, depth: &Cell<u32>, values: &[Value]) -> Result<()> {
         if sealed.get() {
-            return Err(self.bad(
-                "the pickle changes a container after placing it in another: not a PyTorch memory snapshot",
-            ));
+            return Err(self.sealed_error());
         }
         let inner = values.iter().map(Value::depth).max().unwrap_or(0);
         if inner >= self.limits.max_nesting {
@@ -516,11 +559,66 @@ impl<R: Read> Machine<R> {
         Ok(())
     }
 
+    /// Where the top `n` values start, if none is below the last MARK.
+    fn top_n(&self, n: usize) -> Result<usize> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        match self.stack.len().checked_sub(n) {
+            Some(at) if at >= floor => Ok(at),
+            _ => Err(self.bad("stack underflow")),
+        }
+    }
+
+    /// APPEND(S) or SETITEM(S): moves `stack[at..]` into the container at `at - 1`.
+    fn insert_from(&mut self, at: usize) -> Result<()> {
+        let target = match at.checked_sub(1).and_then(|t| self.stack.get(t)) {
+            Some(t) => t.clone(),
+            None => return Err(self.bad("stack underflow")),
+        };
+        match &target {
+            Value::List(l) => {
+                let mut stack = std::mem::take(&mut self.stack);
+                let result = self.extend_list(l, stack.drain(at..));
+                self.stack = stack;
+                result
+            }
+            Value::Dict(d) => {
+                if (self.stack.len() - at) % 2 != 0 {
+                    return Err(self.bad("a dict receives a key without a value"));
+                }
+                self.admit(&d.sealed, &d.depth, &self.stack[at..])?;
+                let mut map = d.items.borrow_mut();
+                map.extend(self.stack.drain(at..));
+                Ok(())
+            }
+            Value::Skipped | Value::Object(_) => {
+                self.stack.truncate(at);
+                Ok(())
+            }
+            other => Err(self.bad(format!(
+                "values are added to {}, not a list or dict",
+                other.kind()
+            ))),
+        }
+    }
+
     /// Appends to a list, converting trace entries and segments to records.
-    fn extend_list(&mut self, list: &List, values: Vec<Value>) -> Result<()> {
-        self.admit(&list.sealed, &list.depth, &values)?;
+    fn extend_list(&mut self, list: &List, values: impl Iterator<Item = Value>) -> Result<()> {
+        if list.sealed.get() {
+            return Err(self.sealed_error());
+        }
         let mut items = list.items.borrow_mut();
         for v in values {
+            let depth = v.depth();
+            if depth >= self.limits.max_nesting {
+                return Err(self.too_deep());
+            }
+            if depth >= list.depth.get() {
+                list.depth.set(depth + 1);
+            }
+            v.seal();
+            if list.sealed.get() {
+                return Err(self.bad("a container contains itself: not a PyTorch memory snapshot"));
+            }
             if let Items::Values(vec) = &*items {
                 if vec.is_empty() {
                     if let Value::Dict(d) = &v {
@@ -537,6 +635,7 @@ impl<R: Read> Machine<R> {
                 Items::Entries(store) => {
                     self.release(&v);
                     store.push(&v, self.keep_frames);
+                    self.recycle(v);
                 }
                 Items::Segments(store) => {
                     self.release(&v);
@@ -545,6 +644,26 @@ impl<R: Read> Machine<R> {
             }
         }
         Ok(())
+    }
+
+    /// Keeps a converted dict for reuse when nothing else refers to it.
+    fn recycle(&mut self, v: Value) {
+        if let Value::Dict(d) = v {
+            if Rc::strong_count(&d) == 1 && self.dict_pool.len() < 256 {
+                d.items.borrow_mut().clear();
+                d.sealed.set(false);
+                d.depth.set(1);
+                d.memo.set(None);
+                self.dict_pool.push(d);
+            }
+        }
+    }
+
+    #[cold]
+    fn sealed_error(&self) -> Box<PickleError> {
+        self.bad(
+            "the pickle changes a container after placing it in another: not a PyTorch memory snapshot",
+        )
     }
 
     /// Frees the memo slot of a dict about to become a record.
@@ -561,6 +680,7 @@ impl<R: Read> Machine<R> {
         }
     }
 
+    /// DICT and friends: a new dict from key-value pairs.
     fn set_items(&mut self, target: &Value, items: Vec<Value>) -> Result<()> {
         if items.len() % 2 != 0 {
             return Err(self.bad("a dict receives a key without a value"));
@@ -568,29 +688,10 @@ impl<R: Read> Machine<R> {
         match target {
             Value::Dict(d) => {
                 self.admit(&d.sealed, &d.depth, &items)?;
-                let mut map = d.items.borrow_mut();
-                let mut it = items.into_iter();
-                while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                    map.push((k, v));
-                }
+                d.items.borrow_mut().extend(items);
                 Ok(())
             }
-            Value::Skipped | Value::Object(_) => Ok(()),
-            other => Err(self.bad(format!("items are set on {}, not a dict", other.kind()))),
-        }
-    }
-
-    fn append_to(&mut self, target: &Value, values: Vec<Value>) -> Result<()> {
-        match target {
-            Value::List(l) => {
-                let l = l.clone();
-                self.extend_list(&l, values)
-            }
-            Value::Skipped | Value::Object(_) => Ok(()),
-            other => Err(self.bad(format!(
-                "values are appended to {}, not a list",
-                other.kind()
-            ))),
+            _ => Ok(()),
         }
     }
 
@@ -613,6 +714,11 @@ impl<R: Read> Machine<R> {
     }
 
     fn memo_get(&mut self, key: u64) -> Result<()> {
+        // Inside a skipped container the value would be dropped: do not look it up
+        // (stack frames are mostly memo references, scattered over a large memo).
+        if self.in_skipped_batch() {
+            return self.push(Value::Skipped);
+        }
         let v = match usize::try_from(key).ok().and_then(|k| self.memo.get(k)) {
             Some(v) => v.clone(),
             None => self
@@ -640,18 +746,15 @@ impl<R: Read> Machine<R> {
     /// A string argument of `n` bytes.
     fn string_arg(&mut self, n: u64, what: &str) -> Result<Value> {
         let n = self.arg_len(n, what)?;
-        if n <= BLOCK {
+        if n <= INTERN_MAX_LEN {
+            let mut short = [0u8; INTERN_MAX_LEN];
+            short[..n].copy_from_slice(self.input.take(n, what)?);
+            Ok(self.string(&short[..n]))
+        } else if n <= BLOCK {
             let bytes = self.input.take(n, what)?;
-            // Borrow juggling: copy short strings out before interning.
-            let owned: Vec<u8>;
-            let bytes = if n <= INTERN_MAX_LEN {
-                owned = bytes.to_vec();
-                &owned[..]
-            } else {
-                let s = Rc::new(String::from_utf8_lossy(bytes).into_owned());
-                return Ok(Value::Str(s));
-            };
-            Ok(self.string(bytes))
+            Ok(Value::Str(Rc::new(
+                String::from_utf8_lossy(bytes).into_owned(),
+            )))
         } else {
             let bytes = self.input.take_long(n, what)?;
             Ok(Value::Str(Rc::new(
@@ -893,31 +996,27 @@ impl<R: Read> Machine<R> {
                     self.push(v)?;
                 }
                 b'a' => {
-                    let v = self.pop()?;
-                    let target = self.top()?.clone();
-                    self.append_to(&target, vec![v])?;
+                    let at = self.top_n(1)?;
+                    self.insert_from(at)?;
                 }
-                b'e' => {
-                    let items = self.pop_mark()?;
-                    let target = self.top()?.clone();
-                    self.append_to(&target, items)?;
-                }
-                0x90 => {
-                    // ADDITEMS
-                    let items = self.pop_mark()?;
-                    let target = self.top()?.clone();
-                    self.append_to(&target, items)?;
+                b'e' | 0x90 => {
+                    // APPENDS, ADDITEMS
+                    let at = self
+                        .marks
+                        .pop()
+                        .ok_or_else(|| self.bad("no MARK to pop to"))?;
+                    self.insert_from(at)?;
                 }
                 b's' => {
-                    let v = self.pop()?;
-                    let k = self.pop()?;
-                    let target = self.top()?.clone();
-                    self.set_items(&target, vec![k, v])?;
+                    let at = self.top_n(2)?;
+                    self.insert_from(at)?;
                 }
                 b'u' => {
-                    let items = self.pop_mark()?;
-                    let target = self.top()?.clone();
-                    self.set_items(&target, items)?;
+                    let at = self
+                        .marks
+                        .pop()
+                        .ok_or_else(|| self.bad("no MARK to pop to"))?;
+                    self.insert_from(at)?;
                 }
                 // Stack manipulation.
                 b'0' => drop(self.pop()?),
@@ -1217,11 +1316,7 @@ fn python_string_literal(text: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Reads a whole pickle.
-pub(crate) fn read_value(
-    reader: impl Read,
-    limits: Limits,
-    keep_frames: bool,
-) -> std::result::Result<Value, PickleError> {
+pub(crate) fn read_value(reader: impl Read, limits: Limits, keep_frames: bool) -> Result<Value> {
     Machine::new(reader, limits, keep_frames).run()
 }
 

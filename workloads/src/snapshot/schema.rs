@@ -9,12 +9,14 @@
 //! blocks}` and a block `{address, size, requested_size, state, frames}`. Keys this
 //! crate does not use are ignored, so later versions that add keys still read.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::rc::Rc;
 
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::pickle::Value;
+use super::pickle::{Dict, Items, List, Value};
 use super::value_de::{escape, from_value, DeError};
 use crate::recorded::{Action, BlockState, RecordedBlock, RecordedEntry, RecordedSegment};
 
@@ -173,6 +175,62 @@ pub struct Frame {
     pub name: String,
 }
 
+/// Stack frames, each distinct frame and each distinct stack stored once. PyTorch
+/// shares a frame dict between all the stacks it appears in; a dict is converted the
+/// first time it is seen.
+#[derive(Default)]
+pub(crate) struct FrameTable {
+    pub frames: Vec<Frame>,
+    /// Frame index of each dict seen, by address; `dicts` keeps them alive so that
+    /// an address stays theirs.
+    by_dict: HashMap<*const Dict, u32>,
+    dicts: Vec<Rc<Dict>>,
+    pub stacks: Vec<Rc<[u32]>>,
+    by_stack: HashMap<Rc<[u32]>, u32>,
+    /// (entry index, stack index).
+    pub entries: Vec<(u64, u32)>,
+}
+
+impl FrameTable {
+    fn add(&mut self, entry: u64, list: &List) -> Result<(), String> {
+        let items = list.items.borrow();
+        let Items::Values(values) = &*items else {
+            return Err("is not a list of frames".into());
+        };
+        let mut stack = Vec::with_capacity(values.len());
+        for (i, v) in values.iter().enumerate() {
+            let Value::Dict(d) = v else {
+                return Err(format!("[{i}] is {}, expected a frame dict", v.kind()));
+            };
+            let key = Rc::as_ptr(d);
+            let index = match self.by_dict.get(&key) {
+                Some(&k) => k,
+                None => {
+                    let frame: Frame = from_value(v).map_err(|e| format!("[{i}] {}", e.0))?;
+                    let k = self.frames.len() as u32;
+                    self.frames.push(frame);
+                    self.by_dict.insert(key, k);
+                    self.dicts.push(d.clone());
+                    k
+                }
+            };
+            stack.push(index);
+        }
+        let stack: Rc<[u32]> = stack.into();
+        let index = match self.by_stack.get(&stack) {
+            Some(&k) => k,
+            None => {
+                let k = self.stacks.len() as u32;
+                self.stacks.push(stack.clone());
+                self.by_stack.insert(stack, k);
+                k
+            }
+        };
+        self.entries.push((entry, index));
+        Ok(())
+    }
+}
+
 /// The trace entries of one list of a snapshot, converted as they arrive; with what a
 /// [`RecordedEntry`] has no room for kept beside it, sparsely.
 #[derive(Default)]
@@ -186,8 +244,8 @@ pub(crate) struct EntryStore {
     pub device_free: Vec<(u64, u64)>,
     /// The text of each `annotate` entry.
     pub annotations: Vec<(u64, String)>,
-    /// The frames list of each entry that has one (only when frames are kept).
-    pub frames: Vec<(u64, Value)>,
+    /// The stack frames of the entries (only when frames are kept).
+    pub frames: FrameTable,
     /// The first entry that could not be read: its index and what is wrong.
     pub error: Option<(u64, String)>,
     len: u64,
@@ -262,8 +320,10 @@ impl EntryStore {
             self.annotations.push((index, text));
         }
         if keep_frames {
-            if let Some(f @ Value::List(_)) = dict.get("frames") {
-                self.frames.push((index, f));
+            if let Some(Value::List(list)) = dict.get("frames") {
+                self.frames
+                    .add(index, &list)
+                    .map_err(|e| format!("'frames' {e}"))?;
             }
         }
         self.times.push(raw.time_us.map_or(0, |t| t.0));

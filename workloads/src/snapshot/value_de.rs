@@ -109,7 +109,7 @@ impl<'de> de::Deserializer<'de> for De<'_> {
             Value::Dict(d) => {
                 let items = d.items.borrow();
                 visitor.visit_map(Map {
-                    items: items.iter(),
+                    items: items.chunks_exact(2),
                     value: None,
                     key: None,
                 })
@@ -178,7 +178,7 @@ impl<'de> SeqAccess<'de> for Seq<'_> {
 }
 
 struct Map<'a> {
-    items: std::slice::Iter<'a, (Value, Value)>,
+    items: std::slice::ChunksExact<'a, Value>,
     value: Option<&'a Value>,
     key: Option<&'a Value>,
 }
@@ -191,11 +191,12 @@ impl<'de> MapAccess<'de> for Map<'_> {
         seed: K,
     ) -> Result<Option<K::Value>, DeError> {
         match self.items.next() {
-            Some((k, v)) => {
+            Some([k, v]) => {
                 self.key = Some(k);
                 self.value = Some(v);
                 seed.deserialize(De(k)).map(Some)
             }
+            Some(_) => Err(DeError("a key without a value".into())),
             None => Ok(None),
         }
     }
