@@ -359,16 +359,18 @@ fn read(
     options: &SnapshotOptions,
     limits: Limits,
 ) -> Result<RecordedRun, ReadError> {
-    let root = pickle::read_value(reader, limits, options.keep_frames).map_err(|e| match *e {
-        PickleError::Io(e) => ReadError::io(path, &e),
-        PickleError::Bad { offset, message } => {
-            ReadError::syntax(path, Some(format!("byte {offset}")), escape(&message))
-        }
-    })?;
+    let (root, frames) =
+        pickle::read_value(reader, limits, options.keep_frames).map_err(|e| match *e {
+            PickleError::Io(e) => ReadError::io(path, &e),
+            PickleError::Bad { offset, message } => {
+                ReadError::syntax(path, Some(format!("byte {offset}")), escape(&message))
+            }
+        })?;
     Snapshot {
         path,
         device,
         options,
+        frames: std::cell::RefCell::new(frames),
     }
     .assemble(&root)
 }
@@ -378,6 +380,8 @@ struct Snapshot<'a> {
     path: &'a Path,
     device: usize,
     options: &'a SnapshotOptions,
+    /// The stack frames read (when kept).
+    frames: std::cell::RefCell<schema::FrameTable>,
 }
 
 impl Snapshot<'_> {
@@ -506,7 +510,11 @@ impl Snapshot<'_> {
         let mut items = trace.items.borrow_mut();
         let store = match &mut *items {
             Items::Entries(store) => std::mem::take(&mut **store),
-            Items::Values(values) => schema::entries_of(values, self.options.keep_frames),
+            Items::Values(values) => {
+                let mut frames = self.frames.borrow_mut();
+                let table = self.options.keep_frames.then_some(&mut *frames);
+                schema::entries_of(values, table)
+            }
             Items::Segments(_) => {
                 return Err(
                     self.not_snapshot(&format!("device_traces[{}] holds segments", self.device))
@@ -558,7 +566,7 @@ impl Snapshot<'_> {
             pools,
             device_free,
             annotations,
-            frames,
+            stacks,
             ..
         } = store;
         let last_oom = entries
@@ -581,10 +589,11 @@ impl Snapshot<'_> {
             })
             .collect();
         if self.options.keep_frames {
+            let (frames, table) = self.frames.take().into_parts();
             info.frames = Some(Frames {
-                frames: frames.frames,
-                stacks: frames.stacks.iter().map(|s| s.to_vec()).collect(),
-                entries: frames.entries,
+                frames,
+                stacks: table,
+                entries: stacks,
             });
         }
         let (entries, source_indexes) = infer_empty_cache(&entries);

@@ -28,7 +28,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, Read};
 use std::rc::Rc;
 
-use super::schema::{EntryStore, SegmentStore};
+use super::schema::{EntryStore, FrameTable, SegmentStore};
 
 /// Keys whose values are not kept (and, unless frames are asked for, `frames`).
 pub(crate) const SKIP_KEYS: [&str; 4] = [
@@ -89,6 +89,8 @@ pub(crate) enum Value {
     Skipped,
     /// A trace entry or segment already converted to its record.
     Consumed,
+    /// A list of stack frames already converted: its index in the frame table.
+    Stack(u32),
 }
 
 impl Value {
@@ -107,6 +109,7 @@ impl Value {
             Value::Object(_) => "a Python object",
             Value::Skipped => "a value that was not kept",
             Value::Consumed => "a trace entry or segment used twice",
+            Value::Stack(_) => "a list of stack frames",
         }
     }
 
@@ -155,6 +158,8 @@ pub(crate) struct List {
     pub items: RefCell<Items>,
     sealed: Cell<bool>,
     depth: Cell<u32>,
+    /// Its memo key, so that converting it (stack frames) can free the slot.
+    memo: Cell<Option<u64>>,
 }
 
 /// A dict, its items in insertion order, flat: key, value, key, value...
@@ -357,14 +362,16 @@ pub(crate) struct Machine<R> {
     containers: u64,
     /// Converted entry dicts, cleared, for the next ones.
     dict_pool: Vec<Rc<Dict>>,
+    /// Stack frames, when kept.
+    frames: FrameTable,
     /// Offset of the opcode being run.
     at: u64,
 }
 
-/// FNV-1a, for the short strings of the interner (the default hasher costs more than
-/// the lookup saves).
+/// FNV-1a, for the interner's short strings and the frame table's keys (the default
+/// hasher costs more than the lookups save).
 #[derive(Default)]
-struct Fnv(u64);
+pub(crate) struct Fnv(u64);
 
 impl Hasher for Fnv {
     fn finish(&self) -> u64 {
@@ -400,6 +407,7 @@ impl<R: Read> Machine<R> {
             keep_frames,
             containers: 0,
             dict_pool: Vec::new(),
+            frames: FrameTable::default(),
             at: 0,
         }
     }
@@ -503,6 +511,7 @@ impl<R: Read> Machine<R> {
             items: RefCell::new(Items::Values(Vec::new())),
             sealed: Cell::new(false),
             depth: Cell::new(1),
+            memo: Cell::new(None),
         });
         self.extend_list(&list, items.into_iter())?;
         Ok(Value::List(list))
@@ -634,7 +643,12 @@ impl<R: Read> Machine<R> {
                 Items::Values(vec) => vec.push(v),
                 Items::Entries(store) => {
                     self.release(&v);
-                    store.push(&v, self.keep_frames);
+                    let stack = if self.keep_frames {
+                        self.entry_frames(&v)
+                    } else {
+                        Ok(None)
+                    };
+                    store.push(&v, stack);
                     self.recycle(v);
                 }
                 Items::Segments(store) => {
@@ -644,6 +658,27 @@ impl<R: Read> Machine<R> {
             }
         }
         Ok(())
+    }
+
+    /// Converts an entry's stack frames into the frame table, and leaves the table's
+    /// index in the frames list's memo slot (its values are not needed any more).
+    fn entry_frames(&mut self, entry: &Value) -> std::result::Result<Option<u32>, String> {
+        let Value::Dict(d) = entry else {
+            return Ok(None);
+        };
+        let frames = d.get("frames");
+        let stack = self.frames.stack_of(frames.as_ref())?;
+        if let (Some(Value::List(l)), Some(k)) = (&frames, stack) {
+            if let Some(key) = l.memo.take() {
+                match usize::try_from(key).ok().filter(|&i| i < self.memo.len()) {
+                    Some(i) => self.memo[i] = Value::Stack(k),
+                    None => {
+                        self.memo_sparse.insert(key, Value::Stack(k));
+                    }
+                }
+            }
+        }
+        Ok(stack)
     }
 
     /// Keeps a converted dict for reuse when nothing else refers to it.
@@ -697,8 +732,10 @@ impl<R: Read> Machine<R> {
 
     fn memo_put(&mut self, key: u64) -> Result<()> {
         let v = self.top()?.clone();
-        if let Value::Dict(d) = &v {
-            d.memo.set(Some(key));
+        match &v {
+            Value::Dict(d) => d.memo.set(Some(key)),
+            Value::List(l) => l.memo.set(Some(key)),
+            _ => {}
         }
         if key == self.memo.len() as u64 {
             self.memo.push(v);
@@ -1316,8 +1353,15 @@ fn python_string_literal(text: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Reads a whole pickle.
-pub(crate) fn read_value(reader: impl Read, limits: Limits, keep_frames: bool) -> Result<Value> {
-    Machine::new(reader, limits, keep_frames).run()
+/// Reads a whole pickle; returns its value and the stack frames kept.
+pub(crate) fn read_value(
+    reader: impl Read,
+    limits: Limits,
+    keep_frames: bool,
+) -> Result<(Value, FrameTable)> {
+    let mut machine = Machine::new(reader, limits, keep_frames);
+    let value = machine.run()?;
+    Ok((value, machine.frames))
 }
 
 impl std::fmt::Debug for Value {

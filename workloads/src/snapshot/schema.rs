@@ -16,7 +16,9 @@ use std::rc::Rc;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::pickle::{Dict, Items, List, Value};
+use super::pickle::{Dict, Fnv, Items, List, Value};
+
+type FnvBuild = std::hash::BuildHasherDefault<Fnv>;
 use super::value_de::{escape, from_value, DeError};
 use crate::recorded::{Action, BlockState, RecordedBlock, RecordedEntry, RecordedSegment};
 
@@ -183,16 +185,38 @@ pub(crate) struct FrameTable {
     pub frames: Vec<Frame>,
     /// Frame index of each dict seen, by address; `dicts` keeps them alive so that
     /// an address stays theirs.
-    by_dict: HashMap<*const Dict, u32>,
+    by_dict: HashMap<*const Dict, u32, FnvBuild>,
     dicts: Vec<Rc<Dict>>,
     pub stacks: Vec<Rc<[u32]>>,
-    by_stack: HashMap<Rc<[u32]>, u32>,
-    /// (entry index, stack index).
-    pub entries: Vec<(u64, u32)>,
+    by_stack: HashMap<Rc<[u32]>, u32, FnvBuild>,
 }
 
 impl FrameTable {
-    fn add(&mut self, entry: u64, list: &List) -> Result<(), String> {
+    /// The distinct frames and stacks, the lookup maps dropped first so that each
+    /// stack is freed as it is copied out.
+    pub(crate) fn into_parts(self) -> (Vec<Frame>, Vec<Vec<u32>>) {
+        let FrameTable {
+            frames,
+            stacks,
+            by_stack,
+            by_dict,
+            dicts,
+        } = self;
+        drop((by_stack, by_dict, dicts));
+        (frames, stacks.into_iter().map(|s| s.to_vec()).collect())
+    }
+
+    /// The stack index of an entry's `frames` value: a list converted now, or one
+    /// converted before (a memo reference); `None` when the entry has none.
+    pub(crate) fn stack_of(&mut self, frames: Option<&Value>) -> Result<Option<u32>, String> {
+        match frames {
+            Some(Value::List(l)) => self.add(l).map(Some).map_err(|e| format!("'frames' {e}")),
+            Some(Value::Stack(k)) => Ok(Some(*k)),
+            _ => Ok(None),
+        }
+    }
+
+    fn add(&mut self, list: &List) -> Result<u32, String> {
         let items = list.items.borrow();
         let Items::Values(values) = &*items else {
             return Err("is not a list of frames".into());
@@ -217,7 +241,7 @@ impl FrameTable {
             stack.push(index);
         }
         let stack: Rc<[u32]> = stack.into();
-        let index = match self.by_stack.get(&stack) {
+        Ok(match self.by_stack.get(&stack) {
             Some(&k) => k,
             None => {
                 let k = self.stacks.len() as u32;
@@ -225,9 +249,7 @@ impl FrameTable {
                 self.by_stack.insert(stack, k);
                 k
             }
-        };
-        self.entries.push((entry, index));
-        Ok(())
+        })
     }
 }
 
@@ -244,8 +266,8 @@ pub(crate) struct EntryStore {
     pub device_free: Vec<(u64, u64)>,
     /// The text of each `annotate` entry.
     pub annotations: Vec<(u64, String)>,
-    /// The stack frames of the entries (only when frames are kept).
-    pub frames: FrameTable,
+    /// (entry index, stack index in the frame table), when frames are kept.
+    pub stacks: Vec<(u64, u32)>,
     /// The first entry that could not be read: its index and what is wrong.
     pub error: Option<(u64, String)>,
     len: u64,
@@ -253,18 +275,19 @@ pub(crate) struct EntryStore {
 
 impl EntryStore {
     /// Converts and keeps one entry; after a bad one, only counts.
-    pub(crate) fn push(&mut self, v: &Value, keep_frames: bool) {
+    /// `stack` is the entry's stack frames, converted (or why they could not be).
+    pub(crate) fn push(&mut self, v: &Value, stack: Result<Option<u32>, String>) {
         let index = self.len;
         self.len += 1;
         if self.error.is_some() {
             return;
         }
-        if let Err(message) = self.convert(index, v, keep_frames) {
+        if let Err(message) = stack.and_then(|stack| self.convert(index, v, stack)) {
             self.error = Some((index, message));
         }
     }
 
-    fn convert(&mut self, index: u64, v: &Value, keep_frames: bool) -> Result<(), String> {
+    fn convert(&mut self, index: u64, v: &Value, stack: Option<u32>) -> Result<(), String> {
         let Value::Dict(dict) = v else {
             return Err(format!("a trace entry is a dict, found {}", v.kind()));
         };
@@ -319,12 +342,8 @@ impl EntryStore {
             };
             self.annotations.push((index, text));
         }
-        if keep_frames {
-            if let Some(Value::List(list)) = dict.get("frames") {
-                self.frames
-                    .add(index, &list)
-                    .map_err(|e| format!("'frames' {e}"))?;
-            }
+        if let Some(stack) = stack {
+            self.stacks.push((index, stack));
         }
         self.times.push(raw.time_us.map_or(0, |t| t.0));
         self.entries.push(RecordedEntry {
@@ -442,10 +461,19 @@ fn convert_segment(v: &Value) -> Result<RecordedSegment, String> {
 
 /// Reads a list of generic entry dicts (a trace whose first element was not an
 /// entry, or an empty one) into a store.
-pub(crate) fn entries_of(items: &[Value], keep_frames: bool) -> EntryStore {
+pub(crate) fn entries_of(items: &[Value], frames: Option<&mut FrameTable>) -> EntryStore {
     let mut store = EntryStore::default();
-    for v in items {
-        store.push(v, keep_frames);
+    match frames {
+        Some(table) => {
+            for v in items {
+                let stack = match v {
+                    Value::Dict(d) => table.stack_of(d.get("frames").as_ref()),
+                    _ => Ok(None),
+                };
+                store.push(v, stack);
+            }
+        }
+        None => items.iter().for_each(|v| store.push(v, Ok(None))),
     }
     store
 }

@@ -119,6 +119,7 @@ impl<'de> de::Deserializer<'de> for De<'_> {
             Value::Consumed => Err(DeError(
                 "refers back to a trace entry or segment already read".into(),
             )),
+            Value::Stack(_) => Err(DeError("refers back to stack frames already read".into())),
         }
     }
 
