@@ -1076,7 +1076,11 @@ mod tests {
             assert_eq!(
                 info.setting("expandable_segments"),
                 Some(&SettingValue::Bool(
-                    run.meta.alloc_conf.as_deref().unwrap_or("").contains("expandable")
+                    run.meta
+                        .alloc_conf
+                        .as_deref()
+                        .unwrap_or("")
+                        .contains("expandable")
                 ))
             );
             // Every location is an index of the pickle's trace.
@@ -1422,7 +1426,7 @@ mod tests {
             "{err}"
         );
         // Without the private pool, the run replays: annotations and snapshots are no
-        // requests, the pending free is not a free yet.
+        // requests, the pending frees (freed, waiting for other streams) are not frees yet.
         let run = read_snapshot_pickle(&synthetic("torch215_default_pool.pickle"), 0).unwrap();
         let t = run.to_trace().unwrap();
         let sizes: Vec<String> = t
@@ -1431,12 +1435,21 @@ mod tests {
             .map(|e| match e {
                 Event::Alloc { id, size_bytes, .. } => format!("+{} {size_bytes}", id.0),
                 Event::Free { id } => format!("-{}", id.0),
+                Event::FreeRequested { id } => format!("~{}", id.0),
                 other => format!("{other:?}"),
             })
             .collect();
         assert_eq!(
             sizes,
-            vec!["+0 4194304", "+1 8388608", "+2 3145728", "-0", "+3 2097252"]
+            vec![
+                "+0 4194304",
+                "+1 8388608",
+                "+2 3145728",
+                "-0",
+                "~2",
+                "+3 2097252",
+                "~3"
+            ]
         );
     }
 
@@ -1459,7 +1472,7 @@ mod tests {
         assert_eq!(
             first[2],
             &Frame {
-                filename: "/work/train.py".into(),
+                filename: "/home/user/project/train.py".into(),
                 line: 12,
                 name: "main".into()
             }

@@ -50,8 +50,8 @@ def traceback(kind):
     if kind not in TRACEBACKS:
         TRACEBACKS[kind] = [
             frame("/usr/lib/python3/site-packages/torch/nn/modules/linear.py", 125, "forward"),
-            frame(f"/work/model_{kind}.py", 40 + len(kind), f"step_{kind}"),
-            frame("/work/train.py", 12, "main"),
+            frame(f"/home/user/project/model_{kind}.py", 40 + len(kind), f"step_{kind}"),
+            frame("/home/user/project/train.py", 12, "main"),
         ]
     return TRACEBACKS[kind]
 
@@ -139,7 +139,7 @@ def torch215(with_frames=False, private_pool=True):
     t.add("segment_alloc", S1, 20 * MiB)
     t.add("alloc", S1, 4 * MiB, meta="phase=forward", kind="w")
     t.add("alloc", S1 + 4 * MiB, 8 * MiB, internal_metadata={"tag": 3}, kind="x",
-          forward_frames=["  File \"/work/model.py\", line 9, in forward\n    y = self.lin(x)\n"])
+          forward_frames=["  File \"/home/user/project/model.py\", line 9, in forward\n    y = self.lin(x)\n"])
     t.add("annotate", S1 + 4 * MiB, 8 * MiB, meta="packed for backward", kind="x")
     t.add("segment_map", S2, 2 * 2 * MiB)
     t.add("alloc", S2, 3 * MiB, stream=STREAM2, meta={"layer": "attn", "step": 2})
