@@ -1454,13 +1454,23 @@ mod tests {
     }
 
     /// Stack frames are skipped by default and kept when asked, each distinct stack
-    /// once (PyTorch shares them between entries).
+    /// once (PyTorch shares them between entries), the same in protocols 4 and 0.
     #[test]
     fn frames_only_when_asked() {
+        let options = SnapshotOptions { keep_frames: true };
+        for keep in [false, true] {
+            let options = SnapshotOptions { keep_frames: keep };
+            let p4 = read_snapshot_pickle_with(&synthetic("torch215_frames.pickle"), 0, &options);
+            let p0 =
+                read_snapshot_pickle_with(&synthetic("torch215_frames_p0.pickle"), 0, &options);
+            let (p4, p0) = (p4.unwrap(), p0.unwrap());
+            assert_eq!(p4.entries, p0.entries);
+            assert_eq!(p4.segments, p0.segments);
+            assert_eq!(p4.snapshot, p0.snapshot);
+        }
         let path = synthetic("torch215_frames.pickle");
         let plain = read_snapshot_pickle(&path, 0).unwrap();
         assert_eq!(plain.snapshot.as_ref().unwrap().frames, None);
-        let options = SnapshotOptions { keep_frames: true };
         let run = read_snapshot_pickle_with(&path, 0, &options).unwrap();
         assert_eq!(run.entries, plain.entries);
         let frames = run.snapshot.as_ref().unwrap().frames.as_ref().unwrap();

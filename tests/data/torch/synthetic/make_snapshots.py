@@ -17,7 +17,8 @@ Files (the Rust tests in workloads/src/snapshot.rs say what each checks):
   frames, forward_frames and internal_metadata; `annotate` entries; expandable and
   private-pool segments; blocks in the three states; every allocator setting;
   external_annotations; host_segments/host_traces.
-- torch215_frames.pickle: protocol 4 with frames on every entry (and shared).
+- torch215_frames.pickle, torch215_frames_p0.pickle: protocols 4 and 0 with frames
+  on every entry (and shared).
 - torch215_default_pool.pickle: the same run without the private pool.
 - no_traces.pickle: include_traces=False (device_traces holds no lists).
 - segments_only.pickle: torch.cuda.memory_snapshot() pickled: a list of segments.
@@ -219,6 +220,7 @@ def main():
     for protocol in (0, 2, 4, 5):
         write(f"torch215_p{protocol}.pickle", run, protocol)
     write("torch215_frames.pickle", torch215(with_frames=True))
+    write("torch215_frames_p0.pickle", torch215(with_frames=True), 0)
     write("torch215_default_pool.pickle", torch215(private_pool=False))
     no_traces = small_run()
     no_traces["device_traces"] = []
