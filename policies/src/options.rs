@@ -98,26 +98,33 @@ impl<T> Field<T> {
     /// Reads `text` into the field of `target`.
     ///
     /// # Errors
-    /// A message starting with the field's name, saying what is wrong with `text`.
-    pub fn read(&self, target: &mut T, text: &str) -> Result<(), String> {
+    /// A [`FieldError`] naming the field and saying what is wrong with `text`.
+    pub fn read(&self, target: &mut T, text: &str) -> Result<(), FieldError> {
         let name = self.name;
         match self.value {
             FieldValue::Bytes(_, set) => set(
                 target,
-                units::parse_size(text).map_err(|e| format!("{name}: {e}"))?,
+                units::parse_size(text).map_err(|source| FieldError::Size { name, source })?,
             ),
             FieldValue::Bool(_, set) => set(
                 target,
                 match text {
                     "true" => true,
                     "false" => false,
-                    _ => return Err(format!("{name}: '{text}' is not true or false")),
+                    _ => {
+                        return Err(FieldError::NotABool {
+                            name,
+                            text: text.to_string(),
+                        })
+                    }
                 },
             ),
             FieldValue::Float(_, set) => set(
                 target,
-                text.parse()
-                    .map_err(|_| format!("{name}: '{text}' is not a number"))?,
+                text.parse().map_err(|_| FieldError::NotANumber {
+                    name,
+                    text: text.to_string(),
+                })?,
             ),
         }
         Ok(())
@@ -179,7 +186,7 @@ pub trait PolicyOptions: Clone + Debug + Default + PartialEq + Send + Sync + 'st
                 .ok_or_else(|| unknown_option::<Self>(s.key))?;
             field
                 .read(&mut options, s.value)
-                .map_err(ParseError::Options)?;
+                .map_err(|e| ParseError::Options(e.to_string()))?;
             given.push(field.name);
         }
         options.derive_defaults(&given);
@@ -240,6 +247,36 @@ pub trait PolicyOptions: Clone + Debug + Default + PartialEq + Send + Sync + 'st
     /// # Errors
     /// See [`PolicyOptions::validate`].
     fn build(&self) -> Result<Box<dyn Policy>, OptionsError>;
+}
+
+/// A value that does not read into its field ([`Field::read`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FieldError {
+    /// A size field's value is not a size.
+    #[error("{name}: {source}")]
+    Size {
+        /// The field.
+        name: &'static str,
+        /// Why.
+        #[source]
+        source: units::SizeError,
+    },
+    /// A boolean field's value is neither `true` nor `false`.
+    #[error("{name}: '{text}' is not true or false")]
+    NotABool {
+        /// The field.
+        name: &'static str,
+        /// The value.
+        text: String,
+    },
+    /// A number field's value is not a number.
+    #[error("{name}: '{text}' is not a number")]
+    NotANumber {
+        /// The field.
+        name: &'static str,
+        /// The value.
+        text: String,
+    },
 }
 
 /// Why a specification's settings do not read.

@@ -7,7 +7,37 @@ use workloads::Trace;
 use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
 use crate::metrics::{Oom, Summary};
 use crate::replay::{replay, ReplayError, ReplayOptions};
+use policies::registry::OptionsError;
 use policies::spec::PolicySpec;
+
+/// A comparison that could not finish: the first (trace, policy) pair, in input order,
+/// whose policy did not build or whose replay failed for a reason other than running
+/// out of memory.
+#[derive(Debug, thiserror::Error)]
+pub enum CompareError {
+    /// The policy's options do not build a policy.
+    #[error("{trace} under {policy}: {source}")]
+    Build {
+        /// Trace name.
+        trace: String,
+        /// Policy label.
+        policy: String,
+        /// Why.
+        #[source]
+        source: OptionsError,
+    },
+    /// The replay stopped: a device failure, an error of the policy, or interruption.
+    #[error("{trace} under {policy}: {source}")]
+    Replay {
+        /// Trace name.
+        trace: String,
+        /// Policy label.
+        policy: String,
+        /// Why.
+        #[source]
+        source: ReplayError,
+    },
+}
 
 /// A trace to compare, with the recorded addresses to reuse (from a recorded run), if
 /// any.
@@ -42,16 +72,19 @@ pub struct Row {
 /// parallel on all cores. Rows come out in input order (trace, then policy, then
 /// capacity), whatever the scheduling, so the output is deterministic.
 ///
+/// With `options.interrupt` set, every replay stops at its next event and the
+/// comparison returns [`ReplayError::Interrupted`] (inside [`CompareError::Replay`]).
+///
 /// # Errors
-/// The first replay that failed for a reason other than running out of memory, with its
-/// trace and policy.
+/// The first replay in input order that failed for a reason other than running out of
+/// memory, with its trace and policy.
 pub fn compare(
     inputs: &[CompareInput],
     policies: &[PolicySpec],
     capacities: &[u64],
     device: &SimDeviceOptions,
     options: &ReplayOptions,
-) -> Result<Vec<Row>, String> {
+) -> Result<Vec<Row>, CompareError> {
     let mut jobs = Vec::new();
     for input in inputs {
         for spec in policies {
@@ -60,9 +93,13 @@ pub fn compare(
             }
         }
     }
-    jobs.par_iter()
+    // Every result first, then the first error in input order: which replay fails
+    // first in time depends on the scheduling, the error reported must not.
+    let results: Vec<Result<Row, CompareError>> = jobs
+        .par_iter()
         .map(|&(input, spec, capacity)| run_one(input, spec, capacity, device, options))
-        .collect()
+        .collect();
+    results.into_iter().collect()
 }
 
 fn run_one(
@@ -71,12 +108,21 @@ fn run_one(
     capacity: u64,
     device: &SimDeviceOptions,
     options: &ReplayOptions,
-) -> Result<Row, String> {
-    let mut policy = spec.config.build().map_err(|e| e.to_string())?;
+) -> Result<Row, CompareError> {
+    let mut policy = spec.config.build().map_err(|source| CompareError::Build {
+        trace: input.trace.name.clone(),
+        policy: spec.label.clone(),
+        source,
+    })?;
     let mut dev =
         SimDevice::with_hints(device.clone().with_capacity(capacity), input.hints.clone());
-    let r = replay(&input.trace, policy.as_mut(), &mut dev, options)
-        .map_err(|e: ReplayError| format!("{} under {}: {e}", input.trace.name, spec.label))?;
+    let r = replay(&input.trace, policy.as_mut(), &mut dev, options).map_err(|source| {
+        CompareError::Replay {
+            trace: input.trace.name.clone(),
+            policy: spec.label.clone(),
+            source,
+        }
+    })?;
     Ok(Row {
         trace: input.trace.name.clone(),
         policy: spec.label.clone(),
@@ -86,4 +132,55 @@ fn run_one(
         oom: r.oom,
         live_allocation_count: r.live_allocation_count,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use workloads::{AllocId, Event};
+
+    /// A raised interrupt flag stops every replay of a comparison: the result is the
+    /// typed interruption, naming the trace and policy, not rows.
+    #[test]
+    fn interrupt_stops_a_comparison() {
+        static RAISED: AtomicBool = AtomicBool::new(true);
+        let trace = Trace::new(
+            "t",
+            vec![Event::Alloc {
+                id: AllocId(1),
+                size_bytes: 512,
+                stream: 0,
+            }],
+        );
+        let inputs = [CompareInput {
+            trace,
+            hints: AddressHints::default(),
+        }];
+        let specs =
+            policies::spec::parse_policy_list("caching,buddy", &Default::default()).unwrap();
+        let options = ReplayOptions {
+            interrupt: Some(&RAISED),
+            ..ReplayOptions::default()
+        };
+        let e = compare(
+            &inputs,
+            &specs,
+            &[1 << 30],
+            &SimDeviceOptions::default(),
+            &options,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                CompareError::Replay {
+                    source: ReplayError::Interrupted { event_index: 0 },
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "t under caching: interrupted at event 0");
+    }
 }

@@ -40,9 +40,9 @@ mod replay;
 pub mod report;
 pub mod validation;
 
-pub use compare::{compare, CompareInput, Row};
+pub use compare::{compare, CompareError, CompareInput, Row};
 pub use device::{AddressHints, AddressModel, SimDevice, SimDeviceOptions};
 pub use metrics::{Oom, Recorder, Sample, Summary};
 pub use observe::{DeviceOp, DeviceOpKind, Observer, Outcome, Skip, Step, Timeline};
-pub use profile::{DeviceProfile, ProfileError};
+pub use profile::{DeviceProfile, ProfileError, ProfileProblem};
 pub use replay::{replay, replay_with, Replay, ReplayError, ReplayOptions};

@@ -1,5 +1,5 @@
 //! Device profiles: what `allocsim probe` measured on a GPU, in YAML, turned into
-//! [`SimDeviceOptions`]. The H100 profile ships built in (`--device h100`).
+//! [`SimDeviceOptions`]. The H100 and H200 profiles ship built in (`--gpu-profile h100`).
 
 use std::path::Path;
 
@@ -35,14 +35,48 @@ pub struct DeviceProfile {
     pub vmm_granularity_bytes: u64,
 }
 
-/// A profile file that cannot be used.
+/// A profile file that cannot be used: one line naming the file, and the field or the
+/// line and column.
 #[derive(Debug, thiserror::Error)]
-#[error("{path}: {message}")]
-pub struct ProfileError {
-    /// The file.
-    pub path: String,
-    /// What is wrong.
-    pub message: String,
+pub enum ProfileError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not YAML of a profile (bad syntax, an unknown or missing field).
+    #[error("{path}: {at}not a device profile: {message}")]
+    Syntax {
+        /// The file.
+        path: String,
+        /// `line L column C: `, or empty.
+        at: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// A field whose value is impossible or contradicts another.
+    #[error("{path}: {field}: {problem}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+/// What is wrong with one field of a profile ([`DeviceProfile::check`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProfileProblem {
+    /// The field.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub problem: String,
 }
 
 const BUILTIN: &[(&str, &str)] = &[
@@ -57,12 +91,12 @@ impl DeviceProfile {
     /// Unreadable file, YAML that is not a profile (with line and column), or
     /// inconsistent figures.
     pub fn read(path: &Path) -> Result<DeviceProfile, ProfileError> {
-        let err = |message: String| ProfileError {
-            path: path.display().to_string(),
-            message,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        DeviceProfile::parse(&text).map_err(err)
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io {
+            path: name.clone(),
+            source,
+        })?;
+        DeviceProfile::parse(&text, &name)
     }
 
     /// A built-in profile by name (`h100`, `h200`).
@@ -70,7 +104,10 @@ impl DeviceProfile {
         BUILTIN
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, text)| DeviceProfile::parse(text).expect("built-in profile is valid"))
+            .map(|(n, text)| {
+                DeviceProfile::parse(text, &format!("built-in profile {n}"))
+                    .expect("built-in profile is valid")
+            })
     }
 
     /// Names of the built-in profiles.
@@ -78,15 +115,78 @@ impl DeviceProfile {
         BUILTIN.iter().map(|(n, _)| *n).collect()
     }
 
-    fn parse(text: &str) -> Result<DeviceProfile, String> {
-        let p: DeviceProfile = serde_yaml::from_str(text).map_err(|e| match e.location() {
-            Some(l) => format!("line {} column {}: {e}", l.line(), l.column()),
-            None => e.to_string(),
+    /// Parses and checks a profile; `path` names it in messages.
+    fn parse(text: &str, path: &str) -> Result<DeviceProfile, ProfileError> {
+        let p: DeviceProfile = serde_yaml::from_str(text).map_err(|e| ProfileError::Syntax {
+            path: path.to_string(),
+            at: e
+                .location()
+                .map(|l| format!("line {} column {}: ", l.line(), l.column()))
+                .unwrap_or_default(),
+            message: e.to_string(),
         })?;
-        if p.usable_bytes > p.total_bytes || p.page_bytes == 0 || !p.page_bytes.is_power_of_two() {
-            return Err("inconsistent profile: usable_bytes must not exceed total_bytes and page_bytes must be a power of two".into());
-        }
+        p.check()
+            .map_err(|ProfileProblem { field, problem }| ProfileError::Invalid {
+                path: path.to_string(),
+                field,
+                problem,
+            })?;
         Ok(p)
+    }
+
+    /// Checks that the figures can describe a device: memory figures in order
+    /// (`usable_bytes <= free_at_start_bytes <= total_bytes`, usable memory above
+    /// zero), sizes that must be powers of two are, and packed allocations are smaller
+    /// than a page. [`DeviceProfile::read`] and [`DeviceProfile::builtin`] check every
+    /// profile they return.
+    ///
+    /// # Errors
+    /// The first field that is wrong, with its value and the rule it breaks.
+    pub fn check(&self) -> Result<(), ProfileProblem> {
+        let bad = |field: &'static str, problem: String| Err(ProfileProblem { field, problem });
+        let power_of_two = |field: &'static str, v: u64| {
+            if v.is_power_of_two() {
+                Ok(())
+            } else {
+                bad(field, format!("{v} is not a power of two"))
+            }
+        };
+        if self.usable_bytes == 0 {
+            return bad("usable_bytes", "0: a device must have usable memory".into());
+        }
+        if self.free_at_start_bytes > self.total_bytes {
+            return bad(
+                "free_at_start_bytes",
+                format!(
+                    "{} exceeds total_bytes ({}): more cannot be free than the device has",
+                    self.free_at_start_bytes, self.total_bytes
+                ),
+            );
+        }
+        if self.usable_bytes > self.free_at_start_bytes {
+            return bad(
+                "usable_bytes",
+                format!(
+                    "{} exceeds free_at_start_bytes ({}): the driver cannot hand out more than \
+                     was free at start",
+                    self.usable_bytes, self.free_at_start_bytes
+                ),
+            );
+        }
+        power_of_two("page_bytes", self.page_bytes)?;
+        power_of_two("small_alloc_align_bytes", self.small_alloc_align_bytes)?;
+        power_of_two("vmm_granularity_bytes", self.vmm_granularity_bytes)?;
+        if self.small_alloc_max_bytes >= self.page_bytes {
+            return bad(
+                "small_alloc_max_bytes",
+                format!(
+                    "{} is not below page_bytes ({}): only allocations smaller than a page \
+                     share pages",
+                    self.small_alloc_max_bytes, self.page_bytes
+                ),
+            );
+        }
+        Ok(())
     }
 
     /// Writes the profile as YAML.
@@ -94,7 +194,9 @@ impl DeviceProfile {
         serde_yaml::to_string(self).expect("profile serializes")
     }
 
-    /// The simulated device this profile describes.
+    /// The simulated device this profile describes (of a profile that passes
+    /// [`DeviceProfile::check`], as read and built-in ones do; the unusable free memory
+    /// of one that does not is taken as 0 rather than wrapped).
     pub fn to_options(&self) -> SimDeviceOptions {
         SimDeviceOptions {
             name: self.name.clone(),
@@ -103,7 +205,7 @@ impl DeviceProfile {
             page_bytes: self.page_bytes,
             small_alloc_max_bytes: self.small_alloc_max_bytes,
             small_alloc_align_bytes: self.small_alloc_align_bytes,
-            unusable_free_bytes: self.free_at_start_bytes - self.usable_bytes,
+            unusable_free_bytes: self.free_at_start_bytes.saturating_sub(self.usable_bytes),
             address_model: AddressModel::TopDown,
         }
     }
@@ -120,7 +222,7 @@ mod tests {
         assert_eq!(p.total_bytes, 85_017_493_504);
         let o = p.to_options();
         assert_eq!(o.capacity_bytes, 84_462_796_800);
-        assert_eq!(DeviceProfile::parse(&p.to_yaml()).unwrap(), p);
+        assert_eq!(DeviceProfile::parse(&p.to_yaml(), "x").unwrap(), p);
     }
 
     /// The shipped H200 profile parses and carries the capacity `allocsim probe`
@@ -132,19 +234,75 @@ mod tests {
         assert_eq!(p.total_bytes, 150_109_880_320);
         let o = p.to_options();
         assert_eq!(o.capacity_bytes, 149_554_200_576);
-        assert_eq!(DeviceProfile::parse(&p.to_yaml()).unwrap(), p);
+        assert_eq!(DeviceProfile::parse(&p.to_yaml(), "x").unwrap(), p);
         assert_eq!(DeviceProfile::builtin_names(), ["h100", "h200"]);
     }
 
     /// A profile with an unknown field or bad figures is refused with its place.
     #[test]
     fn bad_profiles_are_refused() {
-        let bad = DeviceProfile::parse("name: x\nbogus: 1\n").unwrap_err();
-        assert!(bad.contains("line"), "{bad}");
+        let bad = DeviceProfile::parse("name: x\nbogus: 1\n", "p.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(bad.starts_with("p.yaml: line 2 column 1: "), "{bad}");
         let text =
             include_str!("../profiles/h100.yaml").replace("page_bytes: 2097152", "page_bytes: 3");
-        assert!(DeviceProfile::parse(&text)
-            .unwrap_err()
-            .contains("power of two"));
+        assert_eq!(
+            DeviceProfile::parse(&text, "p.yaml")
+                .unwrap_err()
+                .to_string(),
+            "p.yaml: page_bytes: 3 is not a power of two"
+        );
+    }
+
+    /// A profile whose usable memory exceeds the memory free at start (which
+    /// `to_options` subtracted, wrapping in release builds and panicking in debug) is
+    /// refused when read, naming the file and the field; so is every other
+    /// contradiction between the figures.
+    #[test]
+    fn contradictory_figures_are_refused_when_read() {
+        let dir = std::env::temp_dir().join(format!("allocsim-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("card.yaml");
+        let h100 = include_str!("../profiles/h100.yaml");
+        let cases = [
+            (
+                "free_at_start_bytes: 84465090560",
+                "free_at_start_bytes: 1000",
+                "usable_bytes: 84462796800 exceeds free_at_start_bytes (1000)",
+            ),
+            (
+                "total_bytes: 85017493504",
+                "total_bytes: 84465090559",
+                "free_at_start_bytes: 84465090560 exceeds total_bytes (84465090559)",
+            ),
+            (
+                "usable_bytes: 84462796800",
+                "usable_bytes: 0",
+                "usable_bytes: 0",
+            ),
+            (
+                "small_alloc_max_bytes: 2097151",
+                "small_alloc_max_bytes: 2097152",
+                "small_alloc_max_bytes: 2097152 is not below page_bytes",
+            ),
+            (
+                "small_alloc_align_bytes: 512",
+                "small_alloc_align_bytes: 0",
+                "small_alloc_align_bytes: 0 is not a power of two",
+            ),
+        ];
+        for (from, to, want) in cases {
+            assert!(h100.contains(from), "{from}");
+            std::fs::write(&path, h100.replace(from, to)).unwrap();
+            let e = DeviceProfile::read(&path).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("{}: {want}", path.display())),
+                "{to}: {e}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        let e = DeviceProfile::read(&dir.join("none.yaml")).unwrap_err();
+        assert!(matches!(e, ProfileError::Io { .. }), "{e:?}");
     }
 }

@@ -20,7 +20,11 @@
 //! - **Deterministic writers and generators.** The same trace writes the same bytes; the
 //!   same [`RandomOptions`] give the same trace on every platform.
 //!
-//! Formats ([`Format`]; `docs/trace-format.md` describes them field by field):
+//! Formats: one table, [`Format::spec`] (name, extensions, content sniffer, reader,
+//! writer), from which detection ([`detect`]: by content, with the extension as a hint),
+//! [`read`], [`write`] and the command line's `--format` values are derived; adding a
+//! format touches that table and its reader module. `docs/trace-format.md` describes
+//! them field by field:
 //!
 //! | format | extensions | read | write |
 //! | --- | --- | --- | --- |
@@ -33,6 +37,7 @@
 #![deny(missing_docs)]
 
 pub mod csv;
+mod format;
 pub mod generate;
 pub mod recorded;
 pub mod size;
@@ -42,10 +47,13 @@ pub mod validate;
 pub mod yaml;
 
 use std::fmt;
-use std::io;
+use std::io::{self, Read as _};
 use std::path::{Path, PathBuf};
 
 pub use crate::csv::{read_csv, read_csv_from, write_csv};
+pub use format::{
+    detect, Format, FormatError, FormatSpec, Input, Reader, Sniff, Writer, SNIFF_BYTES,
+};
 pub use generate::{random, InvalidOptions, RandomOptions, SizeDistribution};
 pub use recorded::{
     read_recorded_json, read_recorded_json_from, Action, BlockState, Checkpoint, RecordedBlock,
@@ -56,92 +64,10 @@ pub use trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
 pub use validate::{has_errors, validate, IssueKind, Severity, TraceIssue};
 pub use yaml::{read_yaml, read_yaml_from, write_yaml};
 
-/// A trace file format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Format {
-    /// Hand-written YAML traces (`.yaml`, `.yml`).
-    Yaml,
-    /// CSV traces (`.csv`).
-    Csv,
-    /// Recorded PyTorch runs written by `record_torch.py` (`.json`).
-    RecordedJson,
-    /// PyTorch memory snapshot pickles from `torch.cuda.memory._dump_snapshot`
-    /// (`.pickle`, `.pkl`).
-    TorchPickle,
-}
-
-impl Format {
-    /// Every format, in the order of the docs.
-    pub const ALL: [Format; 4] = [
-        Format::Yaml,
-        Format::Csv,
-        Format::RecordedJson,
-        Format::TorchPickle,
-    ];
-
-    /// The format of a file, from its extension (case-insensitive).
-    ///
-    /// # Errors
-    /// An [`ReadErrorKind::UnknownFormat`] error listing the known extensions.
-    pub fn from_path(path: &Path) -> Result<Format, ReadError> {
-        let ext = path
-            .extension()
-            .map(|e| e.to_string_lossy().to_ascii_lowercase())
-            .unwrap_or_default();
-        match ext.as_str() {
-            "yaml" | "yml" => Ok(Format::Yaml),
-            "csv" => Ok(Format::Csv),
-            "json" => Ok(Format::RecordedJson),
-            "pickle" | "pkl" => Ok(Format::TorchPickle),
-            _ => Err(ReadError::unknown_format(
-                path,
-                format!(
-                    "cannot tell the trace format from {} (known: .yaml/.yml, .csv, .json, .pickle/.pkl; \
-                     use --format yaml|csv|json|pickle to force one)",
-                    if ext.is_empty() { "a file without extension".to_string() } else { format!("the extension .{ext}") }
-                ),
-            )),
-        }
-    }
-
-    /// The format of a `--format` flag value: `yaml`, `csv`, `json` or `pickle`.
-    ///
-    /// # Errors
-    /// A message listing the accepted names.
-    pub fn from_name(name: &str) -> Result<Format, String> {
-        Format::ALL
-            .into_iter()
-            .find(|f| f.name() == name)
-            .ok_or_else(|| {
-                format!("unknown trace format '{name}' (expected yaml, csv, json or pickle)")
-            })
-    }
-
-    /// The name [`Format::from_name`] accepts.
-    pub fn name(self) -> &'static str {
-        match self {
-            Format::Yaml => "yaml",
-            Format::Csv => "csv",
-            Format::RecordedJson => "json",
-            Format::TorchPickle => "pickle",
-        }
-    }
-
-    /// Whether [`write()`] can write this format (YAML and CSV).
-    pub fn is_writable(self) -> bool {
-        matches!(self, Format::Yaml | Format::Csv)
-    }
-}
-
-impl fmt::Display for Format {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Reads a trace in `format`, or in the format its extension names. Recorded runs
-/// (JSON, pickles) become traces through [`RecordedRun::to_trace`]; pickles are read
-/// for device 0 (use [`read_recorded`] for another device).
+/// Reads a trace in `format`, or in the format [`detect`] finds (from the content, with
+/// the extension as a hint). Recorded runs (JSON, pickles) become traces through
+/// [`RecordedRun::to_trace`]; pickles are read for device 0 (use [`read_source`] for
+/// another device).
 ///
 /// # Errors
 /// Unknown formats, and the errors of the format's reader.
@@ -160,17 +86,14 @@ pub fn read_source(
     format: Option<Format>,
     device: usize,
 ) -> Result<(Trace, Option<RecordedRun>), ReadError> {
-    let format = match format {
-        Some(f) => f,
-        None => Format::from_path(path)?,
-    };
-    match format {
-        Format::Yaml => Ok((read_yaml(path)?, None)),
-        Format::Csv => Ok((read_csv(path)?, None)),
-        Format::RecordedJson | Format::TorchPickle => {
-            let run = read_recorded(path, Some(format), device)?;
-            Ok((run.to_trace()?, Some(run)))
+    match open(path, format, device, |input, format| {
+        match format.spec().read {
+            Reader::Trace(read) => read(input).map(Source::Trace),
+            Reader::Recorded(read) => read(input).map(Source::Recorded),
         }
+    })? {
+        Source::Trace(trace) => Ok((trace, None)),
+        Source::Recorded(run) => Ok((run.to_trace()?, Some(run))),
     }
 }
 
@@ -178,33 +101,64 @@ pub fn read_source(
 /// everything it records, for `device` (JSON files hold device 0 only).
 ///
 /// # Errors
-/// YAML and CSV files ([`ReadErrorKind::UnknownFormat`]: they hold no recorded run), a
-/// device other than 0 for JSON, and the errors of the format's reader.
+/// Formats that hold no recorded run (YAML, CSV: [`ReadErrorKind::UnknownFormat`]), a
+/// device the file does not hold, and the errors of the format's reader.
 pub fn read_recorded(
     path: &Path,
     format: Option<Format>,
     device: usize,
 ) -> Result<RecordedRun, ReadError> {
+    open(path, format, device, |input, format| {
+        match format.spec().read {
+            Reader::Recorded(read) => read(input),
+            Reader::Trace(_) => Err(ReadError::unknown_format(
+                input.path,
+                format!(
+                    "a {format} trace is not a recorded PyTorch run (use a record_torch.py .json \
+                 or a torch.cuda.memory._dump_snapshot .pickle)"
+                ),
+            )),
+        }
+    })
+}
+
+/// What a format's reader gave.
+enum Source {
+    Trace(Trace),
+    Recorded(RecordedRun),
+}
+
+/// Opens `path`, finds its format (forced, or [`detect`]ed from its first bytes), and
+/// hands the whole content and the format to `read`.
+fn open<T>(
+    path: &Path,
+    format: Option<Format>,
+    device: usize,
+    read: impl FnOnce(Input<'_>, Format) -> Result<T, ReadError>,
+) -> Result<T, ReadError> {
+    let mut file = std::fs::File::open(path).map_err(|e| ReadError::io(path, &e))?;
+    let len = file
+        .metadata()
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.len());
+    let mut prefix = Vec::with_capacity(SNIFF_BYTES);
+    (&mut file)
+        .take(SNIFF_BYTES as u64)
+        .read_to_end(&mut prefix)
+        .map_err(|e| ReadError::io(path, &e))?;
     let format = match format {
         Some(f) => f,
-        None => Format::from_path(path)?,
+        None => detect(path, &prefix)?,
     };
-    match format {
-        Format::RecordedJson if device != 0 => Err(ReadError::invalid(
-            path,
-            None,
-            format!("device {device} is not in the file: record_torch.py JSON holds device 0 only"),
-        )),
-        Format::RecordedJson => read_recorded_json(path),
-        Format::TorchPickle => read_snapshot_pickle(path, device),
-        Format::Yaml | Format::Csv => Err(ReadError::unknown_format(
-            path,
-            format!(
-                "a {format} trace is not a recorded PyTorch run (use a record_torch.py .json or a \
-                 torch.cuda.memory._dump_snapshot .pickle)"
-            ),
-        )),
-    }
+    let mut reader = io::Cursor::new(prefix).chain(io::BufReader::new(file));
+    let input = Input {
+        reader: &mut reader,
+        path,
+        len,
+        device,
+    };
+    read(input, format)
 }
 
 /// Writes `trace` in `format` (YAML or CSV).
@@ -212,13 +166,12 @@ pub fn read_recorded(
 /// # Errors
 /// Errors of `out`, and [`io::ErrorKind::Unsupported`] for JSON and pickles, which are
 /// PyTorch's formats and only read.
-pub fn write(trace: &Trace, format: Format, out: impl io::Write) -> io::Result<()> {
-    match format {
-        Format::Yaml => write_yaml(trace, out),
-        Format::Csv => write_csv(trace, out),
-        Format::RecordedJson | Format::TorchPickle => Err(io::Error::new(
+pub fn write(trace: &Trace, format: Format, mut out: impl io::Write) -> io::Result<()> {
+    match format.spec().write {
+        Some(write) => write(trace, &mut out),
+        None => Err(io::Error::new(
             io::ErrorKind::Unsupported,
-            format!("traces can be written as yaml or csv, not {format}"),
+            format!("{format} traces are read, not written"),
         )),
     }
 }
@@ -352,45 +305,9 @@ mod tests {
             .join(name)
     }
 
-    /// Extensions map to formats case-insensitively; others are refused with the list
-    /// of known extensions and the --format hint.
-    #[test]
-    fn format_from_path() {
-        for (name, f) in [
-            ("a.yaml", Format::Yaml),
-            ("a.YML", Format::Yaml),
-            ("dir.x/a.csv", Format::Csv),
-            ("a.json", Format::RecordedJson),
-            ("a.pickle", Format::TorchPickle),
-            ("a.pkl", Format::TorchPickle),
-        ] {
-            assert_eq!(Format::from_path(Path::new(name)), Ok(f), "{name}");
-        }
-        let e = Format::from_path(Path::new("t.txt")).unwrap_err();
-        assert_eq!(e.kind(), ReadErrorKind::UnknownFormat);
-        assert_eq!(
-            e.to_string(),
-            "t.txt: cannot tell the trace format from the extension .txt (known: .yaml/.yml, .csv, .json, .pickle/.pkl; use --format yaml|csv|json|pickle to force one)"
-        );
-        assert!(Format::from_path(Path::new("trace"))
-            .unwrap_err()
-            .to_string()
-            .contains("a file without extension"));
-    }
-
-    /// Flag names map to formats and back; unknown names are refused.
-    #[test]
-    fn format_from_name() {
-        for f in Format::ALL {
-            assert_eq!(Format::from_name(f.name()), Ok(f));
-        }
-        assert!(Format::from_name("xml")
-            .unwrap_err()
-            .contains("expected yaml, csv, json or pickle"));
-    }
-
-    /// `read` dispatches on the extension or the forced format, and the same run read
-    /// from its JSON and its pickle gives the same trace.
+    /// `read` dispatches on the detected or the forced format, and the same run read
+    /// from its JSON and its pickle gives the same trace; a recorded run is read only
+    /// from a recorded format.
     #[test]
     fn read_dispatches() {
         let yaml = read(&repo().join("examples/seed000.yaml"), None).unwrap();
@@ -412,6 +329,30 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("device 1 is not in the snapshot"));
+    }
+
+    /// A file is read in the format its content shows, whatever its name: a snapshot
+    /// pickle named `.json` and a recorded JSON named `.data` read as what they are
+    /// (content read past the sniffed prefix included), and the trace says which.
+    #[test]
+    fn reads_by_content() {
+        let dir = std::env::temp_dir().join(format!("allocsim-detect-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pickle = oracle("multistream.pickle");
+        let json = oracle("multistream.json");
+        assert!(std::fs::metadata(&pickle).unwrap().len() > SNIFF_BYTES as u64);
+        let misnamed_pickle = dir.join("run.json");
+        let unnamed_json = dir.join("run.data");
+        std::fs::copy(&pickle, &misnamed_pickle).unwrap();
+        std::fs::copy(&json, &unnamed_json).unwrap();
+        let want = read(&json, None).unwrap();
+        let a = read(&misnamed_pickle, None).unwrap();
+        let b = read(&unnamed_json, None).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(a.events, want.events);
+        assert_eq!(a.meta.format, Some(Format::TorchPickle));
+        assert_eq!(b.events, want.events);
+        assert_eq!(b.meta.format, Some(Format::RecordedJson));
     }
 
     /// `write` writes YAML and CSV that read back to the same events, and refuses the

@@ -773,7 +773,8 @@ impl PolicyOptions for CachingConfig {
         for &Setting { key, value } in settings {
             match key {
                 "cap" => {
-                    let bytes = units::parse_size(value).map_err(|e| bad(format!("cap: {e}")))?;
+                    let bytes =
+                        units::parse_memory_size(value).map_err(|e| bad(format!("cap: {e}")))?;
                     config.memory_limit = MemoryLimit::Bytes(bytes);
                 }
                 "memory_fraction" => {
