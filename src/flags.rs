@@ -1,10 +1,76 @@
-//! Command-line flags (clap). Raw values only; `load.rs` turns them into validated
-//! options.
+//! Command-line flags (clap). Values are typed here (sizes, formats, fractions parse in
+//! clap, so a bad one is a usage error naming the flag); `load.rs` turns them into
+//! validated inputs.
 
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use workloads::Format;
+
+/// A size (`512`, `4KiB`, `1.5GiB`), exact.
+fn size(text: &str) -> Result<u64, units::SizeError> {
+    units::parse_size(text)
+}
+
+/// A size of device memory: as [`size`], but a small number without a unit (`16`) is
+/// refused as a likely mistake for `16GiB`.
+fn memory_size(text: &str) -> Result<u64, units::SizeError> {
+    units::parse_memory_size(text)
+}
+
+/// A fraction within [0, 1].
+#[derive(Debug, thiserror::Error)]
+enum FractionError {
+    /// Not a number.
+    #[error("'{0}' is not a number")]
+    NotANumber(String),
+    /// Outside [0, 1].
+    #[error("{0} is not within [0, 1]")]
+    OutOfRange(f64),
+}
+
+/// A fraction within [0, 1] (`--memory-fraction`).
+fn fraction(text: &str) -> Result<f64, FractionError> {
+    let f: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| FractionError::NotANumber(text.to_string()))?;
+    if (0.0..=1.0).contains(&f) {
+        Ok(f)
+    } else {
+        Err(FractionError::OutOfRange(f))
+    }
+}
+
+/// A flag that was split into flags of one meaning each: always refused, naming them.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "--device is gone, it meant two things: use --gpu-profile NAME|FILE for the simulated \
+     GPU (built in: {builtin}), --snapshot-device N for which GPU's trace to read from a \
+     snapshot, and --gpu N (probe, validate) for the CUDA device to run on"
+)]
+struct SplitFlag {
+    builtin: String,
+}
+
+fn split_device_flag(_: &str) -> Result<String, SplitFlag> {
+    Err(SplitFlag {
+        builtin: sim::DeviceProfile::builtin_names().join(", "),
+    })
+}
+
+/// The formats allocsim writes, as `--to` / `--format` values of writing commands.
+fn writable_format() -> impl TypedValueParser<Value = Format> {
+    PossibleValuesParser::new(
+        Format::ALL
+            .into_iter()
+            .filter(|f| f.is_writable())
+            .map(|f| PossibleValue::new(f.name()).help(f.spec().about)),
+    )
+    .map(|name| name.parse::<Format>().expect("a listed format name parses"))
+}
 
 /// Every registered policy, comma-separated: the default of `--policies`.
 static ALL_POLICIES: LazyLock<String> = LazyLock::new(|| policies::registry::known_names(","));
@@ -55,57 +121,47 @@ pub enum Command {
 /// How traces are read.
 #[derive(Debug, Args, Clone)]
 pub struct InputArgs {
-    /// Trace format, instead of guessing it from the extension.
+    /// Trace format, instead of detecting it from the content (with the extension as a
+    /// hint).
     #[arg(long, value_enum)]
-    pub format: Option<FormatArg>,
+    pub format: Option<Format>,
     /// Replay traces that fail validation (unknown frees and zero-size requests are
     /// skipped) instead of refusing them.
     #[arg(long)]
     pub lenient: bool,
-    /// Which GPU's trace to take from a snapshot pickle (default 0).
-    #[arg(long, value_name = "N")]
-    pub snapshot_device: Option<usize>,
-}
-
-/// Trace formats.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum FormatArg {
-    /// The YAML trace format.
-    Yaml,
-    /// The CSV trace format.
-    Csv,
-    /// A recorded run (record_torch.py JSON).
-    Json,
-    /// A PyTorch memory snapshot pickle.
-    Pickle,
+    /// Which GPU's trace to read from a snapshot pickle that holds several.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub snapshot_device: usize,
+    /// Removed: see --gpu-profile and --snapshot-device.
+    #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "", value_parser = split_device_flag)]
+    pub device: Option<String>,
 }
 
 /// The simulated device and the caching policy's memory limit.
 #[derive(Debug, Args, Clone)]
 pub struct DeviceArgs {
-    /// Device capacity: bytes the simulated GPU can hand out (`80GiB`, `24GiB`, ...).
-    /// Default: 80 GiB, or the profile's measured capacity.
-    #[arg(long, value_name = "SIZE")]
-    pub capacity: Option<String>,
-    /// A built-in device profile (`h100`, `h200`), or for snapshot pickles a number: the GPU
-    /// whose trace to read (same as --snapshot-device).
-    #[arg(long, value_name = "NAME|N")]
-    pub device: Option<String>,
-    /// A device profile measured by `allocsim probe`.
-    #[arg(long, value_name = "FILE", conflicts_with = "device")]
-    pub device_profile: Option<PathBuf>,
+    /// Device capacity: bytes the simulated GPU can hand out (`80GiB`, `24GiB`, ...;
+    /// a number without a unit below 1 MiB is refused as a likely mistake; `compare`
+    /// and `validate` take a comma-separated list). Default: 80 GiB, or the GPU
+    /// profile's measured capacity.
+    #[arg(long, value_name = "SIZE", value_delimiter = ',', value_parser = memory_size)]
+    pub capacity: Vec<u64>,
+    /// The GPU to simulate: a built-in profile (`h100`, `h200`) or a profile file
+    /// measured by `allocsim probe`.
+    #[arg(long, value_name = "NAME|FILE", alias = "device-profile")]
+    pub gpu_profile: Option<String>,
     /// The device's total memory as cudaMemGetInfo reports it (memory fractions use it).
-    #[arg(long, value_name = "SIZE")]
-    pub total_bytes: Option<String>,
+    #[arg(long, value_name = "SIZE", value_parser = memory_size)]
+    pub total_bytes: Option<u64>,
     /// A `PYTORCH_CUDA_ALLOC_CONF` string for every caching policy, parsed as PyTorch
     /// 2.11 parses it.
     #[arg(long, value_name = "CONF")]
     pub alloc_conf: Option<String>,
     /// Exact limit on the caching policy's reserved bytes.
-    #[arg(long, value_name = "SIZE", conflicts_with = "memory_fraction")]
-    pub cap: Option<String>,
+    #[arg(long, value_name = "SIZE", value_parser = memory_size, conflicts_with = "memory_fraction")]
+    pub cap: Option<u64>,
     /// `torch.cuda.set_per_process_memory_fraction(F)`: limit = floor(F × total bytes).
-    #[arg(long, value_name = "F")]
+    #[arg(long, value_name = "F", value_parser = fraction)]
     pub memory_fraction: Option<f64>,
     /// Check every policy invariant after every event (slow).
     #[arg(long)]
@@ -118,7 +174,7 @@ pub struct DeviceArgs {
 /// `allocsim replay`.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// The trace: .yaml, .csv, .json (recorded run) or .pickle (PyTorch snapshot).
+    /// The trace: YAML, CSV, a recorded run (.json) or a PyTorch snapshot (.pickle).
     pub trace: PathBuf,
     /// The policy (generated help: see `policy_help`).
     #[arg(
@@ -179,14 +235,14 @@ pub struct GenerateArgs {
     #[arg(long, value_enum, default_value = "log-uniform")]
     pub sizes: SizesArg,
     /// Smallest request (log-uniform).
-    #[arg(long, default_value = "512")]
-    pub min_bytes: String,
+    #[arg(long, value_name = "SIZE", default_value = "512", value_parser = size)]
+    pub min_bytes: u64,
     /// Largest request (log-uniform).
-    #[arg(long, default_value = "256MiB")]
-    pub max_bytes: String,
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = size)]
+    pub max_bytes: u64,
     /// Median request (log-normal).
-    #[arg(long, default_value = "1MiB")]
-    pub median_bytes: String,
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = size)]
+    pub median_bytes: u64,
     /// Spread of ln(size) (log-normal).
     #[arg(long, default_value_t = 2.0)]
     pub sigma: f64,
@@ -205,9 +261,9 @@ pub struct GenerateArgs {
     /// Output file (.yaml or .csv).
     #[arg(long, short)]
     pub output: PathBuf,
-    /// Output format, instead of guessing it from the extension.
-    #[arg(long, value_enum)]
-    pub format: Option<FormatArg>,
+    /// Output format, instead of taking it from the extension.
+    #[arg(long, value_parser = writable_format())]
+    pub format: Option<Format>,
 }
 
 /// Generators.
@@ -251,15 +307,19 @@ pub struct ConvertArgs {
     /// Output file (.yaml or .csv).
     #[arg(long, short)]
     pub output: PathBuf,
-    /// Input format, instead of guessing it from the extension.
+    /// Input format, instead of detecting it from the content (with the extension as a
+    /// hint).
     #[arg(long, value_enum)]
-    pub format: Option<FormatArg>,
-    /// Output format, instead of guessing it from the extension.
-    #[arg(long, value_enum)]
-    pub to: Option<FormatArg>,
-    /// Which GPU's trace to take from a snapshot pickle (default 0).
-    #[arg(long, value_name = "N")]
-    pub snapshot_device: Option<usize>,
+    pub format: Option<Format>,
+    /// Output format, instead of taking it from the extension.
+    #[arg(long, value_parser = writable_format())]
+    pub to: Option<Format>,
+    /// Which GPU's trace to read from a snapshot pickle that holds several.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub snapshot_device: usize,
+    /// Removed: see --snapshot-device.
+    #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "", value_parser = split_device_flag)]
+    pub device: Option<String>,
 }
 
 /// `allocsim fidelity`.
@@ -276,9 +336,12 @@ pub struct FidelityArgs {
     /// model (shows how much best-fit ties depend on the driver's placement).
     #[arg(long)]
     pub no_recorded_addresses: bool,
-    /// Which GPU's trace to take from a snapshot pickle (default 0).
-    #[arg(long, value_name = "N")]
-    pub device: Option<usize>,
+    /// Which GPU's trace to read from a snapshot pickle that holds several.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub snapshot_device: usize,
+    /// Removed: see --snapshot-device.
+    #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "", value_parser = split_device_flag)]
+    pub device: Option<String>,
     /// Check every policy invariant after every request (slow).
     #[arg(long)]
     pub check_invariants: bool,
@@ -290,8 +353,8 @@ pub struct ProbeArgs {
     /// Write the device profile here (YAML) instead of stdout.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
-    /// CUDA device index.
-    #[arg(long, default_value_t = 0)]
+    /// The CUDA device to measure (its index).
+    #[arg(long, value_name = "N", default_value_t = 0)]
     pub gpu: usize,
 }
 
@@ -311,8 +374,8 @@ pub struct ValidateArgs {
     /// Write the CSV here instead of stdout.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
-    /// CUDA device index.
-    #[arg(long, default_value_t = 0)]
+    /// The CUDA device to run on (its index).
+    #[arg(long, value_name = "N", default_value_t = 0)]
     pub gpu: usize,
     #[command(flatten)]
     pub input: InputArgs,

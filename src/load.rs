@@ -3,25 +3,15 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use policies::caching::{CachingDefaults, MemoryLimit};
 use policies::spec::{parse_policy_list, PolicySpec};
 use sim::{AddressHints, CompareInput, DeviceProfile, ReplayOptions, SimDeviceOptions};
-use workloads::size::parse_size;
 use workloads::validate::{validate, Severity};
-use workloads::{Format, Trace};
+use workloads::Trace;
 
-use crate::flags::{DeviceArgs, FormatArg, InputArgs};
-
-/// The workloads format for a flag value.
-pub fn format(arg: Option<FormatArg>) -> Option<Format> {
-    arg.map(|f| match f {
-        FormatArg::Yaml => Format::Yaml,
-        FormatArg::Csv => Format::Csv,
-        FormatArg::Json => Format::RecordedJson,
-        FormatArg::Pickle => Format::TorchPickle,
-    })
-}
+use crate::flags::{DeviceArgs, InputArgs};
+use crate::interrupt;
 
 /// A trace ready to replay.
 pub struct Loaded {
@@ -41,37 +31,23 @@ impl Loaded {
     }
 }
 
-/// Which GPU of a snapshot pickle to read: `--snapshot-device N`, or a numeric `--device N`.
-pub fn snapshot_device(input: &InputArgs, device: Option<&DeviceArgs>) -> usize {
-    input
-        .snapshot_device
-        .or_else(|| {
-            device
-                .and_then(|d| d.device.as_deref())
-                .and_then(|d| d.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// Reads a trace in any format and validates it. Problems refuse the trace (one line:
 /// the first problem and how many more) unless `lenient`. A recorded run's addresses
 /// become hints for the simulated device `model` (see `sim::recorded::address_hints`).
 pub fn load_trace(
     path: &Path,
     input: &InputArgs,
-    device: Option<&DeviceArgs>,
     model: &SimDeviceOptions,
 ) -> anyhow::Result<Loaded> {
     let (trace, run) =
-        workloads::read_source(path, format(input.format), snapshot_device(input, device))
-            .map_err(|e| {
-                let hint = if e.more.is_empty() {
-                    String::new()
-                } else {
-                    format!("; `allocsim check {}` lists them all", path.display())
-                };
-                anyhow::anyhow!("{e}{hint}")
-            })?;
+        workloads::read_source(path, input.format, input.snapshot_device).map_err(|e| {
+            let hint = if e.more.is_empty() {
+                String::new()
+            } else {
+                format!("; `allocsim check {}` lists them all", path.display())
+            };
+            anyhow::anyhow!("{e}{hint}")
+        })?;
     // Recorded runs keep the segment addresses PyTorch got, for best-fit ties.
     let hints = match &run {
         Some(run) => sim::recorded::address_hints(run, model.total_bytes)?,
@@ -105,12 +81,11 @@ pub fn load_trace(
 pub fn load_inputs(
     paths: &[std::path::PathBuf],
     input: &InputArgs,
-    device: &DeviceArgs,
     model: &SimDeviceOptions,
 ) -> anyhow::Result<Vec<CompareInput>> {
     paths
         .iter()
-        .map(|p| load_trace(p, input, Some(device), model).map(Loaded::into_input))
+        .map(|p| load_trace(p, input, model).map(Loaded::into_input))
         .collect()
 }
 
@@ -126,41 +101,56 @@ pub struct DeviceSetup {
     pub replay: ReplayOptions,
 }
 
+/// The file `--gpu-profile` names, when it names a file rather than a built-in
+/// profile (an input: no output may overwrite it).
+pub fn profile_file(args: &DeviceArgs) -> Option<&Path> {
+    args.gpu_profile
+        .as_deref()
+        .filter(|name| DeviceProfile::builtin(name).is_none())
+        .map(Path::new)
+}
+
+/// The device profile `--gpu-profile` names: a built-in one by name, else a file.
+///
+/// # Errors
+/// A name that is neither (listing the built-in names), or a profile file that cannot
+/// be used (naming the file and the field).
+pub fn gpu_profile(name: &str) -> anyhow::Result<DeviceProfile> {
+    if let Some(p) = DeviceProfile::builtin(name) {
+        return Ok(p);
+    }
+    let path = Path::new(name);
+    let looks_like_a_file = path.components().count() > 1 || path.extension().is_some();
+    if !path.exists() && !looks_like_a_file {
+        bail!(
+            "--gpu-profile {name}: unknown GPU profile '{name}' (built in: {}), and no such \
+             file (`allocsim probe -o FILE` measures one)",
+            DeviceProfile::builtin_names().join(", ")
+        );
+    }
+    Ok(DeviceProfile::read(path)?)
+}
+
 /// Builds the device setup from flags.
 pub fn device_setup(args: &DeviceArgs) -> anyhow::Result<DeviceSetup> {
-    let mut options = match (&args.device_profile, args.device.as_deref()) {
-        (Some(path), _) => DeviceProfile::read(path)?.to_options(),
-        (None, Some(name)) if name.parse::<usize>().is_err() => DeviceProfile::builtin(name)
-            .with_context(|| {
-                format!(
-                    "unknown device profile '{name}' (built in: {}; or --device-profile FILE)",
-                    DeviceProfile::builtin_names().join(", ")
-                )
-            })?
-            .to_options(),
-        _ => SimDeviceOptions::default(),
+    let mut options = match &args.gpu_profile {
+        Some(name) => gpu_profile(name)?.to_options(),
+        None => SimDeviceOptions::default(),
     };
-    if let Some(total) = &args.total_bytes {
-        options.total_bytes =
-            parse_size(total).map_err(|e| anyhow::anyhow!("--total-bytes: {e}"))?;
+    if let Some(total) = args.total_bytes {
+        options.total_bytes = total;
     }
-    let capacities = match &args.capacity {
-        Some(list) => list
-            .split(',')
-            .map(|c| parse_size(c).map_err(|e| anyhow::anyhow!("--capacity: {e}")))
-            .collect::<anyhow::Result<Vec<u64>>>()?,
-        None => vec![options.capacity_bytes],
+    let capacities = match args.capacity.as_slice() {
+        [] => vec![options.capacity_bytes],
+        list => list.to_vec(),
     };
-    if capacities.is_empty() || capacities.contains(&0) {
+    if capacities.contains(&0) {
         bail!("--capacity: capacities must be positive");
     }
     options = options.with_capacity(capacities[0]);
-    let memory_limit = match (&args.cap, args.memory_fraction) {
-        (Some(cap), _) => Some(MemoryLimit::Bytes(
-            parse_size(cap).map_err(|e| anyhow::anyhow!("--cap: {e}"))?,
-        )),
-        (None, Some(f)) if (0.0..=1.0).contains(&f) => Some(MemoryLimit::Fraction(f)),
-        (None, Some(f)) => bail!("--memory-fraction: invalid fraction {f}, set it within [0, 1]"),
+    let memory_limit = match (args.cap, args.memory_fraction) {
+        (Some(cap), _) => Some(MemoryLimit::Bytes(cap)),
+        (None, Some(f)) => Some(MemoryLimit::Fraction(f)),
         (None, None) => None,
     };
     Ok(DeviceSetup {
@@ -173,7 +163,7 @@ pub fn device_setup(args: &DeviceArgs) -> anyhow::Result<DeviceSetup> {
         replay: ReplayOptions {
             check_invariants: args.check_invariants,
             continue_after_oom: args.continue_after_oom,
-            ..ReplayOptions::default()
+            interrupt: Some(interrupt::flag()),
         },
     })
 }

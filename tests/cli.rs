@@ -204,8 +204,50 @@ fn bad_flags_exit_2() {
             "--memory-fraction",
         ),
         (
-            &["replay", t, "--device", "tpu9"],
-            "unknown device profile 'tpu9'",
+            &["replay", t, "--gpu-profile", "tpu9"],
+            "unknown GPU profile 'tpu9' (built in: h100, h200)",
+        ),
+        (
+            &["replay", t, "--gpu-profile", "no/such/card.yaml"],
+            "no/such/card.yaml",
+        ),
+        (
+            &["replay", t, "--device", "h100"],
+            "--gpu-profile NAME|FILE",
+        ),
+        (&["replay", t, "--device", "1"], "--snapshot-device N"),
+        (&["fidelity", t, "--device", "1"], "--snapshot-device N"),
+        (
+            &["replay", t, "--capacity", "16"],
+            "'16' has no unit, so it means 16 bytes",
+        ),
+        (
+            &["compare", t, "--capacity", "18446744073709551616"],
+            "'18446744073709551616' is too large",
+        ),
+        (
+            &["replay", t, "--cap", "18446744073709551616B"],
+            "'18446744073709551616B' is too large",
+        ),
+        (&["replay", t, "--total-bytes", "0.5GiB5"], "--total-bytes"),
+        (
+            &[
+                "generate",
+                "random",
+                "--min-bytes",
+                "0.3",
+                "-o",
+                "target/x.csv",
+            ],
+            "'0.3' is not a whole number of bytes",
+        ),
+        (
+            &["convert", t, "--to", "json", "-o", "target/x.json"],
+            "[possible values: yaml, csv]",
+        ),
+        (
+            &["replay", t, "--format", "xml"],
+            "[possible values: yaml, csv, json, pickle]",
         ),
         (&["replay", t, "--frobnicate"], "--frobnicate"),
         (&["compare"], "TRACES"),
@@ -229,7 +271,144 @@ fn bad_flags_exit_2() {
             "{args:?}: '{needle}' missing from {}",
             stderr(&o)
         );
+        assert_eq!(
+            stderr(&o).trim_end().lines().count(),
+            1,
+            "{args:?}: one line, got {}",
+            stderr(&o)
+        );
     }
+}
+
+/// Usage errors of the argument parser are one line on stderr, with the hint where to
+/// read more (clap prints several).
+#[test]
+fn usage_errors_are_one_line() {
+    for args in [
+        &["replay", "examples/seed000.yaml", "--frobnicate"][..],
+        &["compare"],
+        &["replay"],
+        &[],
+        &["teleport"],
+    ] {
+        let o = allocsim(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(err.contains("--help"), "{args:?}: {err}");
+    }
+    let o = allocsim(["replay", "--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).lines().count() > 10, "help stays whole");
+}
+
+/// Sizes are exact: a YAML size above u64::MAX is refused (it was clamped), and a
+/// decimal above 2^53 keeps its last byte (it went through a float).
+#[test]
+fn trace_sizes_are_exact() {
+    let dir = TempDir::new("cli-sizes");
+    let huge = dir.file(
+        "huge.yaml",
+        "events:\n  - {op: alloc, id: 1, bytes: \"18446744073709551616B\"}\n",
+    );
+    let o = allocsim(["check".as_ref(), huge.as_os_str()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(
+        stdout(&o)
+            .contains("huge.yaml: event 1: alloc: bytes: '18446744073709551616B' is too large"),
+        "{}",
+        stdout(&o)
+    );
+    let exact = dir.file(
+        "exact.yaml",
+        "events:\n  - {op: alloc, id: 1, bytes: \"9007199254740993.0\"}\n  - {op: free, id: 1}\n",
+    );
+    let csv = dir.path().join("exact.csv");
+    let o = allocsim([
+        "convert".as_ref(),
+        exact.as_os_str(),
+        "-o".as_ref(),
+        csv.as_os_str(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(&csv).unwrap(),
+        "op,id,bytes,stream\nalloc,1,9007199254740993,0\nfree,1,,\n"
+    );
+}
+
+/// A trace's format comes from its content when the name says otherwise or nothing:
+/// a snapshot pickle named .json and a YAML trace without extension replay as what
+/// they are.
+#[test]
+fn formats_are_detected_by_content() {
+    let dir = TempDir::new("cli-detect");
+    let pickle = dir.path().join("run.json");
+    std::fs::copy(
+        root().join("tests/data/torch/seed002_retain.pickle"),
+        &pickle,
+    )
+    .unwrap();
+    let o = allocsim(["replay".as_ref(), pickle.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("peak reserved           5.00 GiB  (5370806272 bytes)"),
+        "{}",
+        stdout(&o)
+    );
+    let yaml = dir.path().join("trace");
+    std::fs::copy(root().join("examples/seed000.yaml"), &yaml).unwrap();
+    let o = allocsim(["replay".as_ref(), yaml.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("19 events"), "{}", stdout(&o));
+}
+
+/// A device profile whose figures contradict each other (usable memory above the
+/// free memory at start, which wrapped or panicked when subtracted) is refused with
+/// one line naming the file and the field.
+#[test]
+fn bad_gpu_profile_is_refused() {
+    let dir = TempDir::new("cli-profile");
+    let text = std::fs::read_to_string(root().join("sim/profiles/h100.yaml"))
+        .unwrap()
+        .replace(
+            "free_at_start_bytes: 84465090560",
+            "free_at_start_bytes: 4096",
+        );
+    let p = dir.file("card.yaml", &text);
+    let o = allocsim([
+        "replay".as_ref(),
+        "examples/seed000.yaml".as_ref(),
+        "--gpu-profile".as_ref(),
+        p.as_os_str(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("card.yaml: usable_bytes: 84462796800 exceeds free_at_start_bytes (4096)"),
+        "{err}"
+    );
+}
+
+/// A write that fails on stdout (a full disk) is exit 5, with one line naming stdout.
+#[test]
+fn failed_write_is_exit_5() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipped: no /dev/full on this system");
+        return;
+    };
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .args(["compare", "examples/seed000.yaml"])
+        .current_dir(root())
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("cannot write stdout"), "{err}");
 }
 
 /// Running out of memory in a replay is a result: exit 0, and the summary names the event.
@@ -437,6 +616,21 @@ fn fidelity_header_and_exact_row() {
     assert!(lines.next().unwrap().ends_with(",true,true"));
     let o = allocsim(["fidelity", "no/such/run.json"]);
     assert_eq!(o.status.code(), Some(2));
+}
+
+/// `fidelity` reads every run before writing: a bad file after a good one leaves
+/// stdout empty (no header, no partial table) and exits 2.
+#[test]
+fn fidelity_writes_nothing_before_failing() {
+    let run = root().join("tests/data/oracle/h100-torch2.11/seed002_retain.json");
+    let o = allocsim([
+        "fidelity".as_ref(),
+        run.as_os_str(),
+        "no/such/run.json".as_ref(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "", "nothing on stdout");
+    assert!(stderr(&o).contains("no/such/run.json"), "{}", stderr(&o));
 }
 
 /// GPU commands without a driver: one line, exit 3 (unless a GPU is present).

@@ -12,6 +12,9 @@ mod golden;
 mod gpu;
 /// Property tests against a reference model.
 mod model;
+/// Nothing lost: outputs never overwrite inputs, replace old files only when complete,
+/// and survive errors and Ctrl-C.
+mod outputs;
 /// The JSON of tools/record_torch.py read as a recorded run.
 mod recorder;
 /// Nothing points outside the repository.

@@ -1,19 +1,18 @@
 //! `allocsim check`: every problem of every trace, one per line.
 
 use std::io::Write as _;
-use std::process::ExitCode;
 
 use workloads::validate::{validate, Severity};
 
 use crate::flags::CheckArgs;
-use crate::load;
+use crate::Exit;
 
-pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: CheckArgs) -> anyhow::Result<Exit> {
     let mut bad = false;
     let mut out = crate::output::create(None)?;
     for path in &args.traces {
-        let device = load::snapshot_device(&args.input, None);
-        let trace = match workloads::read_source(path, load::format(args.input.format), device) {
+        let read = workloads::read_source(path, args.input.format, args.input.snapshot_device);
+        let trace = match read {
             Ok((trace, _)) => trace,
             Err(e) => {
                 // Unreadable: every problem the reader found, then the next file.
@@ -51,10 +50,6 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         )?;
         bad |= errors > 0;
     }
-    out.flush()?;
-    Ok(if bad {
-        ExitCode::from(2)
-    } else {
-        ExitCode::SUCCESS
-    })
+    out.finish()?;
+    Ok(if bad { Exit::BadInput } else { Exit::Ran })
 }

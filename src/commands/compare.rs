@@ -1,25 +1,42 @@
 //! `allocsim compare`: traces × policies × capacities to CSV.
 
-use std::process::ExitCode;
+use std::path::Path;
 
 use anyhow::Context;
 
 use crate::flags::CompareArgs;
-use crate::load;
+use crate::output::{self, Kind, Planned};
+use crate::{interrupt, load, Exit};
 
-pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
+    let mut inputs: Vec<&Path> = args.traces.iter().map(|p| p.as_path()).collect();
+    inputs.extend(load::profile_file(&args.device));
+    if let Some(path) = &args.output {
+        output::check(
+            &[Planned {
+                flag: "-o",
+                path,
+                kind: Kind::Csv,
+            }],
+            &inputs,
+        )?;
+    }
     let setup = load::device_setup(&args.device)?;
     let specs = load::policies(&args.policies, &setup.caching)?;
-    let inputs = load::load_inputs(&args.traces, &args.input, &args.device, &setup.options)?;
-    let rows = sim::compare(
-        &inputs,
-        &specs,
-        &setup.capacities,
-        &setup.options,
-        &setup.replay,
-    )
-    .map_err(anyhow::Error::msg)?;
-    let out = crate::output::create(args.output.as_deref())?;
-    sim::report::write_compare_csv(&rows, out).context("writing the CSV")?;
-    Ok(ExitCode::SUCCESS)
+    let inputs = load::load_inputs(&args.traces, &args.input, &setup.options)?;
+    let rows = {
+        // Ctrl-C stops every replay at its next event; nothing is written then.
+        let _in_order = interrupt::in_order();
+        sim::compare(
+            &inputs,
+            &specs,
+            &setup.capacities,
+            &setup.options,
+            &setup.replay,
+        )?
+    };
+    let mut out = output::create(args.output.as_deref())?;
+    sim::report::write_compare_csv(&rows, &mut out).context("writing the CSV")?;
+    out.finish()?;
+    Ok(Exit::Ran)
 }

@@ -1,31 +1,30 @@
 //! `allocsim convert`: any readable trace to YAML or CSV.
 
-use std::process::ExitCode;
-
-use anyhow::{bail, Context};
+use anyhow::Context;
 use workloads::Format;
 
 use crate::flags::ConvertArgs;
-use crate::load;
+use crate::output::{self, Kind, Planned};
+use crate::Exit;
 
-pub fn run(args: ConvertArgs) -> anyhow::Result<ExitCode> {
-    let (trace, _) = workloads::read_source(
-        &args.input,
-        load::format(args.format),
-        args.snapshot_device.unwrap_or(0),
-    )?;
-    let to = match load::format(args.to) {
+pub fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
+    // The output's format and path are settled before anything is read or written.
+    let to = match args.to {
         Some(f) => f,
-        None => Format::from_path(&args.output)?,
+        None => Format::for_output(&args.output)?,
     };
-    if !matches!(to, Format::Yaml | Format::Csv) {
-        bail!(
-            "{}: can only write YAML or CSV traces",
-            args.output.display()
-        );
-    }
-    let out = crate::output::create(Some(&args.output))?;
-    workloads::write(&trace, to, out)
+    output::check(
+        &[Planned {
+            flag: "-o",
+            path: &args.output,
+            kind: Kind::Trace,
+        }],
+        &[&args.input],
+    )?;
+    let (trace, _) = workloads::read_source(&args.input, args.format, args.snapshot_device)?;
+    let mut out = output::create(Some(&args.output))?;
+    workloads::write(&trace, to, &mut out)
         .with_context(|| format!("writing {}", args.output.display()))?;
-    Ok(ExitCode::SUCCESS)
+    out.finish()?;
+    Ok(Exit::Ran)
 }

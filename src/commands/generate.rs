@@ -1,24 +1,34 @@
 //! `allocsim generate`: synthetic traces from a seed.
 
-use std::process::ExitCode;
-
 use anyhow::Context;
 use workloads::generate::{random, RandomOptions, SizeDistribution};
-use workloads::size::parse_size;
 use workloads::Format;
 
 use crate::flags::{GenerateArgs, GeneratorArg, SizesArg};
-use crate::load;
+use crate::output::{self, Kind, Planned};
+use crate::Exit;
 
-pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
-    let size = |flag: &str, v: &str| parse_size(v).map_err(|e| anyhow::anyhow!("{flag}: {e}"));
+pub fn run(args: GenerateArgs) -> anyhow::Result<Exit> {
+    // The output's format and path are settled before anything is generated or written.
+    let format = match args.format {
+        Some(f) => f,
+        None => Format::for_output(&args.output)?,
+    };
+    output::check(
+        &[Planned {
+            flag: "-o",
+            path: &args.output,
+            kind: Kind::Trace,
+        }],
+        &[],
+    )?;
     let sizes = match args.sizes {
         SizesArg::LogUniform => SizeDistribution::LogUniform {
-            min_bytes: size("--min-bytes", &args.min_bytes)?,
-            max_bytes: size("--max-bytes", &args.max_bytes)?,
+            min_bytes: args.min_bytes,
+            max_bytes: args.max_bytes,
         },
         SizesArg::LogNormal => SizeDistribution::LogNormal {
-            median_bytes: size("--median-bytes", &args.median_bytes)?,
+            median_bytes: args.median_bytes,
             sigma: args.sigma,
         },
     };
@@ -31,15 +41,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
             streams: args.streams,
             mark_every: args.mark_every,
             free_at_end: !args.leave_live,
-        })
-        .map_err(anyhow::Error::msg)?,
+        })?,
     };
-    let format = match load::format(args.format) {
-        Some(f) => f,
-        None => Format::from_path(&args.output)?,
-    };
-    let out = crate::output::create(Some(&args.output))?;
-    workloads::write(&trace, format, out)
+    let mut out = output::create(Some(&args.output))?;
+    workloads::write(&trace, format, &mut out)
         .with_context(|| format!("writing {}", args.output.display()))?;
-    Ok(ExitCode::SUCCESS)
+    out.finish()?;
+    Ok(Exit::Ran)
 }

@@ -1,35 +1,34 @@
 //! `allocsim probe` and `allocsim validate`: the commands that need a GPU.
 
-use std::process::ExitCode;
-
 use std::io::Write as _;
+use std::path::Path;
 
 use anyhow::Context;
-use gpu_backend::{CudaDevice, OpenError, ProbeError, ProbeReport};
+use gpu_backend::{CudaDevice, ProbeReport};
 use sim::DeviceProfile;
 
 use crate::flags::{ProbeArgs, ValidateArgs};
-use crate::{load, NoDriver};
+use crate::output::{self, Kind, Planned};
+use crate::{interrupt, load, Exit};
 
-/// An open failure as a CLI error: no driver → exit 3.
-fn open_error(e: OpenError) -> anyhow::Error {
-    match e {
-        OpenError::NoDriver(msg) => anyhow::Error::new(NoDriver(msg)),
-        other => anyhow::Error::new(other),
+pub fn probe(args: ProbeArgs) -> anyhow::Result<Exit> {
+    if let Some(path) = &args.output {
+        output::check(
+            &[Planned {
+                flag: "-o",
+                path,
+                kind: Kind::Profile,
+            }],
+            &[],
+        )?;
     }
-}
-
-pub fn probe(args: ProbeArgs) -> anyhow::Result<ExitCode> {
-    let report = gpu_backend::probe(args.gpu).map_err(|e| match e {
-        ProbeError::Open(o) => open_error(o),
-        other => anyhow::Error::new(other),
-    })?;
+    let report = gpu_backend::probe(args.gpu)?;
     let text = profile_yaml(&report);
-    let mut out = crate::output::create(args.output.as_deref())?;
+    let mut out = output::create(args.output.as_deref())?;
     out.write_all(text.as_bytes())
         .context("writing the profile")?;
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    out.finish()?;
+    Ok(Exit::Ran)
 }
 
 /// The device profile a probe measured, with the raw measurements as comments.
@@ -94,31 +93,40 @@ pub fn profile_yaml(r: &ProbeReport) -> String {
     text
 }
 
-pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
+pub fn validate(args: ValidateArgs) -> anyhow::Result<Exit> {
+    let mut inputs: Vec<&Path> = args.traces.iter().map(|p| p.as_path()).collect();
+    inputs.extend(load::profile_file(&args.device));
+    if let Some(path) = &args.output {
+        output::check(
+            &[Planned {
+                flag: "-o",
+                path,
+                kind: Kind::Csv,
+            }],
+            &inputs,
+        )?;
+    }
     let mut setup = load::device_setup(&args.device)?;
-    if args.device.device.is_none() && args.device.device_profile.is_none() {
+    if args.device.gpu_profile.is_none() {
         // Predict with the measured H100 model unless told otherwise.
         setup.options = DeviceProfile::builtin("h100")
             .expect("built-in")
             .to_options();
     }
     let specs = load::policies(&args.policies, &setup.caching)?;
-    let inputs = load::load_inputs(&args.traces, &args.input, &args.device, &setup.options)?;
-    let mut gpu = CudaDevice::open(args.gpu).map_err(open_error)?;
-    if !gpu.info().name.contains("H100")
-        && args.device.device.is_none()
-        && args.device.device_profile.is_none()
-    {
+    let inputs = load::load_inputs(&args.traces, &args.input, &setup.options)?;
+    // Ctrl-C stops the replay at the next event; everything allocated is then freed.
+    let in_order = interrupt::in_order();
+    let mut gpu = CudaDevice::open(args.gpu)?;
+    if !gpu.info().name.contains("H100") && args.device.gpu_profile.is_none() {
         eprintln!(
-            "note: predicting with the built-in H100 model on a {}; `allocsim probe -o p.yaml` and --device-profile p.yaml model this GPU",
+            "note: predicting with the built-in H100 model on a {}; `allocsim probe -o p.yaml` and --gpu-profile p.yaml model this GPU",
             gpu.info().name
         );
     }
-    // Ctrl-C stops the replay at the next event; everything allocated is then freed.
-    let interrupt = gpu_backend::install_interrupt_flag();
-    let capacities: Vec<Option<u64>> = match &args.device.capacity {
-        Some(_) => setup.capacities.iter().map(|&c| Some(c)).collect(),
-        None => vec![None],
+    let capacities: Vec<Option<u64>> = match args.device.capacity.as_slice() {
+        [] => vec![None],
+        _ => setup.capacities.iter().map(|&c| Some(c)).collect(),
     };
     let mut rows = Vec::new();
     for input in &inputs {
@@ -130,23 +138,19 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
                     spec,
                     capacity,
                     &setup.options,
-                    Some(interrupt),
-                )
-                .map_err(|e| match e {
-                    gpu_backend::ValidateError::Replay {
-                        error: sim::ReplayError::Interrupted { .. },
-                        ..
-                    } => anyhow::Error::new(crate::Interrupted),
-                    other => anyhow::Error::new(other),
-                })?;
+                    Some(interrupt::flag()),
+                )?;
                 eprintln!("{}", sim::validation::summary_line(&v));
                 rows.push(v);
             }
         }
     }
-    let out = crate::output::create(args.output.as_deref())?;
-    sim::validation::write_validation_csv(&rows, out).context("writing the CSV")?;
+    drop(gpu);
+    drop(in_order);
+    let mut out = output::create(args.output.as_deref())?;
+    sim::validation::write_validation_csv(&rows, &mut out).context("writing the CSV")?;
+    out.finish()?;
     let agree = rows.iter().filter(|v| v.agrees()).count();
     eprintln!("{agree} of {} runs agree (reserved peak equal, OOM at the same event, charged peak within a page per segment)", rows.len());
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Ran)
 }

@@ -2,18 +2,18 @@
 //! policy with what it is, and each option with its value syntax, default and meaning.
 
 use std::io::Write as _;
-use std::process::ExitCode;
 
 use policies::options::OptionDoc;
 use policies::registry::{self, PolicyEntry};
 use policies::spec::SpecError;
 
 use crate::flags::PoliciesArgs;
+use crate::Exit;
 
 /// Lines are wrapped to this many columns.
 const WIDTH: usize = 100;
 
-pub fn run(args: PoliciesArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: PoliciesArgs) -> anyhow::Result<Exit> {
     let entries: Vec<&PolicyEntry> = match &args.name {
         Some(name) => vec![
             registry::find(name).ok_or_else(|| SpecError::UnknownPolicy {
@@ -25,8 +25,8 @@ pub fn run(args: PoliciesArgs) -> anyhow::Result<ExitCode> {
     };
     let mut out = crate::output::create(None)?;
     write!(out, "{}", render(&entries))?;
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    out.finish()?;
+    Ok(Exit::Ran)
 }
 
 /// The text of `allocsim policies` for these entries.

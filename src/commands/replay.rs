@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::process::ExitCode;
+use std::path::Path;
 
 use anyhow::{bail, Context};
 use sim::{Replay, SimDevice, Timeline};
@@ -10,14 +10,27 @@ use workloads::size::format_size_human;
 use workloads::Trace;
 
 use crate::flags::ReplayArgs;
-use crate::load;
+use crate::output::{self, Kind, Planned};
+use crate::{interrupt, load, Exit};
 
-pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
+    if let Some(path) = &args.timeline {
+        let mut inputs: Vec<&Path> = vec![&args.trace];
+        inputs.extend(load::profile_file(&args.device));
+        output::check(
+            &[Planned {
+                flag: "--timeline",
+                path,
+                kind: Kind::Csv,
+            }],
+            &inputs,
+        )?;
+    }
     let setup = load::device_setup(&args.device)?;
     if setup.capacities.len() > 1 {
         bail!("--capacity: replay takes one capacity; `allocsim compare` takes several");
     }
-    let loaded = load::load_trace(&args.trace, &args.input, Some(&args.device), &setup.options)?;
+    let loaded = load::load_trace(&args.trace, &args.input, &setup.options)?;
     let specs = load::policies(std::slice::from_ref(&args.policy), &setup.caching)?;
     let [spec] = specs.as_slice() else {
         bail!("--policy takes one policy; `allocsim compare --policies` takes several");
@@ -25,6 +38,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let mut policy = spec.config.build()?;
     let mut device = SimDevice::with_hints(setup.options.clone(), loaded.hints);
     let mut timeline = Timeline::default();
+    // Ctrl-C stops the replay at its next event; nothing is written then.
+    let in_order = interrupt::in_order();
     let r = match &args.timeline {
         Some(_) => sim::replay_with(
             &loaded.trace,
@@ -36,11 +51,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         None => sim::replay(&loaded.trace, policy.as_mut(), &mut device, &setup.replay),
     }
     .with_context(|| format!("replaying {}", args.trace.display()))?;
-    if let Some(path) = &args.timeline {
-        let out = crate::output::create(Some(path))?;
-        sim::report::write_timeline_csv(&timeline.samples, out)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    drop(in_order);
     let label = match spec.config.options::<policies::caching::CachingConfig>() {
         Some(c) => {
             let conf = c.to_alloc_conf();
@@ -56,7 +67,14 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         }
         None => spec.label.clone(),
     };
-    let mut out = crate::output::create(None)?;
+    // The timeline file is complete before the summary says the replay is done.
+    if let Some(path) = &args.timeline {
+        let mut out = output::create(Some(path))?;
+        sim::report::write_timeline_csv(&timeline.samples, &mut out)
+            .with_context(|| format!("writing {}", path.display()))?;
+        out.finish()?;
+    }
+    let mut out = output::create(None)?;
     write!(
         out,
         "{}",
@@ -68,8 +86,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
             writeln!(out, "{key:<40} {value}")?;
         }
     }
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    out.finish()?;
+    Ok(Exit::Ran)
 }
 
 fn bytes(b: u64) -> String {

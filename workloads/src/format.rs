@@ -151,9 +151,7 @@ impl Format {
                     about: "PyTorch memory snapshot (torch.cuda.memory._dump_snapshot)",
                     extensions: &["pickle", "pkl"],
                     sniff: sniff_pickle,
-                    read: Reader::Recorded(|i| {
-                        crate::snapshot::read_snapshot_pickle_from(i.reader, i.path, i.device)
-                    }),
+                    read: Reader::Recorded(crate::snapshot::read_input),
                     write: None,
                 };
                 &SPEC

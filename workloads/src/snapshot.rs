@@ -318,6 +318,22 @@ pub fn read_snapshot_pickle_with(
     read(file, path, device, options, limits)
 }
 
+/// The format table's reader ([`crate::Format::TorchPickle`]): as
+/// [`read_snapshot_pickle_with`], bounded by the file's size when it is a regular file.
+pub(crate) fn read_input(input: crate::Input<'_>) -> Result<RecordedRun, ReadError> {
+    let mut limits = Limits::default();
+    if let Some(len) = input.len {
+        limits.max_input = len;
+    }
+    read(
+        input.reader,
+        input.path,
+        input.device,
+        &SnapshotOptions::default(),
+        limits,
+    )
+}
+
 /// As [`read_snapshot_pickle`], from any reader; `path` names the source in messages
 /// and names the run (its stem). The reader is consumed as the pickle needs it (an
 /// endless source stops with an error); a source that does not end within 16 GiB is

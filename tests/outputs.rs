@@ -1,0 +1,256 @@
+//! Nothing lost: outputs are checked before anything is touched, written to a temporary
+//! file renamed on success, never an input, and Ctrl-C leaves them as they were.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::util::{allocsim, root, stderr, TempDir};
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Runs allocsim with `args` and checks it refused with exit `code` and one line
+/// containing `needle`.
+fn refused(args: &[&OsStr], code: i32, needle: &str) {
+    let o = allocsim(args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: '{needle}' missing from {err}"
+    );
+}
+
+fn os<'a>(items: &'a [&'a dyn AsRef<OsStr>]) -> Vec<&'a OsStr> {
+    items.iter().map(|i| i.as_ref()).collect()
+}
+
+/// An output that is an input, by the same path, another spelling of it, a symbolic
+/// link or a hard link, is refused before anything is touched: the input is intact
+/// (`compare r.csv -o r.csv` and `replay r.csv --timeline r.csv` overwrote the trace).
+#[test]
+fn output_equal_to_an_input_is_refused() {
+    let dir = TempDir::new("out-same");
+    let text = std::fs::read_to_string(root().join("examples/random_small.csv")).unwrap();
+    let trace = dir.file("r.csv", &text);
+    let respelled = dir.path().join(".").join("r.csv");
+    let symlink = dir.path().join("link.csv");
+    let hardlink = dir.path().join("hard.csv");
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(&trace, &symlink).unwrap();
+    std::fs::hard_link(&trace, &hardlink).unwrap();
+    let mut outputs: Vec<&PathBuf> = vec![&trace, &respelled, &hardlink];
+    if cfg!(unix) {
+        outputs.push(&symlink);
+    }
+    for out in outputs {
+        refused(
+            &os(&[&"compare", &trace, &"-o", out]),
+            2,
+            "that is the input",
+        );
+        refused(
+            &os(&[&"replay", &trace, &"--timeline", out]),
+            2,
+            "that is the input",
+        );
+        refused(
+            &os(&[&"convert", &trace, &"-o", out]),
+            2,
+            "that is the input",
+        );
+        assert_eq!(std::fs::read_to_string(&trace).unwrap(), text);
+    }
+    let profile = dir.file(
+        "card.yaml",
+        &std::fs::read_to_string(root().join("sim/profiles/h100.yaml")).unwrap(),
+    );
+    refused(
+        &os(&[
+            &"compare",
+            &trace,
+            &"--gpu-profile",
+            &profile,
+            &"-o",
+            &profile,
+        ]),
+        2,
+        "that is the input",
+    );
+}
+
+/// The extension of an output is checked before anything is touched: `generate -o
+/// run.json` refuses and leaves the recorded run as it was (it emptied it, then
+/// failed), and a CSV output named like another trace format is refused.
+#[test]
+fn output_extension_is_checked_first() {
+    let dir = TempDir::new("out-ext");
+    let run = dir.file("run.json", "{\"events\": []}\n");
+    let timeline = dir.file("t.yaml", "events: []\n");
+    refused(
+        &os(&[&"generate", &"random", &"--events", &"10", &"-o", &run]),
+        2,
+        "allocsim reads json traces but does not write them",
+    );
+    refused(
+        &os(&[&"convert", &"examples/seed000.yaml", &"-o", &run]),
+        2,
+        "does not write them",
+    );
+    refused(
+        &os(&[
+            &"replay",
+            &"examples/seed000.yaml",
+            &"--timeline",
+            &timeline,
+        ]),
+        2,
+        "this writes CSV, but the extension names yaml traces",
+    );
+    refused(
+        &os(&[&"compare", &"examples/seed000.yaml", &"-o", &dir.path()]),
+        2,
+        "is a directory",
+    );
+    refused(
+        &os(&[
+            &"compare",
+            &"examples/seed000.yaml",
+            &"-o",
+            &dir.path().join("no/x.csv"),
+        ]),
+        2,
+        "does not exist",
+    );
+    assert_eq!(std::fs::read_to_string(&run).unwrap(), "{\"events\": []}\n");
+    assert_eq!(std::fs::read_to_string(&timeline).unwrap(), "events: []\n");
+    assert_eq!(names(dir.path()), ["run.json", "t.yaml"]);
+}
+
+/// Outputs replace the old file only when complete: a write that fails midway (the
+/// file-size limit standing in for a full disk) exits 5 and leaves the old file and
+/// no temporary file; a successful write replaces it, keeping its permissions.
+#[test]
+fn failed_write_leaves_the_old_file() {
+    let dir = TempDir::new("out-fail");
+    let old = dir.file("trace.csv", "OLD\n");
+    // sh: ignore SIGXFSZ so that writing past the limit is an error (EFBIG), not death.
+    let o = Command::new("sh")
+        .args([
+            "-c".as_ref(),
+            "trap '' XFSZ; ulimit -f 4; exec \"$0\" \"$@\"".as_ref(),
+            env!("CARGO_BIN_EXE_allocsim").as_ref(),
+            "generate".as_ref(),
+            "random".as_ref(),
+            "--events".as_ref(),
+            "20000".as_ref(),
+            "-o".as_ref(),
+            old.as_os_str(),
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(5), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("cannot write"), "{err}");
+    assert_eq!(std::fs::read_to_string(&old).unwrap(), "OLD\n");
+    assert_eq!(names(dir.path()), ["trace.csv"]);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let o = allocsim(os(&[
+            &"generate",
+            &"random",
+            &"--events",
+            &"10",
+            &"-o",
+            &old,
+        ]));
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(std::fs::read_to_string(&old)
+            .unwrap()
+            .starts_with("op,id,bytes,stream\n"));
+        let mode = std::fs::metadata(&old).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+        assert_eq!(names(dir.path()), ["trace.csv"]);
+    }
+}
+
+/// Ctrl-C on `compare` and `replay` stops with exit 130 and one line, leaving the old
+/// output as it was and no temporary file (it killed the process, or wrote a partial
+/// file). The trace is a named pipe that allocsim is still reading when Ctrl-C comes.
+#[test]
+fn ctrl_c_leaves_outputs_untouched() {
+    if Command::new("mkfifo").arg("--version").output().is_err() {
+        eprintln!("skipped: no mkfifo on this system");
+        return;
+    }
+    let dir = TempDir::new("out-ctrl-c");
+    let trace_text = std::fs::read_to_string(root().join("examples/random_small.csv")).unwrap();
+    for (i, command) in ["compare", "replay"].into_iter().enumerate() {
+        let old = dir.file(&format!("old{i}.csv"), "OLD\n");
+        let fifo = dir.path().join(format!("pipe{i}.csv"));
+        assert!(Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let flag = if command == "compare" {
+            "-o"
+        } else {
+            "--timeline"
+        };
+        let child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+            .args([
+                command.as_ref(),
+                fifo.as_os_str(),
+                flag.as_ref(),
+                old.as_os_str(),
+            ])
+            .current_dir(root())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Opening the pipe returns once allocsim opened it to read: past its start,
+        // where the Ctrl-C handler is installed.
+        let mut pipe = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        let sent = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        // allocsim is blocked reading the pipe: Ctrl-C must end it without the data.
+        // Give it time to (the handler runs on a thread of its own), then send the
+        // trace anyway, so that a missed Ctrl-C shows as a replay that ran.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut child = child;
+        while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = std::io::Write::write_all(&mut pipe, trace_text.as_bytes());
+        drop(pipe);
+        let o = child.wait_with_output().unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(130), "{command}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{command}: {err}");
+        assert!(err.contains("interrupted"), "{command}: {err}");
+        assert!(o.stdout.is_empty(), "{command}: no partial output");
+        assert_eq!(std::fs::read_to_string(&old).unwrap(), "OLD\n");
+    }
+    assert_eq!(
+        names(dir.path()),
+        ["old0.csv", "old1.csv", "pipe0.csv", "pipe1.csv"]
+    );
+}
