@@ -86,15 +86,15 @@ pub fn read_source(
     format: Option<Format>,
     device: usize,
 ) -> Result<(Trace, Option<RecordedRun>), ReadError> {
-    match open(path, format, device, |input, format| {
+    open(path, format, device, |input, format| {
         match format.spec().read {
-            Reader::Trace(read) => read(input).map(Source::Trace),
-            Reader::Recorded(read) => read(input).map(Source::Recorded),
+            Reader::Trace(read) => Ok((read(input)?, None)),
+            Reader::Recorded(read) => {
+                let run = read(input)?;
+                Ok((run.to_trace()?, Some(run)))
+            }
         }
-    })? {
-        Source::Trace(trace) => Ok((trace, None)),
-        Source::Recorded(run) => Ok((run.to_trace()?, Some(run))),
-    }
+    })
 }
 
 /// Reads a recorded PyTorch run (`record_torch.py` JSON or a snapshot pickle) with
@@ -120,12 +120,6 @@ pub fn read_recorded(
             )),
         }
     })
-}
-
-/// What a format's reader gave.
-enum Source {
-    Trace(Trace),
-    Recorded(RecordedRun),
 }
 
 /// Opens `path`, finds its format (forced, or [`detect`]ed from its first bytes), and
