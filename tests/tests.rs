@@ -17,6 +17,8 @@ mod model;
 mod outputs;
 /// The JSON of tools/record_torch.py read as a recorded run.
 mod recorder;
+/// Hostile and absurd inputs (issue 14): recorded addresses, huge devices, faults.
+mod reliability;
 /// Nothing points outside the repository.
 mod selfcontained;
 /// Helpers: running the binary, temporary files.

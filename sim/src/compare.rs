@@ -45,7 +45,8 @@ pub enum CompareError {
 pub struct CompareInput {
     /// The trace.
     pub trace: Trace,
-    /// Recorded segment addresses, for traces that came from a PyTorch recording.
+    /// Recorded segment addresses, for traces that came from a PyTorch recording (only
+    /// the caching policy follows them: [`AddressHints::for_policy`]).
     pub hints: AddressHints,
 }
 
@@ -114,8 +115,10 @@ fn run_one(
         policy: spec.label.clone(),
         source,
     })?;
-    let mut dev =
-        SimDevice::with_hints(device.clone().with_capacity(capacity), input.hints.clone());
+    let mut dev = SimDevice::with_hints(
+        device.clone().with_capacity(capacity),
+        input.hints.for_policy(&spec.config),
+    );
     let r = replay(&input.trace, policy.as_mut(), &mut dev, options).map_err(|source| {
         CompareError::Replay {
             trace: input.trace.name.clone(),

@@ -29,6 +29,18 @@ use policies::{
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
+/// The lowest address the simulated device hands out: 0 and the first 2 MiB are never
+/// device addresses.
+pub const ADDRESS_FLOOR: u64 = 2 * MIB;
+/// The end of the simulated address space (2^64 − 2 MiB): nothing placed reaches past
+/// it, so `address + size` never wraps.
+pub const ADDRESS_END: u64 = u64::MAX - (2 * MIB - 1);
+/// The most physical chunks (virtual-memory pages) the simulated driver holds at once;
+/// creating one more is out of memory. 2^22 pages of 2 MiB are 8 TiB, far beyond any
+/// GPU; the bound keeps a replay on a device of absurd capacity from spending hours
+/// creating pages one by one.
+pub const MAX_LIVE_CHUNKS: usize = 1 << 22;
+
 /// Where the simulated device places new allocations.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AddressModel {
@@ -111,6 +123,40 @@ pub struct AddressHints {
 }
 
 impl AddressHints {
+    /// Whether `size` bytes at `addr` lie inside the simulated address space
+    /// ([`ADDRESS_FLOOR`] to [`ADDRESS_END`]), where a recorded address can be reused.
+    pub fn fits(addr: u64, size: u64) -> bool {
+        addr >= ADDRESS_FLOOR && addr.checked_add(size).is_some_and(|end| end <= ADDRESS_END)
+    }
+
+    /// The hints a replay under `config` follows. Recorded addresses describe where the
+    /// CUDA driver put PyTorch's caching allocator's segments under the recorded
+    /// settings, so only the caching policy follows them (under any configuration: a
+    /// what-if keeps the recorded placement while it matches); every other policy gets
+    /// none, and its prediction cannot depend on them.
+    pub fn for_policy(&self, config: &policies::PolicyConfig) -> AddressHints {
+        if config
+            .options::<policies::caching::CachingConfig>()
+            .is_some()
+        {
+            self.clone()
+        } else {
+            AddressHints::default()
+        }
+    }
+
+    /// The usable prefix: hints up to the first that leaves the address space are kept
+    /// (a later hint could only be reached past that one).
+    fn usable(mut self) -> AddressHints {
+        if let Some(bad) = self.segments.iter().position(|&(s, a)| !Self::fits(a, s)) {
+            self.segments.truncate(bad);
+        }
+        if let Some(bad) = self.ranges.iter().position(|&a| !Self::fits(a, 0)) {
+            self.ranges.truncate(bad);
+        }
+        self
+    }
+
     fn lowest(&self) -> Option<u64> {
         self.segments
             .iter()
@@ -152,6 +198,9 @@ pub struct SimDevice {
     holes: BTreeSet<(u64, u64, u64)>,
     next_page_id: u64,
     vm: PageTable<()>,
+    /// Every placed region (segment, packed page, address range) by address → length:
+    /// where a new region may not go.
+    regions: BTreeMap<u64, u64>,
     stats: DeviceStats,
 }
 
@@ -166,12 +215,14 @@ impl SimDevice {
         SimDevice::with_hints(options, AddressHints::default())
     }
 
-    /// A device that gives out recorded addresses while the requests match them.
+    /// A device that gives out recorded addresses while the requests match them. Hints
+    /// outside the address space ([`AddressHints::fits`]) are not followed.
     pub fn with_hints(options: SimDeviceOptions, hints: AddressHints) -> SimDevice {
+        let hints = hints.usable();
         // Fallback addresses stay clear of the recorded ones.
-        let top = hints
-            .lowest()
-            .map_or(TOP_DOWN_START, |low| low & !(2 * MIB - 1));
+        let top = hints.lowest().map_or(TOP_DOWN_START, |low| {
+            (low & !(2 * MIB - 1)).min(TOP_DOWN_START)
+        });
         let stats = DeviceStats {
             capacity_bytes: options.capacity_bytes,
             total_bytes: options.total_bytes,
@@ -188,6 +239,7 @@ impl SimDevice {
             holes: BTreeSet::new(),
             next_page_id: 0,
             vm: PageTable::new("SimDevice"),
+            regions: BTreeMap::new(),
             stats,
         }
     }
@@ -212,26 +264,58 @@ impl SimDevice {
         id
     }
 
-    /// A new 2 MiB-aligned region from the address model.
-    fn place(&mut self, size: u64) -> u64 {
-        let span = size.max(1).div_ceil(2 * MIB) * 2 * MIB;
-        match self.options.address_model {
-            AddressModel::TopDown => {
-                self.next_low -= span;
-                self.next_low
+    /// A new 2 MiB-aligned region from the address model, recorded as placed; `None`
+    /// when the address space has no room for it. When the model's next address is
+    /// taken or the model has run out of address space (after about 127 TiB of
+    /// allocations on the top-down model, addresses are never reused), the lowest free
+    /// gap is taken instead.
+    fn place(&mut self, size: u64) -> Option<u64> {
+        let span = size.max(1).checked_next_multiple_of(2 * MIB)?;
+        let next = match self.options.address_model {
+            AddressModel::TopDown => self
+                .next_low
+                .checked_sub(span)
+                .filter(|&a| a >= ADDRESS_FLOOR),
+            AddressModel::BottomUp => self
+                .next_high
+                .checked_add(span)
+                .filter(|&end| end <= ADDRESS_END)
+                .map(|_| self.next_high),
+        };
+        let addr = match next {
+            Some(a) if !self.overlaps(a, span) => {
+                match self.options.address_model {
+                    AddressModel::TopDown => self.next_low = a,
+                    AddressModel::BottomUp => self.next_high = a + span,
+                }
+                a
             }
-            AddressModel::BottomUp => {
-                let addr = self.next_high;
-                self.next_high += span;
-                addr
+            _ => self.lowest_gap(span)?,
+        };
+        self.regions.insert(addr, span);
+        Some(addr)
+    }
+
+    /// The lowest 2 MiB-aligned address where `span` bytes touch no placed region.
+    fn lowest_gap(&self, span: u64) -> Option<u64> {
+        let mut cursor = ADDRESS_FLOOR;
+        for (&a, &len) in &self.regions {
+            if cursor.checked_add(span).is_some_and(|end| end <= a) {
+                return Some(cursor);
             }
+            cursor = cursor.max(a.saturating_add(len).checked_next_multiple_of(2 * MIB)?);
         }
+        cursor
+            .checked_add(span)
+            .filter(|&end| end <= ADDRESS_END)
+            .map(|_| cursor)
     }
 
     fn take_hint(&mut self, size: u64) -> Option<u64> {
         match self.hints.segments.front() {
             Some(&(s, a)) if s == size && !self.overlaps(a, size) => {
                 self.hints.segments.pop_front();
+                self.regions.insert(a, size);
                 Some(a)
             }
             Some(_) => {
@@ -243,14 +327,13 @@ impl SimDevice {
         }
     }
 
+    /// Whether `addr..addr + size` touches a placed region.
     fn overlaps(&self, addr: u64, size: u64) -> bool {
-        let end = addr + size;
-        let seg = self
-            .segments
+        let end = addr.saturating_add(size);
+        self.regions
             .range(..end)
             .next_back()
-            .is_some_and(|(&a, s)| a + s.size > addr);
-        seg || self.vm.overlaps_range(addr, size)
+            .is_some_and(|(&a, &len)| a.saturating_add(len) > addr)
     }
 
     /// Returns a packed allocation's bytes to its page, merging holes; returns the bytes
@@ -266,7 +349,9 @@ impl SimDevice {
             for (&offset, &len) in &pg.holes {
                 self.holes.remove(&(len, p, offset));
             }
+            let base = pg.base;
             self.packed.remove(&p);
+            self.regions.remove(&base);
             return self.options.page_bytes;
         }
         let mut offset = addr - pg.base;
@@ -289,7 +374,8 @@ impl SimDevice {
     }
 
     fn charge_for(&self, size: u64) -> u64 {
-        size.div_ceil(self.options.page_bytes) * self.options.page_bytes
+        let page = self.options.page_bytes.max(1);
+        size.div_ceil(page).saturating_mul(page)
     }
 
     fn refuse(&self, charge: u64, size: u64) -> Result<(), DeviceError> {
@@ -336,7 +422,9 @@ impl Device for SimDevice {
                 }
                 None => {
                     self.refuse(page, size_bytes)?;
-                    let base = self.place(page);
+                    let base = self.place(page).ok_or(DeviceError::OutOfMemory {
+                        requested_bytes: size_bytes,
+                    })?;
                     let p = self.next_page_id;
                     self.next_page_id += 1;
                     let mut holes = BTreeMap::new();
@@ -360,7 +448,10 @@ impl Device for SimDevice {
             self.refuse(charge, size_bytes)?;
             let addr = match self.take_hint(size_bytes) {
                 Some(a) => a,
-                None => self.place(size_bytes),
+                // No room in the address space: cudaMalloc fails as out of memory.
+                None => self.place(size_bytes).ok_or(DeviceError::OutOfMemory {
+                    requested_bytes: size_bytes,
+                })?,
             };
             (addr, charge, None)
         };
@@ -400,7 +491,10 @@ impl Device for SimDevice {
         // A packed allocation's page is charged once, to the page; it is returned with
         // the page's last allocation.
         let released = match live.packed_page {
-            None => live.charge,
+            None => {
+                self.regions.remove(&segment.addr.0);
+                live.charge
+            }
             Some(p) => self.unpack(p, segment.addr.0, live.size),
         };
         let s = &mut self.stats;
@@ -423,10 +517,21 @@ impl Device for SimDevice {
 impl VirtualMemory for SimDevice {
     fn reserve_range(&mut self, size_bytes: u64) -> Result<AddressRange, DeviceError> {
         let addr = match self.hints.ranges.pop_front() {
-            Some(a) if !self.overlaps(a, size_bytes) => a,
+            Some(a) if AddressHints::fits(a, size_bytes) && !self.overlaps(a, size_bytes) => {
+                self.regions.insert(a, size_bytes);
+                a
+            }
             _ => {
                 self.hints.ranges.clear();
-                self.place(size_bytes)
+                // As cuMemAddressReserve, which PyTorch does not expect to fail: an
+                // error that stops the run, not an out-of-memory.
+                self.place(size_bytes).ok_or_else(|| DeviceError::Driver {
+                    code: 2,
+                    message: format!(
+                        "CUDA_ERROR_OUT_OF_MEMORY from cuMemAddressReserve of {size_bytes} bytes: \
+                         the simulated device's address space has no room for it"
+                    ),
+                })?
             }
         };
         let id = self.fresh_id();
@@ -437,8 +542,10 @@ impl VirtualMemory for SimDevice {
     }
 
     fn create_physical(&mut self, size_bytes: u64) -> Result<PhysicalChunk, DeviceError> {
-        if size_bytes == 0 {
-            return Err(DeviceError::OutOfMemory { requested_bytes: 0 });
+        if size_bytes == 0 || self.vm.chunk_count() >= MAX_LIVE_CHUNKS {
+            return Err(DeviceError::OutOfMemory {
+                requested_bytes: size_bytes,
+            });
         }
         let charge = self.charge_for(size_bytes);
         self.refuse(charge, size_bytes)?;
@@ -481,6 +588,7 @@ impl VirtualMemory for SimDevice {
     }
 
     fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError> {
+        self.regions.remove(&range.addr.0);
         self.vm.remove_range(range);
         self.stats.segment_count -= 1;
         Ok(())
@@ -644,5 +752,81 @@ mod tests {
     #[test]
     fn stitching() {
         policies::testing::check_stitching(&mut SimDevice::new(SimDeviceOptions::default()));
+    }
+
+    /// Hints near 0 or near 2^64 are not followed (the device falls back to its model),
+    /// and no address it hands out wraps.
+    #[test]
+    fn hints_outside_the_address_space_are_not_followed() {
+        for bad in [0, 1, ADDRESS_END - MIB, u64::MAX - 4095] {
+            let hints = AddressHints {
+                segments: [(2 * MIB, bad), (2 * MIB, 0x7fc0_0000_0000)].into(),
+                ranges: [bad].into(),
+            };
+            let mut d = SimDevice::with_hints(SimDeviceOptions::default(), hints);
+            let a = alloc(&mut d, 2 * MIB);
+            assert_eq!(a.addr.0, TOP_DOWN_START - 2 * MIB, "hint {bad:#x}");
+            let r = d.reserve_range(GIB).unwrap();
+            assert!(
+                AddressHints::fits(r.addr.0, GIB),
+                "range at {:#x}",
+                r.addr.0
+            );
+            d.release_range(r).unwrap();
+            d.free_segment(a).unwrap();
+        }
+    }
+
+    /// Once the top-down model has used up its address space (addresses are never
+    /// reused by the model), new regions go to the lowest free gap; when no gap holds a
+    /// region, a segment is out of memory and an address range a driver error.
+    #[test]
+    fn placement_never_wraps() {
+        let huge = (1u64 << 60) - 2 * MIB;
+        let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(u64::MAX));
+        // 127 TiB of top-down room cannot hold one; gaps above it hold sixteen.
+        let mut live = Vec::new();
+        while let Ok(s) = d.allocate_segment(huge) {
+            assert!(AddressHints::fits(s.addr.0, huge), "{:#x}", s.addr.0);
+            live.push(s);
+        }
+        assert_eq!(live.len(), 16);
+        let regions = d.live_regions();
+        for w in regions.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "overlap: {w:?}");
+        }
+        match d.reserve_range(1 << 62) {
+            Err(DeviceError::Driver { code: 2, message }) => {
+                assert!(message.contains("cuMemAddressReserve"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // Freed space is found again.
+        let s = live.swap_remove(3);
+        let addr = s.addr.0;
+        d.free_segment(s).unwrap();
+        assert_eq!(alloc(&mut d, huge).addr.0, addr);
+    }
+
+    /// A range as large as an address can express is refused as a driver error, and
+    /// the page bound turns a runaway of physical chunks into out of memory.
+    #[test]
+    fn absurd_virtual_memory_is_refused() {
+        let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(1 << 63));
+        assert!(matches!(
+            d.reserve_range(u64::MAX / (2 * MIB) * (2 * MIB)),
+            Err(DeviceError::Driver { code: 2, .. })
+        ));
+        let chunks: Vec<_> = (0..MAX_LIVE_CHUNKS)
+            .map(|_| d.create_physical(1).unwrap())
+            .collect();
+        assert_eq!(
+            d.create_physical(1),
+            Err(DeviceError::OutOfMemory { requested_bytes: 1 })
+        );
+        for c in chunks {
+            d.release_physical(c).unwrap();
+        }
+        assert_eq!(d.stats().charged_bytes, 0);
     }
 }

@@ -33,7 +33,7 @@ use workloads::{Action, Checkpoint, Event, ReadError, RecordedRun};
 
 use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
 use crate::observe::{DeviceOpKind, Observer, Step};
-use crate::recorded::{address_hints, run_config, run_device, AllocConfError};
+use crate::recorded::{address_hints, run_config, run_device, AllocConfError, HintError};
 use crate::replay::{replay_with, ReplayError, ReplayOptions};
 
 /// A segment decision: kind and bytes.
@@ -172,6 +172,10 @@ pub enum FidelityError {
     /// The run's `alloc_conf` does not parse.
     #[error(transparent)]
     Config(#[from] AllocConfError),
+    /// The run's recorded addresses cannot be followed (see
+    /// [`crate::recorded::address_hints`]).
+    #[error(transparent)]
+    Hints(#[from] HintError),
     /// The run's requests do not form a trace (the recording started late or wrapped).
     #[error(transparent)]
     Trace(#[from] ReadError),

@@ -8,6 +8,31 @@ use workloads::{Action, RecordedRun};
 
 use crate::device::{AddressHints, SimDeviceOptions};
 
+/// Why a recorded run's address hints could not be derived.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HintError {
+    /// The run's `alloc_conf` does not parse (the segment size depends on it).
+    #[error(transparent)]
+    Config(#[from] AllocConfError),
+    /// A recorded segment lies outside any device's address space: the file is damaged.
+    #[error(
+        "{path}: entry {entry}: {action} address {addr:#x} of {size} bytes lies outside a \
+         device's address space (2 MiB to 2^64 - 2 MiB); the recording is damaged"
+    )]
+    Address {
+        /// The run's file.
+        path: String,
+        /// The entry's index in the file.
+        entry: u64,
+        /// `segment_alloc` or `segment_map`.
+        action: &'static str,
+        /// The recorded address.
+        addr: u64,
+        /// The recorded bytes.
+        size: u64,
+    },
+}
+
 /// A recorded run whose `alloc_conf` does not parse.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{path}: alloc_conf '{conf}': {message}")]
@@ -49,7 +74,7 @@ pub fn run_device(run: &RecordedRun, base: &SimDeviceOptions) -> SimDeviceOption
     if let Some(cap) = run
         .checkpoints
         .iter()
-        .map(|c| c.driver_free + c.reserved)
+        .map(|c| c.driver_free.saturating_add(c.reserved))
         .min()
     {
         d.capacity_bytes = cap;
@@ -64,19 +89,41 @@ pub fn run_device(run: &RecordedRun, base: &SimDeviceOptions) -> SimDeviceOption
 /// the run's segment size, as PyTorch reserves it; the total is the run's, or
 /// `total_bytes` (the simulated device's) when the run does not record one.
 ///
+/// Only the caching policy follows them ([`AddressHints::for_policy`]).
+///
 /// # Errors
-/// When the run's `alloc_conf` does not parse.
-pub fn address_hints(run: &RecordedRun, total_bytes: u64) -> Result<AddressHints, AllocConfError> {
+/// When the run's `alloc_conf` does not parse, or a segment's recorded address and size
+/// leave the address space ([`AddressHints::fits`]).
+pub fn address_hints(run: &RecordedRun, total_bytes: u64) -> Result<AddressHints, HintError> {
     let config = run_config(run)?;
     let total_bytes = run.meta.total_bytes.unwrap_or(total_bytes);
     let mut hints = AddressHints::default();
     let page = config.large_segment_size_bytes.max(2 << 20);
-    let window = page * (total_bytes + total_bytes / 8).div_ceil(page);
+    // As the caching policy sizes the range: 1 1/8 of the total, in whole pages (wide
+    // arithmetic: a damaged total near 2^64 must not wrap).
+    let window = u64::try_from(
+        (u128::from(total_bytes) + u128::from(total_bytes / 8)).div_ceil(u128::from(page))
+            * u128::from(page),
+    )
+    .unwrap_or(u64::MAX);
     let mut bases: Vec<u64> = Vec::new();
-    for e in &run.entries {
+    for (index, e) in run.entries.iter().enumerate() {
+        if e.action.is_segment_op() && !AddressHints::fits(e.addr, e.size) {
+            return Err(HintError::Address {
+                path: run.path.display().to_string(),
+                entry: run.source_index(index),
+                action: e.action.name(),
+                addr: e.addr,
+                size: e.size,
+            });
+        }
         match e.action {
             Action::SegmentAlloc => hints.segments.push_back((e.size, e.addr)),
-            Action::SegmentMap if !bases.iter().any(|&b| e.addr >= b && e.addr < b + window) => {
+            Action::SegmentMap
+                if !bases
+                    .iter()
+                    .any(|&b| e.addr >= b && e.addr < b.saturating_add(window)) =>
+            {
                 bases.push(e.addr);
                 hints.ranges.push_back(e.addr);
             }
@@ -129,22 +176,84 @@ mod tests {
         let base = 0x7f00_0000_0000;
         let mut run = RecordedRun {
             entries: vec![
-                entry(Action::SegmentAlloc, 0x1000, 2 << 20),
+                entry(Action::SegmentAlloc, 0x4000_0000, 2 << 20),
                 entry(Action::SegmentMap, base, 2 << 20),
                 entry(Action::SegmentMap, base + 40 * gib, 2 << 20),
-                entry(Action::SegmentAlloc, 0x9000, 20 << 20),
+                entry(Action::SegmentAlloc, 0x9000_0000, 20 << 20),
             ],
             ..RecordedRun::default()
         };
         let hints = address_hints(&run, 80 * gib).unwrap();
         assert_eq!(
             hints.segments.iter().copied().collect::<Vec<_>>(),
-            vec![(2 << 20, 0x1000), (20 << 20, 0x9000)]
+            vec![(2 << 20, 0x4000_0000), (20 << 20, 0x9000_0000)]
         );
         assert_eq!(hints.ranges.iter().copied().collect::<Vec<_>>(), vec![base]);
         // A 32 GiB device's ranges are 36 GiB: the second mapping starts a new one.
         assert_eq!(address_hints(&run, 32 * gib).unwrap().ranges.len(), 2);
         run.meta.total_bytes = Some(32 * gib);
         assert_eq!(address_hints(&run, 80 * gib).unwrap().ranges.len(), 2);
+    }
+
+    /// A recorded segment address near 0 or near 2^64 (a damaged file) is refused with
+    /// the file, the entry and the address, rather than steering the simulated device
+    /// out of its address space.
+    #[test]
+    fn addresses_outside_the_address_space_are_refused() {
+        for (addr, size) in [
+            (1, 2 << 20),
+            (0, 2 << 20),
+            (u64::MAX - (1 << 20), 2 << 20),
+            (1 << 63, u64::MAX),
+        ] {
+            let run = RecordedRun {
+                path: "runs/x.json".into(),
+                entries: vec![
+                    entry(Action::SegmentAlloc, 0x7f00_0000_0000, 2 << 20),
+                    entry(Action::SegmentAlloc, addr, size),
+                ],
+                ..RecordedRun::default()
+            };
+            let e = address_hints(&run, 80 << 30).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "runs/x.json: entry 1: segment_alloc address {addr:#x} of {size} bytes lies outside"
+                )),
+                "{e}"
+            );
+        }
+    }
+
+    /// A damaged recorded total (u64::MAX) and checkpoints whose figures add past 2^64
+    /// give the widest window and the largest capacity, without wrapping.
+    #[test]
+    fn damaged_totals_do_not_wrap() {
+        let run = RecordedRun {
+            meta: TraceMeta {
+                total_bytes: Some(u64::MAX),
+                ..TraceMeta::default()
+            },
+            entries: vec![
+                entry(Action::SegmentMap, 0x7f00_0000_0000, 2 << 20),
+                entry(Action::SegmentMap, 0x7f00_4000_0000, 2 << 20),
+            ],
+            checkpoints: vec![workloads::Checkpoint {
+                label: "x".into(),
+                trace_len: 0,
+                allocated: 0,
+                reserved: u64::MAX,
+                max_allocated: 0,
+                max_reserved: 0,
+                inactive_split: 0,
+                num_alloc_retries: 0,
+                num_ooms: 0,
+                segments: 0,
+                driver_free: u64::MAX,
+            }],
+            ..RecordedRun::default()
+        };
+        assert_eq!(address_hints(&run, 80 << 30).unwrap().ranges.len(), 1);
+        let d = run_device(&run, &SimDeviceOptions::default());
+        assert_eq!((d.capacity_bytes, d.total_bytes), (u64::MAX, u64::MAX));
     }
 }

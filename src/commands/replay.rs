@@ -36,7 +36,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         bail!("--policy takes one policy; `allocsim compare --policies` takes several");
     };
     let mut policy = spec.config.build()?;
-    let mut device = SimDevice::with_hints(setup.options.clone(), loaded.hints);
+    let mut device =
+        SimDevice::with_hints(setup.options.clone(), loaded.hints.for_policy(&spec.config));
     let mut timeline = Timeline::default();
     // Ctrl-C stops the replay at its next event; nothing is written then.
     let in_order = interrupt::in_order();

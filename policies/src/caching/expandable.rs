@@ -80,12 +80,17 @@ impl CachingPolicy {
         } else {
             stats.capacity_bytes
         };
-        // PyTorch reserves 1 1/8 of the device's memory for each expandable segment.
-        let max_handles = (total + total / 8).div_ceil(page_bytes);
+        // PyTorch reserves 1 1/8 of the device's memory for each expandable segment, in
+        // whole pages. Computed wide: for a total near 2^64 the range is as large as an
+        // address can express, and the device refuses to reserve it (an error, as
+        // cuMemAddressReserve's failure is in PyTorch), rather than wrapping to a small one.
+        let want = (u128::from(total) + u128::from(total / 8)).div_ceil(u128::from(page_bytes))
+            * u128::from(page_bytes);
+        let range_bytes = u64::try_from(want).unwrap_or(u64::MAX / page_bytes * page_bytes);
         let vm = device.virtual_memory().ok_or(DeviceError::Unsupported {
             what: "virtual memory management (needed by expandable segments)",
         })?;
-        let range = vm.reserve_range(page_bytes * max_handles)?;
+        let range = vm.reserve_range(range_bytes)?;
         let (addr, va_size) = (range.addr.0, range.size_bytes);
         self.expandables.push(Some(ExpandableSegment {
             range,
@@ -254,6 +259,11 @@ impl ExpandableSegment {
     /// Whether page `p` is mapped.
     pub(super) fn is_mapped(&self, p: u64) -> bool {
         self.handles.get(p as usize).is_some_and(Option::is_some)
+    }
+
+    /// Pages up to the highest mapped one: every later page is unmapped.
+    pub(super) fn handle_count(&self) -> u64 {
+        self.handles.len() as u64
     }
 
     /// Mapped pages.
