@@ -15,16 +15,21 @@ pub fn run(args: CheckArgs) -> anyhow::Result<Exit> {
         let trace = match read {
             Ok((trace, _)) => trace,
             Err(e) => {
-                // Unreadable: every problem the reader found, then the next file.
+                // Unreadable: the problems the reader kept (the first hundred), then
+                // how many it found, then the next file.
                 for problem in e.all() {
                     writeln!(out, "{}", problem.one())?;
+                }
+                let unlisted = e.count() - e.all().count() as u64;
+                if unlisted > 0 {
+                    writeln!(out, "{}: ... and {unlisted} more", path.display())?;
                 }
                 writeln!(
                     out,
                     "{}: unreadable, {} problem{}",
                     path.display(),
-                    e.all().count(),
-                    if e.all().count() == 1 { "" } else { "s" }
+                    e.count(),
+                    if e.count() == 1 { "" } else { "s" }
                 )?;
                 bad = true;
                 continue;

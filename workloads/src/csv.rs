@@ -28,7 +28,7 @@ use std::io;
 use std::path::Path;
 
 use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
-use crate::{Format, ReadError};
+use crate::{Format, Problems, ReadError};
 
 /// The header every CSV trace starts with.
 pub const CSV_HEADER: &str = "op,id,bytes,stream";
@@ -49,37 +49,37 @@ pub fn read_csv(path: &Path) -> Result<Trace, ReadError> {
 ///
 /// # Errors
 /// As [`read_csv`].
-pub fn read_csv_from(mut reader: impl io::Read, path: &Path) -> Result<Trace, ReadError> {
-    // The whole text is kept so that line numbers can be counted from byte offsets:
-    // the csv crate's own line count skips blank lines.
-    let mut bytes = Vec::new();
-    reader
-        .read_to_end(&mut bytes)
-        .map_err(|e| ReadError::io(path, &e))?;
-    let mut lines = LineCounter::new(&bytes);
+pub fn read_csv_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadError> {
+    // Streamed: the reader keeps the line breaks it has passed on but not yet counted,
+    // to give each record the line it starts on (the csv crate's own line count skips
+    // blank lines), and refuses a row longer than MAX_ROW_BYTES (a file with no line
+    // breaks, such as /dev/zero, would otherwise be read whole).
     let mut csv = ::csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
-        .from_reader(&bytes[..]);
+        .from_reader(LineCounter::new(reader));
     let mut record = ::csv::StringRecord::new();
     let mut events = Vec::new();
     let mut locations = Vec::new();
     let mut header_seen = false;
-    let mut problems = Vec::new();
+    let mut problems = Problems::default();
     loop {
-        let more = csv
-            .read_record(&mut record)
-            .map_err(|e| csv_error(path, e, &mut lines))?;
+        let more = match csv.read_record(&mut record) {
+            Ok(more) => more,
+            Err(e) => return Err(csv_error(path, e, csv.get_mut())),
+        };
         if !more {
             break;
         }
-        let line = lines.line_at(record.position().map_or(0, |p| p.byte()));
+        let line = csv
+            .get_mut()
+            .line_at(record.position().map_or(0, |p| p.byte()));
         if !header_seen {
             check_header(path, line, &record)?;
             header_seen = true;
             continue;
         }
-        // A malformed row is reported with every other one, not only the first.
+        // A malformed row is reported with the others, not only the first.
         match parse_row(path, line, &record) {
             Ok(event) => {
                 events.push(event);
@@ -88,7 +88,7 @@ pub fn read_csv_from(mut reader: impl io::Read, path: &Path) -> Result<Trace, Re
             Err(e) => problems.push(e),
         }
     }
-    if let Some(e) = ReadError::collect(problems) {
+    if let Some(e) = problems.into_error() {
         return Err(e);
     }
     if !header_seen {
@@ -282,19 +282,56 @@ pub(crate) fn shorten(text: &str) -> String {
     out
 }
 
-/// Line numbers (from 1) of byte offsets, for offsets that only grow.
-struct LineCounter<'a> {
-    text: &'a [u8],
-    offset: usize,
+/// The longest row the reader takes, in bytes (a trace row is a few dozen; a label
+/// may be long, but not a megabyte).
+pub const MAX_ROW_BYTES: u64 = 1 << 20;
+
+/// The input, passed through to the csv crate, keeping the positions of the line-break
+/// bytes it has passed on and not yet counted: line numbers (from 1) of byte offsets,
+/// for offsets that only grow, without holding the text.
+struct LineCounter<R> {
+    inner: R,
+    /// Bytes passed on so far.
+    read: u64,
+    /// Line-break bytes at or after `offset`: (position, is it `\n`).
+    breaks: std::collections::VecDeque<(u64, bool)>,
+    /// The last offset asked about.
+    offset: u64,
+    /// The line at `offset`.
     line: u64,
+    /// Set when a row ran past MAX_ROW_BYTES.
+    too_long: bool,
 }
 
-impl<'a> LineCounter<'a> {
-    fn new(text: &'a [u8]) -> Self {
+impl<R: io::Read> io::Read for LineCounter<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.read - self.offset > MAX_ROW_BYTES {
+            self.too_long = true;
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a row longer than MAX_ROW_BYTES",
+            ));
+        }
+        let n = self.inner.read(buf)?;
+        for (i, &b) in buf[..n].iter().enumerate() {
+            if matches!(b, b'\r' | b'\n') {
+                self.breaks.push_back((self.read + i as u64, b == b'\n'));
+            }
+        }
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+impl<R> LineCounter<R> {
+    fn new(inner: R) -> Self {
         LineCounter {
-            text,
+            inner,
+            read: 0,
+            breaks: std::collections::VecDeque::new(),
             offset: 0,
             line: 1,
+            too_long: false,
         }
     }
 
@@ -302,29 +339,38 @@ impl<'a> LineCounter<'a> {
     /// record where the previous one ended, before the line break and any blank lines
     /// (a record never starts with a line break), so those are skipped first.
     fn line_at(&mut self, byte: u64) -> u64 {
-        let mut byte = usize::try_from(byte)
-            .unwrap_or(usize::MAX)
-            .min(self.text.len());
-        while byte < self.text.len() && matches!(self.text[byte], b'\r' | b'\n') {
-            byte += 1;
+        let mut byte = byte.max(self.offset);
+        while let Some(&(at, newline)) = self.breaks.front() {
+            if at < byte {
+                self.line += u64::from(newline);
+            } else if at == byte {
+                // A line break where the record is placed: skipped, counted.
+                self.line += u64::from(newline);
+                byte += 1;
+            } else {
+                break;
+            }
+            self.breaks.pop_front();
         }
-        if byte < self.offset {
-            // Never happens for csv positions; count afresh rather than go wrong.
-            *self = LineCounter::new(self.text);
-        }
-        self.line += self.text[self.offset..byte]
-            .iter()
-            .filter(|&&b| b == b'\n')
-            .count() as u64;
         self.offset = byte;
         self.line
     }
 }
 
-fn csv_error(path: &Path, error: ::csv::Error, lines: &mut LineCounter<'_>) -> ReadError {
+fn csv_error<R>(path: &Path, error: ::csv::Error, lines: &mut LineCounter<R>) -> ReadError {
     let line = error
         .position()
         .map(|p| format!("line {}", lines.line_at(p.byte())));
+    if lines.too_long {
+        let line = lines.line_at(lines.offset);
+        return ReadError::syntax(
+            path,
+            Some(format!("line {line}")),
+            format!(
+                "not a CSV trace: a row longer than {MAX_ROW_BYTES} bytes starts here (no line break?)"
+            ),
+        );
+    }
     let message = format!("not a CSV trace: {error}");
     match error.into_kind() {
         ::csv::ErrorKind::Io(e) => ReadError::io(path, &e),

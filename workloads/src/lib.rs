@@ -194,8 +194,53 @@ pub struct ReadError {
     pub message: String,
     kind: ReadErrorKind,
     /// Further problems found in the same file (malformed rows or events after the
-    /// first); readers report every one they can.
+    /// first), the first [`MAX_LISTED_PROBLEMS`] of them; readers report every one they
+    /// can.
     pub more: Vec<ReadError>,
+    /// Further problems found and counted but not kept (a file of a million bad rows
+    /// keeps a few, not a million messages).
+    unlisted: u64,
+}
+
+/// How many problems of one file a [`ReadError`] keeps (the first and the next ones);
+/// the rest are only counted ([`ReadError::count`]).
+pub const MAX_LISTED_PROBLEMS: usize = 100;
+
+/// The problems a reader finds in one file, in file order: keeps the first
+/// [`MAX_LISTED_PROBLEMS`] and counts the rest, so memory does not grow with them.
+#[derive(Debug, Default)]
+pub struct Problems {
+    kept: Vec<ReadError>,
+    unlisted: u64,
+}
+
+impl Problems {
+    /// How many problems were recorded (kept and counted).
+    pub fn len(&self) -> usize {
+        self.kept.len() + usize::try_from(self.unlisted).unwrap_or(usize::MAX)
+    }
+
+    /// Whether none was.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Records one more problem.
+    pub fn push(&mut self, problem: ReadError) {
+        if self.kept.len() < MAX_LISTED_PROBLEMS {
+            self.kept.push(problem);
+        } else {
+            self.unlisted += 1;
+        }
+    }
+
+    /// The first problem, carrying the others and the count of those not kept; `None`
+    /// if there were none.
+    pub fn into_error(self) -> Option<ReadError> {
+        let mut first = ReadError::collect(self.kept)?;
+        first.unlisted = self.unlisted;
+        Some(first)
+    }
 }
 
 impl ReadError {
@@ -204,9 +249,16 @@ impl ReadError {
         self.kind
     }
 
-    /// This problem and every further one found in the same file, in file order.
+    /// This problem and the further ones kept (the first [`MAX_LISTED_PROBLEMS`] found
+    /// in the same file), in file order.
     pub fn all(&self) -> impl Iterator<Item = &ReadError> {
         std::iter::once(self).chain(self.more.iter())
+    }
+
+    /// How many problems were found in the file: those of [`ReadError::all`] and those
+    /// only counted.
+    pub fn count(&self) -> u64 {
+        1 + self.more.len() as u64 + self.unlisted
     }
 
     /// The first of `errors`, carrying the others; `None` if there are none.
@@ -235,6 +287,7 @@ impl ReadError {
             message: error.to_string(),
             kind: ReadErrorKind::Io,
             more: Vec::new(),
+            unlisted: 0,
         }
     }
 
@@ -246,6 +299,7 @@ impl ReadError {
             message: message.into(),
             kind: ReadErrorKind::Syntax,
             more: Vec::new(),
+            unlisted: 0,
         }
     }
 
@@ -257,6 +311,7 @@ impl ReadError {
             message: message.into(),
             kind: ReadErrorKind::Invalid,
             more: Vec::new(),
+            unlisted: 0,
         }
     }
 
@@ -268,6 +323,7 @@ impl ReadError {
             message: message.into(),
             kind: ReadErrorKind::UnknownFormat,
             more: Vec::new(),
+            unlisted: 0,
         }
     }
 }
@@ -275,7 +331,7 @@ impl ReadError {
 impl fmt::Display for ReadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.one())?;
-        match self.more.len() {
+        match self.count() - 1 {
             0 => Ok(()),
             1 => write!(f, " (and 1 more problem in this file)"),
             n => write!(f, " (and {n} more problems in this file)"),

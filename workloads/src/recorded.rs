@@ -415,14 +415,16 @@ pub fn read_recorded_json(path: &Path) -> Result<RecordedRun, ReadError> {
 /// # Errors
 /// See [`read_recorded_json`].
 pub fn read_recorded_json_from(
-    mut reader: impl std::io::Read,
+    reader: impl std::io::Read,
     path: &Path,
 ) -> Result<RecordedRun, ReadError> {
-    let mut text = String::new();
-    reader
-        .read_to_string(&mut text)
-        .map_err(|e| ReadError::io(path, &e))?;
-    let json: RecordedJson = serde_json::from_str(&text).map_err(|e| {
+    // Streamed, never held whole: a file that is not JSON (/dev/zero) is refused at its
+    // first byte, and memory is the run itself.
+    let reader = std::io::BufReader::with_capacity(256 << 10, reader);
+    let json: RecordedJson = serde_json::from_reader(reader).map_err(|e| {
+        if let Some(kind) = e.io_error_kind() {
+            return ReadError::io(path, &std::io::Error::new(kind, e.to_string()));
+        }
         ReadError::syntax(
             path,
             Some(format!("line {} column {}", e.line(), e.column())),

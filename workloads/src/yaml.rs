@@ -25,24 +25,28 @@
 //! plain integers for sizes and every string double-quoted (so any label reads back
 //! unchanged); its output depends only on the trace, so it is deterministic.
 
-use std::io;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::{self, BufRead};
 use std::path::Path;
+use std::rc::Rc;
 
-use serde::Deserialize;
-use serde_yaml::Value;
+use saphyr_parser::{Event as YamlEvent, Parser, ScalarStyle, ScanError, Span};
 
 use crate::csv::{file_stem, shorten};
 use crate::size::parse_size;
 use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
-use crate::{Format, ReadError};
+use crate::{Format, Problems, ReadError};
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct YamlTrace {
-    #[serde(default)]
-    name: Option<String>,
-    events: Vec<Value>,
-}
+/// Collections nested deeper than this are refused at once: a trace needs three levels
+/// (the document, `events`, an event), and a hostile file of a million `[` must not
+/// cost time before it is refused.
+pub const MAX_NESTING: usize = 16;
+
+/// The most characters the reader takes between two YAML events (one scalar, comment
+/// or run of blanks): bounds what a file with no structure (`/dev/zero`, a giant
+/// scalar) can cost before it is refused.
+pub const MAX_TOKEN_CHARS: usize = 1 << 20;
 
 /// Reads a YAML trace from a file.
 ///
@@ -57,40 +61,514 @@ pub fn read_yaml(path: &Path) -> Result<Trace, ReadError> {
 /// Reads a YAML trace from any reader; `path` names the source in messages, and its
 /// stem names the trace when the file has no `name`.
 ///
+/// The file is read as a stream of YAML events, never held whole: memory is the trace
+/// itself plus one token ([`MAX_TOKEN_CHARS`]), nesting is bounded ([`MAX_NESTING`]),
+/// and the first few malformed events are kept with a count of the rest
+/// ([`Problems`]). Scalars resolve as in YAML 1.2's core schema: plain `~`/`null`/empty
+/// are null, `true`/`false` booleans, decimal, `0x` and `0o` integers and decimal
+/// floats numbers, anything else and every quoted scalar text. Anchors and aliases are
+/// followed for scalars and whole events.
+///
 /// # Errors
 /// As [`read_yaml`].
-pub fn read_yaml_from(mut reader: impl io::Read, path: &Path) -> Result<Trace, ReadError> {
-    let mut bytes = Vec::new();
-    reader
-        .read_to_end(&mut bytes)
-        .map_err(|e| ReadError::io(path, &e))?;
-    let text = String::from_utf8(bytes)
-        .map_err(|_| ReadError::syntax(path, None, "not valid UTF-8 text"))?;
-    let doc: YamlTrace = serde_yaml::from_str(&text).map_err(|e| yaml_error(path, &e))?;
-    let mut events = Vec::with_capacity(doc.events.len());
-    let mut problems = Vec::new();
-    for (index, value) in doc.events.iter().enumerate() {
-        // A malformed event is reported with every other one, not only the first.
-        match parse_event(value) {
-            Ok(event) => events.push(event),
-            Err(message) => problems.push(ReadError::syntax(
-                path,
-                Some(format!("event {}", index + 1)),
-                message,
-            )),
+pub fn read_yaml_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadError> {
+    let state = Rc::new(RefCell::new(InputState::default()));
+    let chars = Utf8Chars {
+        reader: io::BufReader::with_capacity(64 << 10, reader),
+        text: String::new(),
+        pos: 0,
+        pending: Vec::new(),
+        state: Rc::clone(&state),
+    };
+    let mut reader = YamlReader {
+        path,
+        parser: Parser::new_from_iter(chars),
+        state,
+        anchors: HashMap::new(),
+        last: Span::default(),
+    };
+    reader.document()
+}
+
+/// Where the character stream stopped early, and how far it is into the current
+/// token.
+#[derive(Default)]
+struct InputState {
+    failure: Option<InputFailure>,
+    since_event: usize,
+}
+
+enum InputFailure {
+    Io(io::Error),
+    Utf8,
+    TokenTooLong,
+}
+
+/// The characters of a byte stream, decoded as UTF-8 64 KiB at a time; stops (and says
+/// why in the shared state) at an I/O error, invalid UTF-8, or a token longer than
+/// [`MAX_TOKEN_CHARS`].
+struct Utf8Chars<R> {
+    reader: io::BufReader<R>,
+    text: String,
+    pos: usize,
+    /// The bytes of a character cut at the end of the last chunk.
+    pending: Vec<u8>,
+    state: Rc<RefCell<InputState>>,
+}
+
+impl<R: io::Read> Utf8Chars<R> {
+    fn stop(&mut self, why: InputFailure) -> Option<char> {
+        let mut state = self.state.borrow_mut();
+        if state.failure.is_none() {
+            state.failure = Some(why);
+        }
+        None
+    }
+
+    /// The next chunk of text; `false` at the end of the input or a failure.
+    fn refill(&mut self) -> bool {
+        self.text.clear();
+        self.pos = 0;
+        let chunk = match self.reader.fill_buf() {
+            Ok(chunk) => chunk,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return true,
+            Err(e) => {
+                self.stop(InputFailure::Io(e));
+                return false;
+            }
+        };
+        if chunk.is_empty() {
+            if !self.pending.is_empty() {
+                self.stop(InputFailure::Utf8);
+            }
+            return false;
+        }
+        let n = chunk.len();
+        self.pending.extend_from_slice(chunk);
+        self.reader.consume(n);
+        let bytes = std::mem::take(&mut self.pending);
+        match std::str::from_utf8(&bytes) {
+            Ok(text) => self.text.push_str(text),
+            Err(e) if e.error_len().is_none() => {
+                // A character cut at the chunk's end: keep its bytes for the next one.
+                let valid = e.valid_up_to();
+                self.text
+                    .push_str(std::str::from_utf8(&bytes[..valid]).expect("valid prefix"));
+                self.pending.extend_from_slice(&bytes[valid..]);
+            }
+            Err(_) => {
+                self.stop(InputFailure::Utf8);
+                return false;
+            }
+        }
+        true
+    }
+}
+
+impl<R: io::Read> Iterator for Utf8Chars<R> {
+    type Item = char;
+
+    fn next(&mut self) -> Option<char> {
+        if self.state.borrow().failure.is_some() {
+            return None;
+        }
+        while self.pos >= self.text.len() {
+            if !self.refill() {
+                return None;
+            }
+        }
+        {
+            let mut state = self.state.borrow_mut();
+            state.since_event += 1;
+            if state.since_event > MAX_TOKEN_CHARS {
+                drop(state);
+                return self.stop(InputFailure::TokenTooLong);
+            }
+        }
+        let c = self.text[self.pos..].chars().next()?;
+        self.pos += c.len_utf8();
+        Some(c)
+    }
+}
+
+/// A scalar as written, and whether it was plain (unquoted), which decides how it
+/// resolves.
+#[derive(Clone, Debug)]
+struct Scalar {
+    text: String,
+    plain: bool,
+}
+
+/// An event field's value: a scalar resolved by the core schema, or a collection
+/// (which no field takes; only its kind is kept for the message).
+#[derive(Clone, Debug)]
+enum Value {
+    Null,
+    Bool(bool),
+    /// An integer as written, and its value when it fits.
+    Int(String, Option<i128>),
+    Float(String),
+    Text(String),
+    List,
+    Map,
+}
+
+impl Value {
+    fn of(s: &Scalar) -> Value {
+        if !s.plain {
+            return Value::Text(s.text.clone());
+        }
+        let t = s.text.as_str();
+        match t {
+            "" | "~" | "null" | "Null" | "NULL" => return Value::Null,
+            "true" | "True" | "TRUE" => return Value::Bool(true),
+            "false" | "False" | "FALSE" => return Value::Bool(false),
+            _ => {}
+        }
+        if let Some(v) = parse_int(t) {
+            return Value::Int(t.to_string(), v);
+        }
+        let digits = t.trim_start_matches(['+', '-']);
+        let is_float = matches!(digits, ".inf" | ".Inf" | ".INF" | ".nan" | ".NaN" | ".NAN")
+            || (digits.bytes().any(|b| b.is_ascii_digit())
+                && digits
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-'))
+                && t.parse::<f64>().is_ok());
+        if is_float {
+            Value::Float(t.to_string())
+        } else {
+            Value::Text(t.to_string())
         }
     }
-    if let Some(e) = ReadError::collect(problems) {
-        return Err(e);
+
+    fn as_u64(&self) -> Option<u64> {
+        match self {
+            Value::Int(_, Some(v)) => u64::try_from(*v).ok(),
+            _ => None,
+        }
     }
-    Ok(Trace {
-        name: doc.name.unwrap_or_else(|| file_stem(path)),
-        path: Some(path.to_path_buf()),
-        events,
-        locations: Vec::new(),
-        location_kind: LocationKind::Event,
-        meta: TraceMeta::of_format(Format::Yaml),
-    })
+
+    /// A short description for messages.
+    fn describe(&self) -> String {
+        match self {
+            Value::Null => "null".into(),
+            Value::Bool(b) => b.to_string(),
+            Value::Int(t, _) | Value::Float(t) => shorten(t),
+            Value::Text(t) => format!("'{}'", shorten(t)),
+            Value::List => "a list".into(),
+            Value::Map => "a mapping".into(),
+        }
+    }
+}
+
+/// An integer in the core schema's forms: decimal with an optional sign, `0x` hex,
+/// `0o` octal. `Some(None)` for one too large for any field.
+fn parse_int(t: &str) -> Option<Option<i128>> {
+    let (negative, body) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let (radix, digits) = if let Some(h) = body.strip_prefix("0x") {
+        (16, h)
+    } else if let Some(o) = body.strip_prefix("0o") {
+        (8, o)
+    } else {
+        (10, body)
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    let value = i128::from_str_radix(digits, radix)
+        .ok()
+        .map(|v| if negative { -v } else { v });
+    Some(value)
+}
+
+/// What an anchor names: a scalar, or a whole event (or a malformed one's message).
+#[derive(Clone)]
+enum Anchored {
+    Scalar(Scalar),
+    Event(Result<Event, String>),
+    Other(Value),
+}
+
+struct YamlReader<'p, 'i, I: Iterator<Item = char> + 'i> {
+    path: &'p Path,
+    parser: Parser<'i, saphyr_parser::BufferedInput<I>>,
+    state: Rc<RefCell<InputState>>,
+    anchors: HashMap<usize, Anchored>,
+    /// Where the last event was, for messages about it.
+    last: Span,
+}
+
+impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
+    fn error_at(&self, span: Span, message: impl std::fmt::Display) -> ReadError {
+        ReadError::syntax(
+            self.path,
+            Some(format!(
+                "line {} column {}",
+                span.start.line(),
+                span.start.col() + 1
+            )),
+            format!("not a YAML trace: {message}"),
+        )
+    }
+
+    /// Why the input stopped, if it did; else the parser's error.
+    fn input_error(&self, scan: Option<ScanError>) -> ReadError {
+        let failure = self.state.borrow_mut().failure.take();
+        match failure {
+            Some(InputFailure::Io(e)) => ReadError::io(self.path, &e),
+            Some(InputFailure::Utf8) => ReadError::syntax(self.path, None, "not valid UTF-8 text"),
+            Some(InputFailure::TokenTooLong) => self.error_at(
+                self.last,
+                format!(
+                    "more than {MAX_TOKEN_CHARS} characters without YAML structure after this place \
+                     (a trace's scalars are short)"
+                ),
+            ),
+            None => match scan {
+                Some(e) => {
+                    let m = e.marker();
+                    ReadError::syntax(
+                        self.path,
+                        Some(format!("line {} column {}", m.line(), m.col() + 1)),
+                        format!("not a YAML trace: {}", e.info()),
+                    )
+                }
+                None => self.error_at(self.last, "the file ends inside the document"),
+            },
+        }
+    }
+
+    /// The next event; the end of the stream and every failure are errors (a
+    /// well-formed trace is read to its `StreamEnd` explicitly).
+    fn next(&mut self) -> Result<(YamlEvent<'i>, Span), ReadError> {
+        match self.parser.next_event() {
+            Some(Ok((event, span))) => {
+                if self.state.borrow().failure.is_some() {
+                    return Err(self.input_error(None));
+                }
+                self.state.borrow_mut().since_event = 0;
+                self.last = span;
+                Ok((event, span))
+            }
+            Some(Err(e)) => Err(self.input_error(Some(e))),
+            None => Err(self.input_error(None)),
+        }
+    }
+
+    fn document(&mut self) -> Result<Trace, ReadError> {
+        let mut name = None;
+        let mut events = Vec::new();
+        let mut problems = Problems::default();
+        let mut seen_events = false;
+        loop {
+            let (event, span) = self.next()?;
+            match event {
+                YamlEvent::StreamStart | YamlEvent::DocumentStart(_) | YamlEvent::Nothing => {}
+                YamlEvent::MappingStart(..) => break,
+                YamlEvent::StreamEnd => {
+                    return Err(
+                        self.error_at(span, "empty document (a trace is a mapping with `events`)")
+                    )
+                }
+                _ => {
+                    return Err(self.error_at(
+                        span,
+                        "a trace is a mapping with `events` (and optionally `name`)",
+                    ))
+                }
+            }
+        }
+        loop {
+            let (event, span) = self.next()?;
+            let key = match event {
+                YamlEvent::MappingEnd => break,
+                YamlEvent::Scalar(text, ..) => text.into_owned(),
+                _ => return Err(self.error_at(span, "a key of the trace is `name` or `events`")),
+            };
+            match key.as_str() {
+                "name" if name.is_none() => {
+                    let (event, span) = self.next()?;
+                    name = Some(match event {
+                        YamlEvent::Scalar(text, ..) => text.into_owned(),
+                        _ => return Err(self.error_at(span, "name: expected text")),
+                    });
+                }
+                "events" if !seen_events => {
+                    seen_events = true;
+                    let (event, span) = self.next()?;
+                    match event {
+                        YamlEvent::SequenceStart(..) => {}
+                        _ => return Err(self.error_at(span, "events: expected a list of events")),
+                    }
+                    self.events(&mut events, &mut problems)?;
+                }
+                "name" | "events" => {
+                    return Err(self.error_at(span, format!("duplicate field `{key}`")))
+                }
+                other => {
+                    return Err(self.error_at(
+                        span,
+                        format!(
+                            "unknown field `{}`, expected `name` or `events`",
+                            shorten(other)
+                        ),
+                    ))
+                }
+            }
+        }
+        loop {
+            let (event, span) = self.next()?;
+            match event {
+                YamlEvent::DocumentEnd => {}
+                YamlEvent::StreamEnd => break,
+                _ => {
+                    return Err(
+                        self.error_at(span, "a trace file holds one YAML document, found a second")
+                    )
+                }
+            }
+        }
+        if !seen_events {
+            return Err(self.error_at(self.last, "missing field `events`"));
+        }
+        if let Some(e) = problems.into_error() {
+            return Err(e);
+        }
+        Ok(Trace {
+            name: name.unwrap_or_else(|| file_stem(self.path)),
+            path: Some(self.path.to_path_buf()),
+            events,
+            locations: Vec::new(),
+            location_kind: LocationKind::Event,
+            meta: TraceMeta::of_format(Format::Yaml),
+        })
+    }
+
+    /// The items of `events` up to its end.
+    fn events(&mut self, out: &mut Vec<Event>, problems: &mut Problems) -> Result<(), ReadError> {
+        loop {
+            let (event, span) = self.next()?;
+            let parsed = match event {
+                YamlEvent::SequenceEnd => return Ok(()),
+                YamlEvent::MappingStart(anchor, _) => {
+                    let parsed = self.event_mapping()?;
+                    if anchor > 0 {
+                        self.anchors.insert(anchor, Anchored::Event(parsed.clone()));
+                    }
+                    parsed
+                }
+                YamlEvent::Alias(id) => match self.anchors.get(&id) {
+                    Some(Anchored::Event(e)) => e.clone(),
+                    Some(Anchored::Scalar(s)) => Err(not_a_mapping(&Value::of(s))),
+                    Some(Anchored::Other(v)) => Err(not_a_mapping(v)),
+                    None => return Err(self.error_at(span, "an alias to an unknown anchor")),
+                },
+                other => {
+                    let value = self.value(other, 2)?;
+                    Err(not_a_mapping(&value))
+                }
+            };
+            match parsed {
+                Ok(event) => out.push(event),
+                // A malformed event is reported with the others, not only the first.
+                Err(message) => problems.push(ReadError::syntax(
+                    self.path,
+                    Some(format!("event {}", out.len() + problems.len() + 1)),
+                    message,
+                )),
+            }
+        }
+    }
+
+    /// The value an event or field starts with `event`: a scalar (or alias), or a
+    /// collection skipped to its end (nested at `depth`).
+    fn value(&mut self, event: YamlEvent<'i>, depth: usize) -> Result<Value, ReadError> {
+        Ok(match event {
+            YamlEvent::Scalar(text, style, anchor, tag) => {
+                let plain =
+                    style == ScalarStyle::Plain && tag.as_ref().is_none_or(|t| t.suffix != "str");
+                let scalar = Scalar {
+                    text: text.into_owned(),
+                    plain,
+                };
+                let value = Value::of(&scalar);
+                if anchor > 0 {
+                    self.anchors.insert(anchor, Anchored::Scalar(scalar));
+                }
+                value
+            }
+            YamlEvent::Alias(id) => match self.anchors.get(&id) {
+                Some(Anchored::Scalar(s)) => Value::of(s),
+                Some(Anchored::Event(_)) => Value::Map,
+                Some(Anchored::Other(v)) => v.clone(),
+                None => return Err(self.error_at(self.last, "an alias to an unknown anchor")),
+            },
+            YamlEvent::SequenceStart(anchor, _) | YamlEvent::MappingStart(anchor, _) => {
+                let value = if matches!(event, YamlEvent::SequenceStart(..)) {
+                    Value::List
+                } else {
+                    Value::Map
+                };
+                self.skip(depth)?;
+                if anchor > 0 {
+                    self.anchors.insert(anchor, Anchored::Other(value.clone()));
+                }
+                value
+            }
+            _ => return Err(self.error_at(self.last, "unexpected YAML structure")),
+        })
+    }
+
+    /// Skips a collection whose start was just read, nested at `depth`.
+    fn skip(&mut self, depth: usize) -> Result<(), ReadError> {
+        let mut level = 1usize;
+        while level > 0 {
+            let (event, span) = self.next()?;
+            match event {
+                YamlEvent::SequenceStart(..) | YamlEvent::MappingStart(..) => {
+                    level += 1;
+                    if depth + level > MAX_NESTING {
+                        return Err(self.error_at(
+                            span,
+                            format!("collections nested more than {MAX_NESTING} deep"),
+                        ));
+                    }
+                }
+                YamlEvent::SequenceEnd | YamlEvent::MappingEnd => level -= 1,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The keys and values of an event mapping up to its end, then the event they
+    /// make (or the message saying why they make none).
+    fn event_mapping(&mut self) -> Result<Result<Event, String>, ReadError> {
+        let mut fields: Vec<(Value, Value)> = Vec::new();
+        loop {
+            let (event, _) = self.next()?;
+            if matches!(event, YamlEvent::MappingEnd) {
+                break;
+            }
+            let key = self.value(event, 3)?;
+            let (event, _) = self.next()?;
+            let value = self.value(event, 3)?;
+            fields.push((key, value));
+        }
+        Ok(parse_event(&fields))
+    }
+}
+
+fn not_a_mapping(v: &Value) -> String {
+    format!(
+        "an event is a mapping like {{op: free, id: 1}}, found {}",
+        v.describe()
+    )
 }
 
 /// Writes `trace` as YAML: `name`, then `events` with one flow mapping per line.
@@ -134,17 +612,23 @@ fn allowed_keys(op: &str) -> Option<&'static [&'static str]> {
     })
 }
 
-fn parse_event(value: &Value) -> Result<Event, String> {
-    let Value::Mapping(map) = value else {
-        return Err(format!(
-            "an event is a mapping like {{op: free, id: 1}}, found {}",
-            describe(value)
-        ));
+fn key_name(key: &Value) -> Option<&str> {
+    match key {
+        Value::Text(k) => Some(k),
+        _ => None,
+    }
+}
+
+fn parse_event(fields: &[(Value, Value)]) -> Result<Event, String> {
+    let get = |key: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| key_name(k) == Some(key))
+            .map(|(_, v)| v)
     };
-    let get = |key: &str| map.get(key);
     let op = match get("op") {
-        Some(Value::String(op)) => op.as_str(),
-        Some(other) => return Err(format!("op must be a name, found {}", describe(other))),
+        Some(Value::Text(op)) => op.as_str(),
+        Some(other) => return Err(format!("op must be a name, found {}", other.describe())),
         None => {
             return Err("missing 'op' (alloc, free, free_requested, empty_cache or mark)".into())
         }
@@ -155,14 +639,19 @@ fn parse_event(value: &Value) -> Result<Event, String> {
             shorten(op)
         ));
     };
-    for key in map.keys() {
-        let known = matches!(key, Value::String(k) if allowed.contains(&k.as_str()));
-        if !known {
+    for (i, (key, _)) in fields.iter().enumerate() {
+        let Some(k) = key_name(key).filter(|k| allowed.contains(k)) else {
             return Err(format!(
                 "unknown key {} for op {op} (allowed: {})",
-                describe(key),
+                key.describe(),
                 allowed.join(", ")
             ));
+        };
+        if fields[..i]
+            .iter()
+            .any(|(earlier, _)| key_name(earlier) == Some(k))
+        {
+            return Err(format!("duplicate key '{k}' for op {op}"));
         }
     }
     let required = |key: &str| get(key).ok_or_else(|| format!("{op} needs '{key}'"));
@@ -170,7 +659,7 @@ fn parse_event(value: &Value) -> Result<Event, String> {
         v.as_u64().ok_or_else(|| {
             format!(
                 "{op}: {key} must be an unsigned integer, found {}",
-                describe(v)
+                v.describe()
             )
         })
     };
@@ -192,10 +681,11 @@ fn parse_event(value: &Value) -> Result<Event, String> {
         "empty_cache" => Event::EmptyCache,
         _ => Event::Mark {
             label: match required("label")? {
-                Value::String(s) => s.clone(),
+                Value::Text(s) => s.clone(),
                 // `label: 3` or `label: true` mean the text as written.
-                v @ (Value::Number(_) | Value::Bool(_)) => scalar_text(v),
-                v => return Err(format!("mark: label must be text, found {}", describe(v))),
+                Value::Int(t, _) | Value::Float(t) => t.clone(),
+                Value::Bool(b) => b.to_string(),
+                v => return Err(format!("mark: label must be text, found {}", v.describe())),
             },
         },
     })
@@ -203,35 +693,21 @@ fn parse_event(value: &Value) -> Result<Event, String> {
 
 fn bytes(op: &str, v: &Value) -> Result<u64, String> {
     match v {
-        Value::Number(n) => n.as_u64().ok_or_else(|| {
-            format!("{op}: bytes must be a whole number of bytes or a size like 4KiB, found {n}")
+        Value::Int(t, n) => n.and_then(|n| u64::try_from(n).ok()).ok_or_else(|| {
+            format!(
+                "{op}: bytes must be a whole number of bytes or a size like 4KiB, found {}",
+                shorten(t)
+            )
         }),
-        Value::String(s) => parse_size(s).map_err(|e| format!("{op}: bytes: {e}")),
+        Value::Float(t) => Err(format!(
+            "{op}: bytes must be a whole number of bytes or a size like 4KiB, found {}",
+            shorten(t)
+        )),
+        Value::Text(s) => parse_size(s).map_err(|e| format!("{op}: bytes: {e}")),
         other => Err(format!(
             "{op}: bytes must be an integer or a size like 4KiB, found {}",
-            describe(other)
+            other.describe()
         )),
-    }
-}
-
-fn scalar_text(v: &Value) -> String {
-    match v {
-        Value::Number(n) => n.to_string(),
-        Value::Bool(b) => b.to_string(),
-        _ => String::new(),
-    }
-}
-
-/// A short description of a YAML value for messages.
-fn describe(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => format!("'{}'", shorten(s)),
-        Value::Sequence(_) => "a list".into(),
-        Value::Mapping(_) => "a mapping".into(),
-        Value::Tagged(t) => format!("a value tagged {}", t.tag),
     }
 }
 
@@ -262,19 +738,6 @@ fn quote(text: &str) -> String {
     }
     out.push('"');
     out
-}
-
-fn yaml_error(path: &Path, e: &serde_yaml::Error) -> ReadError {
-    let mut message = e.to_string();
-    let location = e.location().map(|l| {
-        // serde_yaml puts " at line L column C" in the message; the location has its
-        // own place.
-        let mark = format!(" at line {} column {}", l.line(), l.column());
-        message = message.replacen(&mark, "", 1);
-        format!("line {} column {}", l.line(), l.column())
-    });
-    let message = message.replace('\n', " ");
-    ReadError::syntax(path, location, format!("not a YAML trace: {message}"))
 }
 
 #[cfg(test)]
