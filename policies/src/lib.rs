@@ -55,7 +55,8 @@ pub use device::{
 };
 pub use page_table::PageTable;
 pub use policy::{
-    AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
-    SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
+    AllocError, Allocation, AllocatorCall, BlockSnapshot, BlockState, CallError, CallOutcome,
+    Policy, PolicyStats, PoolId, PoolStreams, Request, SegmentSnapshot, StreamId,
+    MAX_REQUEST_BYTES,
 };
 pub use registry::{PolicyConfig, POLICIES};

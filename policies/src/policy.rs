@@ -40,6 +40,126 @@ pub struct Allocation {
     pub(crate) serial: u64,
 }
 
+/// A private memory pool: PyTorch's `MempoolId_t` pair. CUDA graphs get `(N, 0)`,
+/// `torch.cuda.MemPool` and `graph_pool_handle()` `(0, N)`; `(0, 0)` names the default
+/// pools.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PoolId(pub u64, pub u64);
+
+impl PoolId {
+    /// The default pools, `(0, 0)`.
+    pub const DEFAULT: PoolId = PoolId(0, 0);
+
+    /// Whether this is `(0, 0)`, the default pools.
+    pub fn is_default(self) -> bool {
+        self == PoolId::DEFAULT
+    }
+}
+
+impl std::fmt::Display for PoolId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "({}, {})", self.0, self.1)
+    }
+}
+
+/// Which requests an allocation to a pool routes (the filter of PyTorch's
+/// `beginAllocateToPool`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolStreams {
+    /// Every request (`torch.cuda.use_mem_pool`, which routes the current thread on
+    /// every stream; a trace has one thread).
+    All,
+    /// Requests on these streams (a graph capture: the capturing streams).
+    Only(Vec<StreamId>),
+}
+
+impl PoolStreams {
+    /// Whether a request on `stream` is routed.
+    pub fn routes(&self, stream: StreamId) -> bool {
+        match self {
+            PoolStreams::All => true,
+            PoolStreams::Only(streams) => streams.contains(&stream),
+        }
+    }
+}
+
+/// A call to the allocator other than a request, a free or `empty_cache()`: PyTorch's
+/// private-pool API (CUDA graphs, `torch.cuda.MemPool`) and its run-time settings.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AllocatorCall<'a> {
+    /// `torch.cuda.MemPool(use_on_oom=.., no_split=..)`: `createOrIncrefPool`.
+    CreatePool {
+        /// The pool.
+        pool: PoolId,
+        /// The pool may serve a request of the default pools that would run out of memory.
+        use_on_oom: bool,
+        /// The pool never splits a block.
+        no_split: bool,
+    },
+    /// `beginAllocateToPool`: from here, requests `streams` selects go to `pool` (graph
+    /// capture begins; `use_mem_pool` is entered). Creates the pool or adds a use.
+    BeginAllocateToPool {
+        /// The pool.
+        pool: PoolId,
+        /// Which requests go there.
+        streams: &'a PoolStreams,
+    },
+    /// `endAllocateToPool`: requests stop going to `pool` (the capture ends; the
+    /// `use_mem_pool` block is left).
+    EndAllocateToPool {
+        /// The pool.
+        pool: PoolId,
+    },
+    /// `releasePool`: one use of `pool` ends (a graph is reset or destroyed; a
+    /// `use_mem_pool` block or a `MemPool` ends). At no use left, the pool's free
+    /// segments are given back at the next cache release.
+    ReleasePool {
+        /// The pool.
+        pool: PoolId,
+    },
+    /// `emptyCache(pool)` of one private pool (what a `MemPool` does when it is destroyed).
+    EmptyPoolCache {
+        /// The pool.
+        pool: PoolId,
+    },
+    /// `torch.cuda.memory._set_allocator_settings(conf)`: settings changed mid-run.
+    SetAllocatorSettings {
+        /// A `PYTORCH_CUDA_ALLOC_CONF` string.
+        conf: &'a str,
+    },
+    /// `torch.cuda.reset_peak_memory_stats()`.
+    ResetPeakStats,
+    /// `torch.cuda.reset_accumulated_memory_stats()`.
+    ResetAccumulatedStats,
+    /// `torch.cuda.memory.caching_allocator_enable(enabled)`.
+    SetEnabled(bool),
+}
+
+/// What a policy did with an [`AllocatorCall`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// The policy models the call and applied it.
+    Applied,
+    /// The policy has no such notion (pools, settings, statistics of its own) and
+    /// ignored the call; its results do not reflect it.
+    Ignored,
+}
+
+/// Why a policy refused an [`AllocatorCall`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// PyTorch would raise here: the call is not valid in this state (a pool ended that
+    /// was not begun, a settings string PyTorch refuses, ...). The trace is bad input.
+    #[error("{message}")]
+    Rejected {
+        /// PyTorch's message, or what is wrong.
+        message: String,
+    },
+    /// A device failure while the call gave memory back.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
 /// Current state only; peaks and time belong to `sim::metrics`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PolicyStats {
@@ -181,6 +301,21 @@ pub trait Policy {
         _allocation: &Allocation,
     ) -> Result<(), DeviceError> {
         Ok(())
+    }
+
+    /// A call to the allocator other than a request, a free or `empty_cache()` (private
+    /// pools, settings, statistics). The default ignores it: a policy without pools
+    /// serves every request from its one heap, and keeps no statistics to reset.
+    ///
+    /// # Errors
+    /// [`CallError::Rejected`] where PyTorch would raise; [`CallError::Device`] for a
+    /// device failure while memory is given back.
+    fn call(
+        &mut self,
+        _device: &mut dyn Device,
+        _call: &AllocatorCall<'_>,
+    ) -> Result<CallOutcome, CallError> {
+        Ok(CallOutcome::Ignored)
     }
 
     /// Returns every segment the policy can give back (`torch.cuda.empty_cache()`).

@@ -59,6 +59,10 @@ pub struct CachingConfig {
     pub release_lock_on_cudamalloc: bool,
     /// `backend:cudaMallocAsync` was asked for; this policy models only `native`.
     pub backend_cuda_malloc_async: bool,
+    /// `graph_capture_record_stream_reuse`: during a CUDA graph capture, a block freed
+    /// while other streams used it is reused at the next request on its stream instead
+    /// of after the capture.
+    pub graph_capture_record_stream_reuse: bool,
     /// The limit on reserved bytes (`torch.cuda.set_per_process_memory_fraction`).
     pub memory_limit: MemoryLimit,
 }
@@ -75,6 +79,7 @@ impl Default for CachingConfig {
             per_process_memory_fraction: 1.0,
             release_lock_on_cudamalloc: false,
             backend_cuda_malloc_async: false,
+            graph_capture_record_stream_reuse: false,
             memory_limit: MemoryLimit::FromConfig,
         }
     }
@@ -99,22 +104,51 @@ impl CachingConfig {
     /// The first problem PyTorch would raise, with PyTorch's message where it has one.
     pub fn from_alloc_conf(conf: &str) -> Result<CachingConfig, AllocConfError> {
         let mut config = CachingConfig::default();
-        config.apply_alloc_conf(conf)?;
+        config.apply_env(conf)?;
         Ok(config)
     }
 
-    /// Applies a `PYTORCH_CUDA_ALLOC_CONF` string, as
-    /// `torch.cuda.memory._set_allocator_settings` does: `max_split_size_mb`,
+    /// Applies a `PYTORCH_CUDA_ALLOC_CONF` string read from the environment when CUDA
+    /// starts: the CUDA parser runs first (the native allocator asks for its settings
+    /// when it is created), then the device-generic one. Under
+    /// `backend:cudaMallocAsync` the device-generic parser never runs (only the native
+    /// allocator asks for its settings): its keys must be known, but their values are
+    /// not read.
+    fn apply_env(&mut self, conf: &str) -> Result<(), AllocConfError> {
+        let tokens = Tokens::new(conf);
+        let mut next = self.clone();
+        next.parse_cuda(&tokens, "CUDA")?;
+        if !next.backend_cuda_malloc_async {
+            next.parse_common(&tokens, false)?;
+        }
+        *self = next;
+        Ok(())
+    }
+
+    /// Applies a `PYTORCH_CUDA_ALLOC_CONF` string mid-run, as
+    /// `torch.cuda.memory._set_allocator_settings` does (PyTorch's `setAllocatorSettings`:
+    /// the device-generic parser first, which refuses unknown keys "in Accelerator
+    /// allocator config", then the CUDA one): `max_split_size_mb`,
     /// `roundup_power2_divisions` and `garbage_collection_threshold` go back to their
-    /// defaults first, other settings keep their value unless the string sets them.
+    /// defaults first, other settings keep their value unless the string sets them. The
+    /// backend cannot change.
     ///
     /// # Errors
     /// See [`CachingConfig::from_alloc_conf`]. On error `self` is unchanged.
     pub fn apply_alloc_conf(&mut self, conf: &str) -> Result<(), AllocConfError> {
         let tokens = Tokens::new(conf);
         let mut next = self.clone();
-        next.parse_common(&tokens)?;
-        next.parse_cuda(&tokens)?;
+        next.parse_common(&tokens, true)?;
+        let async_before = next.backend_cuda_malloc_async;
+        next.parse_cuda(&tokens, "CUDA")?;
+        if next.backend_cuda_malloc_async != async_before {
+            let name = |a: bool| if a { "cudaMallocAsync" } else { "native" };
+            return Err(AllocConfError::new(format!(
+                "Allocator backend parsed at runtime != allocator backend parsed at load time, {} != {}",
+                name(next.backend_cuda_malloc_async),
+                name(async_before)
+            )));
+        }
         *self = next;
         Ok(())
     }
@@ -220,12 +254,20 @@ impl CachingConfig {
         if self.backend_cuda_malloc_async != defaults.backend_cuda_malloc_async {
             parts.push("backend:cudaMallocAsync".to_string());
         }
+        if self.graph_capture_record_stream_reuse != defaults.graph_capture_record_stream_reuse {
+            parts.push(format!(
+                "graph_capture_record_stream_reuse:{}",
+                py_bool(self.graph_capture_record_stream_reuse)
+            ));
+        }
         parts
     }
 
     /// `AcceleratorAllocatorConfig::parseArgs`: the device-generic keys; unknown keys are
     /// skipped here and rejected by [`CachingConfig::parse_cuda`].
-    fn parse_common(&mut self, t: &Tokens) -> Result<(), AllocConfError> {
+    /// `strict`: unknown keys are refused here (a device parser is registered, as under
+    /// `setAllocatorSettings`); otherwise they were checked by [`CachingConfig::parse_cuda`].
+    fn parse_common(&mut self, t: &Tokens, strict: bool) -> Result<(), AllocConfError> {
         // Reset on every (re)parse, as PyTorch does.
         self.max_split_size_bytes = u64::MAX;
         self.roundup_power2_divisions = [0; ROUNDUP_INTERVALS];
@@ -251,7 +293,7 @@ impl CachingConfig {
                 "max_non_split_rounding_mb" => {
                     t.expect(i + 1, ":")?;
                     let mb = t.to_size(i + 2)?;
-                    let min_mb = LARGE_BUFFER_BYTES / MIB;
+                    let min_mb = self.large_segment_size_bytes / MIB;
                     if mb < min_mb {
                         return Err(AllocConfError::new(format!(
                             "CachingAllocator option max_non_split_rounding_mb too small, must be >= {min_mb}"
@@ -264,13 +306,13 @@ impl CachingConfig {
                 "large_segment_size_mb" => {
                     t.expect(i + 1, ":")?;
                     let mb = t.to_size(i + 2)?;
-                    if mb <= MIN_LARGE_ALLOC_BYTES / MIB || mb > u64::MAX / MIB {
+                    if mb <= MIN_LARGE_ALLOC_BYTES / MIB {
                         return Err(AllocConfError::new(format!(
-                            "CachingAllocator option large_segment_size_mb must be > {}, got {mb}",
+                            "CachingAllocator option large_segment_size_mb must be > {} MB",
                             MIN_LARGE_ALLOC_BYTES / MIB
                         )));
                     }
-                    self.large_segment_size_bytes = mb * MIB;
+                    self.large_segment_size_bytes = mb.min(u64::MAX / MIB) * MIB;
                     if !rounding_set {
                         // The oversize tolerance defaults to the large segment size.
                         self.max_non_split_rounding_bytes = self.large_segment_size_bytes;
@@ -298,6 +340,9 @@ impl CachingConfig {
                     t.expect(i + 1, ":")?;
                     t.to_bool(i + 2)?;
                     i + 2
+                }
+                _ if strict && !COMMON_KEYS.contains(&key) && !CUDA_KEYS.contains(&key) => {
+                    return Err(unrecognized(key, "Accelerator"))
                 }
                 _ => t.skip_key(i)?,
             };
@@ -379,7 +424,7 @@ impl CachingConfig {
 
     /// `CUDAAllocatorConfig::parseArgs`: the CUDA-specific keys; every other key must be
     /// one the device-generic parser knows.
-    fn parse_cuda(&mut self, t: &Tokens) -> Result<(), AllocConfError> {
+    fn parse_cuda(&mut self, t: &Tokens, parser: &str) -> Result<(), AllocConfError> {
         let mut i = 0;
         while i < t.len() {
             let key = t.get(i)?;
@@ -400,11 +445,14 @@ impl CachingConfig {
                     self.release_lock_on_cudamalloc = t.to_bool(i + 2)?;
                     i + 2
                 }
-                "pinned_use_cuda_host_register"
-                | "pinned_use_hip_host_register"
-                | "graph_capture_record_stream_reuse" => {
+                "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => {
                     t.expect(i + 1, ":")?;
                     t.to_bool(i + 2)?;
+                    i + 2
+                }
+                "graph_capture_record_stream_reuse" => {
+                    t.expect(i + 1, ":")?;
+                    self.graph_capture_record_stream_reuse = t.to_bool(i + 2)?;
                     i + 2
                 }
                 "pinned_num_register_threads" => {
@@ -443,11 +491,7 @@ impl CachingConfig {
                     i + 2
                 }
                 _ if COMMON_KEYS.contains(&key) => t.skip_key(i)?,
-                _ => {
-                    return Err(AllocConfError::new(format!(
-                        "Unrecognized key '{key}' in CUDA allocator config."
-                    )))
-                }
+                _ => return Err(unrecognized(key, parser)),
             };
             if i + 1 < t.len() {
                 i += 1;
@@ -469,6 +513,42 @@ const COMMON_KEYS: &[&str] = &[
     "pinned_use_background_threads",
     "large_segment_size_mb",
 ];
+
+/// Keys of the CUDA parser (`CUDAAllocatorConfig::getKeys`, PyTorch 2.11).
+const CUDA_KEYS: &[&str] = &[
+    "backend",
+    "release_lock_on_cudamalloc",
+    "pinned_use_cuda_host_register",
+    "release_lock_on_hipmalloc",
+    "pinned_use_hip_host_register",
+    "graph_capture_record_stream_reuse",
+    "pinned_reserve_segment_size_mb",
+    "pinned_num_register_threads",
+    "per_process_memory_fraction",
+];
+
+/// Keys PyTorch 2.11 does not know but later releases do, with the first release that
+/// accepts each (read from the headers of the 2.12 to 2.15 wheels).
+pub const LATER_KEYS: &[(&str, &str)] = &[
+    ("pinned_free_catch_all", "2.12"),
+    ("throw_on_cudamalloc_oom", "2.12"),
+    ("pinned_max_cached_size_mb", "2.13"),
+    ("pinned_max_round_threshold_mb", "2.13"),
+    ("expandable_segments_reserve", "2.15"),
+    ("expandable_segments_reserve_by_class", "2.15"),
+];
+
+/// PyTorch's refusal of an unknown key (`parser`: "CUDA" or "Accelerator"), with the
+/// release a later key belongs to.
+fn unrecognized(key: &str, parser: &str) -> AllocConfError {
+    let mut message = format!("Unrecognized key '{key}' in {parser} allocator config.");
+    if let Some((_, version)) = LATER_KEYS.iter().find(|(k, _)| *k == key) {
+        message.push_str(&format!(
+            " ('{key}' is a key of PyTorch {version} and later; allocsim models PyTorch 2.11's allocator)"
+        ));
+    }
+    AllocConfError::new(message)
+}
 
 /// A configuration string PyTorch would refuse, with PyTorch's message.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -521,15 +601,11 @@ impl Tokens {
             .ok_or_else(|| AllocConfError::new("Index out of bounds in ConfigTokenizer"))
     }
 
-    fn expect(&self, i: usize, token: &str) -> Result<(), AllocConfError> {
-        let got = self.get(i)?;
-        if got == token {
-            Ok(())
-        } else {
-            Err(AllocConfError::new(format!(
-                "Expected '{token}' at index {i} in ConfigTokenizer but got '{got}'"
-            )))
-        }
+    /// `checkToken`: PyTorch 2.11 checks only that the token exists (its callers
+    /// ignore whether it is the separator they expect), so `max_split_size_mb,64` reads
+    /// as `max_split_size_mb:64`.
+    fn expect(&self, i: usize, _token: &str) -> Result<(), AllocConfError> {
+        self.get(i).map(|_| ())
     }
 
     fn to_size(&self, i: usize) -> Result<u64, AllocConfError> {
@@ -731,8 +807,9 @@ impl PolicyOptions for CachingConfig {
                 "backend",
                 OptionKind::Text("native|cudaMallocAsync"),
                 "native".into(),
-                "Only the native allocator is modelled: cudaMallocAsync is accepted and \
-                 replayed as native.",
+                "Only the native allocator is modelled: cudaMallocAsync is parsed as \
+                 PyTorch parses it (the native keys' values unread) and replayed as native, \
+                 with a warning.",
             ),
             doc("pinned_use_background_threads", flag, "False".into(), host),
             doc("pinned_use_cuda_host_register", flag, "False".into(), host),
@@ -748,7 +825,8 @@ impl PolicyOptions for CachingConfig {
                 "graph_capture_record_stream_reuse",
                 flag,
                 "False".into(),
-                "CUDA graph capture setting: checked as PyTorch checks it; graphs are not modelled.",
+                "During a CUDA graph capture, a block freed while other streams used it is \
+                 reused at the next request on its stream, not after the capture.",
             ),
         ]
     }
@@ -757,13 +835,11 @@ impl PolicyOptions for CachingConfig {
         let bad = |message: String| ParseError::Options(message);
         let mut config = CachingConfig::default();
         if let Some(conf) = &defaults.alloc_conf {
-            config
-                .apply_alloc_conf(conf)
-                .map_err(|e| ParseError::Default {
-                    flag: "--alloc-conf",
-                    value: conf.clone(),
-                    message: e.to_string(),
-                })?;
+            config.apply_env(conf).map_err(|e| ParseError::Default {
+                flag: "--alloc-conf",
+                value: conf.clone(),
+                message: e.to_string(),
+            })?;
         }
         if let Some(limit) = defaults.memory_limit {
             config.memory_limit = limit;
@@ -804,9 +880,8 @@ impl PolicyOptions for CachingConfig {
                 .collect::<Vec<_>>()
                 .join(",");
             let limit = config.memory_limit;
-            config
-                .apply_alloc_conf(&joined)
-                .map_err(|e| bad(e.to_string()))?;
+            config = CachingConfig::default();
+            config.apply_env(&joined).map_err(|e| bad(e.to_string()))?;
             config.memory_limit = limit;
         }
         Ok(config)

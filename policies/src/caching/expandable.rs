@@ -9,11 +9,12 @@ impl CachingPolicy {
     pub(super) fn try_allocate_expandable_block(
         &mut self,
         device: &mut dyn Device,
+        owner: u32,
         pool: PoolKind,
         stream: StreamId,
         size: u64,
     ) -> Result<Option<u32>, DeviceError> {
-        let mut candidate = self.find_expandable_block(device, pool, stream, size)?;
+        let mut candidate = self.find_expandable_block(device, owner, pool, stream, size)?;
         if !self.block(candidate).mapped {
             let len = self.block(candidate).size.min(size);
             if !self.map_block(device, candidate, len)? {
@@ -31,7 +32,7 @@ impl CachingPolicy {
         }
         let b = self.block(candidate);
         let key = (b.stream.0, b.size, b.addr);
-        self.pool_mut(pool).blocks.remove(&key);
+        self.pool_mut(owner, pool).blocks.remove(&key);
         Ok(Some(candidate))
     }
 
@@ -40,6 +41,7 @@ impl CachingPolicy {
     fn find_expandable_block(
         &mut self,
         device: &mut dyn Device,
+        owner: u32,
         pool_kind: PoolKind,
         stream: StreamId,
         size: u64,
@@ -48,7 +50,7 @@ impl CachingPolicy {
             id != NIL && blocks.get(id).is_some_and(|b| b.state == State::Free)
         };
         let unmapped: Vec<u32> = self
-            .pool(pool_kind)
+            .pool(owner, pool_kind)
             .unmapped
             .range((stream.0, 0)..)
             .take_while(|(k, _)| k.0 == stream.0)
@@ -100,9 +102,9 @@ impl CachingPolicy {
         }));
         let es = (self.expandables.len() - 1) as u32;
         let id = self.insert_block(Block::whole(
-            addr, va_size, stream, pool_kind, es, true, false,
+            addr, va_size, stream, pool_kind, owner, es, true, false,
         ));
-        self.pool_mut(pool_kind)
+        self.pool_mut(owner, pool_kind)
             .unmapped
             .insert((stream.0, addr), id);
         Ok(id)
@@ -133,7 +135,9 @@ impl CachingPolicy {
             return Ok(false);
         }
         let mapped_size = (end - begin) * page;
-        self.pool_mut(b.pool).unmapped.remove(&(b.stream.0, b.addr));
+        self.pool_mut(b.owner, b.pool)
+            .unmapped
+            .remove(&(b.stream.0, b.addr));
         self.block_mut(id).mapped = true;
         if mapped_size < b.size {
             let rest = self.insert_block(b.piece(
@@ -147,7 +151,7 @@ impl CachingPolicy {
                 self.block_mut(b.next).prev = rest;
             }
             self.block_mut(id).next = rest;
-            self.pool_mut(b.pool)
+            self.pool_mut(b.owner, b.pool)
                 .unmapped
                 .insert((b.stream.0, b.addr + mapped_size), rest);
             self.block_mut(id).size = mapped_size;
@@ -186,7 +190,7 @@ impl CachingPolicy {
         es.unmap(vm, begin, end)?;
         let unmapped_addr = base + begin * page;
         let unmapped_size = (end - begin) * page;
-        self.pool_mut(b.pool)
+        self.pool_mut(b.owner, b.pool)
             .blocks
             .remove(&(b.stream.0, b.size, b.addr));
         let before_size = unmapped_addr - b.addr;
@@ -225,8 +229,9 @@ impl CachingPolicy {
         self.try_merge_blocks(id, next);
         let blk = self.block(id);
         let key = (blk.stream.0, blk.addr);
-        self.pool_mut(b.pool).unmapped.insert(key, id);
+        self.pool_mut(b.owner, b.pool).unmapped.insert(key, id);
         self.total_allocated -= unmapped_size;
+        self.count_pool_segment(b.owner, false);
         self.stats.reserved_bytes.decrease(b.pool, unmapped_size);
         self.stats.num_device_free += 1;
         Ok(())
@@ -246,7 +251,9 @@ impl CachingPolicy {
             !b.mapped && b.size == es.range.size_bytes,
             "block disagrees with segment"
         );
-        self.pool_mut(b.pool).unmapped.remove(&(b.stream.0, b.addr));
+        self.pool_mut(b.owner, b.pool)
+            .unmapped
+            .remove(&(b.stream.0, b.addr));
         self.delete_block(id);
         let vm = device.virtual_memory().ok_or(DeviceError::Unsupported {
             what: "virtual memory management (needed by expandable segments)",

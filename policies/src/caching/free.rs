@@ -76,7 +76,7 @@ impl CachingPolicy {
             }
         }
         self.block_mut(dst).size += s.size;
-        let pool = self.pool_mut(s.pool);
+        let pool = self.pool_mut(s.owner, s.pool);
         if s.mapped {
             pool.blocks.remove(&(s.stream.0, s.size, s.addr));
         } else {

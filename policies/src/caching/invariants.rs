@@ -37,7 +37,8 @@ impl CachingPolicy {
                     nb.segment == b.segment
                         && nb.expandable == b.expandable
                         && nb.stream == b.stream
-                        && nb.pool == b.pool,
+                        && nb.pool == b.pool
+                        && nb.owner == b.owner,
                     "neighbours in different segments"
                 );
                 if forward && b.state == State::Free && nb.state == State::Free {
@@ -48,7 +49,9 @@ impl CachingPolicy {
                 (State::Free, true) => {
                     free_mapped += 1;
                     assert_eq!(
-                        self.pool(b.pool).blocks.get(&(b.stream.0, b.size, b.addr)),
+                        self.pool(b.owner, b.pool)
+                            .blocks
+                            .get(&(b.stream.0, b.size, b.addr)),
                         Some(&id),
                         "free block missing from its pool"
                     );
@@ -61,7 +64,9 @@ impl CachingPolicy {
                     assert!(b.expandable, "unmapped block outside an expandable segment");
                     unmapped += 1;
                     assert_eq!(
-                        self.pool(b.pool).unmapped.get(&(b.stream.0, b.addr)),
+                        self.pool(b.owner, b.pool)
+                            .unmapped
+                            .get(&(b.stream.0, b.addr)),
                         Some(&id),
                         "unmapped block missing from its pool"
                     );
@@ -145,14 +150,21 @@ impl CachingPolicy {
         let s = &self.stats;
         assert_eq!(
             free_mapped,
-            self.small.blocks.len() + self.large.blocks.len(),
+            self.pools
+                .iter()
+                .map(|p| p.small.blocks.len() + p.large.blocks.len())
+                .sum::<usize>(),
             "pool holds stale blocks"
         );
         assert_eq!(
             unmapped,
-            self.small.unmapped.len() + self.large.unmapped.len(),
+            self.pools
+                .iter()
+                .map(|p| p.small.unmapped.len() + p.large.unmapped.len())
+                .sum::<usize>(),
             "unmapped set holds stale blocks"
         );
+        self.check_pool_invariants();
         assert_eq!(
             reserved, s.reserved_bytes.all.current,
             "reserved_bytes disagrees with the segments"

@@ -21,23 +21,32 @@ impl CachingPolicy {
                 stats: self.stats(),
             });
         }
+        if !self.enabled {
+            return self.uncached_allocate(device, orig_size, stream);
+        }
+        if self.captures.is_empty() {
+            // process_events: completed frees deferred by a capture return now.
+            self.complete_deferred(None);
+        } else if self.config.graph_capture_record_stream_reuse {
+            // free_safe_blocks_in_capture: those freed during the capture on this stream.
+            self.complete_deferred(Some(stream));
+        }
         let allowed = self.allowed_bytes(device);
         let size = self.round_size(orig_size);
-        let pool = if size <= SMALL_SIZE_BYTES {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
+        let (owner, pool) = self.get_pool(size, stream);
         let alloc_size = self.allocation_size(size);
-        let expandable = self.config.expandable_segments;
+        // Expandable segments serve private pools too (only a MemPool with a custom
+        // allocator, not modelled, would turn them off).
+        let mut expandable = self.config.expandable_segments;
         let gc_enabled = allowed.is_some() && self.config.garbage_collection_threshold > 0.0;
 
-        let mut found = self.get_free_block(pool, stream, size, expandable, gc_enabled);
+        let mut found = self.get_free_block(owner, pool, stream, size, expandable, gc_enabled);
         if found.is_none() {
             if let (true, Some(allowed)) = (gc_enabled, allowed) {
                 self.garbage_collect_cached_blocks(device, allowed)?;
             }
             let args = AllocArgs {
+                owner,
                 pool,
                 stream,
                 size,
@@ -46,13 +55,21 @@ impl CachingPolicy {
                 allowed,
             };
             found = self.alloc_block(device, &args, false)?;
+            if found.is_none() && owner == 0 {
+                // try_mempool_fallback: a use_on_oom MemPool's cached block, if it fits.
+                found = self.try_mempool_fallback(size, stream, gc_enabled);
+                if found.is_some() {
+                    expandable = false;
+                }
+            }
             if found.is_none()
-                && self.release_available_cached_blocks(device, pool, stream, size)?
+                && self.release_available_cached_blocks(device, owner, pool, stream, size)?
             {
                 found = self.alloc_block(device, &args, false)?;
             }
-            if found.is_none() {
-                self.release_cached_blocks(device)?;
+            if found.is_none() && self.captures.is_empty() {
+                // No cache release and no retry while a capture is under way.
+                self.release_cached_blocks(device, PoolId::DEFAULT)?;
                 found = self.alloc_block(device, &args, true)?;
             }
         }
@@ -70,8 +87,9 @@ impl CachingPolicy {
 
     /// `get_free_block`: the smallest free block of the stream that fits, subject to the
     /// oversize rules; removed from the pool.
-    fn get_free_block(
+    pub(super) fn get_free_block(
         &mut self,
+        owner: u32,
         pool_kind: PoolKind,
         stream: StreamId,
         size: u64,
@@ -81,10 +99,7 @@ impl CachingPolicy {
         let max_split = self.config.max_split_size_bytes;
         let rounding = self.config.max_non_split_rounding_bytes;
         let blocks = &self.blocks;
-        let pool = match pool_kind {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
-        };
+        let pool = self.pools[owner as usize].get_mut(pool_kind);
         if gc_enabled {
             pool.get_free_blocks_call_count += 1;
         }
@@ -149,6 +164,9 @@ impl CachingPolicy {
     /// `should_split`.
     fn should_split(&self, id: u32, size: u64, expandable_active: bool) -> bool {
         let block = self.block(id);
+        if self.no_split.contains(&self.pools[block.owner as usize].id) {
+            return false;
+        }
         let remaining = block.size - size;
         if block.pool == PoolKind::Small || expandable_active {
             remaining >= MIN_BLOCK_BYTES
@@ -237,7 +255,12 @@ impl CachingPolicy {
             }
         }
         if a.expandable {
-            return self.try_allocate_expandable_block(device, a.pool, a.stream, a.size);
+            let found =
+                self.try_allocate_expandable_block(device, a.owner, a.pool, a.stream, a.size)?;
+            if found.is_some() {
+                self.count_pool_segment(a.owner, true);
+            }
+            return Ok(found);
         }
         let segment = match device.allocate_segment(a.alloc_size) {
             Ok(segment) => segment,
@@ -248,8 +271,9 @@ impl CachingPolicy {
         let addr = segment.addr.0;
         let slot = self.segments.insert(segment);
         self.total_allocated += size;
+        self.count_pool_segment(a.owner, true);
         let id = self.insert_block(Block::whole(
-            addr, size, a.stream, a.pool, slot, false, true,
+            addr, size, a.stream, a.pool, a.owner, slot, false, true,
         ));
         self.stats.segment.increase(a.pool, 1);
         self.stats.reserved_bytes.increase(a.pool, size);
@@ -263,6 +287,7 @@ impl CachingPolicy {
 
 /// What one malloc asks of `alloc_block`.
 struct AllocArgs {
+    owner: u32,
     pool: PoolKind,
     stream: StreamId,
     size: u64,

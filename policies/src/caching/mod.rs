@@ -25,8 +25,19 @@
 //!   release completes every pending free first (PyTorch's `synchronize_and_free_events`);
 //! - every statistic of `torch.cuda.memory_stats()` ([`CachingStats`]).
 //!
-//! Not modelled: CUDA graph private pools and MemPools, IPC, multi-device peer access
-//! and the `cudaMallocAsync` backend. `release_lock_on_cudamalloc` changes only thread
+//! - private pools (`pools.rs`): CUDA graph captures and `torch.cuda.MemPool`, one
+//!   small/large pool pair per pool, requests routed by the allocations to pools under
+//!   way (`beginAllocateToPool` / `endAllocateToPool`), use counts (`releasePool`), a
+//!   pool's free segments given back by a cache release once no use is left, no cache
+//!   release of the default pools and no retry during a capture, `use_on_oom` and
+//!   `no_split` MemPools, completed frees deferred during a capture
+//!   (`graph_capture_record_stream_reuse`);
+//! - run-time calls ([`AllocatorCall`]): settings changed mid-run, peak and accumulated
+//!   statistics reset, the allocator disabled (`caching_allocator_enable(False)`: one
+//!   `cudaMalloc` per request, outside the statistics).
+//!
+//! Not modelled: IPC, multi-device peer access, custom MemPool allocators and the
+//! `cudaMallocAsync` backend. `release_lock_on_cudamalloc` changes only thread
 //! interleaving and has no effect here.
 //!
 //! Files: this one holds the block and pool types, the public API and the [`Policy`]
@@ -40,6 +51,7 @@ mod expandable;
 mod free;
 mod invariants;
 mod malloc;
+mod pools;
 mod release;
 mod stats;
 
@@ -52,13 +64,16 @@ pub use stats::{CachingStats, PoolKind, Stat, StatArray};
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
+pub use pools::PoolInfo;
+
 use crate::device::{
     AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, PhysicalChunk, Segment,
     VirtualMemory,
 };
 use crate::policy::{
-    AllocError, Allocation, BlockSnapshot, BlockState, Policy, PolicyStats, Request,
-    SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
+    AllocError, Allocation, AllocatorCall, BlockSnapshot, BlockState, CallError, CallOutcome,
+    Policy, PolicyStats, PoolId, PoolStreams, Request, SegmentSnapshot, StreamId,
+    MAX_REQUEST_BYTES,
 };
 use crate::slab::Slab;
 
@@ -81,6 +96,8 @@ struct Block {
     requested: u64,
     stream: StreamId,
     pool: PoolKind,
+    /// Slot of the owning pool pair in `pools` (0: the default pools).
+    owner: u32,
     prev: u32,
     next: u32,
     state: State,
@@ -95,11 +112,13 @@ struct Block {
 
 impl Block {
     /// A free block that never had a tenant, alone in its (new) segment.
+    #[allow(clippy::too_many_arguments)]
     fn whole(
         addr: u64,
         size: u64,
         stream: StreamId,
         pool: PoolKind,
+        owner: u32,
         segment: u32,
         expandable: bool,
         mapped: bool,
@@ -110,6 +129,7 @@ impl Block {
             requested: 0,
             stream,
             pool,
+            owner,
             prev: NIL,
             next: NIL,
             state: State::Free,
@@ -131,6 +151,7 @@ impl Block {
                 size,
                 self.stream,
                 self.pool,
+                self.owner,
                 self.segment,
                 self.expandable,
                 mapped,
@@ -153,6 +174,43 @@ struct BlockPool {
     get_free_blocks_call_count: u64,
 }
 
+/// The small and large pool of one owner (the default pools, or a private pool).
+#[derive(Debug, Default)]
+struct PoolPair {
+    /// The owner's id ((0, 0) for the default pools).
+    id: PoolId,
+    small: BlockPool,
+    large: BlockPool,
+}
+
+impl PoolPair {
+    fn get(&self, kind: PoolKind) -> &BlockPool {
+        match kind {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        }
+    }
+
+    fn get_mut(&mut self, kind: PoolKind) -> &mut BlockPool {
+        match kind {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        }
+    }
+}
+
+/// A private pool: PyTorch's `PrivatePool`.
+#[derive(Debug)]
+struct PrivatePool {
+    /// Its pool pair in `CachingPolicy::pools`.
+    slot: u32,
+    /// Live uses: graphs captured into it, `use_mem_pool` blocks, the `MemPool` object.
+    use_count: u64,
+    /// Segments (and expandable mappings) got for it and not yet given back
+    /// (`cudaMalloc_count`).
+    cuda_malloc_count: u64,
+}
+
 /// One expandable segment: a reserved address range, mapped page by page, one physical
 /// chunk per page (PyTorch's `ExpandableSegment`).
 #[derive(Debug)]
@@ -172,8 +230,35 @@ pub struct CachingPolicy {
     config: CachingConfig,
     stats: CachingStats,
     blocks: Slab<Block>,
-    small: BlockPool,
-    large: BlockPool,
+    /// Free blocks by owner: slot 0 the default pools, then one pair per private pool
+    /// ever created (slots are not reused).
+    pools: Vec<PoolPair>,
+    /// Live private pools (PyTorch's `graph_pools`).
+    private: BTreeMap<PoolId, PrivatePool>,
+    /// Private pools with no use left, whose free segments a cache release gives back
+    /// (`graph_pools_freeable`; PyTorch walks a hash map, this walks ids in order).
+    freeable: BTreeSet<PoolId>,
+    /// Allocations to private pools under way, oldest first (`captures_underway`).
+    captures: Vec<(PoolId, PoolStreams)>,
+    /// MemPools that may serve a default-pool request about to run out (`use_on_oom_pools`).
+    use_on_oom: BTreeSet<PoolId>,
+    /// MemPools that never split a block (`no_split_pools`).
+    no_split: BTreeSet<PoolId>,
+    /// Blocks whose free completed during a capture but whose return to the pool waits
+    /// (`deferred_blocks`): the serial of each, by block.
+    deferred: BTreeMap<u32, bool>,
+    /// Pending blocks whose free was requested during a capture.
+    capture_frees: BTreeSet<u32>,
+    /// `caching_allocator_enable`; while off, requests bypass the cache.
+    enabled: bool,
+    /// Allocations made while the allocator was disabled: one segment each, with the
+    /// bytes asked for.
+    uncached: Slab<(Segment, u64)>,
+    /// The last out-of-memory came from a request made while disabled.
+    last_oom_uncached: bool,
+    /// `max_split_size` of `memory_stats()`: the setting when the allocator was created
+    /// (PyTorch does not update it when the settings change).
+    stats_max_split_size: u64,
     segments: Slab<Segment>,
     expandables: Vec<Option<ExpandableSegment>>,
     /// Bytes held from the device, all pools (PyTorch's `total_allocated_memory`).
@@ -195,13 +280,24 @@ impl CachingPolicy {
             conf if conf.is_empty() => "caching".to_string(),
             conf => format!("caching[{conf}]"),
         };
+        let stats_max_split_size = config.max_split_size_bytes;
         CachingPolicy {
             label,
             config,
             stats: CachingStats::default(),
             blocks: Slab::default(),
-            small: BlockPool::default(),
-            large: BlockPool::default(),
+            pools: vec![PoolPair::default()],
+            private: BTreeMap::new(),
+            freeable: BTreeSet::new(),
+            captures: Vec::new(),
+            use_on_oom: BTreeSet::new(),
+            no_split: BTreeSet::new(),
+            deferred: BTreeMap::new(),
+            capture_frees: BTreeSet::new(),
+            enabled: true,
+            uncached: Slab::default(),
+            last_oom_uncached: false,
+            stats_max_split_size,
             segments: Slab::default(),
             expandables: Vec::new(),
             total_allocated: 0,
@@ -275,6 +371,13 @@ impl CachingPolicy {
 
     /// PyTorch's out-of-memory message for a failed request, with the device's figures.
     pub fn oom_message(&mut self, tried_bytes: u64, device: &dyn Device) -> String {
+        if tried_bytes >= MAX_REQUEST_BYTES {
+            return "CUDA out of memory. Tried to allocate more than 1EB memory.".to_string();
+        }
+        if std::mem::take(&mut self.last_oom_uncached) {
+            // cudaMalloc's own error, raised by C10_CUDA_CHECK while the allocator is off.
+            return "CUDA error: out of memory".to_string();
+        }
         let d: DeviceStats = device.stats();
         let allowed = self
             .allowed_bytes(device)
@@ -282,16 +385,25 @@ impl CachingPolicy {
             .unwrap_or_default();
         let allocated = self.stats.allocated_bytes.all.current;
         let reserved = self.stats.reserved_bytes.all.current;
+        let private = self.free_bytes_in_private_pools();
+        let private_msg = if private > 0 {
+            format!(
+                "with {} allocated in private pools (e.g., CUDA Graphs), ",
+                format_size(private)
+            )
+        } else {
+            String::new()
+        };
         format!(
             "CUDA out of memory. Tried to allocate {}. GPU 0 has a total capacity of {} of which {} is free. \
-             {allowed}Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated. \
+             {allowed}Of the allocated memory {} is allocated by PyTorch, {private_msg}and {} is reserved by PyTorch but unallocated. \
              If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  \
              See documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
             format_size(tried_bytes),
             format_size(d.total_bytes),
             format_size(d.free_bytes()),
-            format_size(allocated),
-            format_size(reserved - allocated),
+            format_size(allocated + private),
+            format_size(reserved - allocated - private),
         )
     }
 
@@ -302,11 +414,18 @@ impl CachingPolicy {
     /// # Panics
     /// If the allocation is not live in this policy.
     pub fn free_requested(&mut self, allocation: &Allocation) {
+        if Self::is_uncached(allocation) {
+            // `recordStream` ignores memory the cache did not hand out.
+            return;
+        }
         let id = allocation.block;
         let block = self.live_tenant(allocation);
         assert_eq!(block.state, State::Allocated, "free requested twice");
         self.mark_free_requested(id);
         self.pending.insert(id);
+        if !self.captures.is_empty() {
+            self.capture_frees.insert(id);
+        }
     }
 
     // ------------------------------------------------------------- plumbing
@@ -324,18 +443,12 @@ impl CachingPolicy {
         b.prev != NIL || b.next != NIL
     }
 
-    fn pool(&self, kind: PoolKind) -> &BlockPool {
-        match kind {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
-        }
+    fn pool(&self, owner: u32, kind: PoolKind) -> &BlockPool {
+        self.pools[owner as usize].get(kind)
     }
 
-    fn pool_mut(&mut self, kind: PoolKind) -> &mut BlockPool {
-        match kind {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
-        }
+    fn pool_mut(&mut self, owner: u32, kind: PoolKind) -> &mut BlockPool {
+        self.pools[owner as usize].get_mut(kind)
     }
 
     fn insert_block(&mut self, block: Block) -> u32 {
@@ -348,13 +461,13 @@ impl CachingPolicy {
 
     /// `BlockPool::insert_into_blocks`: into the free set, stamped with the GC clock.
     fn insert_into_blocks(&mut self, id: u32) {
-        let (pool_kind, key) = {
+        let (owner, pool_kind, key) = {
             let b = self.block(id);
-            (b.pool, (b.stream.0, b.size, b.addr))
+            (b.owner, b.pool, (b.stream.0, b.size, b.addr))
         };
-        let clock = self.pool(pool_kind).get_free_blocks_call_count;
+        let clock = self.pool(owner, pool_kind).get_free_blocks_call_count;
         self.block_mut(id).gc_count_base = clock;
-        let previous = self.pool_mut(pool_kind).blocks.insert(key, id);
+        let previous = self.pool_mut(owner, pool_kind).blocks.insert(key, id);
         debug_assert!(previous.is_none(), "two free blocks with one key");
     }
 
@@ -393,11 +506,10 @@ impl Policy for CachingPolicy {
         self.malloc(device, request.size_bytes, request.stream)
     }
 
-    fn free(
-        &mut self,
-        _device: &mut dyn Device,
-        allocation: Allocation,
-    ) -> Result<(), DeviceError> {
+    fn free(&mut self, device: &mut dyn Device, allocation: Allocation) -> Result<(), DeviceError> {
+        if Self::is_uncached(&allocation) {
+            return self.uncached_free(device, allocation);
+        }
         if self.completed_early.remove(&allocation.serial) {
             // A cache release already returned this pending block to its pool.
             return Ok(());
@@ -405,8 +517,17 @@ impl Policy for CachingPolicy {
         let id = allocation.block;
         if self.live_tenant(&allocation).state == State::Allocated {
             self.mark_free_requested(id);
+        } else if !self.captures.is_empty() {
+            // A free waiting for other streams completes, but no event is looked at
+            // during a capture: the block waits for the capture to end, or (with
+            // graph_capture_record_stream_reuse, freed during the capture) for the next
+            // request on its stream.
+            let in_capture = self.capture_frees.contains(&id);
+            self.deferred.insert(id, in_capture);
+            return Ok(());
         } else {
             self.pending.remove(&id);
+            self.capture_frees.remove(&id);
         }
         self.free_block(id);
         Ok(())
@@ -422,11 +543,19 @@ impl Policy for CachingPolicy {
     }
 
     fn empty_cache(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
-        self.release_cached_blocks(device)
+        self.release_cached_blocks(device, PoolId::DEFAULT)
+    }
+
+    fn call(
+        &mut self,
+        device: &mut dyn Device,
+        call: &AllocatorCall<'_>,
+    ) -> Result<CallOutcome, CallError> {
+        self.apply_call(device, call)
     }
 
     fn detailed_stats(&self) -> Vec<(String, i64)> {
-        self.stats.flatten(self.config.max_split_size_bytes)
+        self.stats.flatten(self.stats_max_split_size)
     }
 
     fn describe_oom(&mut self, tried_bytes: u64, device: &dyn Device) -> Option<String> {
@@ -435,14 +564,23 @@ impl Policy for CachingPolicy {
 
     fn stats(&self) -> PolicyStats {
         let s = &self.stats;
+        // Allocations made while disabled are device memory the program holds, outside
+        // PyTorch's statistics.
+        let (uncached_count, uncached_bytes, uncached_requested) = self
+            .uncached
+            .iter()
+            .fold((0, 0, 0), |(c, b, r), (_, (seg, req))| {
+                (c + 1, b + seg.size_bytes, r + req)
+            });
         PolicyStats {
-            requested_bytes: s.requested_bytes.all.current,
-            allocated_bytes: s.allocated_bytes.all.current,
-            reserved_bytes: s.reserved_bytes.all.current,
-            allocation_count: s.allocation.all.current,
+            requested_bytes: s.requested_bytes.all.current + uncached_requested,
+            allocated_bytes: s.allocated_bytes.all.current + uncached_bytes,
+            reserved_bytes: s.reserved_bytes.all.current + uncached_bytes,
+            allocation_count: s.allocation.all.current + uncached_count,
             // An expandable segment counts while it holds memory; one whose first
             // mapping failed is only address space (PyTorch keeps it for reuse too).
             segment_count: s.segment.all.current
+                + uncached_count
                 + self
                     .expandables
                     .iter()
@@ -479,11 +617,27 @@ impl Policy for CachingPolicy {
                 addr: DeviceAddr(b.addr),
                 size_bytes: blocks.iter().map(|x| x.size_bytes).sum(),
                 stream: b.stream,
-                pool: match b.pool {
-                    PoolKind::Small => "small",
-                    PoolKind::Large => "large",
+                pool: match (b.pool, b.owner) {
+                    (PoolKind::Small, 0) => "small",
+                    (PoolKind::Large, 0) => "large",
+                    (PoolKind::Small, _) => "private small",
+                    (PoolKind::Large, _) => "private large",
                 },
                 blocks,
+            });
+        }
+        for (_, (seg, requested)) in self.uncached.iter() {
+            out.push(SegmentSnapshot {
+                addr: seg.addr,
+                size_bytes: seg.size_bytes,
+                stream: StreamId(0),
+                pool: "uncached",
+                blocks: vec![BlockSnapshot {
+                    addr: seg.addr,
+                    size_bytes: seg.size_bytes,
+                    requested_bytes: *requested,
+                    state: BlockState::Allocated,
+                }],
             });
         }
         out.sort_by_key(|s| s.addr);

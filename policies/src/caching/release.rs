@@ -10,6 +10,7 @@ impl CachingPolicy {
     pub(super) fn release_available_cached_blocks(
         &mut self,
         device: &mut dyn Device,
+        owner: u32,
         pool_kind: PoolKind,
         stream: StreamId,
         size: u64,
@@ -21,7 +22,7 @@ impl CachingPolicy {
         let key_size = size.max(max_split);
         let key = (stream.0, key_size, 0);
         let hit = self
-            .pool(pool_kind)
+            .pool(owner, pool_kind)
             .blocks
             .range(key..)
             .next()
@@ -36,7 +37,7 @@ impl CachingPolicy {
         }
         // No single block is large enough: free oversize blocks from the largest down.
         let mut cursor = self
-            .pool(pool_kind)
+            .pool(owner, pool_kind)
             .blocks
             .range(..key)
             .next_back()
@@ -51,7 +52,7 @@ impl CachingPolicy {
                 break;
             }
             cursor = self
-                .pool(pool_kind)
+                .pool(owner, pool_kind)
                 .blocks
                 .range(..cur_key)
                 .next_back()
@@ -64,24 +65,59 @@ impl CachingPolicy {
         Ok(total_released >= key_size)
     }
 
-    /// `release_cached_blocks`: completes pending frees, then frees every whole free
-    /// segment (large pool, then small) and unmaps free pages of expandable segments.
+    /// `release_cached_blocks(mempool_id)`. For the default pools (`empty_cache()`, the
+    /// retry before an OOM) with no capture under way: completes pending frees, then frees
+    /// every whole free segment (large pool, then small) and unmaps free pages of
+    /// expandable segments. Then, for the default pools even during a capture, or for
+    /// `pool` alone (its pending frees completed first): the free segments of every
+    /// private pool with no use left (small, then large), and the pool itself once it
+    /// holds no segment.
     pub(super) fn release_cached_blocks(
         &mut self,
         device: &mut dyn Device,
+        pool: PoolId,
     ) -> Result<(), DeviceError> {
-        self.synchronize_and_free_events();
-        self.release_blocks(device, PoolKind::Large)?;
-        self.release_blocks(device, PoolKind::Small)?;
+        if pool.is_default() && self.captures.is_empty() {
+            self.synchronize_and_free_events(None);
+            self.release_blocks(device, 0, PoolKind::Large)?;
+            self.release_blocks(device, 0, PoolKind::Small)?;
+        }
+        let freeable: Vec<PoolId> = self.freeable.iter().copied().collect();
+        for id in freeable {
+            if !pool.is_default() && id != pool {
+                continue;
+            }
+            let slot = self.private[&id].slot;
+            if !pool.is_default() && self.captures.is_empty() {
+                self.synchronize_and_free_events(Some(slot));
+            }
+            self.release_blocks(device, slot, PoolKind::Small)?;
+            self.release_blocks(device, slot, PoolKind::Large)?;
+            if self.private[&id].cuda_malloc_count == 0 {
+                self.private.remove(&id);
+                self.freeable.remove(&id);
+            }
+        }
         Ok(())
     }
 
-    /// `synchronize_and_free_events`: every pending block returns to its pool.
-    fn synchronize_and_free_events(&mut self) {
+    /// `synchronize_and_free_events`: every pending block (of one pool pair, if given)
+    /// returns to its pool.
+    fn synchronize_and_free_events(&mut self, owner: Option<u32>) {
         self.stats.num_sync_all_streams += 1;
-        for id in std::mem::take(&mut self.pending) {
-            let serial = self.block(id).serial;
-            self.completed_early.insert(serial);
+        let ids: Vec<u32> = self
+            .pending
+            .iter()
+            .copied()
+            .filter(|&id| owner.is_none_or(|o| self.block(id).owner == o))
+            .collect();
+        for id in ids {
+            self.pending.remove(&id);
+            if self.deferred.remove(&id).is_none() {
+                // The program's own completed free is still to come.
+                let serial = self.block(id).serial;
+                self.completed_early.insert(serial);
+            }
             self.free_block(id);
         }
     }
@@ -90,9 +126,15 @@ impl CachingPolicy {
     fn release_blocks(
         &mut self,
         device: &mut dyn Device,
+        owner: u32,
         pool_kind: PoolKind,
     ) -> Result<(), DeviceError> {
-        let ids: Vec<u32> = self.pool(pool_kind).blocks.values().copied().collect();
+        let ids: Vec<u32> = self
+            .pool(owner, pool_kind)
+            .blocks
+            .values()
+            .copied()
+            .collect();
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = self.block(id);
@@ -123,12 +165,13 @@ impl CachingPolicy {
             .expect("released block has no segment");
         device.free_segment(segment)?;
         self.total_allocated -= b.size;
+        self.count_pool_segment(b.owner, false);
         self.stats.segment.decrease(b.pool, 1);
         self.stats.reserved_bytes.decrease(b.pool, b.size);
         if b.size >= self.config.max_split_size_bytes {
             self.stats.oversize_segments.decrease(1);
         }
-        self.pool_mut(b.pool)
+        self.pool_mut(b.owner, b.pool)
             .blocks
             .remove(&(b.stream.0, b.size, b.addr));
         self.delete_block(id);
@@ -147,10 +190,10 @@ impl CachingPolicy {
             return Ok(());
         }
         let target = self.total_allocated - gc_threshold;
-        let clock = self.large.get_free_blocks_call_count;
+        let clock = self.pools[0].large.get_free_blocks_call_count;
         let mut total_age = 0u64;
         let mut freeable = 0u64;
-        for &id in self.large.blocks.values() {
+        for &id in self.pools[0].large.blocks.values() {
             if !self.is_split(id) {
                 total_age += clock - self.block(id).gc_count_base;
                 freeable += 1;
@@ -164,7 +207,7 @@ impl CachingPolicy {
         while reclaimed < target && block_freed && freeable > 0 {
             let age_threshold = total_age as f64 / freeable as f64;
             block_freed = false;
-            let ids: Vec<u32> = self.large.blocks.values().copied().collect();
+            let ids: Vec<u32> = self.pools[0].large.blocks.values().copied().collect();
             for id in ids {
                 let b = self.block(id);
                 let age = clock - b.gc_count_base;

@@ -94,6 +94,13 @@ impl StatArray {
         }
     }
 
+    fn reset_accumulated(&mut self) {
+        for s in [&mut self.all, &mut self.small_pool, &mut self.large_pool] {
+            s.allocated = 0;
+            s.freed = 0;
+        }
+    }
+
     fn reset_peak(&mut self) {
         for s in [&mut self.all, &mut self.small_pool, &mut self.large_pool] {
             s.peak = s.current;
@@ -156,6 +163,33 @@ impl CachingStats {
         }
         self.oversize_allocations.peak = self.oversize_allocations.current;
         self.oversize_segments.peak = self.oversize_segments.current;
+    }
+
+    /// `torch.cuda.reset_accumulated_memory_stats()`: every `allocated` and `freed`
+    /// total and every counter (`num_alloc_retries`, `num_ooms`, ...) becomes 0.
+    pub fn reset_accumulated(&mut self) {
+        for a in [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ] {
+            a.reset_accumulated();
+        }
+        for s in [&mut self.oversize_allocations, &mut self.oversize_segments] {
+            s.allocated = 0;
+            s.freed = 0;
+        }
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
     }
 
     /// The statistics flattened as `torch.cuda.memory_stats()` flattens them
