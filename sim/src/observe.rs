@@ -48,6 +48,12 @@ pub enum Outcome {
     CacheEmptied,
     /// A `mark`: nothing to do.
     Marked,
+    /// An allocator call (private pools, settings, statistics resets, enabling) reached
+    /// the policy; `applied` is false where the policy does not model it and ignored it.
+    Called {
+        /// Whether the policy applied it.
+        applied: bool,
+    },
     /// The event did nothing (only in traces replayed despite validation errors, and
     /// for the free of an allocation that ran out of memory).
     Skipped(Skip),

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use policies::{
-    AllocError, Allocation, BlockState, Device, DeviceError, DeviceStats, Policy, PolicyStats,
-    Request, StreamId,
+    AllocError, Allocation, AllocatorCall, BlockState, CallError, CallOutcome, Device, DeviceError,
+    DeviceStats, Policy, PolicyStats, PoolId, PoolStreams, Request, StreamId,
 };
 use workloads::{AllocId, Event, Trace};
 
@@ -42,6 +42,9 @@ pub struct Replay {
     pub skipped_event_count: u64,
     /// Allocations still live when the replay ended.
     pub live_allocation_count: u64,
+    /// Allocator calls (private pools, settings, statistics resets, enabling) the
+    /// policy does not model and ignored: its numbers do not reflect them.
+    pub ignored_call_count: u64,
     /// Policy accounting at the end.
     pub final_policy: PolicyStats,
     /// Device accounting at the end.
@@ -68,6 +71,15 @@ pub enum ReplayError {
         /// The policy's error (boxed: it is rare and large).
         error: Box<AllocError>,
     },
+    /// The policy refused an allocator call as PyTorch would (a pool ended that was not
+    /// begun, a settings string PyTorch rejects): the trace is bad input.
+    #[error("event {event_index}: {message}")]
+    Rejected {
+        /// Where it happened.
+        event_index: u64,
+        /// What PyTorch would raise.
+        message: String,
+    },
     /// The interrupt flag was raised.
     #[error("interrupted at event {event_index}")]
     Interrupted {
@@ -82,6 +94,7 @@ impl ReplayError {
         match *self {
             ReplayError::Device { event_index, .. }
             | ReplayError::Policy { event_index, .. }
+            | ReplayError::Rejected { event_index, .. }
             | ReplayError::Interrupted { event_index } => event_index,
         }
     }
@@ -211,6 +224,7 @@ pub fn replay_with<O: Observer + ?Sized>(
     let mut oom: Option<Oom> = None;
     let mut oom_count = 0u64;
     let mut skipped = 0u64;
+    let mut ignored_calls = 0u64;
     let mut before = policy.stats();
     for (index, event) in trace.events.iter().enumerate() {
         let event_index = index as u64;
@@ -319,6 +333,69 @@ pub fn replay_with<O: Observer + ?Sized>(
                 Outcome::CacheEmptied
             }
             Event::Mark { .. } => Outcome::Marked,
+            _ => {
+                let streams;
+                let call = match *event {
+                    Event::CreatePool {
+                        pool,
+                        use_on_oom,
+                        no_split,
+                    } => AllocatorCall::CreatePool {
+                        pool: pool_id(pool),
+                        use_on_oom,
+                        no_split,
+                    },
+                    Event::BeginAllocateToPool {
+                        pool,
+                        streams: ref trace_streams,
+                    } => {
+                        streams = match trace_streams {
+                            workloads::PoolStreams::All => PoolStreams::All,
+                            workloads::PoolStreams::Only(list) => {
+                                PoolStreams::Only(list.iter().map(|&s| StreamId(s)).collect())
+                            }
+                        };
+                        AllocatorCall::BeginAllocateToPool {
+                            pool: pool_id(pool),
+                            streams: &streams,
+                        }
+                    }
+                    Event::EndAllocateToPool { pool } => AllocatorCall::EndAllocateToPool {
+                        pool: pool_id(pool),
+                    },
+                    Event::ReleasePool { pool } => AllocatorCall::ReleasePool {
+                        pool: pool_id(pool),
+                    },
+                    Event::EmptyPoolCache { pool } => AllocatorCall::EmptyPoolCache {
+                        pool: pool_id(pool),
+                    },
+                    Event::SetAllocatorSettings { ref conf } => {
+                        AllocatorCall::SetAllocatorSettings { conf }
+                    }
+                    Event::ResetPeakStats => AllocatorCall::ResetPeakStats,
+                    Event::ResetAccumulatedStats => AllocatorCall::ResetAccumulatedStats,
+                    Event::SetEnabled { enabled } => AllocatorCall::SetEnabled(enabled),
+                    Event::Alloc { .. }
+                    | Event::FreeRequested { .. }
+                    | Event::Free { .. }
+                    | Event::EmptyCache
+                    | Event::Mark { .. } => unreachable!("handled above"),
+                };
+                match policy.call(&mut device, &call) {
+                    Ok(CallOutcome::Applied) => Outcome::Called { applied: true },
+                    Ok(CallOutcome::Ignored) => {
+                        ignored_calls += 1;
+                        Outcome::Called { applied: false }
+                    }
+                    Err(CallError::Device(e)) => return Err(device_error(e)),
+                    Err(CallError::Rejected { message }) => {
+                        return Err(ReplayError::Rejected {
+                            event_index,
+                            message,
+                        })
+                    }
+                }
+            }
         };
         let stats = policy.stats();
         let dstats = device.stats();
@@ -346,9 +423,15 @@ pub fn replay_with<O: Observer + ?Sized>(
         oom_count,
         skipped_event_count: skipped,
         live_allocation_count: live.len(),
+        ignored_call_count: ignored_calls,
         final_policy: policy.stats(),
         final_device: device.stats(),
     })
+}
+
+/// A trace's pool id as the policies know it.
+fn pool_id(pool: workloads::PoolId) -> PoolId {
+    PoolId(pool.0, pool.1)
 }
 
 /// At an out-of-memory: the state the policy reported is the state after, and the

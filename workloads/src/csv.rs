@@ -12,7 +12,15 @@
 //! The header must be exactly `op,id,bytes,stream`. Every row has exactly four fields:
 //! `alloc,<id>,<bytes>,<stream>` (an empty stream means 0), `free,<id>,,` (also read
 //! as `free_completed,<id>,,`), `free_requested,<id>,,`, `empty_cache,,,` and
-//! `mark,<label>,,`. Numbers are plain unsigned decimal integers
+//! `mark,<label>,,`; PyTorch's other allocator calls (`docs/trace-format.md`) put a
+//! pool (`1:0`, PyTorch's id pair) or their text in the `id` field:
+//! `create_pool,<pool>,<flags>,` (flags empty, `use_on_oom`, `no_split` or
+//! `use_on_oom;no_split`), `begin_allocate_to_pool,<pool>,,<streams>` (streams empty:
+//! every stream; else `7`, `7;9`, or `none`), `end_allocate_to_pool,<pool>,,`,
+//! `release_pool,<pool>,,`, `empty_cache,<pool>,,` (one pool's cache),
+//! `set_allocator_settings,<conf>,,`, `reset_peak_memory_stats,,,`,
+//! `reset_accumulated_memory_stats,,,` and `caching_allocator_enable,true|false,,`.
+//! Numbers are plain unsigned decimal integers
 //! (no sign, no unit, no separators), so the format stays trivially machine-written;
 //! sizes with units belong to the YAML format. Labels may contain commas, quotes and
 //! line breaks through standard CSV quoting.
@@ -27,7 +35,7 @@
 use std::io;
 use std::path::Path;
 
-use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
+use crate::trace::{AllocId, Event, LocationKind, PoolId, PoolStreams, Trace, TraceMeta, OP_NAMES};
 use crate::{Format, Problems, ReadError};
 
 /// The header every CSV trace starts with.
@@ -137,6 +145,51 @@ pub fn write_csv(trace: &Trace, out: impl io::Write) -> io::Result<()> {
             Event::Free { id } => csv.write_record(["free", &id.0.to_string(), "", ""])?,
             Event::EmptyCache => csv.write_record(["empty_cache", "", "", ""])?,
             Event::Mark { label } => csv.write_record(["mark", label.as_str(), "", ""])?,
+            Event::CreatePool {
+                pool,
+                use_on_oom,
+                no_split,
+            } => {
+                let flags: Vec<&str> = [(*use_on_oom, "use_on_oom"), (*no_split, "no_split")]
+                    .into_iter()
+                    .filter_map(|(on, name)| on.then_some(name))
+                    .collect();
+                csv.write_record(["create_pool", &pool_text(*pool), &flags.join(";"), ""])?
+            }
+            Event::BeginAllocateToPool { pool, streams } => {
+                let streams = match streams {
+                    PoolStreams::All => String::new(),
+                    PoolStreams::Only(list) if list.is_empty() => "none".to_string(),
+                    PoolStreams::Only(list) => list
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(";"),
+                };
+                csv.write_record(["begin_allocate_to_pool", &pool_text(*pool), "", &streams])?
+            }
+            Event::EndAllocateToPool { pool } => {
+                csv.write_record(["end_allocate_to_pool", &pool_text(*pool), "", ""])?
+            }
+            Event::ReleasePool { pool } => {
+                csv.write_record(["release_pool", &pool_text(*pool), "", ""])?
+            }
+            Event::EmptyPoolCache { pool } => {
+                csv.write_record(["empty_cache", &pool_text(*pool), "", ""])?
+            }
+            Event::SetAllocatorSettings { conf } => {
+                csv.write_record(["set_allocator_settings", conf.as_str(), "", ""])?
+            }
+            Event::ResetPeakStats => csv.write_record(["reset_peak_memory_stats", "", "", ""])?,
+            Event::ResetAccumulatedStats => {
+                csv.write_record(["reset_accumulated_memory_stats", "", "", ""])?
+            }
+            Event::SetEnabled { enabled } => csv.write_record([
+                "caching_allocator_enable",
+                if *enabled { "true" } else { "false" },
+                "",
+                "",
+            ])?,
         }
     }
     csv.flush()
@@ -174,10 +227,23 @@ fn parse_row(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<Eve
     let op = record.get(0).unwrap_or("");
     if !matches!(
         op,
-        "alloc" | "free" | "free_completed" | "free_requested" | "empty_cache" | "mark"
+        "alloc"
+            | "free"
+            | "free_completed"
+            | "free_requested"
+            | "empty_cache"
+            | "mark"
+            | "create_pool"
+            | "begin_allocate_to_pool"
+            | "end_allocate_to_pool"
+            | "release_pool"
+            | "set_allocator_settings"
+            | "reset_peak_memory_stats"
+            | "reset_accumulated_memory_stats"
+            | "caching_allocator_enable"
     ) {
         return Err(err(format!(
-            "unknown op '{}' (expected alloc, free, free_requested, empty_cache or mark)",
+            "unknown op '{}' (expected {OP_NAMES})",
             shorten(op)
         )));
     }
@@ -234,10 +300,103 @@ fn parse_row(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<Eve
             })
         }
         "empty_cache" => {
+            must_be_empty(2)?;
+            must_be_empty(3)?;
+            if field(1).is_empty() {
+                Ok(Event::EmptyCache)
+            } else {
+                Ok(Event::EmptyPoolCache {
+                    pool: pool_field(op, field(1)).map_err(err)?,
+                })
+            }
+        }
+        "create_pool" => {
+            must_be_empty(3)?;
+            let pool = pool_field(op, field(1)).map_err(err)?;
+            let (mut use_on_oom, mut no_split) = (false, false);
+            for flag in field(2).split(';').filter(|f| !f.is_empty()) {
+                match flag {
+                    "use_on_oom" => use_on_oom = true,
+                    "no_split" => no_split = true,
+                    other => {
+                        return Err(err(format!(
+                            "create_pool: unknown flag '{}' (expected use_on_oom, no_split or both as use_on_oom;no_split)",
+                            shorten(other)
+                        )))
+                    }
+                }
+            }
+            Ok(Event::CreatePool {
+                pool,
+                use_on_oom,
+                no_split,
+            })
+        }
+        "begin_allocate_to_pool" => {
+            must_be_empty(2)?;
+            let pool = pool_field(op, field(1)).map_err(err)?;
+            let streams = if field(3).is_empty() {
+                PoolStreams::All
+            } else if field(3) == "none" {
+                PoolStreams::Only(Vec::new())
+            } else {
+                PoolStreams::Only(
+                    field(3)
+                        .split(';')
+                        .map(|s| {
+                            parse_uint(s).ok_or_else(|| {
+                                err(format!(
+                                    "{op}: stream '{}' is not an unsigned integer (streams are written 7 or 7;9)",
+                                    shorten(s)
+                                ))
+                            })
+                        })
+                        .collect::<Result<_, _>>()?,
+                )
+            };
+            Ok(Event::BeginAllocateToPool { pool, streams })
+        }
+        "end_allocate_to_pool" | "release_pool" => {
+            must_be_empty(2)?;
+            must_be_empty(3)?;
+            let pool = pool_field(op, field(1)).map_err(err)?;
+            Ok(if op == "release_pool" {
+                Event::ReleasePool { pool }
+            } else {
+                Event::EndAllocateToPool { pool }
+            })
+        }
+        "set_allocator_settings" => {
+            must_be_empty(2)?;
+            must_be_empty(3)?;
+            Ok(Event::SetAllocatorSettings {
+                conf: field(1).to_string(),
+            })
+        }
+        "reset_peak_memory_stats" | "reset_accumulated_memory_stats" => {
             must_be_empty(1)?;
             must_be_empty(2)?;
             must_be_empty(3)?;
-            Ok(Event::EmptyCache)
+            Ok(if op == "reset_peak_memory_stats" {
+                Event::ResetPeakStats
+            } else {
+                Event::ResetAccumulatedStats
+            })
+        }
+        "caching_allocator_enable" => {
+            must_be_empty(2)?;
+            must_be_empty(3)?;
+            let enabled = match field(1) {
+                "true" => true,
+                "false" => false,
+                other => {
+                    return Err(err(format!(
+                        "caching_allocator_enable: '{}' is not true or false",
+                        shorten(other)
+                    )))
+                }
+            };
+            Ok(Event::SetEnabled { enabled })
         }
         _ => {
             must_be_empty(2)?;
@@ -255,9 +414,39 @@ fn row_shape(op: &str) -> &'static str {
         "free" => "free,<id>,,",
         "free_completed" => "free_completed,<id>,,",
         "free_requested" => "free_requested,<id>,,",
-        "empty_cache" => "empty_cache,,,",
+        "empty_cache" => "empty_cache,,, (or empty_cache,<pool>,,)",
+        "create_pool" => "create_pool,<pool>,<flags>,",
+        "begin_allocate_to_pool" => "begin_allocate_to_pool,<pool>,,<streams>",
+        "end_allocate_to_pool" => "end_allocate_to_pool,<pool>,,",
+        "release_pool" => "release_pool,<pool>,,",
+        "set_allocator_settings" => "set_allocator_settings,<conf>,,",
+        "reset_peak_memory_stats" => "reset_peak_memory_stats,,,",
+        "reset_accumulated_memory_stats" => "reset_accumulated_memory_stats,,,",
+        "caching_allocator_enable" => "caching_allocator_enable,true|false,,",
         _ => "mark,<label>,,",
     }
+}
+
+/// A pool written `a:b`, PyTorch's id pair; `0:0` (the default pools) is refused.
+fn pool_field(op: &str, text: &str) -> Result<PoolId, String> {
+    let parsed = text
+        .split_once(':')
+        .and_then(|(a, b)| Some(PoolId(parse_uint(a)?, parse_uint(b)?)));
+    match parsed {
+        Some(pool) if pool.is_default() => Err(format!(
+            "{op}: pool 0:0 is the default pools, not a private pool"
+        )),
+        Some(pool) => Ok(pool),
+        None => Err(format!(
+            "{op}: pool '{}' is not PyTorch's pool id written like 1:0",
+            shorten(text)
+        )),
+    }
+}
+
+/// A pool as CSV writes it.
+fn pool_text(pool: PoolId) -> String {
+    format!("{}:{}", pool.0, pool.1)
 }
 
 /// A plain decimal unsigned integer: digits only (no sign, spaces or unit).
@@ -595,6 +784,7 @@ mod tests {
             Just(Event::EmptyCache),
             any::<String>().prop_map(|label| Event::Mark { label }),
             "[ ,\"\r\n a-z]{0,8}".prop_map(|label| Event::Mark { label }),
+            crate::yaml::pool_event_strategy(),
         ]
     }
 
@@ -608,7 +798,7 @@ mod tests {
             let back = read(&text).unwrap();
             prop_assert_eq!(&back.events, &t.events);
             // Without line breaks in labels, event i is on line i + 2.
-            let breaks = t.events.iter().any(|e| matches!(e, Event::Mark { label } if label.contains(['\n', '\r'])));
+            let breaks = t.events.iter().any(|e| matches!(e, Event::Mark { label: text } | Event::SetAllocatorSettings { conf: text } if text.contains(['\n', '\r'])));
             if !breaks {
                 prop_assert_eq!(back.locations, (2..2 + t.events.len() as u64).collect::<Vec<_>>());
             }

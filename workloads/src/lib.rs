@@ -60,7 +60,7 @@ pub use recorded::{
     RecordedEntry, RecordedOom, RecordedRun, RecordedSegment,
 };
 pub use snapshot::{read_snapshot_pickle, read_snapshot_pickle_from};
-pub use trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
+pub use trace::{AllocId, Event, LocationKind, PoolId, PoolStreams, Trace, TraceMeta, OP_NAMES};
 pub use validate::{has_errors, validate, IssueKind, Severity, TraceIssue};
 pub use yaml::{read_yaml, read_yaml_from, write_yaml};
 
@@ -457,7 +457,7 @@ mod tests {
                     Event::Free { id } => Some(format!("free #{}", order[id])),
                     Event::FreeRequested { id } => Some(format!("free_requested #{}", order[id])),
                     Event::EmptyCache => Some("empty_cache".into()),
-                    Event::Mark { .. } => None,
+                    _ => None,
                 })
                 .collect()
         };

@@ -16,6 +16,36 @@ impl fmt::Display for AllocId {
     }
 }
 
+/// A private memory pool of PyTorch's allocator: its `MempoolId_t` pair. CUDA graphs
+/// get `(N, 0)`, `torch.cuda.MemPool` and `graph_pool_handle()` `(0, N)`; `(0, 0)` is
+/// the default pools and never names a private pool. Written `[1, 0]` in YAML, `1:0`
+/// in CSV.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PoolId(pub u64, pub u64);
+
+impl PoolId {
+    /// Whether this is `(0, 0)`, the default pools.
+    pub fn is_default(self) -> bool {
+        self == PoolId(0, 0)
+    }
+}
+
+impl fmt::Display for PoolId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "({}, {})", self.0, self.1)
+    }
+}
+
+/// Which requests an allocation to a pool routes to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolStreams {
+    /// Every request (`torch.cuda.use_mem_pool`: the current thread's requests on every
+    /// stream; a trace has one thread).
+    All,
+    /// Requests on these streams (a graph capture: the capturing streams).
+    Only(Vec<u64>),
+}
+
 /// One trace line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -47,12 +77,119 @@ pub enum Event {
     },
     /// `torch.cuda.empty_cache()`.
     EmptyCache,
+    /// A `torch.cuda.MemPool(use_on_oom=.., no_split=..)` is created: the pool exists,
+    /// with one use (the object). Written `create_pool`.
+    CreatePool {
+        /// The pool.
+        pool: PoolId,
+        /// It may serve a default-pool request that would otherwise run out of memory.
+        use_on_oom: bool,
+        /// It never splits a block.
+        no_split: bool,
+    },
+    /// Allocation to a private pool begins (`beginAllocateToPool`: a CUDA graph capture
+    /// begins, a `use_mem_pool` block is entered): from here the requests `streams`
+    /// selects are served from `pool` (created if new, otherwise given one more use).
+    /// Written `begin_allocate_to_pool`.
+    BeginAllocateToPool {
+        /// The pool.
+        pool: PoolId,
+        /// The requests routed to it.
+        streams: PoolStreams,
+    },
+    /// Allocation to `pool` ends (`endAllocateToPool`: the capture ends, the
+    /// `use_mem_pool` block is left). Written `end_allocate_to_pool`.
+    EndAllocateToPool {
+        /// The pool.
+        pool: PoolId,
+    },
+    /// One use of `pool` ends (`releasePool`: a graph is reset or destroyed, a
+    /// `use_mem_pool` block or a `MemPool` ends). With no use left, a later cache
+    /// release gives its free segments back. Written `release_pool`.
+    ReleasePool {
+        /// The pool.
+        pool: PoolId,
+    },
+    /// `emptyCache(pool)`: one released private pool's free segments go back (what a
+    /// `MemPool` does as it is destroyed). Written `empty_cache` with a `pool`.
+    EmptyPoolCache {
+        /// The pool.
+        pool: PoolId,
+    },
+    /// `torch.cuda.memory._set_allocator_settings(conf)`. Written
+    /// `set_allocator_settings`.
+    SetAllocatorSettings {
+        /// The `PYTORCH_CUDA_ALLOC_CONF` string.
+        conf: String,
+    },
+    /// `torch.cuda.reset_peak_memory_stats()`. Written `reset_peak_memory_stats`.
+    ResetPeakStats,
+    /// `torch.cuda.reset_accumulated_memory_stats()`. Written
+    /// `reset_accumulated_memory_stats`.
+    ResetAccumulatedStats,
+    /// `torch.cuda.memory.caching_allocator_enable(enabled)`: while disabled, each
+    /// request is its own `cudaMalloc`. Written `caching_allocator_enable`.
+    SetEnabled {
+        /// Whether the caching allocator is on.
+        enabled: bool,
+    },
     /// A label with no effect on memory, e.g. an iteration boundary.
     Mark {
         /// Free text.
         label: String,
     },
 }
+
+impl Event {
+    /// Whether the event is an allocator call beyond requests, frees, `empty_cache()`
+    /// and marks.
+    pub fn is_allocator_call(&self) -> bool {
+        !matches!(
+            self,
+            Event::Alloc { .. }
+                | Event::FreeRequested { .. }
+                | Event::Free { .. }
+                | Event::EmptyCache
+                | Event::Mark { .. }
+        )
+    }
+
+    /// The private pool the event is about, if any.
+    pub fn pool(&self) -> Option<PoolId> {
+        match *self {
+            Event::CreatePool { pool, .. }
+            | Event::BeginAllocateToPool { pool, .. }
+            | Event::EndAllocateToPool { pool }
+            | Event::ReleasePool { pool }
+            | Event::EmptyPoolCache { pool } => Some(pool),
+            _ => None,
+        }
+    }
+
+    /// The op name YAML and CSV write.
+    pub fn op_name(&self) -> &'static str {
+        match self {
+            Event::Alloc { .. } => "alloc",
+            Event::FreeRequested { .. } => "free_requested",
+            Event::Free { .. } => "free",
+            Event::EmptyCache | Event::EmptyPoolCache { .. } => "empty_cache",
+            Event::Mark { .. } => "mark",
+            Event::CreatePool { .. } => "create_pool",
+            Event::BeginAllocateToPool { .. } => "begin_allocate_to_pool",
+            Event::EndAllocateToPool { .. } => "end_allocate_to_pool",
+            Event::ReleasePool { .. } => "release_pool",
+            Event::SetAllocatorSettings { .. } => "set_allocator_settings",
+            Event::ResetPeakStats => "reset_peak_memory_stats",
+            Event::ResetAccumulatedStats => "reset_accumulated_memory_stats",
+            Event::SetEnabled { .. } => "caching_allocator_enable",
+        }
+    }
+}
+
+/// Every op name YAML and CSV read, for messages.
+pub const OP_NAMES: &str = "alloc, free, free_requested, empty_cache, mark, create_pool, \
+    begin_allocate_to_pool, end_allocate_to_pool, release_pool, set_allocator_settings, \
+    reset_peak_memory_stats, reset_accumulated_memory_stats or caching_allocator_enable";
 
 /// How the positions in [`Trace::locations`] are counted, for messages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -163,6 +300,25 @@ impl Trace {
             Some(p) => format!("{}: {}", p.display(), self.location(index)),
             None => format!("{}: {}", self.name, self.location(index)),
         }
+    }
+
+    /// Whether any event is an allocator call beyond requests, frees, `empty_cache()`
+    /// and marks (private pools, settings, statistics resets, enabling).
+    pub fn has_allocator_calls(&self) -> bool {
+        self.events.iter().any(Event::is_allocator_call)
+    }
+
+    /// The private pools the trace names, in order of first appearance.
+    pub fn pools(&self) -> Vec<PoolId> {
+        let mut out: Vec<PoolId> = Vec::new();
+        for e in &self.events {
+            if let Some(p) = e.pool() {
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+        }
+        out
     }
 
     /// Number of `Alloc` events.

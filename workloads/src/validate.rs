@@ -11,13 +11,22 @@
 //! | `free_requested` of an id whose free was already requested | error | `free_requested of id 5 twice (first at line 4)` |
 //! | `alloc` of an id that is still live | error | `alloc of id 5, which is still live (allocated at line 3)` |
 //! | `alloc` of 0 bytes | error | `alloc of id 5 asks for 0 bytes` |
-//! | `alloc` of 2^60 bytes (1 EiB) or more | error | `alloc of id 5 asks for 1152921504606846976 bytes, over PyTorch's 1 EiB limit` |
+//! | `alloc` of 2^60 bytes (1 EiB) or more | warning | `alloc of id 5 asks for 1152921504606846976 bytes: PyTorch refuses 1 EiB or more ("Tried to allocate more than 1EB memory")` |
+//! | `begin_allocate_to_pool` of a pool being allocated to | error | `begin_allocate_to_pool of pool (1, 0), which is being allocated to already (since event 3)` |
+//! | `end_allocate_to_pool` of a pool not being allocated to | error | `end_allocate_to_pool of pool (1, 0), which is not being allocated to` |
+//! | `release_pool` or `empty_cache` of a pool that does not exist | error | `release_pool of pool (1, 0), which does not exist` |
+//! | a pool used after its last use ended | error | `begin_allocate_to_pool of pool (1, 0), whose last use ended (at event 9)` |
+//! | `create_pool` of a pool that exists | error | `create_pool of pool (0, 1), which exists already` |
 //! | allocations never freed | warning | `3 allocations (2.00 GiB) are still live at the end of the trace: ids 1 (allocated here), 4, 7` |
 //!
 //! Allocations still live at the end are reported as **one** summarizing warning,
 //! placed at the `alloc` of the earliest of them and listing the first
 //! [`LIVE_AT_END_IDS_SHOWN`] ids: recorded training runs end with hundreds of live
 //! weights, and one line per weight would bury the errors.
+//!
+//! Pools follow PyTorch's use counts: `create_pool` and `begin_allocate_to_pool` add a
+//! use (creating the pool if new), `release_pool` takes one off; a pool whose last use
+//! ended cannot be used again (PyTorch would fail an internal assertion).
 //!
 //! After an error the check goes on as the replay engine would: a duplicate live id
 //! replaces the earlier allocation (which is then no longer tracked), and bad frees
@@ -27,7 +36,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::size::format_size_human;
-use crate::trace::{AllocId, Event, Trace};
+use crate::trace::{AllocId, Event, PoolId, Trace};
 
 /// Requests of this many bytes or more are refused: PyTorch's caching allocator
 /// rejects sizes of 1 EiB (2^60 bytes) and more as certainly wrong.
@@ -100,6 +109,15 @@ pub enum IssueKind {
         /// Bytes asked for.
         size_bytes: u64,
     },
+    /// A private-pool call PyTorch would refuse in this state.
+    Pool {
+        /// The event's op name.
+        op: &'static str,
+        /// The pool.
+        pool: PoolId,
+        /// What is wrong.
+        problem: PoolProblem,
+    },
     /// Allocations that are never freed (one issue for all of them).
     LiveAtEnd {
         /// How many.
@@ -109,6 +127,27 @@ pub enum IssueKind {
         /// The first few ids, in allocation order (at most [`LIVE_AT_END_IDS_SHOWN`]).
         first_ids: Vec<AllocId>,
     },
+}
+
+/// What is wrong with a private-pool call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolProblem {
+    /// Allocation to it is under way already (since the event at this index).
+    AllocatingAlready {
+        /// Index of the `begin_allocate_to_pool`.
+        begun_at: usize,
+    },
+    /// No allocation to it is under way.
+    NotAllocating,
+    /// No event created it.
+    Unknown,
+    /// Its last use ended (at the event at this index).
+    Released {
+        /// Index of the `release_pool` that ended its last use.
+        released_at: usize,
+    },
+    /// It exists already.
+    Exists,
 }
 
 impl fmt::Display for IssueKind {
@@ -129,8 +168,22 @@ impl fmt::Display for IssueKind {
             IssueKind::ZeroSize { id } => write!(f, "alloc of id {id} asks for 0 bytes"),
             IssueKind::AbsurdSize { id, size_bytes } => write!(
                 f,
-                "alloc of id {id} asks for {size_bytes} bytes, over PyTorch's 1 EiB limit"
+                "alloc of id {id} asks for {size_bytes} bytes: PyTorch refuses 1 EiB or more (\"Tried to allocate more than 1EB memory\")"
             ),
+            IssueKind::Pool { op, pool, problem } => match problem {
+                PoolProblem::AllocatingAlready { .. } => write!(
+                    f,
+                    "{op} of pool {pool}, which is being allocated to already"
+                ),
+                PoolProblem::NotAllocating => {
+                    write!(f, "{op} of pool {pool}, which is not being allocated to")
+                }
+                PoolProblem::Unknown => write!(f, "{op} of pool {pool}, which does not exist"),
+                PoolProblem::Released { .. } => {
+                    write!(f, "{op} of pool {pool}, whose last use ended")
+                }
+                PoolProblem::Exists => write!(f, "{op} of pool {pool}, which exists already"),
+            },
             IssueKind::LiveAtEnd {
                 count,
                 bytes,
@@ -207,6 +260,14 @@ impl fmt::Display for IssueDisplay<'_> {
             IssueKind::FreeRequestedTwice { requested_at, .. } => {
                 write!(f, " (first at {})", trace.location(requested_at))
             }
+            IssueKind::Pool {
+                problem: PoolProblem::AllocatingAlready { begun_at },
+                ..
+            } => write!(f, " (since {})", trace.location(begun_at)),
+            IssueKind::Pool {
+                problem: PoolProblem::Released { released_at },
+                ..
+            } => write!(f, " (at {})", trace.location(released_at)),
             _ => Ok(()),
         }
     }
@@ -220,6 +281,8 @@ pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
     let mut live: HashMap<AllocId, (usize, u64, Option<usize>)> = HashMap::new();
     // id -> index of the free that ended its last allocation
     let mut freed: HashMap<AllocId, usize> = HashMap::new();
+    let mut pools: HashMap<PoolId, PoolState> = HashMap::new();
+    let mut absurd: Vec<TraceIssue> = Vec::new();
     let mut error = |event_index: usize, kind: IssueKind| {
         issues.push(TraceIssue {
             event_index,
@@ -233,7 +296,12 @@ pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
                 if size_bytes == 0 {
                     error(index, IssueKind::ZeroSize { id });
                 } else if size_bytes >= ABSURD_SIZE_BYTES {
-                    error(index, IssueKind::AbsurdSize { id, size_bytes });
+                    // PyTorch's result (an out-of-memory error), not a bad trace.
+                    absurd.push(TraceIssue {
+                        event_index: index,
+                        severity: Severity::Warning,
+                        kind: IssueKind::AbsurdSize { id, size_bytes },
+                    });
                 }
                 if let Some((allocated_at, _, _)) = live.insert(id, (index, size_bytes, None)) {
                     error(index, IssueKind::DuplicateLiveId { id, allocated_at });
@@ -257,9 +325,26 @@ pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
                 }
                 Some((_, _, requested)) => *requested = Some(index),
             },
-            Event::EmptyCache | Event::Mark { .. } => {}
+            Event::EmptyCache
+            | Event::Mark { .. }
+            | Event::SetAllocatorSettings { .. }
+            | Event::ResetPeakStats
+            | Event::ResetAccumulatedStats
+            | Event::SetEnabled { .. } => {}
+            Event::CreatePool { pool, .. }
+            | Event::BeginAllocateToPool { pool, .. }
+            | Event::EndAllocateToPool { pool }
+            | Event::ReleasePool { pool }
+            | Event::EmptyPoolCache { pool } => {
+                if let Err(problem) = pool_step(&mut pools, event, pool, index) {
+                    let op = event.op_name();
+                    error(index, IssueKind::Pool { op, pool, problem });
+                }
+            }
         }
     }
+    issues.extend(absurd);
+    issues.sort_by_key(|i| i.event_index);
     if !live.is_empty() {
         let mut remaining: Vec<(usize, AllocId, u64)> = live
             .into_iter()
@@ -284,6 +369,68 @@ pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
         });
     }
     issues
+}
+
+/// A private pool as validation follows it.
+#[derive(Default)]
+struct PoolState {
+    uses: u64,
+    allocating_since: Option<usize>,
+    released_at: Option<usize>,
+}
+
+/// Applies one pool event to the pools' states, or says what PyTorch would refuse.
+fn pool_step(
+    pools: &mut HashMap<PoolId, PoolState>,
+    event: &Event,
+    pool: PoolId,
+    index: usize,
+) -> Result<(), PoolProblem> {
+    let existing = pools.get(&pool);
+    if let Some(released_at) = existing.and_then(|p| p.released_at) {
+        if !matches!(event, Event::EmptyPoolCache { .. }) {
+            return Err(PoolProblem::Released { released_at });
+        }
+    }
+    match event {
+        Event::CreatePool { .. } => {
+            if existing.is_some() {
+                return Err(PoolProblem::Exists);
+            }
+            pools.insert(
+                pool,
+                PoolState {
+                    uses: 1,
+                    ..PoolState::default()
+                },
+            );
+        }
+        Event::BeginAllocateToPool { .. } => {
+            let state = pools.entry(pool).or_default();
+            if let Some(begun_at) = state.allocating_since {
+                return Err(PoolProblem::AllocatingAlready { begun_at });
+            }
+            state.uses += 1;
+            state.allocating_since = Some(index);
+        }
+        Event::EndAllocateToPool { .. } => match pools.get_mut(&pool) {
+            Some(state) if state.allocating_since.is_some() => state.allocating_since = None,
+            _ => return Err(PoolProblem::NotAllocating),
+        },
+        Event::ReleasePool { .. } => {
+            let state = pools.get_mut(&pool).ok_or(PoolProblem::Unknown)?;
+            state.uses -= 1;
+            if state.uses == 0 {
+                state.released_at = Some(index);
+            }
+        }
+        _ => {
+            if existing.is_none() {
+                return Err(PoolProblem::Unknown);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether any issue is an [`Severity::Error`].

@@ -12,7 +12,24 @@
 //!
 //! Each event is a mapping with an `op` and exactly the keys that op takes:
 //! `alloc` takes `id`, `bytes` and optionally `stream` (default 0); `free` (or its alias
-//! `free_completed`) and `free_requested` take `id`; `empty_cache` takes nothing; `mark` takes `label`. `bytes` is an integer or a size
+//! `free_completed`) and `free_requested` take `id`; `empty_cache` takes nothing, or a
+//! `pool` (that private pool's cache only); `mark` takes `label`.
+//!
+//! PyTorch's other allocator calls (`docs/trace-format.md`): `create_pool` takes `pool`
+//! and optionally `use_on_oom` and `no_split` (booleans, default false);
+//! `begin_allocate_to_pool` takes `pool` and optionally `streams` (a list; absent: every
+//! stream); `end_allocate_to_pool` and `release_pool` take `pool`;
+//! `set_allocator_settings` takes `conf`; `reset_peak_memory_stats` and
+//! `reset_accumulated_memory_stats` take nothing; `caching_allocator_enable` takes
+//! `enabled`. A pool is PyTorch's id pair, `[1, 0]`. Requests captured into a CUDA graph
+//! on stream 7:
+//!
+//! ```yaml
+//!   - {op: begin_allocate_to_pool, pool: [1, 0], streams: [7]}
+//!   - {op: alloc, id: 9, bytes: 64MiB, stream: 7}
+//!   - {op: end_allocate_to_pool, pool: [1, 0]}
+//!   - {op: release_pool, pool: [1, 0]}
+//! ``` `bytes` is an integer or a size
 //! string (`512`, `4KiB`, `20MiB`, `1.5GiB`; see [`crate::size::parse_size`]); `id` and
 //! `stream` are unsigned integers. Unknown keys and ops are refused rather than
 //! ignored, because a misspelt `strem:` would otherwise silently replay on stream 0.
@@ -35,7 +52,7 @@ use saphyr_parser::{Event as YamlEvent, Parser, ScalarStyle, ScanError, Span};
 
 use crate::csv::{file_stem, shorten};
 use crate::size::parse_size;
-use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
+use crate::trace::{AllocId, Event, LocationKind, PoolId, PoolStreams, Trace, TraceMeta, OP_NAMES};
 use crate::{Format, Problems, ReadError};
 
 /// Collections nested deeper than this are refused at once: a trace needs three levels
@@ -209,7 +226,8 @@ enum Value {
     Int(String, Option<i128>),
     Float(String),
     Text(String),
-    List,
+    /// A sequence: its scalar items (a nested collection is an item `Map`).
+    List(Vec<Value>),
     Map,
 }
 
@@ -256,7 +274,7 @@ impl Value {
             Value::Bool(b) => b.to_string(),
             Value::Int(t, _) | Value::Float(t) => shorten(t),
             Value::Text(t) => format!("'{}'", shorten(t)),
-            Value::List => "a list".into(),
+            Value::List(_) => "a list".into(),
             Value::Map => "a mapping".into(),
         }
     }
@@ -508,12 +526,33 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
                 Some(Anchored::Other(v)) => v.clone(),
                 None => return Err(self.error_at(self.last, "an alias to an unknown anchor")),
             },
-            YamlEvent::SequenceStart(anchor, _) | YamlEvent::MappingStart(anchor, _) => {
-                let value = if matches!(event, YamlEvent::SequenceStart(..)) {
-                    Value::List
-                } else {
-                    Value::Map
-                };
+            YamlEvent::SequenceStart(anchor, _) => {
+                let mut items = Vec::new();
+                loop {
+                    let (event, span) = self.next()?;
+                    match event {
+                        YamlEvent::SequenceEnd => break,
+                        YamlEvent::SequenceStart(..) | YamlEvent::MappingStart(..) => {
+                            if depth + 2 > MAX_NESTING {
+                                return Err(self.error_at(
+                                    span,
+                                    format!("collections nested more than {MAX_NESTING} deep"),
+                                ));
+                            }
+                            self.skip(depth + 1)?;
+                            items.push(Value::Map);
+                        }
+                        other => items.push(self.value(other, depth + 1)?),
+                    }
+                }
+                let value = Value::List(items);
+                if anchor > 0 {
+                    self.anchors.insert(anchor, Anchored::Other(value.clone()));
+                }
+                value
+            }
+            YamlEvent::MappingStart(anchor, _) => {
+                let value = Value::Map;
                 self.skip(depth)?;
                 if anchor > 0 {
                     self.anchors.insert(anchor, Anchored::Other(value.clone()));
@@ -596,6 +635,55 @@ pub fn write_yaml(trace: &Trace, mut out: impl io::Write) -> io::Result<()> {
             Event::Free { id } => writeln!(out, "  - {{op: free, id: {id}}}")?,
             Event::EmptyCache => writeln!(out, "  - {{op: empty_cache}}")?,
             Event::Mark { label } => writeln!(out, "  - {{op: mark, label: {}}}", quote(label))?,
+            Event::CreatePool {
+                pool,
+                use_on_oom,
+                no_split,
+            } => writeln!(
+                out,
+                "  - {{op: create_pool, pool: {}, use_on_oom: {use_on_oom}, no_split: {no_split}}}",
+                pool_text(*pool)
+            )?,
+            Event::BeginAllocateToPool { pool, streams } => match streams {
+                PoolStreams::All => writeln!(
+                    out,
+                    "  - {{op: begin_allocate_to_pool, pool: {}}}",
+                    pool_text(*pool)
+                )?,
+                PoolStreams::Only(list) => writeln!(
+                    out,
+                    "  - {{op: begin_allocate_to_pool, pool: {}, streams: [{}]}}",
+                    pool_text(*pool),
+                    list.iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )?,
+            },
+            Event::EndAllocateToPool { pool } => writeln!(
+                out,
+                "  - {{op: end_allocate_to_pool, pool: {}}}",
+                pool_text(*pool)
+            )?,
+            Event::ReleasePool { pool } => {
+                writeln!(out, "  - {{op: release_pool, pool: {}}}", pool_text(*pool))?
+            }
+            Event::EmptyPoolCache { pool } => {
+                writeln!(out, "  - {{op: empty_cache, pool: {}}}", pool_text(*pool))?
+            }
+            Event::SetAllocatorSettings { conf } => writeln!(
+                out,
+                "  - {{op: set_allocator_settings, conf: {}}}",
+                quote(conf)
+            )?,
+            Event::ResetPeakStats => writeln!(out, "  - {{op: reset_peak_memory_stats}}")?,
+            Event::ResetAccumulatedStats => {
+                writeln!(out, "  - {{op: reset_accumulated_memory_stats}}")?
+            }
+            Event::SetEnabled { enabled } => writeln!(
+                out,
+                "  - {{op: caching_allocator_enable, enabled: {enabled}}}"
+            )?,
         }
     }
     Ok(())
@@ -606,8 +694,14 @@ fn allowed_keys(op: &str) -> Option<&'static [&'static str]> {
     Some(match op {
         "alloc" => &["op", "id", "bytes", "stream"],
         "free" | "free_completed" | "free_requested" => &["op", "id"],
-        "empty_cache" => &["op"],
+        "empty_cache" => &["op", "pool"],
         "mark" => &["op", "label"],
+        "create_pool" => &["op", "pool", "use_on_oom", "no_split"],
+        "begin_allocate_to_pool" => &["op", "pool", "streams"],
+        "end_allocate_to_pool" | "release_pool" => &["op", "pool"],
+        "set_allocator_settings" => &["op", "conf"],
+        "reset_peak_memory_stats" | "reset_accumulated_memory_stats" => &["op"],
+        "caching_allocator_enable" => &["op", "enabled"],
         _ => return None,
     })
 }
@@ -629,13 +723,11 @@ fn parse_event(fields: &[(Value, Value)]) -> Result<Event, String> {
     let op = match get("op") {
         Some(Value::Text(op)) => op.as_str(),
         Some(other) => return Err(format!("op must be a name, found {}", other.describe())),
-        None => {
-            return Err("missing 'op' (alloc, free, free_requested, empty_cache or mark)".into())
-        }
+        None => return Err(format!("missing 'op' ({OP_NAMES})")),
     };
     let Some(allowed) = allowed_keys(op) else {
         return Err(format!(
-            "unknown op '{}' (expected alloc, free, free_requested, empty_cache or mark)",
+            "unknown op '{}' (expected {OP_NAMES})",
             shorten(op)
         ));
     };
@@ -678,7 +770,60 @@ fn parse_event(fields: &[(Value, Value)]) -> Result<Event, String> {
         "free_requested" => Event::FreeRequested {
             id: AllocId(uint("id", required("id")?)?),
         },
-        "empty_cache" => Event::EmptyCache,
+        "empty_cache" => match get("pool") {
+            None => Event::EmptyCache,
+            Some(v) => Event::EmptyPoolCache {
+                pool: pool_id(op, v)?,
+            },
+        },
+        "create_pool" => Event::CreatePool {
+            pool: pool_id(op, required("pool")?)?,
+            use_on_oom: flag(op, "use_on_oom", get("use_on_oom"))?,
+            no_split: flag(op, "no_split", get("no_split"))?,
+        },
+        "begin_allocate_to_pool" => Event::BeginAllocateToPool {
+            pool: pool_id(op, required("pool")?)?,
+            streams: match get("streams") {
+                None => PoolStreams::All,
+                Some(Value::List(items)) => PoolStreams::Only(
+                    items
+                        .iter()
+                        .map(|v| uint("streams", v))
+                        .collect::<Result<_, _>>()?,
+                ),
+                Some(v) => {
+                    return Err(format!(
+                        "{op}: streams must be a list of streams like [7], found {}",
+                        v.describe()
+                    ))
+                }
+            },
+        },
+        "end_allocate_to_pool" => Event::EndAllocateToPool {
+            pool: pool_id(op, required("pool")?)?,
+        },
+        "release_pool" => Event::ReleasePool {
+            pool: pool_id(op, required("pool")?)?,
+        },
+        "set_allocator_settings" => Event::SetAllocatorSettings {
+            conf: match required("conf")? {
+                Value::Text(s) => s.clone(),
+                v => return Err(format!("{op}: conf must be text, found {}", v.describe())),
+            },
+        },
+        "reset_peak_memory_stats" => Event::ResetPeakStats,
+        "reset_accumulated_memory_stats" => Event::ResetAccumulatedStats,
+        "caching_allocator_enable" => Event::SetEnabled {
+            enabled: match required("enabled")? {
+                Value::Bool(b) => *b,
+                v => {
+                    return Err(format!(
+                        "{op}: enabled must be true or false, found {}",
+                        v.describe()
+                    ))
+                }
+            },
+        },
         _ => Event::Mark {
             label: match required("label")? {
                 Value::Text(s) => s.clone(),
@@ -689,6 +834,46 @@ fn parse_event(fields: &[(Value, Value)]) -> Result<Event, String> {
             },
         },
     })
+}
+
+/// A pool written `[a, b]`, PyTorch's id pair; `[0, 0]` (the default pools) is refused.
+fn pool_id(op: &str, v: &Value) -> Result<PoolId, String> {
+    let bad = || {
+        format!(
+            "{op}: pool must be PyTorch's pool id, two unsigned integers like [1, 0], found {}",
+            v.describe()
+        )
+    };
+    let Value::List(items) = v else {
+        return Err(bad());
+    };
+    let [a, b] = items.as_slice() else {
+        return Err(bad());
+    };
+    let pool = PoolId(a.as_u64().ok_or_else(bad)?, b.as_u64().ok_or_else(bad)?);
+    if pool.is_default() {
+        return Err(format!(
+            "{op}: pool [0, 0] is the default pools, not a private pool"
+        ));
+    }
+    Ok(pool)
+}
+
+/// An optional boolean key (default false).
+fn flag(op: &str, key: &str, v: Option<&Value>) -> Result<bool, String> {
+    match v {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(format!(
+            "{op}: {key} must be true or false, found {}",
+            v.describe()
+        )),
+    }
+}
+
+/// A pool as YAML writes it.
+fn pool_text(pool: PoolId) -> String {
+    format!("[{}, {}]", pool.0, pool.1)
 }
 
 fn bytes(op: &str, v: &Value) -> Result<u64, String> {
@@ -738,6 +923,38 @@ fn quote(text: &str) -> String {
     }
     out.push('"');
     out
+}
+
+#[cfg(test)]
+/// Every allocator call (for round-trip tests), with any pool but the default one.
+pub(crate) fn pool_event_strategy() -> impl proptest::strategy::Strategy<Value = Event> {
+    use proptest::prelude::*;
+    let pool = (any::<u64>(), 1..u64::MAX).prop_map(|(a, b)| PoolId(a, b));
+    prop_oneof![
+        (pool.clone(), any::<bool>(), any::<bool>()).prop_map(|(pool, use_on_oom, no_split)| {
+            Event::CreatePool {
+                pool,
+                use_on_oom,
+                no_split,
+            }
+        }),
+        (
+            pool.clone(),
+            proptest::option::of(proptest::collection::vec(any::<u64>(), 0..4))
+        )
+            .prop_map(|(pool, streams)| Event::BeginAllocateToPool {
+                pool,
+                streams: streams.map_or(PoolStreams::All, PoolStreams::Only),
+            }),
+        pool.clone()
+            .prop_map(|pool| Event::EndAllocateToPool { pool }),
+        pool.clone().prop_map(|pool| Event::ReleasePool { pool }),
+        pool.prop_map(|pool| Event::EmptyPoolCache { pool }),
+        any::<String>().prop_map(|conf| Event::SetAllocatorSettings { conf }),
+        Just(Event::ResetPeakStats),
+        Just(Event::ResetAccumulatedStats),
+        any::<bool>().prop_map(|enabled| Event::SetEnabled { enabled }),
+    ]
 }
 
 #[cfg(test)]
@@ -962,6 +1179,7 @@ mod tests {
             any::<u64>().prop_map(|id| Event::FreeRequested { id: AllocId(id) }),
             Just(Event::EmptyCache),
             any::<String>().prop_map(|label| Event::Mark { label }),
+            super::pool_event_strategy(),
         ]
     }
 
