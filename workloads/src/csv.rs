@@ -693,7 +693,7 @@ mod tests {
         let cases = [
             (
                 "allocate,1,2,0",
-                "line 2: unknown op 'allocate' (expected alloc, free, free_requested, empty_cache or mark)",
+                "line 2: unknown op 'allocate' (expected alloc, free, free_requested, empty_cache, mark, create_pool, ",
             ),
             ("alloc,1,2", "line 2: alloc row has 3 fields, expected 4"),
             ("free,1,,,", "line 2: free row has 5 fields, expected 4"),
@@ -723,7 +723,25 @@ mod tests {
                 "free,1,5,",
                 "line 2: free takes no bytes, found '5' (expected 'free,<id>,,')",
             ),
-            ("empty_cache,1,,", "line 2: empty_cache takes no id"),
+            (
+                "empty_cache,1,,",
+                "line 2: empty_cache: pool '1' is not PyTorch's pool id written like 1:0",
+            ),
+            ("empty_cache,0:0,,", "line 2: empty_cache: pool 0:0 is the default pools"),
+            ("empty_cache,,5,", "line 2: empty_cache takes no bytes"),
+            (
+                "create_pool,0:1,split,",
+                "line 2: create_pool: unknown flag 'split'",
+            ),
+            (
+                "begin_allocate_to_pool,1:0,,7;x",
+                "line 2: begin_allocate_to_pool: stream 'x' is not an unsigned integer",
+            ),
+            (
+                "caching_allocator_enable,False,,",
+                "line 2: caching_allocator_enable: 'False' is not true or false",
+            ),
+            ("reset_peak_memory_stats,1,,", "line 2: reset_peak_memory_stats takes no id"),
             ("mark,x,,3", "line 2: mark takes no stream"),
         ];
         for (row, want) in cases {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
+use crate::trace::{AllocId, Event, LocationKind, PoolId, PoolStreams, Trace, TraceMeta};
 use crate::{Format, ReadError};
 
 /// What a trace entry records.
@@ -259,6 +259,11 @@ pub struct RecordedRun {
     /// What only a snapshot pickle records (settings, annotations, pools, frames);
     /// `None` for `record_torch.py` JSON.
     pub snapshot: Option<crate::snapshot::SnapshotInfo>,
+    /// Allocator calls the recording saw that its trace entries do not show (private
+    /// pools, statistics resets, settings changes), each with the entry it follows
+    /// (`None`: before the first entry), in the order they happened. [`RecordedRun::to_trace`]
+    /// puts them into the trace.
+    pub calls: Vec<(Option<u64>, Event)>,
 }
 
 impl RecordedRun {
@@ -294,7 +299,30 @@ impl RecordedRun {
         let mut entry_indexes = Vec::new();
         let mut live: HashMap<u64, AllocId> = HashMap::new();
         let mut next_id = 0u64;
+        // Calls are recorded at entry positions (a mark's `snapshot` entry): each goes
+        // after the entry it names.
+        let mut calls = self.calls.iter().peekable();
+        let mut push_calls = |after: Option<usize>,
+                              events: &mut Vec<Event>,
+                              locations: &mut Vec<u64>,
+                              entry_indexes: &mut Vec<usize>| {
+            while let Some((at, event)) = calls.next_if(|(at, _)| at.map(|a| a as usize) <= after) {
+                events.push(event.clone());
+                let index = at.map_or(0, |a| a as usize);
+                locations.push(self.source_index(index));
+                entry_indexes.push(index);
+            }
+        };
+        push_calls(None, &mut events, &mut locations, &mut entry_indexes);
         for (index, e) in self.entries.iter().enumerate() {
+            if index > 0 {
+                push_calls(
+                    Some(index - 1),
+                    &mut events,
+                    &mut locations,
+                    &mut entry_indexes,
+                );
+            }
             let event = match e.action {
                 Action::Alloc | Action::Oom => {
                     let id = AllocId(next_id);
@@ -342,6 +370,12 @@ impl RecordedRun {
             locations.push(self.source_index(index));
             entry_indexes.push(index);
         }
+        push_calls(
+            Some(usize::MAX),
+            &mut events,
+            &mut locations,
+            &mut entry_indexes,
+        );
         let trace = Trace {
             name: self.name.clone(),
             path: Some(self.path.clone()),
@@ -397,6 +431,228 @@ struct RecordedJson {
     segments: Vec<RecordedSegment>,
     #[serde(default)]
     final_stats: std::collections::BTreeMap<String, f64>,
+    #[serde(default)]
+    pools: Vec<JsonPool>,
+    #[serde(default)]
+    pool_windows: Vec<JsonWindow>,
+    #[serde(default)]
+    pool_releases: Vec<JsonRelease>,
+    #[serde(default)]
+    request_pools: Vec<(u64, u64, u64)>,
+    #[serde(default)]
+    calls: Vec<JsonCall>,
+}
+
+/// A private pool the recorder saw (format 2).
+#[derive(Deserialize)]
+struct JsonPool {
+    id: (u64, u64),
+    kind: String,
+    #[serde(default)]
+    created_at: Option<u64>,
+    #[serde(default)]
+    use_on_oom: bool,
+    #[serde(default)]
+    no_split: bool,
+    #[serde(default)]
+    custom_allocator: bool,
+}
+
+/// Where allocation to a pool was under way (format 2): entries `begin < i < end`.
+#[derive(Deserialize)]
+struct JsonWindow {
+    pool: Option<(u64, u64)>,
+    scope: String,
+    #[serde(default)]
+    streams: Vec<u64>,
+    begin: Option<u64>,
+    end: Option<u64>,
+    #[serde(default = "yes")]
+    closed: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The end of one use of a pool (format 2).
+#[derive(Deserialize)]
+struct JsonRelease {
+    pool: (u64, u64),
+    at: Option<u64>,
+    how: String,
+}
+
+/// A call that changes the allocator without a trace entry (format 2).
+#[derive(Deserialize)]
+struct JsonCall {
+    call: String,
+    at: Option<u64>,
+    #[serde(default)]
+    args: Vec<serde_json::Value>,
+}
+
+/// The recorder's pools, windows, releases and calls as trace events with their
+/// positions, and the caveats of what the events cannot say.
+fn json_calls(
+    json: &RecordedJson,
+    entries: &[RecordedEntry],
+) -> (Vec<(Option<u64>, Event)>, Vec<String>) {
+    // (position, rank at that position, order of appearance, event)
+    let mut calls: Vec<(Option<u64>, u8, usize, Event)> = Vec::new();
+    let mut caveats = Vec::new();
+    let push = |at: Option<u64>, rank: u8, event: Event, calls: &mut Vec<_>| {
+        let n = calls.len();
+        calls.push((at, rank, n, event));
+    };
+    let request_pools: HashMap<u64, PoolId> = json
+        .request_pools
+        .iter()
+        .map(|&(i, a, b)| (i, PoolId(a, b)))
+        .collect();
+    for p in &json.pools {
+        let pool = PoolId(p.id.0, p.id.1);
+        if p.custom_allocator {
+            caveats.push(format!(
+                "MemPool {pool} has a custom allocator, which is not modelled: its segments are replayed as cudaMalloc's"
+            ));
+        }
+        if p.kind == "mem_pool" && !pool.is_default() {
+            push(
+                p.created_at,
+                0,
+                Event::CreatePool {
+                    pool,
+                    use_on_oom: p.use_on_oom,
+                    no_split: p.no_split,
+                },
+                &mut calls,
+            );
+        }
+    }
+    let mut windows: Vec<(Option<u64>, u64, PoolId, PoolStreams)> = Vec::new();
+    for w in &json.pool_windows {
+        let Some((a, b)) = w.pool else {
+            caveats.push(
+                "a pool window has no pool id (a capture that failed?): its requests are replayed from the default pools".to_string(),
+            );
+            continue;
+        };
+        let pool = PoolId(a, b);
+        let end = if w.closed { w.end } else { None };
+        let inside = |i: u64| w.begin.is_none_or(|b| i > b) && end.is_none_or(|e| i < e);
+        let streams = if w.scope == "capture" {
+            // A capture routes every stream it spreads to; the recorder lists the one it
+            // began on, and the requests attributed to the pool show the others.
+            let mut streams = w.streams.clone();
+            for (&i, &p) in &request_pools {
+                if p == pool && inside(i) {
+                    if let Some(e) = entries.get(i as usize) {
+                        if !streams.contains(&e.stream) {
+                            streams.push(e.stream);
+                        }
+                    }
+                }
+            }
+            streams.sort_unstable();
+            PoolStreams::Only(streams)
+        } else {
+            PoolStreams::All
+        };
+        push(
+            w.begin,
+            1,
+            Event::BeginAllocateToPool {
+                pool,
+                streams: streams.clone(),
+            },
+            &mut calls,
+        );
+        if let Some(end) = end {
+            push(Some(end), 0, Event::EndAllocateToPool { pool }, &mut calls);
+        }
+        windows.push((w.begin, end.unwrap_or(u64::MAX), pool, streams));
+    }
+    for r in &json.pool_releases {
+        let pool = PoolId(r.pool.0, r.pool.1);
+        push(r.at, 0, Event::ReleasePool { pool }, &mut calls);
+        if r.how == "mem_pool_destroyed" {
+            push(r.at, 0, Event::EmptyPoolCache { pool }, &mut calls);
+        }
+    }
+    for c in &json.calls {
+        let event = match c.call.as_str() {
+            "reset_peak_memory_stats" => Event::ResetPeakStats,
+            "reset_accumulated_memory_stats" => Event::ResetAccumulatedStats,
+            "set_allocator_settings" => match c.args.first().and_then(|v| v.as_str()) {
+                Some(conf) => Event::SetAllocatorSettings {
+                    conf: conf.to_string(),
+                },
+                None => {
+                    caveats.push("a set_allocator_settings call without its string".into());
+                    continue;
+                }
+            },
+            "caching_allocator_enable" => match c.args.first().and_then(|v| v.as_bool()) {
+                Some(enabled) => Event::SetEnabled { enabled },
+                None => Event::SetEnabled { enabled: true },
+            },
+            other => {
+                caveats.push(format!(
+                    "the run called {other} mid-run, which a trace cannot carry: the replay keeps the setting it started with"
+                ));
+                continue;
+            }
+        };
+        push(c.at, 2, event, &mut calls);
+    }
+    // Requests the windows route to another pool than the one that served them: a
+    // request of another thread inside a use_mem_pool block (PyTorch routes the
+    // block's thread only), which a trace cannot say.
+    let mut misrouted = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        if !matches!(e.action, Action::Alloc | Action::Oom) {
+            continue;
+        }
+        let i = i as u64;
+        let routed = windows
+            .iter()
+            .filter(|(b, end, _, streams)| {
+                b.is_none_or(|b| i > b)
+                    && i < *end
+                    && match streams {
+                        PoolStreams::All => true,
+                        PoolStreams::Only(list) => list.contains(&e.stream),
+                    }
+            })
+            .max_by_key(|(b, ..)| *b)
+            .map_or(PoolId::default(), |w| w.2);
+        let served = request_pools.get(&i).copied().unwrap_or_default();
+        let fallback = served != routed
+            && routed.is_default()
+            && json
+                .pools
+                .iter()
+                .any(|p| p.use_on_oom && PoolId(p.id.0, p.id.1) == served);
+        if served != routed && !fallback {
+            misrouted.push(i);
+        }
+    }
+    if !misrouted.is_empty() {
+        let shown: Vec<String> = misrouted.iter().take(5).map(u64::to_string).collect();
+        caveats.push(format!(
+            "{} request(s) were served from another pool than the pool windows route them to (entries {}{}): \
+             another thread's requests inside a use_mem_pool block, which a trace cannot express",
+            misrouted.len(),
+            shown.join(", "),
+            if misrouted.len() > 5 { ", ..." } else { "" }
+        ));
+    }
+    calls.sort_by_key(|(at, rank, n, _)| (at.map_or(0, |a| a + 1), *rank, *n));
+    (
+        calls.into_iter().map(|(at, _, _, e)| (at, e)).collect(),
+        caveats,
+    )
 }
 
 /// Reads a recorded run written by `record_torch.py` (see the oracle README for the
@@ -435,6 +691,17 @@ pub fn read_recorded_json_from(
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let entries: Vec<RecordedEntry> = json
+        .events
+        .iter()
+        .map(|(action, addr, size, stream, _)| RecordedEntry {
+            action: Action::from_name(action),
+            addr: *addr,
+            size: *size,
+            stream: *stream,
+        })
+        .collect();
+    let (calls, caveats) = json_calls(&json, &entries);
     Ok(RecordedRun {
         name,
         path: path.to_path_buf(),
@@ -446,17 +713,10 @@ pub fn read_recorded_json_from(
             total_bytes: json.total_bytes,
             device: json.device,
             torch_version: json.torch,
+            caveats,
         },
-        entries: json
-            .events
-            .into_iter()
-            .map(|(action, addr, size, stream, _)| RecordedEntry {
-                action: Action::from_name(&action),
-                addr,
-                size,
-                stream,
-            })
-            .collect(),
+        entries,
+        calls,
         source_indexes: Vec::new(),
         checkpoints: json.checkpoints,
         oom: json.oom,
@@ -561,6 +821,7 @@ mod tests {
                 total_bytes: Some(4096),
                 device: Some("NVIDIA H100".into()),
                 torch_version: Some("2.11.0".into()),
+                caveats: Vec::new(),
             }
         );
         assert_eq!(run.meta.memory_fraction(), Some(0.25));

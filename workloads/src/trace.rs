@@ -242,6 +242,11 @@ pub struct TraceMeta {
     pub device: Option<String>,
     /// The PyTorch version that recorded it.
     pub torch_version: Option<String>,
+    /// Why a replay of this trace cannot be exact, as the reader found it (private
+    /// pools the trace cannot route, calls it cannot carry): each a sentence that
+    /// `replay`, `compare` and `fidelity` print as a warning, and that marks their
+    /// numbers as not exact. Empty for traces replayed as written.
+    pub caveats: Vec<String>,
 }
 
 impl TraceMeta {

@@ -282,11 +282,10 @@ pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
     // id -> index of the free that ended its last allocation
     let mut freed: HashMap<AllocId, usize> = HashMap::new();
     let mut pools: HashMap<PoolId, PoolState> = HashMap::new();
-    let mut absurd: Vec<TraceIssue> = Vec::new();
-    let mut error = |event_index: usize, kind: IssueKind| {
+    let mut report = |event_index: usize, severity: Severity, kind: IssueKind| {
         issues.push(TraceIssue {
             event_index,
-            severity: Severity::Error,
+            severity,
             kind,
         })
     };
@@ -294,17 +293,21 @@ pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
         match *event {
             Event::Alloc { id, size_bytes, .. } => {
                 if size_bytes == 0 {
-                    error(index, IssueKind::ZeroSize { id });
+                    report(index, Severity::Error, IssueKind::ZeroSize { id });
                 } else if size_bytes >= ABSURD_SIZE_BYTES {
                     // PyTorch's result (an out-of-memory error), not a bad trace.
-                    absurd.push(TraceIssue {
-                        event_index: index,
-                        severity: Severity::Warning,
-                        kind: IssueKind::AbsurdSize { id, size_bytes },
-                    });
+                    report(
+                        index,
+                        Severity::Warning,
+                        IssueKind::AbsurdSize { id, size_bytes },
+                    );
                 }
                 if let Some((allocated_at, _, _)) = live.insert(id, (index, size_bytes, None)) {
-                    error(index, IssueKind::DuplicateLiveId { id, allocated_at });
+                    report(
+                        index,
+                        Severity::Error,
+                        IssueKind::DuplicateLiveId { id, allocated_at },
+                    );
                 }
                 freed.remove(&id);
             }
@@ -312,16 +315,28 @@ pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
                 if live.remove(&id).is_some() {
                     freed.insert(id, index);
                 } else if let Some(&freed_at) = freed.get(&id) {
-                    error(index, IssueKind::FreeOfFreedId { id, freed_at });
+                    report(
+                        index,
+                        Severity::Error,
+                        IssueKind::FreeOfFreedId { id, freed_at },
+                    );
                 } else {
-                    error(index, IssueKind::FreeOfUnknownId { id });
+                    report(index, Severity::Error, IssueKind::FreeOfUnknownId { id });
                 }
             }
             Event::FreeRequested { id } => match live.get_mut(&id) {
-                None => error(index, IssueKind::FreeRequestedNotLive { id }),
+                None => report(
+                    index,
+                    Severity::Error,
+                    IssueKind::FreeRequestedNotLive { id },
+                ),
                 Some((_, _, Some(requested_at))) => {
                     let requested_at = *requested_at;
-                    error(index, IssueKind::FreeRequestedTwice { id, requested_at });
+                    report(
+                        index,
+                        Severity::Error,
+                        IssueKind::FreeRequestedTwice { id, requested_at },
+                    );
                 }
                 Some((_, _, requested)) => *requested = Some(index),
             },
@@ -338,13 +353,15 @@ pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
             | Event::EmptyPoolCache { pool } => {
                 if let Err(problem) = pool_step(&mut pools, event, pool, index) {
                     let op = event.op_name();
-                    error(index, IssueKind::Pool { op, pool, problem });
+                    report(
+                        index,
+                        Severity::Error,
+                        IssueKind::Pool { op, pool, problem },
+                    );
                 }
             }
         }
     }
-    issues.extend(absurd);
-    issues.sort_by_key(|i| i.event_index);
     if !live.is_empty() {
         let mut remaining: Vec<(usize, AllocId, u64)> = live
             .into_iter()
@@ -507,7 +524,7 @@ mod tests {
                 "trace.csv: line 3: free of unknown id 5",
                 "trace.csv: line 5: free of already-freed id 1 (freed at line 4)",
                 "trace.csv: line 6: alloc of id 2 asks for 0 bytes",
-                "trace.csv: line 7: alloc of id 2 asks for 1152921504606846976 bytes, over PyTorch's 1 EiB limit",
+                "trace.csv: line 7: alloc of id 2 asks for 1152921504606846976 bytes: PyTorch refuses 1 EiB or more (\"Tried to allocate more than 1EB memory\")",
                 "trace.csv: line 7: alloc of id 2, which is still live (allocated at line 6)",
                 &format!(
                     "trace.csv: line 7: 2 allocations ({}) are still live at the end of the trace: ids 2 (allocated here), 3",

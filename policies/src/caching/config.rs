@@ -185,13 +185,23 @@ impl CachingConfig {
         let defaults = CachingConfig::default();
         let mut parts = Vec::new();
         let split_mb = self.max_split_size_bytes / MIB;
-        // PyTorch checks a split size against the large segment size parsed before it: a
-        // split size under the default segment size (reachable by setting a smaller
-        // segment size first) needs that smaller segment size first again.
-        let lower_segment_first = self.max_split_size_bytes != defaults.max_split_size_bytes
-            && self.max_split_size_bytes < defaults.large_segment_size_bytes;
-        if lower_segment_first {
-            parts.push(format!("large_segment_size_mb:{split_mb}"));
+        let rounding_printed = self.max_non_split_rounding_bytes != self.large_segment_size_bytes
+            || self.max_non_split_rounding_bytes > defaults.max_non_split_rounding_bytes;
+        // PyTorch checks a split size and a rounding tolerance against the large segment
+        // size parsed before them: one under the default segment size (reachable by
+        // setting a smaller segment size first) needs a segment size that small first.
+        let lowest_checked = [
+            (self.max_split_size_bytes != defaults.max_split_size_bytes)
+                .then_some(self.max_split_size_bytes),
+            rounding_printed.then_some(self.max_non_split_rounding_bytes),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .filter(|&b| b < defaults.large_segment_size_bytes);
+        let lower_segment_first = lowest_checked.is_some();
+        if let Some(low) = lowest_checked {
+            parts.push(format!("large_segment_size_mb:{}", low / MIB));
         }
         if self.max_split_size_bytes != defaults.max_split_size_bytes {
             parts.push(format!("max_split_size_mb:{split_mb}"));
@@ -199,9 +209,7 @@ impl CachingConfig {
         // Left out, the tolerance follows the large segment size. Written where it differs
         // from that, and (as always) where it is above its default; never when it follows
         // a segment size below 20 MiB, since PyTorch refuses such a tolerance written out.
-        if self.max_non_split_rounding_bytes != self.large_segment_size_bytes
-            || self.max_non_split_rounding_bytes > defaults.max_non_split_rounding_bytes
-        {
+        if rounding_printed {
             parts.push(format!(
                 "max_non_split_rounding_mb:{}",
                 self.max_non_split_rounding_bytes / MIB
