@@ -15,6 +15,8 @@ mod model;
 /// Nothing lost: outputs never overwrite inputs, replace old files only when complete,
 /// and survive errors and Ctrl-C.
 mod outputs;
+/// PyTorch's own allocator tests, as traces.
+mod pytorch_allocator;
 /// The JSON of tools/record_torch.py read as a recorded run.
 mod recorder;
 /// Hostile and absurd inputs (issue 14): recorded addresses, huge devices, faults.

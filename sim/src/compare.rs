@@ -67,6 +67,9 @@ pub struct Row {
     pub oom: Option<Oom>,
     /// Allocations live at the end of the replay.
     pub live_allocation_count: u64,
+    /// Why its numbers are not exact ([`crate::caveats`]); empty when nothing is known
+    /// to be off.
+    pub caveats: Vec<String>,
 }
 
 /// Replays every (trace, policy, capacity) combination on fresh simulated devices, in
@@ -126,7 +129,9 @@ fn run_one(
             source,
         }
     })?;
+    let caveats = crate::caveats(&input.trace, &spec.config, &r);
     Ok(Row {
+        caveats,
         trace: input.trace.name.clone(),
         policy: spec.label.clone(),
         capacity_bytes: capacity,

@@ -434,7 +434,10 @@ pub fn fidelity(
     let allocated_sim = s.allocated_bytes.all.peak;
     let checkpoints_match = checkpoints.iter().all(CheckpointComparison::matches);
     let segment_ops_match = first_divergence_event.is_none();
-    let exact = segment_ops_match
+    // A run whose trace cannot say everything PyTorch did (private pools it cannot
+    // route, calls it cannot carry) is never reported exact.
+    let exact = trace.meta.caveats.is_empty()
+        && segment_ops_match
         && checkpoints_match
         && reserved_sim == reserved_torch
         && allocated_torch.is_none_or(|a| a == allocated_sim)

@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod caveats;
 pub mod compare;
 mod device;
 pub mod fidelity;
@@ -40,6 +41,7 @@ mod replay;
 pub mod report;
 pub mod validation;
 
+pub use caveats::caveats;
 pub use compare::{compare, CompareError, CompareInput, Row};
 pub use device::{AddressHints, AddressModel, SimDevice, SimDeviceOptions};
 pub use metrics::{Oom, Recorder, Sample, Summary};

@@ -471,11 +471,19 @@ fn check_state(
         stats.allocated_bytes <= stats.reserved_bytes,
         "allocated exceeds reserved {at}"
     );
+    let snapshot = policy.snapshot();
+    // Blocks whose free is pending still count as requested: those of live allocations,
+    // and those whose completed free the policy holds back (a capture under way).
+    let held: u64 = snapshot
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == BlockState::PendingFree)
+        .map(|b| b.requested_bytes)
+        .sum();
     assert!(
-        stats.requested_bytes <= stats.allocated_bytes + pending_bytes(live),
+        stats.requested_bytes <= stats.allocated_bytes + pending_bytes(live).max(held),
         "requested exceeds allocated {at}"
     );
-    let snapshot = policy.snapshot();
     let mut blocks: Vec<(u64, u64, BlockState)> = Vec::new();
     let mut last_end = 0u64;
     for seg in &snapshot {

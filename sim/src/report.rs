@@ -287,6 +287,7 @@ mod tests {
             },
             oom: None,
             live_allocation_count: 2,
+            caveats: Vec::new(),
         };
         let mut out = Vec::new();
         write_compare_csv(std::slice::from_ref(&row), &mut out).unwrap();

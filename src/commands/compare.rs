@@ -35,6 +35,11 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
             &setup.replay,
         )?
     };
+    crate::commands::replay::warn_caveats(rows.iter().flat_map(|r| {
+        r.caveats
+            .iter()
+            .map(move |c| format!("{} under {}: {c}", r.trace, r.policy))
+    }));
     let mut out = output::create(args.output.as_deref())?;
     sim::report::write_compare_csv(&rows, &mut out).context("writing the CSV")?;
     out.finish()?;

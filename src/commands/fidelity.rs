@@ -23,7 +23,14 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<Exit> {
             // A snapshot that does not replay from an empty allocator is refused here,
             // as converting it to a trace would.
             run.check_replayable()?;
-            Ok(fidelity(&run, &options)?)
+            let report = fidelity(&run, &options)?;
+            crate::commands::replay::warn_caveats(
+                run.meta
+                    .caveats
+                    .iter()
+                    .map(|c| format!("{}: {c} (not exact)", path.display())),
+            );
+            Ok(report)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut out = crate::output::create(None)?;

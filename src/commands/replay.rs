@@ -68,6 +68,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         }
         None => spec.label.clone(),
     };
+    let caveats = sim::caveats(&loaded.trace, &spec.config, &r);
+    warn_caveats(caveats.iter().cloned());
     // The timeline file is complete before the summary says the replay is done.
     if let Some(path) = &args.timeline {
         let mut out = output::create(Some(path))?;
@@ -81,6 +83,9 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         "{}",
         summary(&loaded.trace, &label, device.options(), &r)
     )?;
+    for c in &caveats {
+        writeln!(out, "not exact           {c}")?;
+    }
     if args.stats {
         writeln!(out)?;
         for (key, value) in policy.detailed_stats() {
@@ -89,6 +94,16 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     }
     out.finish()?;
     Ok(Exit::Ran)
+}
+
+/// Prints each reason a result is not exact as a `warning:` line on stderr, once.
+pub fn warn_caveats(caveats: impl Iterator<Item = String>) {
+    let mut seen = std::collections::BTreeSet::new();
+    for c in caveats {
+        if seen.insert(c.clone()) {
+            eprintln!("warning: {c}");
+        }
+    }
 }
 
 fn bytes(b: u64) -> String {

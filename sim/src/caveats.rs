@@ -1,0 +1,40 @@
+//! Why a replay's numbers are not exact: what the trace's reader found
+//! ([`workloads::TraceMeta::caveats`]), calls the policy ignored, and settings the policy
+//! does not model. `replay`, `compare` and `fidelity` print them as warnings.
+
+use policies::caching::CachingConfig;
+use policies::PolicyConfig;
+use workloads::Trace;
+
+use crate::Replay;
+
+/// Every reason the replay of `trace` under `config` (which gave `replay`) is not exact,
+/// each a sentence; empty when nothing is known to be off.
+pub fn caveats(trace: &Trace, config: &PolicyConfig, replay: &Replay) -> Vec<String> {
+    let mut out = trace.meta.caveats.clone();
+    if replay.ignored_call_count > 0 {
+        let pools = trace.pools();
+        let pools = if pools.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<String> = pools.iter().map(ToString::to_string).collect();
+            format!(" (private pools {})", names.join(", "))
+        };
+        out.push(format!(
+            "{}: the policy does not model PyTorch's private pools and allocator calls and ignored {} of the trace's{pools}; \
+             its numbers serve every request from one heap",
+            config.kind_name(),
+            replay.ignored_call_count
+        ));
+    }
+    if let Some(c) = config.options::<CachingConfig>() {
+        if c.backend_cuda_malloc_async {
+            out.push(
+                "backend:cudaMallocAsync is not modelled: the trace was replayed under PyTorch's native caching \
+                 allocator, so the numbers are not that backend's"
+                    .to_string(),
+            );
+        }
+    }
+    out
+}
