@@ -376,15 +376,43 @@ impl RecordedRun {
             &mut locations,
             &mut entry_indexes,
         );
+        let mut meta = self.meta.clone();
+        meta.caveats.extend(self.unroutable_pools());
         let trace = Trace {
             name: self.name.clone(),
             path: Some(self.path.clone()),
             events,
             locations,
             location_kind: LocationKind::Entry,
-            meta: self.meta.clone(),
+            meta,
         };
         Ok((trace, entry_indexes))
+    }
+
+    /// For a snapshot that shows private pools (segments with a `segment_pool_id` other
+    /// than (0, 0), or entries with a `pool_id`), the caveat that its trace cannot route
+    /// their requests: a snapshot records no `beginAllocateToPool` window, so every
+    /// request replays from the default pools.
+    fn unroutable_pools(&self) -> Option<String> {
+        let info = self.snapshot.as_ref()?;
+        let mut pools: Vec<(u64, u64)> = self
+            .segments
+            .iter()
+            .map(|s| s.pool_id)
+            .chain(info.entry_pools.iter().map(|&(_, p)| p))
+            .filter(|&p| p != (0, 0))
+            .collect();
+        pools.sort_unstable();
+        pools.dedup();
+        if pools.is_empty() {
+            return None;
+        }
+        let names: Vec<String> = pools.iter().map(|(a, b)| format!("({a}, {b})")).collect();
+        Some(format!(
+            "the snapshot shows private pools {} (CUDA graphs or MemPools) whose requests the trace cannot route \
+             (a snapshot records no allocation-to-pool windows): every request replays from the default pools",
+            names.join(", ")
+        ))
     }
 
     /// Index in the source file of entry `index` (see [`RecordedRun::source_indexes`]).
