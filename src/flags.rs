@@ -101,6 +101,9 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Replay traces × policies × capacities and write one CSV row each.
     Compare(CompareArgs),
+    /// The smallest GPU memory each trace runs in under each policy, and which named
+    /// GPUs it fits on.
+    Fit(FitArgs),
     /// Write a synthetic trace.
     Generate(GenerateArgs),
     /// Validate traces and list every problem found.
@@ -112,6 +115,8 @@ pub enum Command {
     /// Replay recorded PyTorch runs under the caching policy and compare with what
     /// PyTorch did (CSV on stdout).
     Fidelity(FidelityArgs),
+    /// List the built-in GPU profiles (`--gpu-profile NAME`): measured and nominal.
+    Gpus(GpusArgs),
     /// Measure the GPU this runs on and write a device profile (needs a CUDA driver).
     Probe(ProbeArgs),
     /// Replay traces in the simulator and on the GPU, side by side (needs a CUDA driver).
@@ -123,8 +128,8 @@ pub enum Command {
 pub struct InputArgs {
     /// Trace format, instead of detecting it from the content (with the extension as a
     /// hint).
-    #[arg(long, value_enum)]
-    pub format: Option<Format>,
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub trace_format: Option<Format>,
     /// Replay traces that fail validation (unknown frees and zero-size requests are
     /// skipped) instead of refusing them.
     #[arg(long)]
@@ -140,14 +145,15 @@ pub struct InputArgs {
 /// The simulated device and the caching policy's memory limit.
 #[derive(Debug, Args, Clone)]
 pub struct DeviceArgs {
-    /// Device capacity: bytes the simulated GPU can hand out (`80GiB`, `24GiB`, ...;
-    /// a number without a unit below 1 MiB is refused as a likely mistake; `compare`
-    /// and `validate` take a comma-separated list). Default: 80 GiB, or the GPU
-    /// profile's measured capacity.
+    /// The GPU's memory as you would name it (`16GiB`, `80GiB`): the total
+    /// cudaMemGetInfo reports, of which a --gpu-profile's CUDA context and driver
+    /// reserve are kept back (none without a profile); a number without a unit below
+    /// 1 MiB is refused as a likely mistake; `compare` and `validate` take a
+    /// comma-separated list. Default: 80 GiB, or the GPU profile's own memory.
     #[arg(long, value_name = "SIZE", value_delimiter = ',', value_parser = memory_size)]
     pub capacity: Vec<u64>,
-    /// The GPU to simulate: a built-in profile (`h100`, `h200`) or a profile file
-    /// measured by `allocsim probe`.
+    /// The GPU to simulate: a built-in profile (`allocsim gpus` lists them: h100, h200,
+    /// a100-40gb, l4, ...) or a profile file measured by `allocsim probe`.
     #[arg(long, value_name = "NAME|FILE", alias = "device-profile")]
     pub gpu_profile: Option<String>,
     /// The device's total memory as cudaMemGetInfo reports it (memory fractions use it).
@@ -213,10 +219,56 @@ pub struct CompareArgs {
     /// Write the CSV here instead of stdout.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+    /// `table` (aligned, sizes in binary units; the default on a terminal) or `csv`
+    /// (the default in a pipe or with -o).
+    #[arg(long, value_enum)]
+    pub format: Option<crate::table::OutputFormat>,
     #[command(flatten)]
     pub input: InputArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
+}
+
+/// `allocsim fit`.
+#[derive(Debug, Args)]
+pub struct FitArgs {
+    /// Traces to fit.
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+    /// Comma-separated policies (generated help: see `policy_help`).
+    #[arg(
+        long,
+        default_value = ALL_POLICIES.as_str(),
+        help = policy_help("Comma-separated policies, e.g. `caching,caching:expandable_segments=True`")
+    )]
+    pub policies: Vec<String>,
+    /// GPUs to check (built-in names, `allocsim gpus`, or profile files), one CSV
+    /// column each; `all` (the default) for every built-in one, `none` for none.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "all",
+        value_name = "NAMES"
+    )]
+    pub gpus: Vec<String>,
+    /// Write the CSV here instead of stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// `table` (the default on a terminal) or `csv` (the default in a pipe or with -o).
+    #[arg(long, value_enum)]
+    pub format: Option<crate::table::OutputFormat>,
+    #[command(flatten)]
+    pub input: InputArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// `allocsim gpus`.
+#[derive(Debug, Args)]
+pub struct GpusArgs {
+    /// `table` (the default on a terminal) or `csv`.
+    #[arg(long, value_enum)]
+    pub format: Option<crate::table::OutputFormat>,
 }
 
 /// `allocsim generate`.

@@ -39,8 +39,8 @@ pub fn load_trace(
     input: &InputArgs,
     model: &SimDeviceOptions,
 ) -> anyhow::Result<Loaded> {
-    let (trace, run) =
-        workloads::read_source(path, input.format, input.snapshot_device).map_err(|e| {
+    let (trace, run) = workloads::read_source(path, input.trace_format, input.snapshot_device)
+        .map_err(|e| {
             let hint = if e.more.is_empty() {
                 String::new()
             } else {
@@ -91,10 +91,13 @@ pub fn load_inputs(
 
 /// The simulated device, the capacities to run at, and the caching defaults.
 pub struct DeviceSetup {
-    /// Device options (capacity = the first of `capacities`).
+    /// Device options (the first of `devices`).
     pub options: SimDeviceOptions,
-    /// Capacities to run at (`--capacity 40GiB,80GiB`).
+    /// `--capacity` as given (`--capacity 40GiB,80GiB`), or the device's own total.
     pub capacities: Vec<u64>,
+    /// The simulated device at each capacity: the profile's (or the default) device
+    /// with that total memory ([`SimDeviceOptions::with_total`]).
+    pub devices: Vec<SimDeviceOptions>,
     /// `--alloc-conf`, `--cap`, `--memory-fraction`.
     pub caching: CachingDefaults,
     /// Replay options.
@@ -140,14 +143,28 @@ pub fn device_setup(args: &DeviceArgs) -> anyhow::Result<DeviceSetup> {
     if let Some(total) = args.total_bytes {
         options.total_bytes = total;
     }
-    let capacities = match args.capacity.as_slice() {
-        [] => vec![options.capacity_bytes],
-        list => list.to_vec(),
+    let (capacities, devices) = match args.capacity.as_slice() {
+        [] => (vec![options.total_bytes], vec![options.clone()]),
+        list => {
+            let devices = list
+                .iter()
+                .map(|&total| {
+                    options.clone().with_total(total).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--capacity {}: not above the {} the CUDA context and the driver \
+                             keep on {} ({} bytes)",
+                            units::format_size_exact(total),
+                            units::format_size_human(options.reserved_by_driver_bytes()),
+                            options.name,
+                            options.reserved_by_driver_bytes()
+                        )
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            (list.to_vec(), devices)
+        }
     };
-    if capacities.contains(&0) {
-        bail!("--capacity: capacities must be positive");
-    }
-    options = options.with_capacity(capacities[0]);
+    options = devices[0].clone();
     let memory_limit = match (args.cap, args.memory_fraction) {
         (Some(cap), _) => Some(MemoryLimit::Bytes(cap)),
         (None, Some(f)) => Some(MemoryLimit::Fraction(f)),
@@ -156,6 +173,7 @@ pub fn device_setup(args: &DeviceArgs) -> anyhow::Result<DeviceSetup> {
     Ok(DeviceSetup {
         options,
         capacities,
+        devices,
         caching: CachingDefaults {
             alloc_conf: args.alloc_conf.clone(),
             memory_limit,

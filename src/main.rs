@@ -14,6 +14,7 @@ mod flags;
 mod interrupt;
 mod load;
 mod output;
+mod table;
 
 use std::process::ExitCode;
 
@@ -182,11 +183,13 @@ fn run(command: Command) -> anyhow::Result<Exit> {
     match command {
         Command::Replay(a) => commands::replay::run(a),
         Command::Compare(a) => commands::compare::run(a),
+        Command::Fit(a) => commands::fit::run(a),
         Command::Generate(a) => commands::generate::run(a),
         Command::Check(a) => commands::check::run(a),
         Command::Policies(a) => commands::policies::run(a),
         Command::Convert(a) => commands::convert::run(a),
         Command::Fidelity(a) => commands::fidelity::run(a),
+        Command::Gpus(a) => commands::gpus::run(a),
         Command::Probe(a) => commands::gpu::probe(a),
         Command::Validate(a) => commands::gpu::validate(a),
     }

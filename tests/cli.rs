@@ -60,17 +60,17 @@ fn bad_traces_exit_2_with_file_and_place() {
         (
             "op.yaml",
             "events:\n  - {op: alloc, id: 1, bytes: 10}\n  - {op: teleport, id: 1}\n",
-            &["op.yaml", "event 2"],
+            &["op.yaml", "event 1"],
         ),
         (
             "bytes.yaml",
             "events:\n  - {op: alloc, id: 1, bytes: lots}\n",
-            &["bytes.yaml", "event 1"],
+            &["bytes.yaml", "event 0"],
         ),
         (
             "free.yaml",
             "events:\n  - {op: free, id: 9}\n",
-            &["free.yaml", "event 1", "9"],
+            &["free.yaml", "event 0", "9"],
         ),
         (
             "requested-twice.csv",
@@ -83,7 +83,7 @@ fn bad_traces_exit_2_with_file_and_place() {
             &["bad-conf.json", "alloc_conf 'max_split_size_mb:oops'"],
         ),
         ("syntax.yaml", "events: [\n", &["syntax.yaml", "line"]),
-        ("trace.txt", "hello\n", &["trace.txt", "--format"]),
+        ("trace.txt", "hello\n", &["trace.txt", "--trace-format"]),
     ];
     for (name, text, needles) in cases {
         let (code, err) = replay_text(&dir, name, text);
@@ -200,7 +200,7 @@ fn bad_flags_exit_2() {
         ),
         (
             &["replay", t, "--gpu-profile", "tpu9"],
-            "unknown GPU profile 'tpu9' (built in: h100, h200)",
+            "unknown GPU profile 'tpu9' (built in: h100, h200,",
         ),
         (
             &["replay", t, "--gpu-profile", "no/such/card.yaml"],
@@ -241,7 +241,7 @@ fn bad_flags_exit_2() {
             "[possible values: yaml, csv]",
         ),
         (
-            &["replay", t, "--format", "xml"],
+            &["replay", t, "--trace-format", "xml"],
             "[possible values: yaml, csv, json, pickle]",
         ),
         (&["replay", t, "--frobnicate"], "--frobnicate"),
@@ -311,7 +311,7 @@ fn trace_sizes_are_exact() {
     assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
     assert!(
         stdout(&o)
-            .contains("huge.yaml: event 1: alloc: bytes: '18446744073709551616B' is too large"),
+            .contains("huge.yaml: event 0: alloc: bytes: '18446744073709551616B' is too large"),
         "{}",
         stdout(&o)
     );
@@ -650,4 +650,203 @@ fn readme_commands_exist() {
     assert!(readme.contains("cargo build --release"));
     assert!(readme.contains(".ci/run"));
     assert!(readme.contains("allocsim compare"));
+}
+
+/// `--capacity` is the card's total memory: the summary and PyTorch's OOM message say
+/// the same total (not the default 80 GiB), a memory fraction is taken of it, and a GPU
+/// profile keeps its context and driver reserve back from it.
+#[test]
+fn capacity_is_the_total_everywhere() {
+    let o = allocsim(["replay", "examples/seed000.yaml", "--capacity", "2GiB"]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("device              simulated 2.00 GiB: total 2.00 GiB, usable 2.00 GiB\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("GPU 0 has a total capacity of 2.00 GiB"),
+        "{out}"
+    );
+    // 16 GiB × 0.5 = 8 GiB allowed, not half of 80 GiB.
+    let o = allocsim([
+        "replay",
+        "examples/seed000.yaml",
+        "--capacity",
+        "16GiB",
+        "--memory-fraction",
+        "0.125",
+    ]);
+    let out = stdout(&o);
+    assert!(out.contains("2.00 GiB allowed"), "{out}");
+    assert!(out.contains("total capacity of 16.00 GiB"), "{out}");
+    let o = allocsim([
+        "replay",
+        "examples/seed000.yaml",
+        "--gpu-profile",
+        "l4",
+        "--capacity",
+        "2GiB",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("NVIDIA L4 (nominal profile): total 2.00 GiB, usable 1.48 GiB (the CUDA context and the driver keep 529.00 MiB)"),
+        "{out}"
+    );
+    let o = allocsim([
+        "replay",
+        "examples/seed000.yaml",
+        "--gpu-profile",
+        "l4",
+        "--capacity",
+        "500MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--capacity 500MiB: not above"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// `allocsim gpus` lists every built-in profile, measured and nominal, with its
+/// figures and source; the CSV has the documented columns.
+#[test]
+fn gpus_lists_the_catalog() {
+    let o = allocsim(["gpus", "--format", "csv"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next(),
+        Some("gpu,card,total_bytes,usable_bytes,kind,source")
+    );
+    assert!(out.contains("\nh100,NVIDIA H100 80GB HBM3,85017493504,84462796800,measured,"));
+    assert!(out.contains("\na100-40gb,NVIDIA A100-SXM4-40GB,42505273344,41950576640,nominal,"));
+    for gpu in [
+        "l4",
+        "a10g",
+        "rtx-4090",
+        "a100-80gb",
+        "t4",
+        "v100-16gb",
+        "l40s",
+    ] {
+        assert!(out.contains(&format!("\n{gpu},")), "{gpu}: {out}");
+    }
+    let o = allocsim(["gpus", "--format", "table"]);
+    let out = stdout(&o);
+    assert!(out.starts_with("gpu "), "{out}");
+    assert!(out.contains("39.59 GiB"), "{out}");
+    let o = allocsim(["replay", "examples/seed000.yaml", "--gpu-profile", "a100"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("a100-40gb"), "{}", stderr(&o));
+}
+
+/// The timeline names each event's op, id and bytes; the summary names events by the
+/// one numbering (from 0), with the file's own place for recorded runs.
+#[test]
+fn one_event_numbering() {
+    let dir = TempDir::new("cli-numbering");
+    let t = dir.path().join("t.csv");
+    let o = allocsim([
+        "replay".as_ref(),
+        "examples/seed000.yaml".as_ref(),
+        "--capacity".as_ref(),
+        "2GiB".as_ref(),
+        "--timeline".as_ref(),
+        t.as_os_str(),
+    ]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("out of memory       at event 8: request of 1.00 GiB"),
+        "{out}"
+    );
+    let timeline = std::fs::read_to_string(&t).unwrap();
+    let lines: Vec<&str> = timeline.lines().collect();
+    assert_eq!(
+        lines[0],
+        "event_index,op,id,bytes,requested_bytes,allocated_bytes,reserved_bytes,charged_bytes,allocation_count,segment_count"
+    );
+    assert!(lines[9].starts_with("8,alloc,"), "{timeline}");
+    assert!(lines[1].starts_with("0,alloc,1,1073741824,"), "{timeline}");
+    assert_eq!(lines.len(), 10, "stopped at the OOM, event 8");
+    let o = allocsim([
+        "replay",
+        "tests/data/oracle/h100-torch2.11-pickles/random_stress__cap5120M.pickle",
+        "--cap",
+        "5120MiB",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("out of memory       at event 5076 (entry 7575): request of 203.05 MiB"),
+        "{out}"
+    );
+    assert!(out.contains("first at event 5072 (entry 7571)"), "{out}");
+}
+
+/// `fit` gives, per (trace, policy), the smallest capacity in whole pages that replays
+/// without an OOM (and one page less does not), the requested peak and the overhead,
+/// then one column per named GPU; bad input is one line and exit 2.
+#[test]
+fn fit_finds_the_smallest_capacity() {
+    let o = allocsim([
+        "fit",
+        "examples/training_loop.yaml",
+        "--policies",
+        "caching,immediate",
+        "--gpus",
+        "t4,a100-40gb",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        "trace,policy,min_capacity_bytes,requested_bytes_peak,overhead_bytes,overhead_pct,monotonic,t4,a100-40gb"
+    );
+    assert_eq!(
+        lines[1],
+        "training_loop,caching,761266176,704643072,56623104,8.04,true,true,true"
+    );
+    assert_eq!(
+        lines[2],
+        "training_loop,immediate,704643072,704643072,0,0.00,true,true,true"
+    );
+    // The answer replays; one page less runs out.
+    for (capacity, oom) in [("761266176B", false), ("759169024B", true)] {
+        let o = allocsim([
+            "replay",
+            "examples/training_loop.yaml",
+            "--capacity",
+            capacity,
+        ]);
+        assert_eq!(
+            stdout(&o).contains("out of memory       at event"),
+            oom,
+            "{capacity}: {}",
+            stdout(&o)
+        );
+    }
+    for (args, needle) in [
+        (
+            &["fit", "examples/seed000.yaml", "--capacity", "1GiB"][..],
+            "--capacity: fit searches",
+        ),
+        (
+            &["fit", "examples/seed000.yaml", "--gpus", "tpu9"],
+            "--gpus tpu9",
+        ),
+        (
+            &["fit", "examples/seed000.yaml", "--policies", "slab"],
+            "slab",
+        ),
+        (&["fit", "missing.yaml"], "missing.yaml"),
+    ] {
+        let o = allocsim(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
 }

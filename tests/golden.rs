@@ -27,14 +27,7 @@ fn rows(name: &str) -> Vec<Row> {
         hints: Default::default(),
     };
     let device = SimDeviceOptions::default();
-    sim::compare(
-        &[input],
-        &specs,
-        &[device.capacity_bytes],
-        &device,
-        &options,
-    )
-    .unwrap()
+    sim::compare(&[input], &specs, &[device], &options).unwrap()
 }
 
 /// Compares the CSV of `name` with its expected file (or rewrites it).

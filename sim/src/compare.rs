@@ -57,8 +57,10 @@ pub struct Row {
     pub trace: String,
     /// Policy label as given.
     pub policy: String,
-    /// Device capacity used.
+    /// Device capacity used (usable bytes).
     pub capacity_bytes: u64,
+    /// The device's total memory (what `--capacity` names).
+    pub total_bytes: u64,
     /// Events in the trace.
     pub events: u64,
     /// Peaks and counts.
@@ -72,9 +74,9 @@ pub struct Row {
     pub caveats: Vec<String>,
 }
 
-/// Replays every (trace, policy, capacity) combination on fresh simulated devices, in
+/// Replays every (trace, policy, device) combination on fresh simulated devices, in
 /// parallel on all cores. Rows come out in input order (trace, then policy, then
-/// capacity), whatever the scheduling, so the output is deterministic.
+/// device), whatever the scheduling, so the output is deterministic.
 ///
 /// With `options.interrupt` set, every replay stops at its next event and the
 /// comparison returns [`ReplayError::Interrupted`] (inside [`CompareError::Replay`]).
@@ -85,15 +87,14 @@ pub struct Row {
 pub fn compare(
     inputs: &[CompareInput],
     policies: &[PolicySpec],
-    capacities: &[u64],
-    device: &SimDeviceOptions,
+    devices: &[SimDeviceOptions],
     options: &ReplayOptions,
 ) -> Result<Vec<Row>, CompareError> {
     let mut jobs = Vec::new();
     for input in inputs {
         for spec in policies {
-            for &capacity in capacities {
-                jobs.push((input, spec, capacity));
+            for device in devices {
+                jobs.push((input, spec, device));
             }
         }
     }
@@ -101,7 +102,7 @@ pub fn compare(
     // first in time depends on the scheduling, the error reported must not.
     let results: Vec<Result<Row, CompareError>> = jobs
         .par_iter()
-        .map(|&(input, spec, capacity)| run_one(input, spec, capacity, device, options))
+        .map(|&(input, spec, device)| run_one(input, spec, device, options))
         .collect();
     results.into_iter().collect()
 }
@@ -109,7 +110,6 @@ pub fn compare(
 fn run_one(
     input: &CompareInput,
     spec: &PolicySpec,
-    capacity: u64,
     device: &SimDeviceOptions,
     options: &ReplayOptions,
 ) -> Result<Row, CompareError> {
@@ -118,10 +118,7 @@ fn run_one(
         policy: spec.label.clone(),
         source,
     })?;
-    let mut dev = SimDevice::with_hints(
-        device.clone().with_capacity(capacity),
-        input.hints.for_policy(&spec.config),
-    );
+    let mut dev = SimDevice::with_hints(device.clone(), input.hints.for_policy(&spec.config));
     let r = replay(&input.trace, policy.as_mut(), &mut dev, options).map_err(|source| {
         CompareError::Replay {
             trace: input.trace.name.clone(),
@@ -134,7 +131,8 @@ fn run_one(
         caveats,
         trace: input.trace.name.clone(),
         policy: spec.label.clone(),
-        capacity_bytes: capacity,
+        capacity_bytes: device.capacity_bytes,
+        total_bytes: device.total_bytes,
         events: input.trace.events.len() as u64,
         summary: r.summary,
         oom: r.oom,
@@ -171,14 +169,7 @@ mod tests {
             interrupt: Some(&RAISED),
             ..ReplayOptions::default()
         };
-        let e = compare(
-            &inputs,
-            &specs,
-            &[1 << 30],
-            &SimDeviceOptions::default(),
-            &options,
-        )
-        .unwrap_err();
+        let e = compare(&inputs, &specs, &[SimDeviceOptions::default()], &options).unwrap_err();
         assert!(
             matches!(
                 &e,

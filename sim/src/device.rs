@@ -102,6 +102,39 @@ impl SimDeviceOptions {
         self
     }
 
+    /// Bytes of the total the program can never get: the CUDA context (and other
+    /// processes) plus the free memory the driver never hands out. 0 for the default
+    /// device; `total − usable` of a GPU profile.
+    pub fn reserved_by_driver_bytes(&self) -> u64 {
+        self.total_bytes.saturating_sub(self.capacity_bytes)
+    }
+
+    /// The same kind of device with `total_bytes` of memory, as `--capacity` means it: the
+    /// total `cudaMemGetInfo` reports (what PyTorch's OOM message calls "total
+    /// capacity"), of which the context and the driver's unusable tail keep the same
+    /// bytes as on this device ([`SimDeviceOptions::reserved_by_driver_bytes`]: they
+    /// depend on the driver and the chip, not on the memory size), the rest being the
+    /// capacity. On the default device nothing is kept back: capacity = total.
+    /// `None` when the total does not exceed what the driver keeps.
+    pub fn with_total(self, total_bytes: u64) -> Option<SimDeviceOptions> {
+        let kept = self.reserved_by_driver_bytes();
+        let capacity_bytes = total_bytes.checked_sub(kept).filter(|&c| c > 0)?;
+        let name = if self.name.starts_with("simulated ") {
+            format!(
+                "simulated {}",
+                workloads::size::format_size_human(total_bytes)
+            )
+        } else {
+            self.name.clone()
+        };
+        Some(SimDeviceOptions {
+            name,
+            capacity_bytes,
+            total_bytes,
+            ..self
+        })
+    }
+
     /// The same device as it would be with `free_bytes` reported free by the driver:
     /// capacity = free − [`SimDeviceOptions::unusable_free_bytes`].
     pub fn with_free_bytes(self, free_bytes: u64) -> SimDeviceOptions {

@@ -47,6 +47,12 @@ impl Summary {
 pub struct Sample {
     /// Index of the event in the trace.
     pub event_index: u64,
+    /// The event's op (`alloc`, `free`, ...).
+    pub op: &'static str,
+    /// The allocation it is about, if any.
+    pub id: Option<u64>,
+    /// Bytes it asked for (`alloc` only).
+    pub bytes: Option<u64>,
     /// Policy accounting after the event.
     pub policy: PolicyStats,
     /// Bytes the driver charged after the event.

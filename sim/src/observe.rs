@@ -162,8 +162,15 @@ pub struct Timeline {
 
 impl Observer for Timeline {
     fn after_event(&mut self, step: &Step<'_>) {
+        let bytes = match *step.event {
+            Event::Alloc { size_bytes, .. } => Some(size_bytes),
+            _ => None,
+        };
         self.samples.push(Sample {
             event_index: step.index as u64,
+            op: step.event.op_name(),
+            id: step.event.id().map(|id| id.0),
+            bytes,
             policy: *step.policy_stats,
             charged_bytes: step.device_stats.charged_bytes,
         });

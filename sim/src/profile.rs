@@ -1,5 +1,9 @@
 //! Device profiles: what `allocsim probe` measured on a GPU, in YAML, turned into
-//! [`SimDeviceOptions`]. The H100 and H200 profiles ship built in (`--gpu-profile h100`).
+//! [`SimDeviceOptions`]. Built in (`--gpu-profile NAME`, listed by `allocsim gpus`): the
+//! H100 and H200 as measured, and nominal profiles of common cards (A100, L4, T4, ...)
+//! whose total memory comes from published `cudaMemGetInfo` / deviceQuery figures and
+//! whose context is assumed equal to the measured H100's (each says where each figure
+//! comes from, in [`DeviceProfile::sources`]).
 
 use std::path::Path;
 
@@ -19,6 +23,13 @@ pub struct DeviceProfile {
     /// `cuDriverGetVersion` (e.g. 13000 = CUDA 13.0).
     #[serde(default)]
     pub driver_version: Option<u32>,
+    /// Not measured by `allocsim probe`: figures taken from published sources and
+    /// assumptions, listed in [`DeviceProfile::sources`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nominal: bool,
+    /// Where each figure of a nominal profile comes from, one line per figure.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<String>,
     /// `cuMemGetInfo` total.
     pub total_bytes: u64,
     /// `cuMemGetInfo` free right after the context was created.
@@ -79,9 +90,22 @@ pub struct ProfileProblem {
     pub problem: String,
 }
 
+/// The built-in profiles: measured ones first, then nominal ones by memory size.
 const BUILTIN: &[(&str, &str)] = &[
     ("h100", include_str!("../profiles/h100.yaml")),
     ("h200", include_str!("../profiles/h200.yaml")),
+    ("t4", include_str!("../profiles/t4.yaml")),
+    ("v100-16gb", include_str!("../profiles/v100-16gb.yaml")),
+    ("a10", include_str!("../profiles/a10.yaml")),
+    ("l4", include_str!("../profiles/l4.yaml")),
+    ("a10g", include_str!("../profiles/a10g.yaml")),
+    ("rtx-3090", include_str!("../profiles/rtx-3090.yaml")),
+    ("rtx-4090", include_str!("../profiles/rtx-4090.yaml")),
+    ("v100-32gb", include_str!("../profiles/v100-32gb.yaml")),
+    ("a100-40gb", include_str!("../profiles/a100-40gb.yaml")),
+    ("l40s", include_str!("../profiles/l40s.yaml")),
+    ("h100-pcie", include_str!("../profiles/h100-pcie.yaml")),
+    ("a100-80gb", include_str!("../profiles/a100-80gb.yaml")),
 ];
 
 impl DeviceProfile {
@@ -113,6 +137,33 @@ impl DeviceProfile {
     /// Names of the built-in profiles.
     pub fn builtin_names() -> Vec<&'static str> {
         BUILTIN.iter().map(|(n, _)| *n).collect()
+    }
+
+    /// Every built-in profile with its name, measured ones first, then nominal ones
+    /// from the smallest memory up.
+    pub fn builtins() -> Vec<(&'static str, DeviceProfile)> {
+        BUILTIN
+            .iter()
+            .map(|(n, _)| (*n, DeviceProfile::builtin(n).expect("built-in profile")))
+            .collect()
+    }
+
+    /// Bytes the CUDA context and other processes take: total − free at start.
+    pub fn context_bytes(&self) -> u64 {
+        self.total_bytes - self.free_at_start_bytes
+    }
+
+    /// Where the figures come from, in a few words: `allocsim probe` for a measured
+    /// profile, else the first source of a nominal one.
+    pub fn source(&self) -> String {
+        match (self.nominal, self.sources.first()) {
+            (true, Some(s)) => s.clone(),
+            (true, None) => "nominal".to_string(),
+            (false, _) => self
+                .measured
+                .clone()
+                .unwrap_or_else(|| "allocsim probe".to_string()),
+        }
     }
 
     /// Parses and checks a profile; `path` names it in messages.
@@ -199,7 +250,11 @@ impl DeviceProfile {
     /// of one that does not is taken as 0 rather than wrapped).
     pub fn to_options(&self) -> SimDeviceOptions {
         SimDeviceOptions {
-            name: self.name.clone(),
+            name: if self.nominal {
+                format!("{} (nominal profile)", self.name)
+            } else {
+                self.name.clone()
+            },
             capacity_bytes: self.usable_bytes,
             total_bytes: self.total_bytes,
             page_bytes: self.page_bytes,
@@ -235,7 +290,43 @@ mod tests {
         let o = p.to_options();
         assert_eq!(o.capacity_bytes, 149_554_200_576);
         assert_eq!(DeviceProfile::parse(&p.to_yaml(), "x").unwrap(), p);
-        assert_eq!(DeviceProfile::builtin_names(), ["h100", "h200"]);
+        assert_eq!(&DeviceProfile::builtin_names()[..2], ["h100", "h200"]);
+    }
+
+    /// Every built-in profile passes the checks, is nominal exactly when it was not
+    /// measured (only h100 and h200 are), says where each nominal figure comes from,
+    /// keeps the measured H100's context and unusable tail, and nominal ones come in
+    /// order of memory; names are unique.
+    #[test]
+    fn builtin_catalog() {
+        let all = DeviceProfile::builtins();
+        let h100 = DeviceProfile::builtin("h100").unwrap();
+        let mut last_total = 0;
+        for (name, p) in &all {
+            assert!(p.check().is_ok(), "{name}");
+            assert_eq!(p.nominal, !["h100", "h200"].contains(name), "{name}");
+            assert_eq!(DeviceProfile::parse(&p.to_yaml(), name).unwrap(), *p);
+            if p.nominal {
+                assert_eq!(p.sources.len(), 3, "{name}: one source per figure");
+                assert!(p.sources[0].starts_with("total_bytes: "), "{name}");
+                assert_eq!(p.context_bytes(), h100.context_bytes(), "{name}");
+                assert_eq!(
+                    p.free_at_start_bytes - p.usable_bytes,
+                    h100.free_at_start_bytes - h100.usable_bytes,
+                    "{name}"
+                );
+                assert!(p.total_bytes > last_total, "{name} out of order");
+                last_total = p.total_bytes;
+            }
+        }
+        let mut names = DeviceProfile::builtin_names();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+        let a100 = DeviceProfile::builtin("A100-40GB").unwrap();
+        assert_eq!(a100.total_bytes, 42_505_273_344);
+        assert!(a100.source().contains("42505273344"));
+        assert!(h100.source().starts_with("allocsim probe"));
     }
 
     /// A profile with an unknown field or bad figures is refused with its place.

@@ -128,6 +128,9 @@ pub struct CompareRecord<'a> {
     pub events_replayed: u64,
     /// Allocations live at the end.
     pub live_allocations_at_end: u64,
+    /// The device's total memory (what `--capacity` names; `capacity_bytes` is what the
+    /// context and the driver leave of it).
+    pub total_bytes: u64,
 }
 
 impl<'a> From<&'a Row> for CompareRecord<'a> {
@@ -155,6 +158,7 @@ impl<'a> From<&'a Row> for CompareRecord<'a> {
             reserved_bytes_at_oom: oom.map(|o| o.policy.reserved_bytes),
             events_replayed: s.event_count,
             live_allocations_at_end: r.live_allocation_count,
+            total_bytes: r.total_bytes,
         }
     }
 }
@@ -167,11 +171,17 @@ pub fn write_compare_csv<W: io::Write>(rows: &[Row], writer: W) -> csv::Result<(
     write_records(rows.iter().map(CompareRecord::from), writer)
 }
 
-/// One row of a `--timeline` file: the state after one event.
+/// One row of a `--timeline` file: the event, and the state after it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct TimelineRecord {
     /// Index of the event.
     pub event_index: u64,
+    /// Its op.
+    pub op: &'static str,
+    /// The allocation it is about (empty for `empty_cache` and `mark`).
+    pub id: Option<u64>,
+    /// Bytes an `alloc` asked for (empty for other ops).
+    pub bytes: Option<u64>,
     /// Requested bytes after it.
     pub requested_bytes: u64,
     /// Allocated bytes after it.
@@ -191,6 +201,9 @@ impl From<&Sample> for TimelineRecord {
         let p = &s.policy;
         TimelineRecord {
             event_index: s.event_index,
+            op: s.op,
+            id: s.id,
+            bytes: s.bytes,
             requested_bytes: p.requested_bytes,
             allocated_bytes: p.allocated_bytes,
             reserved_bytes: p.reserved_bytes,
@@ -225,7 +238,7 @@ mod tests {
              reserved_bytes_peak,utilization,oom_event_index,oom_requested_bytes,\
              charged_bytes_peak,segment_count_peak,cached_bytes_at_reserved_peak,\
              device_alloc_count,device_free_count,oom_tried_bytes,allocated_bytes_at_oom,\
-             reserved_bytes_at_oom,events_replayed,live_allocations_at_end"
+             reserved_bytes_at_oom,events_replayed,live_allocations_at_end,total_bytes"
         );
     }
 
@@ -234,8 +247,8 @@ mod tests {
     fn timeline_columns() {
         assert_eq!(
             columns::<TimelineRecord>().join(","),
-            "event_index,requested_bytes,allocated_bytes,reserved_bytes,charged_bytes,\
-             allocation_count,segment_count"
+            "event_index,op,id,bytes,requested_bytes,allocated_bytes,reserved_bytes,\
+             charged_bytes,allocation_count,segment_count"
         );
     }
 
@@ -278,6 +291,7 @@ mod tests {
             trace: "t,1".into(),
             policy: "caching".into(),
             capacity_bytes: 100,
+            total_bytes: 100,
             events: 3,
             summary: Summary {
                 event_count: 3,
@@ -294,7 +308,7 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text.lines().nth(1),
-            Some("\"t,1\",caching,100,3,0,1,3,0.333333,,,0,0,3,0,0,,,,3,2")
+            Some("\"t,1\",caching,100,3,0,1,3,0.333333,,,0,0,3,0,0,,,,3,2,100")
         );
         let oom = Row {
             oom: Some(Oom {
@@ -326,7 +340,7 @@ mod tests {
         write_timeline_csv(&[], &mut out).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "event_index,requested_bytes,allocated_bytes,reserved_bytes,charged_bytes,allocation_count,segment_count\n"
+            "event_index,op,id,bytes,requested_bytes,allocated_bytes,reserved_bytes,charged_bytes,allocation_count,segment_count\n"
         );
     }
 }

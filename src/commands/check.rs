@@ -11,7 +11,8 @@ pub fn run(args: CheckArgs) -> anyhow::Result<Exit> {
     let mut bad = false;
     let mut out = crate::output::create(None)?;
     for path in &args.traces {
-        let read = workloads::read_source(path, args.input.format, args.input.snapshot_device);
+        let read =
+            workloads::read_source(path, args.input.trace_format, args.input.snapshot_device);
         let trace = match read {
             Ok((trace, _)) => trace,
             Err(e) => {

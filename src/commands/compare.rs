@@ -2,10 +2,14 @@
 
 use std::path::Path;
 
+use std::io::Write as _;
+
 use anyhow::Context;
+use workloads::size::format_size_human;
 
 use crate::flags::CompareArgs;
 use crate::output::{self, Kind, Planned};
+use crate::table::{OutputFormat, Table};
 use crate::{interrupt, load, Exit};
 
 pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
@@ -27,21 +31,61 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     let rows = {
         // Ctrl-C stops every replay at its next event; nothing is written then.
         let _in_order = interrupt::in_order();
-        sim::compare(
-            &inputs,
-            &specs,
-            &setup.capacities,
-            &setup.options,
-            &setup.replay,
-        )?
+        sim::compare(&inputs, &specs, &setup.devices, &setup.replay)?
     };
     crate::commands::replay::warn_caveats(rows.iter().flat_map(|r| {
         r.caveats
             .iter()
             .map(move |c| format!("{} under {}: {c}", r.trace, r.policy))
     }));
+    let format = OutputFormat::resolve(args.format, args.output.is_some());
     let mut out = output::create(args.output.as_deref())?;
-    sim::report::write_compare_csv(&rows, &mut out).context("writing the CSV")?;
+    match format {
+        OutputFormat::Csv => {
+            sim::report::write_compare_csv(&rows, &mut out).context("writing the CSV")?
+        }
+        OutputFormat::Table => write!(out, "{}", table(&rows))?,
+    }
     out.finish()?;
+    if let Some(path) = &args.output {
+        eprintln!("wrote {} ({} rows)", path.display(), rows.len());
+    }
     Ok(Exit::Ran)
+}
+
+/// The rows for people: sizes in binary units, the OOM as an event number.
+fn table(rows: &[sim::Row]) -> String {
+    let h = format_size_human;
+    let mut t = Table::new(
+        &[
+            "trace",
+            "policy",
+            "total",
+            "usable",
+            "requested peak",
+            "allocated peak",
+            "reserved peak",
+            "utilization",
+            "out of memory",
+        ],
+        &[false, false, true, true, true, true, true, true, false],
+    );
+    for r in rows {
+        let s = &r.summary;
+        t.row(vec![
+            r.trace.clone(),
+            r.policy.clone(),
+            h(r.total_bytes),
+            h(r.capacity_bytes),
+            h(s.requested_bytes_peak),
+            h(s.allocated_bytes_peak),
+            h(s.reserved_bytes_peak),
+            s.utilization()
+                .map_or("n/a".to_string(), |u| format!("{:.1}%", u * 100.0)),
+            r.oom.as_ref().map_or("none".to_string(), |o| {
+                format!("event {}: {}", o.event_index, h(o.requested_bytes))
+            }),
+        ]);
+    }
+    t.render()
 }

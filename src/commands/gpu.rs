@@ -57,6 +57,8 @@ pub fn profile_yaml(r: &ProbeReport) -> String {
             r.device_index, r.compute_capability.0, r.compute_capability.1
         )),
         driver_version: u32::try_from(r.driver_version).ok(),
+        nominal: false,
+        sources: Vec::new(),
         total_bytes: r.total_bytes,
         free_at_start_bytes: r.free_at_start_bytes,
         usable_bytes: r.fill.usable_bytes,

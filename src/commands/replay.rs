@@ -88,9 +88,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     }
     if args.stats {
         writeln!(out)?;
-        for (key, value) in policy.detailed_stats() {
-            writeln!(out, "{key:<40} {value}")?;
-        }
+        write!(out, "{}", stats_table(&policy.detailed_stats()))?;
     }
     out.finish()?;
     Ok(Exit::Ran)
@@ -110,6 +108,26 @@ fn bytes(b: u64) -> String {
     format!("{:>12}  ({b} bytes)", format_size_human(b))
 }
 
+/// The policy's own statistics, aligned: name, value, and for byte counts the size in
+/// binary units.
+fn stats_table(stats: &[(String, i64)]) -> String {
+    let width = stats.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (key, value) in stats {
+        let human = match u64::try_from(*value) {
+            Ok(v) if key.contains("bytes") => format!("  {}", format_size_human(v)),
+            _ => String::new(),
+        };
+        let _ = writeln!(out, "{key:<width$}  {value:>15}{human}");
+    }
+    out
+}
+
+/// A size in binary units with its exact bytes: `1.50 GiB (1610612736 bytes)`.
+fn human_exact(b: u64) -> String {
+    format!("{} ({b} bytes)", format_size_human(b))
+}
+
 /// The readable summary of one replay.
 pub fn summary(trace: &Trace, policy: &str, device: &sim::SimDeviceOptions, r: &Replay) -> String {
     let s = &r.summary;
@@ -125,19 +143,28 @@ pub fn summary(trace: &Trace, policy: &str, device: &sim::SimDeviceOptions, r: &
         trace.alloc_count()
     );
     let _ = writeln!(out, "policy              {policy}");
+    let kept = device.reserved_by_driver_bytes();
+    let kept = if kept == 0 {
+        String::new()
+    } else {
+        format!(
+            " (the CUDA context and the driver keep {})",
+            format_size_human(kept)
+        )
+    };
     let _ = writeln!(
         out,
-        "device              {}: capacity {}, total {}",
+        "device              {}: total {}, usable {}{kept}",
         device.name,
+        format_size_human(device.total_bytes),
         format_size_human(device.capacity_bytes),
-        format_size_human(device.total_bytes)
     );
     let _ = writeln!(out);
     let _ = writeln!(out, "peak requested      {}", bytes(s.requested_bytes_peak));
     let _ = writeln!(out, "peak allocated      {}", bytes(s.allocated_bytes_peak));
     let at = s
         .reserved_peak_event_index
-        .map(|i| format!(", first at {}", trace.location(i as usize)))
+        .map(|i| format!(", first at {}", trace.event_ref(i as usize)))
         .unwrap_or_default();
     let _ = writeln!(
         out,
@@ -172,13 +199,19 @@ pub fn summary(trace: &Trace, policy: &str, device: &sim::SimDeviceOptions, r: &
             let _ = writeln!(out, "out of memory       {:>12}", "none");
         }
         Some(o) => {
-            let _ = writeln!(out, "out of memory       at {} (event index {}): request of {} bytes, tried to get {} bytes from the device", trace.location(o.event_index as usize), o.event_index, o.requested_bytes, o.tried_bytes);
             let _ = writeln!(
                 out,
-                "  state then        allocated {} bytes, reserved {} bytes, device free {} bytes",
-                o.policy.allocated_bytes,
-                o.policy.reserved_bytes,
-                o.device.free_bytes()
+                "out of memory       at {}: request of {}, tried to get {} from the device",
+                trace.event_ref(o.event_index as usize),
+                human_exact(o.requested_bytes),
+                human_exact(o.tried_bytes)
+            );
+            let _ = writeln!(
+                out,
+                "  state then        allocated {}, reserved {}, device free {}",
+                human_exact(o.policy.allocated_bytes),
+                human_exact(o.policy.reserved_bytes),
+                human_exact(o.device.free_bytes())
             );
             if let Some(m) = &o.message {
                 let _ = writeln!(out, "  policy says       {m}");

@@ -308,7 +308,7 @@ pub fn detect(path: &Path, prefix: &[u8]) -> Result<Format, ReadError> {
         path,
         format!(
             "cannot tell the trace format: {} names none and the content is not recognized \
-             (known: {}; use --format {} to force one)",
+             (known: {}; use --trace-format {} to force one)",
             extension_text(path),
             extension_list(Format::ALL),
             Format::ALL.map(Format::name).join("|"),
@@ -509,7 +509,7 @@ mod tests {
             e.to_string(),
             "t.txt: cannot tell the trace format: the extension .txt names none and the \
              content is not recognized (known: .yaml/.yml, .csv, .json, .pickle/.pkl; use \
-             --format yaml|csv|json|pickle to force one)"
+             --trace-format yaml|csv|json|pickle to force one)"
         );
         assert!(detect_text("zeros", &[0; 64])
             .unwrap_err()

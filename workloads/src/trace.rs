@@ -184,6 +184,14 @@ impl Event {
             Event::SetEnabled { .. } => "caching_allocator_enable",
         }
     }
+
+    /// The allocation the event is about, if any.
+    pub fn id(&self) -> Option<AllocId> {
+        match *self {
+            Event::Alloc { id, .. } | Event::FreeRequested { id } | Event::Free { id } => Some(id),
+            _ => None,
+        }
+    }
 }
 
 /// Every op name YAML and CSV read, for messages.
@@ -197,7 +205,8 @@ pub enum LocationKind {
     /// Line numbers in a text file, from 1 (CSV).
     #[default]
     Line,
-    /// Position in the trace's event list, from 1 (YAML, generated traces).
+    /// Position in the trace's event list, from 0 as every replay output counts events
+    /// (YAML, generated traces).
     Event,
     /// Index of the entry in a recorded PyTorch trace, from 0 as PyTorch counts them
     /// (recorded-run JSON, snapshot pickles).
@@ -289,13 +298,27 @@ impl Trace {
             .get(index)
             .copied()
             .unwrap_or(match self.location_kind {
-                LocationKind::Entry => index as u64,
-                _ => index as u64 + 1,
+                LocationKind::Line => index as u64 + 1,
+                // Events and entries count from 0, as every CSV column does.
+                LocationKind::Event | LocationKind::Entry => index as u64,
             });
         match self.location_kind {
             LocationKind::Line => format!("line {n}"),
             LocationKind::Event => format!("event {n}"),
             LocationKind::Entry => format!("entry {n}"),
+        }
+    }
+
+    /// Event `index` as every replay output names it: `event N`, N counting the trace's
+    /// events from 0 (the numbering of every CSV column and of the timeline), followed,
+    /// where the source counts its own way, by the place in the file: `event 12 (line
+    /// 14)` for CSV, `event 1100 (entry 1438)` for a recorded run or snapshot, whose
+    /// entries include segment operations that are not events. YAML and generated
+    /// traces need no second number.
+    pub fn event_ref(&self, index: usize) -> String {
+        match self.location_kind {
+            LocationKind::Event => format!("event {index}"),
+            _ => format!("event {index} ({})", self.location(index)),
         }
     }
 

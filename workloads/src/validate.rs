@@ -551,12 +551,12 @@ mod tests {
         assert_eq!(issues[0].event_index, 1);
         assert_eq!(
             issues[0].display_with(&t).to_string(),
-            "gen: event 2: 7 allocations (7.00 MiB) are still live at the end of the trace: ids 1 (allocated here), 2, 3, 4, 5, ..."
+            "gen: event 1: 7 allocations (7.00 MiB) are still live at the end of the trace: ids 1 (allocated here), 2, 3, 4, 5, ..."
         );
         let one = Trace::new("one", vec![alloc(9, 512)]);
         assert_eq!(
             validate(&one)[0].display_with(&one).to_string(),
-            "one: event 1: 1 allocation (512 B) is still live at the end of the trace: id 9 (allocated here)"
+            "one: event 0: 1 allocation (512 B) is still live at the end of the trace: id 9 (allocated here)"
         );
     }
 
@@ -599,7 +599,7 @@ mod tests {
         );
         assert_eq!(
             lines(&t),
-            vec!["r: event 5: free of already-freed id 1 (freed at event 4)"]
+            vec!["r: event 4: free of already-freed id 1 (freed at event 3)"]
         );
     }
 }

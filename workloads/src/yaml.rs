@@ -34,7 +34,8 @@
 //! `stream` are unsigned integers. Unknown keys and ops are refused rather than
 //! ignored, because a misspelt `strem:` would otherwise silently replay on stream 0.
 //!
-//! Errors name `event N` (1-based position in the `events` list) for problems inside
+//! Errors name `event N` (position in the `events` list from 0, the numbering of every
+//! replay output) for problems inside
 //! an event, and the YAML parser's line and column for syntax errors. Events of the
 //! returned trace are located by the same `event N` ([`LocationKind::Event`]).
 //!
@@ -496,7 +497,7 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
                 // A malformed event is reported with the others, not only the first.
                 Err(message) => problems.push(ReadError::syntax(
                     self.path,
-                    Some(format!("event {}", out.len() + problems.len() + 1)),
+                    Some(format!("event {}", out.len() + problems.len())),
                     message,
                 )),
             }
@@ -969,7 +970,7 @@ mod tests {
             "events:\n  - {op: alloc, id: 1, bytes: lots}\n  - {op: free, id: 1}\n  - {op: warp}\n";
         let e = read_yaml_from(text.as_bytes(), Path::new("t.yaml")).unwrap_err();
         let places: Vec<_> = e.all().map(|p| p.location.clone().unwrap()).collect();
-        assert_eq!(places, ["event 1", "event 3"]);
+        assert_eq!(places, ["event 0", "event 2"]);
         assert!(
             e.to_string().ends_with("(and 1 more problem in this file)"),
             "{e}"
@@ -1019,7 +1020,7 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(t.describe(2), "dir/t.yaml: event 3");
+        assert_eq!(t.describe(2), "dir/t.yaml: event 2");
     }
 
     /// Without `name` the trace is named after the file stem; block style works too.
@@ -1075,7 +1076,7 @@ mod tests {
         assert_eq!(t.meta.format, Some(Format::Yaml));
         let e = read_err("events:\n  - {op: free_requested, id: 1, stream: 2}\n");
         assert!(
-            e.contains("event 1: unknown key 'stream' for op free_requested (allowed: op, id)"),
+            e.contains("event 0: unknown key 'stream' for op free_requested (allowed: op, id)"),
             "{e}"
         );
     }
@@ -1084,39 +1085,39 @@ mod tests {
     #[test]
     fn bad_events_name_their_position() {
         let cases = [
-            ("{op: allocate, id: 1}", "event 2: unknown op 'allocate'"),
+            ("{op: allocate, id: 1}", "event 1: unknown op 'allocate'"),
             (
                 "{op: alloc, id: 1, bytes: 5, strem: 1}",
-                "event 2: unknown key 'strem' for op alloc (allowed: op, id, bytes, stream)",
+                "event 1: unknown key 'strem' for op alloc (allowed: op, id, bytes, stream)",
             ),
             (
                 "{op: free, id: 1, bytes: 5}",
-                "event 2: unknown key 'bytes' for op free (allowed: op, id)",
+                "event 1: unknown key 'bytes' for op free (allowed: op, id)",
             ),
-            ("{op: alloc, id: 1}", "event 2: alloc needs 'bytes'"),
-            ("{id: 1}", "event 2: missing 'op'"),
+            ("{op: alloc, id: 1}", "event 1: alloc needs 'bytes'"),
+            ("{id: 1}", "event 1: missing 'op'"),
             (
                 "{op: alloc, id: -1, bytes: 5}",
-                "event 2: alloc: id must be an unsigned integer, found -1",
+                "event 1: alloc: id must be an unsigned integer, found -1",
             ),
             (
                 "{op: alloc, id: 1, bytes: 4XB}",
-                "event 2: alloc: bytes: '4XB' has an unknown unit",
+                "event 1: alloc: bytes: '4XB' has an unknown unit",
             ),
             (
                 "{op: alloc, id: 1, bytes: 1.5}",
-                "event 2: alloc: bytes must be a whole number of bytes",
+                "event 1: alloc: bytes must be a whole number of bytes",
             ),
             (
                 "{op: alloc, id: 1, bytes: [1]}",
-                "event 2: alloc: bytes must be an integer or a size like 4KiB, found a list",
+                "event 1: alloc: bytes must be an integer or a size like 4KiB, found a list",
             ),
             (
                 "{op: free, id: '1'}",
-                "event 2: free: id must be an unsigned integer, found '1'",
+                "event 1: free: id must be an unsigned integer, found '1'",
             ),
-            ("{op: mark}", "event 2: mark needs 'label'"),
-            ("free 1", "event 2: an event is a mapping"),
+            ("{op: mark}", "event 1: mark needs 'label'"),
+            ("free 1", "event 1: an event is a mapping"),
         ];
         for (event, want) in cases {
             let got = read_err(&format!("events:\n  - {{op: empty_cache}}\n  - {event}\n"));

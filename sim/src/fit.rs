@@ -1,0 +1,341 @@
+//! The smallest GPU a trace fits on: bisection over the device's memory, to the page.
+//!
+//! [`fit`] finds, for one trace and one policy, the smallest total memory (what
+//! `--capacity` names, in whole driver pages) at which the trace replays without running
+//! out of memory. Each try is a full replay on a fresh simulated device of that size,
+//! stopped at the first out-of-memory; the trace is borrowed, so many tries share one
+//! loaded trace. The answer is checked: it fits, and one page less does not.
+//!
+//! Fitting need not be monotonic in memory: the caching policy's recovery (freeing its
+//! cache and retrying), garbage collection and memory fractions all depend on the size,
+//! so a trace may fit at some size and not at a larger one. Bisection assumes
+//! monotonicity, so after it [`fit`] tries the pages just above and below the answer;
+//! when any try contradicts another (a smaller size fits where a larger one does not),
+//! the result says so ([`Fit::monotonic`] false) and gives the smallest size that was
+//! seen to fit.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use policies::PolicyConfig;
+use rayon::prelude::*;
+use workloads::{Event, Trace};
+
+use crate::compare::CompareError;
+use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
+use crate::replay::{replay, ReplayOptions};
+
+/// How to search.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FitOptions {
+    /// The step of the search: capacities are whole multiples of it (the driver's 2 MiB
+    /// page).
+    pub page_bytes: u64,
+    /// Pages checked on each side of the answer after the bisection, to detect a
+    /// capacity that does not fit above one that does.
+    pub probes: u64,
+    /// The largest total tried; above it the trace is reported as not fitting.
+    pub max_bytes: u64,
+}
+
+impl Default for FitOptions {
+    fn default() -> Self {
+        FitOptions {
+            page_bytes: 2 << 20,
+            probes: 4,
+            max_bytes: 1 << 50,
+        }
+    }
+}
+
+/// The smallest device a trace fits on, for one policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fit {
+    /// The smallest total memory (as `--capacity` takes it) at which the trace replays
+    /// without an out-of-memory, in whole pages; `None` when it does not fit even at
+    /// [`FitOptions::max_bytes`]. When the search was not monotonic: the smallest size
+    /// seen to fit.
+    pub min_capacity_bytes: Option<u64>,
+    /// Usable bytes of the device at that total (the total less the context and driver
+    /// reserve the device keeps back).
+    pub min_usable_bytes: Option<u64>,
+    /// Peak of the bytes of live requests (from `alloc` to `free`), the trace's own
+    /// need whatever the policy.
+    pub requested_bytes_peak: u64,
+    /// Whether every size tried agreed with a single threshold (no size fit below one
+    /// that did not).
+    pub monotonic: bool,
+    /// Every total tried and whether the trace fit, in increasing size.
+    pub tried: Vec<(u64, bool)>,
+}
+
+impl Fit {
+    /// `min_usable_bytes − requested_bytes_peak`: what the allocator costs on top of what
+    /// the program asks for, at the smallest fitting size.
+    pub fn overhead_bytes(&self) -> Option<u64> {
+        self.min_usable_bytes
+            .map(|m| m.saturating_sub(self.requested_bytes_peak))
+    }
+
+    /// The overhead as a percentage of the requested peak (`None` without either).
+    pub fn overhead_pct(&self) -> Option<f64> {
+        match (self.overhead_bytes(), self.requested_bytes_peak) {
+            (Some(o), peak) if peak > 0 => Some(o as f64 * 100.0 / peak as f64),
+            _ => None,
+        }
+    }
+}
+
+/// Peak of the bytes of live requests: each `alloc` counts from its event to its `free`
+/// (a `free_requested` keeps the memory in use).
+pub fn requested_bytes_peak(trace: &Trace) -> u64 {
+    let mut live = std::collections::HashMap::new();
+    let (mut now, mut peak) = (0u64, 0u64);
+    for e in &trace.events {
+        match *e {
+            Event::Alloc { id, size_bytes, .. } => {
+                if let Some(old) = live.insert(id, size_bytes) {
+                    now -= old;
+                }
+                now += size_bytes;
+                peak = peak.max(now);
+            }
+            Event::Free { id } => {
+                if let Some(size) = live.remove(&id) {
+                    now -= size;
+                }
+            }
+            _ => {}
+        }
+    }
+    peak
+}
+
+/// Whether `trace` replays under `config` on `device` without running out of memory.
+///
+/// # Errors
+/// The policy does not build, or the replay stops for a reason other than memory.
+pub fn fits(
+    trace: &Trace,
+    hints: &AddressHints,
+    config: &PolicyConfig,
+    device: &SimDeviceOptions,
+    options: &ReplayOptions,
+) -> Result<bool, CompareError> {
+    let label = config.to_string();
+    let mut policy = config.build().map_err(|source| CompareError::Build {
+        trace: trace.name.clone(),
+        policy: label.clone(),
+        source,
+    })?;
+    let mut dev = SimDevice::with_hints(device.clone(), hints.for_policy(config));
+    let options = ReplayOptions {
+        continue_after_oom: false,
+        ..options.clone()
+    };
+    let r = replay(trace, policy.as_mut(), &mut dev, &options).map_err(|source| {
+        CompareError::Replay {
+            trace: trace.name.clone(),
+            policy: label,
+            source,
+        }
+    })?;
+    Ok(r.oom.is_none())
+}
+
+/// The smallest total memory of a `device`-like GPU on which `trace` replays under
+/// `config` without an out-of-memory (see the module docs).
+///
+/// # Errors
+/// As [`fits`].
+pub fn fit(
+    trace: &Trace,
+    hints: &AddressHints,
+    config: &PolicyConfig,
+    device: &SimDeviceOptions,
+    replay: &ReplayOptions,
+    options: &FitOptions,
+) -> Result<Fit, CompareError> {
+    let page = options.page_bytes.max(1);
+    let kept = device.reserved_by_driver_bytes();
+    let requested_bytes_peak = requested_bytes_peak(trace);
+    let tried: Mutex<BTreeMap<u64, bool>> = Mutex::new(BTreeMap::new());
+    let try_pages = |pages: u64| -> Result<bool, CompareError> {
+        let total = pages.saturating_mul(page);
+        if let Some(&known) = tried.lock().expect("not poisoned").get(&total) {
+            return Ok(known);
+        }
+        let ok = match device.clone().with_total(total) {
+            Some(d) => fits(trace, hints, config, &d, replay)?,
+            None => false,
+        };
+        tried.lock().expect("not poisoned").insert(total, ok);
+        Ok(ok)
+    };
+    // Below the requested peak (plus what the driver keeps) nothing fits: the device
+    // charges at least the bytes of every live request.
+    let mut lo = (requested_bytes_peak + kept).saturating_sub(1) / page;
+    let max_pages = options.max_bytes / page;
+    let mut hi = (lo + 1).max((requested_bytes_peak.saturating_mul(2) + kept).div_ceil(page));
+    loop {
+        if hi > max_pages {
+            let tried = tried.into_inner().expect("not poisoned");
+            return Ok(Fit {
+                min_capacity_bytes: None,
+                min_usable_bytes: None,
+                requested_bytes_peak,
+                monotonic: true,
+                tried: tried.into_iter().collect(),
+            });
+        }
+        if try_pages(hi)? {
+            break;
+        }
+        lo = hi;
+        hi = hi.saturating_mul(2);
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if try_pages(mid)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    // Check the answer and the pages around it (in parallel: each is a replay).
+    let mut around: Vec<u64> = vec![hi, hi - 1];
+    for k in 1..=options.probes {
+        around.push(hi + k);
+        if hi > k + 1 {
+            around.push(hi - 1 - k);
+        }
+    }
+    around
+        .par_iter()
+        .map(|&p| try_pages(p).map(|_| ()))
+        .collect::<Result<Vec<()>, CompareError>>()?;
+    let tried: Vec<(u64, bool)> = tried
+        .into_inner()
+        .expect("not poisoned")
+        .into_iter()
+        .collect();
+    // Monotonic: no size that does not fit above one that does.
+    let first_fit = tried.iter().position(|&(_, ok)| ok);
+    let monotonic = first_fit.is_none_or(|i| tried[i..].iter().all(|&(_, ok)| ok));
+    let min = first_fit.map(|i| tried[i].0);
+    Ok(Fit {
+        min_capacity_bytes: min,
+        min_usable_bytes: min.map(|m| m - kept),
+        requested_bytes_peak,
+        monotonic,
+        tried,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policies::PolicyConfig;
+    use workloads::AllocId;
+
+    const MIB: u64 = 1 << 20;
+
+    fn alloc(id: u64, size_bytes: u64) -> Event {
+        Event::Alloc {
+            id: AllocId(id),
+            size_bytes,
+            stream: 0,
+        }
+    }
+
+    fn config(spec: &str) -> PolicyConfig {
+        policies::spec::parse_policy_list(spec, &Default::default()).unwrap()[0]
+            .config
+            .clone()
+    }
+
+    /// The answer fits and one page less does not; the requested peak counts live
+    /// requests; on a device that keeps a context, the answer grows by exactly that.
+    #[test]
+    fn finds_the_smallest_page() {
+        let t = Trace::new(
+            "t",
+            vec![
+                alloc(0, 100 * MIB),
+                alloc(1, 3 * MIB),
+                Event::Free { id: AllocId(0) },
+                alloc(2, 50 * MIB),
+            ],
+        );
+        let device = SimDeviceOptions::default();
+        let f = fit(
+            &t,
+            &AddressHints::default(),
+            &config("immediate"),
+            &device,
+            &ReplayOptions::default(),
+            &FitOptions::default(),
+        )
+        .unwrap();
+        // One cudaMalloc per request: 100 MiB + 4 MiB (3 MiB in whole pages).
+        assert_eq!(f.min_capacity_bytes, Some(104 * MIB));
+        assert_eq!(f.requested_bytes_peak, 103 * MIB);
+        assert_eq!(f.overhead_bytes(), Some(MIB));
+        assert!(f.monotonic);
+        assert!(f.tried.contains(&(104 * MIB, true)));
+        assert!(f.tried.contains(&(102 * MIB, false)));
+        let with_context = SimDeviceOptions {
+            total_bytes: device.capacity_bytes + 7 * MIB,
+            ..device
+        };
+        let g = fit(
+            &t,
+            &AddressHints::default(),
+            &config("immediate"),
+            &with_context,
+            &ReplayOptions::default(),
+            &FitOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(g.min_capacity_bytes, Some(104 * MIB + 8 * MIB));
+        assert_eq!(g.min_usable_bytes, Some(105 * MIB));
+    }
+
+    /// A trace that needs more than the largest size tried does not fit, and says so.
+    #[test]
+    fn too_large_does_not_fit() {
+        let t = Trace::new("t", vec![alloc(0, 3 << 30)]);
+        let f = fit(
+            &t,
+            &AddressHints::default(),
+            &config("caching"),
+            &SimDeviceOptions::default(),
+            &ReplayOptions::default(),
+            &FitOptions {
+                max_bytes: 1 << 30,
+                ..FitOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(f.min_capacity_bytes, None);
+        assert_eq!(f.overhead_bytes(), None);
+    }
+
+    /// A caching policy with a memory fraction fits only where the fraction of the
+    /// total covers the reserved peak; the search finds that exact page.
+    #[test]
+    fn memory_fraction_scales_with_the_total() {
+        let t = Trace::new("t", vec![alloc(0, 64 * MIB)]);
+        let f = fit(
+            &t,
+            &AddressHints::default(),
+            &config("caching:memory_fraction=0.5"),
+            &SimDeviceOptions::default(),
+            &ReplayOptions::default(),
+            &FitOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(f.min_capacity_bytes, Some(128 * MIB));
+        assert!(f.monotonic);
+    }
+}

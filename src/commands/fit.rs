@@ -1,0 +1,216 @@
+//! `allocsim fit`: the smallest GPU memory for each (trace, policy), and the named GPUs
+//! each fits on.
+
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use rayon::prelude::*;
+use serde::Serialize;
+use sim::{DeviceProfile, Fit, FitOptions};
+use workloads::size::format_size_human;
+
+use crate::flags::FitArgs;
+use crate::output::{self, Kind, Planned};
+use crate::table::{OutputFormat, Table};
+use crate::{interrupt, load, Exit};
+
+/// The fixed columns of `allocsim fit`'s CSV, in the order; one column per
+/// `--gpus` name follows (`docs/metrics.md`).
+#[derive(Debug, Default, Serialize)]
+pub struct FitRecord<'a> {
+    /// Trace name.
+    pub trace: &'a str,
+    /// Policy label as given.
+    pub policy: &'a str,
+    /// Smallest total memory that fits, in whole 2 MiB pages (empty if none).
+    pub min_capacity_bytes: Option<u64>,
+    /// Peak of live requested bytes.
+    pub requested_bytes_peak: u64,
+    /// Usable bytes at the minimum − requested peak.
+    pub overhead_bytes: Option<u64>,
+    /// Overhead as a percentage of the requested peak, two decimals.
+    pub overhead_pct: String,
+    /// Whether every size tried agreed with one threshold.
+    pub monotonic: bool,
+}
+
+/// A named GPU: its name and simulated device.
+struct Gpu {
+    name: String,
+    device: sim::SimDeviceOptions,
+}
+
+fn gpus(names: &[String]) -> anyhow::Result<Vec<Gpu>> {
+    let mut out = Vec::new();
+    for name in names {
+        match name.as_str() {
+            "none" => {}
+            "all" => out.extend(DeviceProfile::builtins().into_iter().map(|(n, p)| Gpu {
+                name: n.to_string(),
+                device: p.to_options(),
+            })),
+            _ => out.push(Gpu {
+                name: name.clone(),
+                device: load::gpu_profile(name)
+                    .with_context(|| format!("--gpus {name}"))?
+                    .to_options(),
+            }),
+        }
+    }
+    Ok(out)
+}
+
+pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
+    let mut inputs: Vec<&Path> = args.traces.iter().map(|p| p.as_path()).collect();
+    inputs.extend(load::profile_file(&args.device));
+    if let Some(path) = &args.output {
+        output::check(
+            &[Planned {
+                flag: "-o",
+                path,
+                kind: Kind::Csv,
+            }],
+            &inputs,
+        )?;
+    }
+    if !args.device.capacity.is_empty() {
+        bail!("--capacity: fit searches the capacity itself; --gpus names GPUs to check");
+    }
+    if args.device.continue_after_oom {
+        bail!("--continue-after-oom: fit looks for the memory that has no out-of-memory");
+    }
+    let setup = load::device_setup(&args.device)?;
+    let specs = load::policies(&args.policies, &setup.caching)?;
+    let gpus = gpus(&args.gpus)?;
+    let loaded = load::load_inputs(&args.traces, &args.input, &setup.options)?;
+    let jobs: Vec<(usize, usize)> = (0..loaded.len())
+        .flat_map(|t| (0..specs.len()).map(move |p| (t, p)))
+        .collect();
+    // Ctrl-C stops every replay at its next event; nothing is written then.
+    let in_order = interrupt::in_order();
+    let results: Vec<anyhow::Result<(Fit, Vec<bool>)>> = jobs
+        .par_iter()
+        .map(|&(t, p)| {
+            let input = &loaded[t];
+            let config = &specs[p].config;
+            let fit = sim::fit(
+                &input.trace,
+                &input.hints,
+                config,
+                &setup.options,
+                &setup.replay,
+                &FitOptions::default(),
+            )?;
+            let on = gpus
+                .iter()
+                .map(|g| sim::fits(&input.trace, &input.hints, config, &g.device, &setup.replay))
+                .collect::<Result<Vec<bool>, _>>()?;
+            Ok((fit, on))
+        })
+        .collect();
+    drop(in_order);
+    let results = results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    let names = trace_names(&loaded);
+    let format = OutputFormat::resolve(args.format, args.output.is_some());
+    let mut out = output::create(args.output.as_deref())?;
+    match format {
+        OutputFormat::Csv => {
+            let mut w = csv::WriterBuilder::new()
+                .has_headers(false)
+                .from_writer(&mut out);
+            let mut header = sim::report::columns::<FitRecord<'_>>();
+            header.extend(gpus.iter().map(|g| g.name.clone()));
+            w.write_record(&header).context("writing the CSV")?;
+            for (&(t, p), (fit, on)) in jobs.iter().zip(&results) {
+                w.serialize((record(&names[t], &specs[p].label, fit), on))
+                    .context("writing the CSV")?;
+            }
+            w.flush().context("writing the CSV")?;
+        }
+        OutputFormat::Table => {
+            let h = |b: Option<u64>| b.map_or("does not fit".to_string(), format_size_human);
+            let mut t = Table::new(
+                &[
+                    "trace",
+                    "policy",
+                    "min capacity",
+                    "requested peak",
+                    "overhead",
+                    "monotonic",
+                    "smallest GPU that fits",
+                ],
+                &[false, false, true, true, true, false, false],
+            );
+            for (&(ti, p), (fit, on)) in jobs.iter().zip(&results) {
+                let smallest = gpus
+                    .iter()
+                    .zip(on)
+                    .filter(|(_, &ok)| ok)
+                    .min_by_key(|(g, _)| g.device.total_bytes)
+                    .map_or("none of those checked".to_string(), |(g, _)| {
+                        format!("{} ({})", g.name, format_size_human(g.device.total_bytes))
+                    });
+                t.row(vec![
+                    names[ti].clone(),
+                    specs[p].label.clone(),
+                    h(fit.min_capacity_bytes),
+                    format_size_human(fit.requested_bytes_peak),
+                    match (fit.overhead_bytes(), fit.overhead_pct()) {
+                        (Some(o), Some(pct)) => format!("{} ({pct:.1}%)", format_size_human(o)),
+                        (Some(o), None) => format_size_human(o),
+                        _ => "-".to_string(),
+                    },
+                    if fit.monotonic {
+                        "yes"
+                    } else {
+                        "no (smallest fit seen)"
+                    }
+                    .to_string(),
+                    smallest,
+                ]);
+            }
+            write!(out, "{}", t.render())?;
+        }
+    }
+    out.finish()?;
+    if let Some(path) = &args.output {
+        eprintln!("wrote {} ({} rows)", path.display(), results.len());
+    }
+    Ok(Exit::Ran)
+}
+
+fn record<'a>(trace: &'a str, policy: &'a str, fit: &Fit) -> FitRecord<'a> {
+    FitRecord {
+        trace,
+        policy,
+        min_capacity_bytes: fit.min_capacity_bytes,
+        requested_bytes_peak: fit.requested_bytes_peak,
+        overhead_bytes: fit.overhead_bytes(),
+        overhead_pct: fit
+            .overhead_pct()
+            .map(|p| format!("{p:.2}"))
+            .unwrap_or_default(),
+        monotonic: fit.monotonic,
+    }
+}
+
+/// Each trace's name in reports: its name, made unique by its path when two traces
+/// share one.
+pub fn trace_names(inputs: &[sim::CompareInput]) -> Vec<String> {
+    let names: Vec<&str> = inputs.iter().map(|i| i.trace.name.as_str()).collect();
+    inputs
+        .iter()
+        .map(|i| {
+            let n = i.trace.name.as_str();
+            if names.iter().filter(|&&m| m == n).count() > 1 {
+                i.trace
+                    .path
+                    .as_ref()
+                    .map_or(n.to_string(), |p| p.display().to_string())
+            } else {
+                n.to_string()
+            }
+        })
+        .collect()
+}
