@@ -44,14 +44,16 @@ fn only_the_caching_policy_follows_recorded_addresses() {
     ] {
         let recorded = recorded_input(&root().join(name));
         let converted = csv_input(&recorded, &dir);
-        let device = SimDeviceOptions::default();
-        let capacities = [80 << 30, 6 << 30, 3 << 30];
+        let devices: Vec<SimDeviceOptions> = [80u64 << 30, 6 << 30, 3 << 30]
+            .into_iter()
+            .map(|c| SimDeviceOptions::default().with_total(c).unwrap())
+            .collect();
         let options = ReplayOptions {
             check_invariants: true,
             ..ReplayOptions::default()
         };
-        let a = compare(&[recorded], &specs, &capacities, &device, &options).unwrap();
-        let b = compare(&[converted], &specs, &capacities, &device, &options).unwrap();
+        let a = compare(&[recorded], &specs, &devices, &options).unwrap();
+        let b = compare(&[converted], &specs, &devices, &options).unwrap();
         assert_eq!(a.len(), 9);
         for (x, y) in a.iter().zip(&b) {
             assert_eq!(
@@ -129,9 +131,13 @@ fn expandable_segments_on_absurd_devices() {
     let peak = |o: &std::process::Output| -> String {
         let out = stdout(o);
         let row = out.lines().nth(1).expect("a row").to_string();
-        // Everything but the capacity column.
+        // Everything but the capacity and total columns.
         let cols: Vec<&str> = row.split(',').collect();
-        format!("{}|{}", cols[..2].join(","), cols[3..].join(","))
+        format!(
+            "{}|{}",
+            cols[..2].join(","),
+            cols[3..cols.len() - 1].join(",")
+        )
     };
     let base = run(&[]);
     assert!(base.status.success(), "{}", stderr(&base));
