@@ -136,7 +136,7 @@ fn every_malformed_row_is_reported() {
     let dir = TempDir::new("cli-rows");
     let p = dir.file(
         "rows.csv",
-        "op,id,bytes,stream\nalloc,1,ten,0\nalloc,2,10,0\nfree,x,,\nteleport,3,,\n",
+        "op,id,bytes,stream\nalloc,1,ten,0\nalloc,2,10,0\nfree,,,\nteleport,3,,\n",
     );
     let o = allocsim(["replay".as_ref(), p.as_os_str()]);
     assert_eq!(o.status.code(), Some(2));
@@ -242,7 +242,7 @@ fn bad_flags_exit_2() {
         ),
         (
             &["replay", t, "--trace-format", "xml"],
-            "[possible values: yaml, csv, json, pickle]",
+            "[possible values: yaml, csv, json, pickle, rmm]",
         ),
         (&["replay", t, "--frobnicate"], "--frobnicate"),
         (&["compare"], "TRACES"),

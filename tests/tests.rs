@@ -4,6 +4,8 @@
 mod cli;
 /// Every policy through the same scenarios.
 mod conformance;
+/// RMM logs, named ids, pictures, PyTorch's memory viewer, realistic generators.
+mod ecosystem;
 /// The snapshot pickle recorded on the GPU against the JSON of the same run.
 mod formats;
 /// Hand-checked traces and expected CSVs (`UPDATE_EXPECT=1` rewrites the CSVs).

@@ -35,6 +35,7 @@
 use std::io;
 use std::path::Path;
 
+use crate::ids::{IdTable, IdToken};
 use crate::trace::{AllocId, Event, LocationKind, PoolId, PoolStreams, Trace, TraceMeta, OP_NAMES};
 use crate::{Format, Problems, ReadError};
 
@@ -71,6 +72,7 @@ pub fn read_csv_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
     let mut locations = Vec::new();
     let mut header_seen = false;
     let mut problems = Problems::default();
+    let mut ids = IdTable::new();
     loop {
         let more = match csv.read_record(&mut record) {
             Ok(more) => more,
@@ -89,8 +91,8 @@ pub fn read_csv_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
         }
         // A malformed row is reported with the others, not only the first.
         match parse_row(path, line, &record) {
-            Ok(event) => {
-                events.push(event);
+            Ok((event, token)) => {
+                ids.push(&mut events, event, token);
                 locations.push(line);
             }
             Err(e) => problems.push(e),
@@ -106,6 +108,7 @@ pub fn read_csv_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
             format!("empty file: a CSV trace starts with the header '{CSV_HEADER}'"),
         ));
     }
+    let id_names = ids.finish(&mut events);
     Ok(Trace {
         name: file_stem(path),
         path: Some(path.to_path_buf()),
@@ -113,6 +116,8 @@ pub fn read_csv_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
         locations,
         location_kind: LocationKind::Line,
         meta: TraceMeta::of_format(Format::Csv),
+        id_names,
+        times_us: Vec::new(),
     })
 }
 
@@ -127,6 +132,7 @@ pub fn write_csv(trace: &Trace, out: impl io::Write) -> io::Result<()> {
         .terminator(::csv::Terminator::Any(b'\n'))
         .from_writer(out);
     csv.write_record(HEADER_FIELDS)?;
+    let name = |id: AllocId| trace.id_name(id).to_string();
     for event in &trace.events {
         match event {
             Event::Alloc {
@@ -135,14 +141,14 @@ pub fn write_csv(trace: &Trace, out: impl io::Write) -> io::Result<()> {
                 stream,
             } => csv.write_record([
                 "alloc",
-                &id.0.to_string(),
+                &name(*id),
                 &size_bytes.to_string(),
                 &stream.to_string(),
             ])?,
             Event::FreeRequested { id } => {
-                csv.write_record(["free_requested", &id.0.to_string(), "", ""])?
+                csv.write_record(["free_requested", &name(*id), "", ""])?
             }
-            Event::Free { id } => csv.write_record(["free", &id.0.to_string(), "", ""])?,
+            Event::Free { id } => csv.write_record(["free", &name(*id), "", ""])?,
             Event::EmptyCache => csv.write_record(["empty_cache", "", "", ""])?,
             Event::Mark { label } => csv.write_record(["mark", label.as_str(), "", ""])?,
             Event::CreatePool {
@@ -222,7 +228,13 @@ fn check_header(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<
     Ok(())
 }
 
-fn parse_row(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<Event, ReadError> {
+/// One row: the event, and the id as written (the event's own id is a placeholder
+/// until [`IdTable::finish`]).
+fn parse_row(
+    path: &Path,
+    line: u64,
+    record: &::csv::StringRecord,
+) -> Result<(Event, Option<IdToken>), ReadError> {
     let err = |message: String| ReadError::syntax(path, Some(format!("line {line}")), message);
     let op = record.get(0).unwrap_or("");
     if !matches!(
@@ -278,9 +290,21 @@ fn parse_row(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<Eve
             err(format!("{op}: {} {what}", HEADER_FIELDS[i]))
         })
     };
-    match op {
+    let token = |i: usize| -> Result<IdToken, ReadError> {
+        IdToken::parse(field(i)).map_err(|why| {
+            let what = if field(i).is_empty() {
+                "is missing".to_string()
+            } else {
+                format!("'{}' {why}", shorten(field(i)))
+            };
+            err(format!("{op}: {} {what}", HEADER_FIELDS[i]))
+        })
+    };
+    let id = AllocId(0);
+    let mut id_token = None;
+    let event = match op {
         "alloc" => {
-            let id = AllocId(number(1)?);
+            id_token = Some(token(1)?);
             let size_bytes = number(2)?;
             let stream = if field(3).is_empty() { 0 } else { number(3)? };
             Ok(Event::Alloc {
@@ -290,7 +314,7 @@ fn parse_row(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<Eve
             })
         }
         "free" | "free_completed" | "free_requested" => {
-            let id = AllocId(number(1)?);
+            id_token = Some(token(1)?);
             must_be_empty(2)?;
             must_be_empty(3)?;
             Ok(if op == "free_requested" {
@@ -405,7 +429,8 @@ fn parse_row(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<Eve
                 label: field(1).to_string(),
             })
         }
-    }
+    };
+    event.map(|event| (event, id_token))
 }
 
 fn row_shape(op: &str) -> &'static str {
@@ -625,6 +650,32 @@ mod tests {
         assert_eq!(t.describe(3), "t.csv: line 5");
     }
 
+    /// Ids may be names (any token, quoted where CSV needs it): interned to dense
+    /// ids, shown in messages, and written back as read, byte for byte.
+    #[test]
+    fn named_ids_round_trip() {
+        let text = "op,id,bytes,stream\nalloc,weights,1024,0\nalloc,7,8,0\nalloc,0x7f3a00000000,16,1\nfree_requested,0x7f3a00000000,,\nfree,0x7f3a00000000,,\nfree,7,,\nalloc,\"kv,3\",4,0\nalloc,weights,2,0\n";
+        let t = read(text).unwrap();
+        assert_eq!(t.id_names, ["weights", "7", "0x7f3a00000000", "kv,3"]);
+        assert_eq!(
+            t.events[6],
+            Event::Alloc {
+                id: AllocId(3),
+                size_bytes: 4,
+                stream: 0
+            }
+        );
+        assert_eq!(write(&t), text);
+        let lines: Vec<String> = crate::validate(&t)
+            .iter()
+            .map(|i| i.display_with(&t).to_string())
+            .collect();
+        assert_eq!(
+            lines[0],
+            "t.csv: line 9: alloc of id weights, which is still live (allocated at line 2)"
+        );
+    }
+
     /// The writer emits the documented shape, byte for byte.
     #[test]
     fn writes_documented_shape() {
@@ -698,8 +749,12 @@ mod tests {
             ("alloc,1,2", "line 2: alloc row has 3 fields, expected 4"),
             ("free,1,,,", "line 2: free row has 5 fields, expected 4"),
             (
-                "alloc,x,2,0",
-                "line 2: alloc: id 'x' is not an unsigned integer",
+                "alloc, x,2,0",
+                "line 2: alloc: id ' x' has a space at its start or end",
+            ),
+            (
+                "alloc,99999999999999999999,2,0",
+                "line 2: alloc: id '99999999999999999999' is a number too large for 64 bits",
             ),
             (
                 "alloc,1,4KiB,0",
@@ -749,7 +804,7 @@ mod tests {
             assert!(got.starts_with(&format!("t.csv: {want}")), "{row}: {got}");
             assert!(!got.contains('\n'), "{got}");
         }
-        let e = read_err(&format!("{h}alloc,1,2,0\n\nfree,x,,\n"));
+        let e = read_err(&format!("{h}alloc,1,2,0\n\nfree,,,\n"));
         assert!(e.starts_with("t.csv: line 4: "), "{e}");
     }
 

@@ -43,6 +43,9 @@ pub enum Format {
     /// PyTorch memory snapshot pickles from `torch.cuda.memory._dump_snapshot`
     /// (`.pickle`, `.pkl`).
     TorchPickle,
+    /// RAPIDS RMM `logging_resource_adaptor` logs (found by their header; no extension
+    /// of their own, they are usually `.csv`).
+    Rmm,
 }
 
 /// What a format's sniffer makes of the first bytes of a file.
@@ -102,11 +105,12 @@ pub struct FormatSpec {
 
 impl Format {
     /// Every format, in the order of the docs (and of ties in detection).
-    pub const ALL: [Format; 4] = [
+    pub const ALL: [Format; 5] = [
         Format::Yaml,
         Format::Csv,
         Format::RecordedJson,
         Format::TorchPickle,
+        Format::Rmm,
     ];
 
     /// The table: this format's entry.
@@ -152,6 +156,17 @@ impl Format {
                     extensions: &["pickle", "pkl"],
                     sniff: sniff_pickle,
                     read: Reader::Recorded(crate::snapshot::read_input),
+                    write: None,
+                };
+                &SPEC
+            }
+            Format::Rmm => {
+                static SPEC: FormatSpec = FormatSpec {
+                    name: "rmm",
+                    about: "RAPIDS RMM memory event log (logging_resource_adaptor CSV)",
+                    extensions: &[],
+                    sniff: sniff_rmm,
+                    read: Reader::Trace(|i| crate::rmm::read_rmm_from(i.reader, i.path)),
                     write: None,
                 };
                 &SPEC
@@ -324,10 +339,11 @@ fn extension_text(path: &Path) -> String {
     }
 }
 
-/// `.yaml/.yml, .csv, ...` for `formats`.
+/// `.yaml/.yml, .csv, ...` for `formats` (those with extensions).
 fn extension_list(formats: impl IntoIterator<Item = Format>) -> String {
     formats
         .into_iter()
+        .filter(|f| !f.spec().extensions.is_empty())
         .map(|f| {
             f.spec()
                 .extensions
@@ -418,6 +434,19 @@ fn sniff_csv(prefix: &[u8]) -> Sniff {
     }
 }
 
+/// RMM log: certain with its header line `Thread,Time,Action,Pointer,Size,Stream`.
+fn sniff_rmm(prefix: &[u8]) -> Sniff {
+    let Some(text) = as_text(prefix) else {
+        return Sniff::No;
+    };
+    let first = text.lines().next().unwrap_or("");
+    if first == crate::rmm::RMM_HEADER {
+        Sniff::Certain
+    } else {
+        Sniff::Unknown
+    }
+}
+
 /// JSON: a recorded run is an object; likely when it opens with a quoted key.
 fn sniff_json(prefix: &[u8]) -> Sniff {
     let mut rest = without_bom(prefix)
@@ -469,7 +498,7 @@ mod tests {
         }
         assert_eq!(
             "xml".parse::<Format>().unwrap_err().to_string(),
-            "unknown trace format 'xml' (known: yaml, csv, json, pickle)"
+            "unknown trace format 'xml' (known: yaml, csv, json, pickle, rmm)"
         );
     }
 
@@ -489,6 +518,10 @@ mod tests {
             detect_text("a", b"\xef\xbb\xbfop,id,bytes,stream\r\n"),
             Ok(Format::Csv)
         );
+        let rmm = b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.000000,free,0x10,8,0\n";
+        assert_eq!(detect_text("log.csv", rmm), Ok(Format::Rmm));
+        assert_eq!(detect_text("log.txt", rmm), Ok(Format::Rmm));
+        assert_eq!(detect_text("log", rmm), Ok(Format::Rmm));
         // 2: the extension, unless its sniffer says no.
         assert_eq!(detect_text("a.yaml", json), Ok(Format::Yaml));
         assert_eq!(
@@ -509,7 +542,7 @@ mod tests {
             e.to_string(),
             "t.txt: cannot tell the trace format: the extension .txt names none and the \
              content is not recognized (known: .yaml/.yml, .csv, .json, .pickle/.pkl; use \
-             --trace-format yaml|csv|json|pickle to force one)"
+             --trace-format yaml|csv|json|pickle|rmm to force one)"
         );
         assert!(detect_text("zeros", &[0; 64])
             .unwrap_err()

@@ -32,6 +32,10 @@
 //! | CSV, generated traces | `.csv` | [`read_csv`] | [`write_csv`] |
 //! | `record_torch.py` JSON | `.json` | [`read_recorded_json`] | - |
 //! | PyTorch snapshot pickle | `.pickle`, `.pkl` | [`read_snapshot_pickle`] | - |
+//! | RAPIDS RMM log | (found by its header) | [`rmm::read_rmm_from`] | - |
+//!
+//! Ids in YAML and CSV may be names ([`ids`]), interned to dense integers on reading
+//! and kept in [`Trace::id_names`] for writers and messages.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -39,7 +43,9 @@
 pub mod csv;
 mod format;
 pub mod generate;
+pub mod ids;
 pub mod recorded;
+pub mod rmm;
 pub mod size;
 pub mod snapshot;
 mod trace;
@@ -60,7 +66,9 @@ pub use recorded::{
     RecordedEntry, RecordedOom, RecordedRun, RecordedSegment,
 };
 pub use snapshot::{read_snapshot_pickle, read_snapshot_pickle_from};
-pub use trace::{AllocId, Event, LocationKind, PoolId, PoolStreams, Trace, TraceMeta, OP_NAMES};
+pub use trace::{
+    AllocId, Event, IdName, LocationKind, PoolId, PoolStreams, Trace, TraceMeta, OP_NAMES,
+};
 pub use validate::{has_errors, validate, IssueKind, Severity, TraceIssue};
 pub use yaml::{read_yaml, read_yaml_from, write_yaml};
 
@@ -367,6 +375,21 @@ mod tests {
         let from_json = read(&oracle("seed002_retain.json"), None).unwrap();
         let from_pickle = read(&oracle("seed002_retain.pickle"), None).unwrap();
         assert_eq!(from_json.events, from_pickle.events);
+        // Both record when each entry happened; the trace keeps it per event.
+        assert_eq!(from_json.times_us.len(), from_json.events.len());
+        assert!(from_json.times_us.windows(2).all(|w| w[0] <= w[1]));
+        // (An empty_cache takes the next entry's time: the JSON's marker and the
+        // pickle's inferred call may have different next entries.)
+        let requests = |t: &Trace| -> Vec<u64> {
+            t.events
+                .iter()
+                .zip(&t.times_us)
+                .filter(|(e, _)| **e != Event::EmptyCache)
+                .map(|(_, &t)| t)
+                .collect()
+        };
+        assert_eq!(requests(&from_json), requests(&from_pickle));
+        assert!(yaml.times_us.is_empty());
         let forced = read(&oracle("seed002_retain.pickle"), Some(Format::Yaml)).unwrap_err();
         assert_eq!(forced.kind(), ReadErrorKind::Syntax);
         let e = read_recorded(&repo().join("examples/seed000.yaml"), None, 0).unwrap_err();

@@ -256,6 +256,10 @@ pub struct RecordedRun {
     pub segments: Vec<RecordedSegment>,
     /// `torch.cuda.memory_stats()` at the end, flattened.
     pub final_stats: Vec<(String, f64)>,
+    /// For each entry, its `time_us` (microseconds since the epoch, as PyTorch
+    /// recorded it; 0 where an entry has none); empty when the source records no
+    /// times.
+    pub times_us: Vec<u64>,
     /// What only a snapshot pickle records (settings, annotations, pools, frames);
     /// `None` for `record_torch.py` JSON.
     pub snapshot: Option<crate::snapshot::SnapshotInfo>,
@@ -376,6 +380,23 @@ impl RecordedRun {
             &mut locations,
             &mut entry_indexes,
         );
+        // Each event at the time of its entry; threads may record slightly out of
+        // order, and a trace's times never go back.
+        let mut latest = 0u64;
+        let mut times_us: Vec<u64> = if self.times_us.len() == self.entries.len() {
+            entry_indexes
+                .iter()
+                .map(|&i| {
+                    latest = latest.max(self.times_us.get(i).copied().unwrap_or(0));
+                    latest
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if latest == 0 {
+            times_us.clear();
+        }
         let mut meta = self.meta.clone();
         meta.caveats.extend(self.unroutable_pools());
         let trace = Trace {
@@ -385,6 +406,8 @@ impl RecordedRun {
             locations,
             location_kind: LocationKind::Entry,
             meta,
+            id_names: Vec::new(),
+            times_us,
         };
         Ok((trace, entry_indexes))
     }
@@ -450,7 +473,7 @@ struct RecordedJson {
     device: Option<String>,
     #[serde(default)]
     torch: Option<String>,
-    events: Vec<(String, u64, u64, u64, serde::de::IgnoredAny)>,
+    events: Vec<(String, u64, u64, u64, TimeUs)>,
     #[serde(default)]
     checkpoints: Vec<Checkpoint>,
     #[serde(default)]
@@ -683,6 +706,36 @@ fn json_calls(
     )
 }
 
+/// An event's `time_us`: microseconds as a number (a float is truncated), or `null`
+/// (0).
+struct TimeUs(u64);
+
+impl<'de> Deserialize<'de> for TimeUs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<TimeUs, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = TimeUs;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a time in microseconds")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<TimeUs, E> {
+                Ok(TimeUs(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<TimeUs, E> {
+                Ok(TimeUs(u64::try_from(v).unwrap_or(0)))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<TimeUs, E> {
+                // `as` saturates: negative and NaN become 0.
+                Ok(TimeUs(v as u64))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<TimeUs, E> {
+                Ok(TimeUs(0))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// Reads a recorded run written by `record_torch.py` (see the oracle README for the
 /// format).
 ///
@@ -743,6 +796,7 @@ pub fn read_recorded_json_from(
             torch_version: json.torch,
             caveats,
         },
+        times_us: json.events.iter().map(|e| e.4 .0).collect(),
         entries,
         calls,
         source_indexes: Vec::new(),

@@ -579,6 +579,7 @@ impl Snapshot<'_> {
     ) -> Result<RecordedRun, ReadError> {
         let EntryStore {
             entries,
+            times,
             pools,
             device_free,
             annotations,
@@ -613,6 +614,17 @@ impl Snapshot<'_> {
             });
         }
         let (entries, source_indexes) = infer_empty_cache(&entries);
+        // An inferred entry takes the time of the entry it was inserted before.
+        let times_us = if times.iter().any(|&t| t > 0) {
+            (0..entries.len())
+                .map(|i| {
+                    let source = source_indexes.get(i).map_or(i, |&s| s as usize);
+                    times.get(source).copied().unwrap_or(0)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(RecordedRun {
             name: file_stem(self.path),
             path: self.path.to_path_buf(),
@@ -634,6 +646,7 @@ impl Snapshot<'_> {
             }),
             segments,
             snapshot: Some(info),
+            times_us,
             ..RecordedRun::default()
         })
     }

@@ -229,6 +229,34 @@ pub struct Trace {
     pub location_kind: LocationKind,
     /// What the source says about how and where it was recorded.
     pub meta: TraceMeta,
+    /// The ids as the source wrote them, when it wrote names rather than numbers
+    /// (`weights`, `kv_cache_3`, an RMM log's pointers): id `i` was written
+    /// `id_names[i]`. Names are interned to dense ids on reading, so a replay sees
+    /// plain numbers; writers and messages show the names ([`Trace::id_name`]).
+    /// Empty when the ids are the numbers the source wrote.
+    pub id_names: Vec<String>,
+    /// For each event, when it happened, in microseconds from an origin of the
+    /// source's choosing (same length as `events`, never decreasing), or empty when
+    /// the source records no time. Plots draw over it.
+    pub times_us: Vec<u64>,
+}
+
+/// An id as a trace's source wrote it ([`Trace::id_name`]): its name, or its number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdName<'a> {
+    /// A number (the source wrote numbers, or this name is a decimal number).
+    Number(u64),
+    /// A name.
+    Name(&'a str),
+}
+
+impl fmt::Display for IdName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdName::Number(n) => write!(f, "{n}"),
+            IdName::Name(s) => f.write_str(s),
+        }
+    }
 }
 
 /// What a trace's source records about the run behind it, filled by the readers (all
@@ -288,7 +316,26 @@ impl Trace {
             locations: Vec::new(),
             location_kind: LocationKind::Event,
             meta: TraceMeta::default(),
+            id_names: Vec::new(),
+            times_us: Vec::new(),
         }
+    }
+
+    /// How the source wrote `id`: its name when the trace has named ids
+    /// ([`Trace::id_names`]), else its number.
+    pub fn id_name(&self, id: AllocId) -> IdName<'_> {
+        match usize::try_from(id.0)
+            .ok()
+            .and_then(|i| self.id_names.get(i))
+        {
+            Some(name) => IdName::Name(name),
+            None => IdName::Number(id.0),
+        }
+    }
+
+    /// When event `index` happened (see [`Trace::times_us`]), if recorded.
+    pub fn time_us(&self, index: usize) -> Option<u64> {
+        self.times_us.get(index).copied()
     }
 
     /// Where event `index` came from, e.g. `line 17`, `event 3` or `entry 120`.

@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::size::format_size_human;
-use crate::trace::{AllocId, Event, PoolId, Trace};
+use crate::trace::{AllocId, Event, IdName, PoolId, Trace};
 
 /// Requests of this many bytes or more are refused: PyTorch's caching allocator
 /// rejects sizes of 1 EiB (2^60 bytes) and more as certainly wrong.
@@ -151,26 +151,44 @@ pub enum PoolProblem {
 }
 
 impl fmt::Display for IssueKind {
-    /// The message without references to other events.
+    /// The message without references to other events, ids as numbers.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            IssueKind::FreeOfUnknownId { id } => write!(f, "free of unknown id {id}"),
-            IssueKind::FreeOfFreedId { id, .. } => write!(f, "free of already-freed id {id}"),
+        self.write(f, &|id| IdName::Number(id.0))
+    }
+}
+
+impl IssueKind {
+    /// The message, each id shown by `name` (a trace's [`Trace::id_name`]).
+    fn write<'n>(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        name: &dyn Fn(AllocId) -> IdName<'n>,
+    ) -> fmt::Result {
+        match *self {
+            IssueKind::FreeOfUnknownId { id } => write!(f, "free of unknown id {}", name(id)),
+            IssueKind::FreeOfFreedId { id, .. } => {
+                write!(f, "free of already-freed id {}", name(id))
+            }
             IssueKind::FreeRequestedNotLive { id } => {
-                write!(f, "free_requested of id {id}, which is not live")
+                write!(f, "free_requested of id {}, which is not live", name(id))
             }
             IssueKind::FreeRequestedTwice { id, .. } => {
-                write!(f, "free_requested of id {id} twice")
+                write!(f, "free_requested of id {} twice", name(id))
             }
             IssueKind::DuplicateLiveId { id, .. } => {
-                write!(f, "alloc of id {id}, which is still live")
+                write!(f, "alloc of id {}, which is still live", name(id))
             }
-            IssueKind::ZeroSize { id } => write!(f, "alloc of id {id} asks for 0 bytes"),
+            IssueKind::ZeroSize { id } => write!(f, "alloc of id {} asks for 0 bytes", name(id)),
             IssueKind::AbsurdSize { id, size_bytes } => write!(
                 f,
-                "alloc of id {id} asks for {size_bytes} bytes: PyTorch refuses 1 EiB or more (\"Tried to allocate more than 1EB memory\")"
+                "alloc of id {} asks for {size_bytes} bytes: PyTorch refuses 1 EiB or more (\"Tried to allocate more than 1EB memory\")",
+                name(id)
             ),
-            IssueKind::Pool { op, pool, problem } => match problem {
+            IssueKind::Pool {
+                op,
+                pool,
+                ref problem,
+            } => match problem {
                 PoolProblem::AllocatingAlready { .. } => write!(
                     f,
                     "{op} of pool {pool}, which is being allocated to already"
@@ -187,30 +205,30 @@ impl fmt::Display for IssueKind {
             IssueKind::LiveAtEnd {
                 count,
                 bytes,
-                first_ids,
+                ref first_ids,
             } => {
-                let plural = if *count == 1 {
+                let plural = if count == 1 {
                     "allocation"
                 } else {
                     "allocations"
                 };
-                let verb = if *count == 1 { "is" } else { "are" };
+                let verb = if count == 1 { "is" } else { "are" };
                 write!(
                     f,
                     "{count} {plural} ({}) {verb} still live at the end of the trace: id",
-                    format_size_human(*bytes)
+                    format_size_human(bytes)
                 )?;
-                if *count > 1 {
+                if count > 1 {
                     f.write_str("s")?;
                 }
                 for (i, id) in first_ids.iter().enumerate() {
                     let sep = if i == 0 { " " } else { ", " };
-                    write!(f, "{sep}{id}")?;
+                    write!(f, "{sep}{}", name(*id))?;
                     if i == 0 {
                         f.write_str(" (allocated here)")?;
                     }
                 }
-                if *count > first_ids.len() as u64 {
+                if count > first_ids.len() as u64 {
                     f.write_str(", ...")?;
                 }
                 Ok(())
@@ -249,7 +267,8 @@ pub struct IssueDisplay<'a> {
 impl fmt::Display for IssueDisplay<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (issue, trace) = (self.issue, self.trace);
-        write!(f, "{}: {}", trace.describe(issue.event_index), issue.kind)?;
+        write!(f, "{}: ", trace.describe(issue.event_index))?;
+        issue.kind.write(f, &|id| trace.id_name(id))?;
         match issue.kind {
             IssueKind::FreeOfFreedId { freed_at, .. } => {
                 write!(f, " (freed at {})", trace.location(freed_at))
@@ -481,6 +500,8 @@ mod tests {
             locations,
             location_kind: LocationKind::Line,
             meta: Default::default(),
+            id_names: Vec::new(),
+            times_us: Vec::new(),
         }
     }
 

@@ -52,6 +52,7 @@ use std::rc::Rc;
 use saphyr_parser::{Event as YamlEvent, Parser, ScalarStyle, ScanError, Span};
 
 use crate::csv::{file_stem, shorten};
+use crate::ids::{is_number, IdTable, IdToken};
 use crate::size::parse_size;
 use crate::trace::{AllocId, Event, LocationKind, PoolId, PoolStreams, Trace, TraceMeta, OP_NAMES};
 use crate::{Format, Problems, ReadError};
@@ -305,11 +306,15 @@ fn parse_int(t: &str) -> Option<Option<i128>> {
     Some(value)
 }
 
+/// An event and its id as written (the event's own id is a placeholder until
+/// [`IdTable::finish`]), or why the mapping is not an event.
+type Parsed = Result<(Event, Option<IdToken>), String>;
+
 /// What an anchor names: a scalar, or a whole event (or a malformed one's message).
 #[derive(Clone)]
 enum Anchored {
     Scalar(Scalar),
-    Event(Result<Event, String>),
+    Event(Parsed),
     Other(Value),
 }
 
@@ -383,6 +388,7 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
         let mut name = None;
         let mut events = Vec::new();
         let mut problems = Problems::default();
+        let mut ids = IdTable::new();
         let mut seen_events = false;
         loop {
             let (event, span) = self.next()?;
@@ -424,7 +430,7 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
                         YamlEvent::SequenceStart(..) => {}
                         _ => return Err(self.error_at(span, "events: expected a list of events")),
                     }
-                    self.events(&mut events, &mut problems)?;
+                    self.events(&mut events, &mut ids, &mut problems)?;
                 }
                 "name" | "events" => {
                     return Err(self.error_at(span, format!("duplicate field `{key}`")))
@@ -458,6 +464,7 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
         if let Some(e) = problems.into_error() {
             return Err(e);
         }
+        let id_names = ids.finish(&mut events);
         Ok(Trace {
             name: name.unwrap_or_else(|| file_stem(self.path)),
             path: Some(self.path.to_path_buf()),
@@ -465,11 +472,18 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
             locations: Vec::new(),
             location_kind: LocationKind::Event,
             meta: TraceMeta::of_format(Format::Yaml),
+            id_names,
+            times_us: Vec::new(),
         })
     }
 
     /// The items of `events` up to its end.
-    fn events(&mut self, out: &mut Vec<Event>, problems: &mut Problems) -> Result<(), ReadError> {
+    fn events(
+        &mut self,
+        out: &mut Vec<Event>,
+        ids: &mut IdTable,
+        problems: &mut Problems,
+    ) -> Result<(), ReadError> {
         loop {
             let (event, span) = self.next()?;
             let parsed = match event {
@@ -493,7 +507,7 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
                 }
             };
             match parsed {
-                Ok(event) => out.push(event),
+                Ok((event, token)) => ids.push(out, event, token),
                 // A malformed event is reported with the others, not only the first.
                 Err(message) => problems.push(ReadError::syntax(
                     self.path,
@@ -588,7 +602,7 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
 
     /// The keys and values of an event mapping up to its end, then the event they
     /// make (or the message saying why they make none).
-    fn event_mapping(&mut self) -> Result<Result<Event, String>, ReadError> {
+    fn event_mapping(&mut self) -> Result<Parsed, ReadError> {
         let mut fields: Vec<(Value, Value)> = Vec::new();
         loop {
             let (event, _) = self.next()?;
@@ -622,6 +636,15 @@ pub fn write_yaml(trace: &Trace, mut out: impl io::Write) -> io::Result<()> {
         return writeln!(out, "events: []");
     }
     writeln!(out, "events:")?;
+    // Ids as read: numbers bare, names quoted.
+    let id_text = |id: AllocId| -> String {
+        let name = trace.id_name(id).to_string();
+        if is_number(&name) {
+            name
+        } else {
+            quote(&name)
+        }
+    };
     for event in &trace.events {
         match event {
             Event::Alloc {
@@ -630,10 +653,13 @@ pub fn write_yaml(trace: &Trace, mut out: impl io::Write) -> io::Result<()> {
                 stream,
             } => writeln!(
                 out,
-                "  - {{op: alloc, id: {id}, bytes: {size_bytes}, stream: {stream}}}"
+                "  - {{op: alloc, id: {}, bytes: {size_bytes}, stream: {stream}}}",
+                id_text(*id)
             )?,
-            Event::FreeRequested { id } => writeln!(out, "  - {{op: free_requested, id: {id}}}")?,
-            Event::Free { id } => writeln!(out, "  - {{op: free, id: {id}}}")?,
+            Event::FreeRequested { id } => {
+                writeln!(out, "  - {{op: free_requested, id: {}}}", id_text(*id))?
+            }
+            Event::Free { id } => writeln!(out, "  - {{op: free, id: {}}}", id_text(*id))?,
             Event::EmptyCache => writeln!(out, "  - {{op: empty_cache}}")?,
             Event::Mark { label } => writeln!(out, "  - {{op: mark, label: {}}}", quote(label))?,
             Event::CreatePool {
@@ -714,7 +740,9 @@ fn key_name(key: &Value) -> Option<&str> {
     }
 }
 
-fn parse_event(fields: &[(Value, Value)]) -> Result<Event, String> {
+/// One event, and its id as written (the event's own id is a placeholder until
+/// [`IdTable::finish`]).
+fn parse_event(fields: &[(Value, Value)]) -> Parsed {
     let get = |key: &str| {
         fields
             .iter()
@@ -756,21 +784,41 @@ fn parse_event(fields: &[(Value, Value)]) -> Result<Event, String> {
             )
         })
     };
-    Ok(match op {
-        "alloc" => Event::Alloc {
-            id: AllocId(uint("id", required("id")?)?),
-            size_bytes: bytes(op, required("bytes")?)?,
-            stream: match get("stream") {
-                Some(v) => uint("stream", v)?,
-                None => 0,
-            },
-        },
-        "free" | "free_completed" => Event::Free {
-            id: AllocId(uint("id", required("id")?)?),
-        },
-        "free_requested" => Event::FreeRequested {
-            id: AllocId(uint("id", required("id")?)?),
-        },
+    // An id is any token: decimal digits are a number, anything else (`weights`,
+    // `0x7f3a`, `-1`) a name kept as written.
+    let token = || -> Result<IdToken, String> {
+        match required("id")? {
+            Value::Int(t, _) | Value::Float(t) | Value::Text(t) => {
+                IdToken::parse(t).map_err(|why| format!("{op}: id '{}' {why}", shorten(t)))
+            }
+            v => Err(format!(
+                "{op}: id must be a name or an unsigned integer, found {}",
+                v.describe()
+            )),
+        }
+    };
+    let id = AllocId(0);
+    let mut id_token = None;
+    let event = match op {
+        "alloc" => {
+            id_token = Some(token()?);
+            Event::Alloc {
+                id,
+                size_bytes: bytes(op, required("bytes")?)?,
+                stream: match get("stream") {
+                    Some(v) => uint("stream", v)?,
+                    None => 0,
+                },
+            }
+        }
+        "free" | "free_completed" => {
+            id_token = Some(token()?);
+            Event::Free { id }
+        }
+        "free_requested" => {
+            id_token = Some(token()?);
+            Event::FreeRequested { id }
+        }
         "empty_cache" => match get("pool") {
             None => Event::EmptyCache,
             Some(v) => Event::EmptyPoolCache {
@@ -834,7 +882,8 @@ fn parse_event(fields: &[(Value, Value)]) -> Result<Event, String> {
                 v => return Err(format!("mark: label must be text, found {}", v.describe())),
             },
         },
-    })
+    };
+    Ok((event, id_token))
 }
 
 /// A pool written `[a, b]`, PyTorch's id pair; `[0, 0]` (the default pools) is refused.
@@ -991,6 +1040,48 @@ mod tests {
         String::from_utf8(out).unwrap()
     }
 
+    /// Ids may be names: they are interned to dense ids in order of first appearance
+    /// (a number among names under its decimal text), messages show them, and the
+    /// writer writes them back as read, so the file round-trips byte for byte.
+    #[test]
+    fn named_ids_round_trip() {
+        let text = "name: \"named\"\nevents:\n  - {op: alloc, id: \"weights\", bytes: 1024, stream: 0}\n  - {op: alloc, id: 7, bytes: 8, stream: 0}\n  - {op: alloc, id: \"0x7f3a00000000\", bytes: 16, stream: 1}\n  - {op: free_requested, id: \"0x7f3a00000000\"}\n  - {op: free, id: \"0x7f3a00000000\"}\n  - {op: free, id: 7}\n  - {op: alloc, id: \"kv cache 3\", bytes: 4, stream: 0}\n";
+        let t = read(text).unwrap();
+        assert_eq!(t.id_names, ["weights", "7", "0x7f3a00000000", "kv cache 3"]);
+        assert_eq!(
+            t.events[..3],
+            [
+                Event::Alloc {
+                    id: AllocId(0),
+                    size_bytes: 1024,
+                    stream: 0
+                },
+                Event::Alloc {
+                    id: AllocId(1),
+                    size_bytes: 8,
+                    stream: 0
+                },
+                Event::Alloc {
+                    id: AllocId(2),
+                    size_bytes: 16,
+                    stream: 1
+                },
+            ]
+        );
+        assert_eq!(write(&t), text);
+        // A hex number, a negative one, a decimal: names as written.
+        let odd = read("events:\n  - {op: alloc, id: 0x7f3a, bytes: 1}\n  - {op: alloc, id: -1, bytes: 1}\n  - {op: alloc, id: 1.5, bytes: 1}\n").unwrap();
+        assert_eq!(odd.id_names, ["0x7f3a", "-1", "1.5"]);
+        // Plain (unquoted) names read the same as quoted ones.
+        let plain = read("events:\n  - {op: alloc, id: weights, bytes: 1}\n  - {op: free, id: weights}\n  - {op: free, id: bias}\n").unwrap();
+        assert_eq!(plain.id_names, ["weights", "bias"]);
+        let issues = crate::validate(&plain);
+        assert_eq!(
+            issues[0].display_with(&plain).to_string(),
+            "dir/t.yaml: event 2: free of unknown id bias"
+        );
+    }
+
     /// The example of the module docs reads as documented: units, default stream,
     /// name, event locations.
     #[test]
@@ -1097,8 +1188,8 @@ mod tests {
             ("{op: alloc, id: 1}", "event 1: alloc needs 'bytes'"),
             ("{id: 1}", "event 1: missing 'op'"),
             (
-                "{op: alloc, id: -1, bytes: 5}",
-                "event 1: alloc: id must be an unsigned integer, found -1",
+                "{op: alloc, id: 99999999999999999999, bytes: 5}",
+                "event 1: alloc: id '99999999999999999999' is a number too large for 64 bits",
             ),
             (
                 "{op: alloc, id: 1, bytes: 4XB}",
@@ -1112,9 +1203,18 @@ mod tests {
                 "{op: alloc, id: 1, bytes: [1]}",
                 "event 1: alloc: bytes must be an integer or a size like 4KiB, found a list",
             ),
+            ("{op: free, id: ''}", "event 1: free: id '' is empty"),
             (
-                "{op: free, id: '1'}",
-                "event 1: free: id must be an unsigned integer, found '1'",
+                "{op: free, id: [1]}",
+                "event 1: free: id must be a name or an unsigned integer, found a list",
+            ),
+            (
+                "{op: free, id: true}",
+                "event 1: free: id must be a name or an unsigned integer, found true",
+            ),
+            (
+                "{op: free, id: \"a\\tb\"}",
+                "event 1: free: id 'a\\tb' has a control character",
             ),
             ("{op: mark}", "event 1: mark needs 'label'"),
             ("free 1", "event 1: an event is a mapping"),

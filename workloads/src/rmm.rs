@@ -1,0 +1,523 @@
+//! RAPIDS RMM memory event logs: the CSV that `rmm::mr::logging_resource_adaptor`
+//! (Python: `rmm.mr.LoggingResourceAdaptor`) writes, one line per allocation and
+//! deallocation through the resource.
+//!
+//! ```text
+//! Thread,Time,Action,Pointer,Size,Stream
+//! 140573312345856,10:17:36.614829,allocate,0x7f8a40000000,1024,0x7f8a38001020
+//! 140573312345856,10:17:36.615011,free,0x7f8a40000000,1024,0x7f8a38001020
+//! 140573312345856,10:17:36.616000,allocate failure,(nil),68719476736,0
+//! ```
+//!
+//! The header is written as is; then the logger's pattern `%t,%H:%M:%S.%f,%v`
+//! prefixes each message with the thread id and the time of day (microseconds). The
+//! message is `allocate,PTR,BYTES,STREAM`, `allocate failure,PTR,BYTES,STREAM` (the
+//! pointer is null) or `free,PTR,BYTES,STREAM`; RMM versions spelled pointers and
+//! streams differently (`{}` of fmt: `0x7f8a40000000`, null `0x0`; `%llx`:
+//! `7f8a40000000`, null `0`; `%p`: `0x7f8a40000000`, null `(nil)`; a stream through
+//! `std::hex`: `0x...` or `0` for the default stream), and older logs say
+//! `deallocate`; all are read.
+//!
+//! What becomes of each line:
+//!
+//! | action | event |
+//! | --- | --- |
+//! | `allocate` | `alloc` of `BYTES` on `STREAM`, its id named by the pointer (`0x7f8a40000000`) |
+//! | `free`, `deallocate` | `free` of the allocation at the pointer |
+//! | `allocate failure` | `alloc` of `BYTES` on `STREAM` that RMM could not serve, with an id of its own (`failed@line N`), never freed |
+//!
+//! A pointer is an allocation's id until its free; RMM may hand the same pointer out
+//! again afterwards, which is the same id reused (ids are interned per pointer, so
+//! the trace's [`Trace::id_names`] are the pointers). Times become
+//! [`Trace::times_us`]: microseconds since midnight of the first line, a day added
+//! each time the clock goes back by more than twelve hours (a log past midnight).
+//!
+//! Detected by its header (`Thread,Time,Action,Pointer,Size,Stream`), whatever the
+//! file's extension. Strict like the other readers: every malformed line is reported
+//! with its line number; a free whose size differs from its allocation's is an error
+//! (RMM requires the same size back). Frees of pointers the log never allocated and
+//! pointers allocated twice are left to validation (`allocsim check`), which names
+//! their lines.
+
+use std::collections::HashMap;
+use std::io::{self, BufRead};
+use std::path::Path;
+
+use crate::csv::{file_stem, shorten};
+use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
+use crate::{Format, ReadError};
+
+/// The header every RMM log starts with.
+pub const RMM_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
+
+/// Microseconds in a day.
+const DAY_US: u64 = 86_400_000_000;
+
+/// Reads an RMM log from any reader; `path` names the source in messages and in the
+/// trace (named after its stem).
+///
+/// # Errors
+/// I/O errors, a missing header, and every malformed line, each with its line.
+pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadError> {
+    let mut reader = io::BufReader::new(reader);
+    let mut log = Log::default();
+    let mut buf = Vec::new();
+    let mut line = 0u64;
+    let mut problems = Vec::new();
+    let mut header_seen = false;
+    loop {
+        buf.clear();
+        let n = reader
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| ReadError::io(path, &e))?;
+        if n == 0 {
+            break;
+        }
+        line += 1;
+        let at = Some(format!("line {line}"));
+        let Ok(text) = std::str::from_utf8(&buf) else {
+            problems.push(ReadError::syntax(path, at, "not valid UTF-8 text"));
+            continue;
+        };
+        let text = text.trim_end_matches(['\n', '\r']);
+        if !header_seen {
+            let first = text.trim_start_matches('\u{feff}');
+            if first != RMM_HEADER {
+                return Err(ReadError::syntax(
+                    path,
+                    at,
+                    format!(
+                        "expected the RMM log header '{RMM_HEADER}', found '{}'",
+                        shorten(first)
+                    ),
+                ));
+            }
+            header_seen = true;
+            continue;
+        }
+        if text.is_empty() {
+            continue;
+        }
+        if let Err(message) = log.line(text, line) {
+            problems.push(ReadError::syntax(path, at, message));
+        }
+    }
+    if !header_seen {
+        return Err(ReadError::syntax(
+            path,
+            Some("line 1".into()),
+            format!("empty file: an RMM log starts with the header '{RMM_HEADER}'"),
+        ));
+    }
+    if let Some(e) = ReadError::collect(problems) {
+        return Err(e);
+    }
+    Ok(Trace {
+        name: file_stem(path),
+        path: Some(path.to_path_buf()),
+        events: log.events,
+        locations: log.locations,
+        location_kind: LocationKind::Line,
+        meta: TraceMeta::of_format(Format::Rmm),
+        id_names: log.names,
+        times_us: log.times_us,
+    })
+}
+
+/// The trace being read.
+#[derive(Default)]
+struct Log {
+    events: Vec<Event>,
+    locations: Vec<u64>,
+    times_us: Vec<u64>,
+    names: Vec<String>,
+    /// Pointer -> its id.
+    ids: HashMap<u64, u64>,
+    /// Live pointer -> (bytes, line of its allocation).
+    live: HashMap<u64, (u64, u64)>,
+    /// Days added to the time of day (the log went past midnight).
+    day: u64,
+    /// The previous line's time of day.
+    last_time: Option<u64>,
+}
+
+impl Log {
+    /// Reads one line (not the header).
+    fn line(&mut self, text: &str, line: u64) -> Result<(), String> {
+        let fields: Vec<&str> = text.split(',').collect();
+        let [thread, time, action, pointer, size, stream] = fields[..] else {
+            return Err(format!(
+                "a line has 6 fields ({RMM_HEADER}), found {}",
+                fields.len()
+            ));
+        };
+        if thread.is_empty() {
+            return Err("Thread is missing".into());
+        }
+        let time = time_of_day(time)?;
+        let size: u64 = parse_decimal(size).ok_or_else(|| {
+            format!(
+                "Size '{}' is not a number of bytes (a decimal integer)",
+                shorten(size)
+            )
+        })?;
+        let stream = parse_hex(stream).ok_or_else(|| {
+            format!(
+                "Stream '{}' is not a hexadecimal stream handle",
+                shorten(stream)
+            )
+        })?;
+        let pointer = parse_hex(pointer).ok_or_else(|| {
+            format!(
+                "Pointer '{}' is not a hexadecimal address",
+                shorten(pointer)
+            )
+        })?;
+        let event = match action {
+            "allocate" => {
+                if pointer == 0 {
+                    return Err(
+                        "allocate of a null pointer (a failed allocation is 'allocate failure')"
+                            .into(),
+                    );
+                }
+                self.live.insert(pointer, (size, line));
+                Event::Alloc {
+                    id: self.id_of(pointer),
+                    size_bytes: size,
+                    stream,
+                }
+            }
+            "free" | "deallocate" => {
+                if let Some((bytes, at)) = self.live.remove(&pointer) {
+                    if bytes != size {
+                        return Err(format!(
+                            "{action} of 0x{pointer:x} with {size} bytes, but it was allocated with {bytes} bytes at line {at} (RMM frees with the size allocated)"
+                        ));
+                    }
+                }
+                Event::Free {
+                    id: self.id_of(pointer),
+                }
+            }
+            "allocate failure" => {
+                let id = self.names.len() as u64;
+                self.names.push(format!("failed@line {line}"));
+                Event::Alloc {
+                    id: AllocId(id),
+                    size_bytes: size,
+                    stream,
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown action '{}' (expected allocate, allocate failure, free or deallocate)",
+                    shorten(other)
+                ))
+            }
+        };
+        // Past midnight the time of day starts again from 0.
+        if self.last_time.is_some_and(|last| time + DAY_US / 2 < last) {
+            self.day += 1;
+        }
+        self.last_time = Some(time);
+        let t = self.day * DAY_US + time;
+        // Threads may log slightly out of order; times never go back in the trace.
+        let t = t.max(self.times_us.last().copied().unwrap_or(0));
+        self.events.push(event);
+        self.locations.push(line);
+        self.times_us.push(t);
+        Ok(())
+    }
+
+    /// The id of `pointer` (the same for each of its allocations).
+    fn id_of(&mut self, pointer: u64) -> AllocId {
+        let next = self.names.len() as u64;
+        let id = *self.ids.entry(pointer).or_insert(next);
+        if id == next {
+            self.names.push(format!("0x{pointer:x}"));
+        }
+        AllocId(id)
+    }
+}
+
+/// `HH:MM:SS.ffffff` (the fraction 1 to 9 digits, kept to microseconds) as
+/// microseconds since midnight.
+fn time_of_day(text: &str) -> Result<u64, String> {
+    let bad = || {
+        format!(
+            "Time '{}' is not a time of day HH:MM:SS.ffffff",
+            shorten(text)
+        )
+    };
+    let (hms, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let parts: Vec<&str> = hms.split(':').collect();
+    let [h, m, s] = parts[..] else {
+        return Err(bad());
+    };
+    let two = |t: &str, max: u64| -> Option<u64> {
+        (t.len() == 2)
+            .then(|| parse_decimal(t))
+            .flatten()
+            .filter(|v| *v <= max)
+    };
+    let (Some(h), Some(m), Some(s)) = (two(h, 23), two(m, 59), two(s, 60)) else {
+        return Err(bad());
+    };
+    if fraction.len() > 9 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    if text.contains('.') && fraction.is_empty() {
+        return Err(bad());
+    }
+    let mut micros = 0u64;
+    for i in 0..6 {
+        let digit = fraction
+            .as_bytes()
+            .get(i)
+            .map_or(0, |b| u64::from(b - b'0'));
+        micros = micros * 10 + digit;
+    }
+    Ok(((h * 60 + m) * 60 + s) * 1_000_000 + micros)
+}
+
+/// Digits only.
+fn parse_decimal(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// A hexadecimal handle with or without `0x`; `(nil)` is null.
+fn parse_hex(text: &str) -> Option<u64> {
+    if text == "(nil)" {
+        return Some(0);
+    }
+    let digits = text
+        .strip_prefix("0x")
+        .or_else(|| text.strip_prefix("0X"))
+        .unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(digits, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(text: &str) -> Result<Trace, ReadError> {
+        read_rmm_from(text.as_bytes(), Path::new("rmm.csv"))
+    }
+
+    fn read_err(text: &str) -> String {
+        read(text).unwrap_err().to_string()
+    }
+
+    /// A line as `logging_resource_adaptor` formats it: the pattern
+    /// `%t,%H:%M:%S.%f,%v` and the message `ACTION,PTR,BYTES,STREAM`.
+    fn line(thread: u64, time: &str, message: &str) -> String {
+        format!("{thread},{time},{message}\n")
+    }
+
+    /// A log as RMM writes it through fmt's `{}` (pointers `0x...`, null `0x0`,
+    /// `fmt::ptr` streams): allocations, frees, a failure, a pointer handed out again
+    /// after its free, two streams; ids are the pointers, times microseconds since
+    /// midnight, locations lines.
+    #[test]
+    fn reads_a_log_with_pointer_reuse_and_a_failure() {
+        let text = [
+            format!("{RMM_HEADER}\n"),
+            line(
+                140573312345856,
+                "10:17:36.614829",
+                "allocate,0x7f8a40000000,1024,0x0",
+            ),
+            line(
+                140573312345856,
+                "10:17:36.614900",
+                "allocate,0x7f8a40000400,2048,0x5604a3c0",
+            ),
+            line(
+                140573312345856,
+                "10:17:36.615011",
+                "free,0x7f8a40000000,1024,0x0",
+            ),
+            line(
+                140573312345856,
+                "10:17:36.615100",
+                "allocate failure,0x0,68719476736,0x0",
+            ),
+            line(
+                140573312345857,
+                "10:17:36.616000",
+                "allocate,0x7f8a40000000,512,0x0",
+            ),
+            line(
+                140573312345857,
+                "10:17:36.617",
+                "free,0x7f8a40000000,512,0x0",
+            ),
+        ]
+        .concat();
+        let t = read(&text).unwrap();
+        let alloc = |id, size_bytes, stream| Event::Alloc {
+            id: AllocId(id),
+            size_bytes,
+            stream,
+        };
+        assert_eq!(
+            t.events,
+            [
+                alloc(0, 1024, 0),
+                alloc(1, 2048, 0x5604a3c0),
+                Event::Free { id: AllocId(0) },
+                alloc(2, 68719476736, 0),
+                alloc(0, 512, 0),
+                Event::Free { id: AllocId(0) },
+            ]
+        );
+        assert_eq!(
+            t.id_names,
+            ["0x7f8a40000000", "0x7f8a40000400", "failed@line 5"]
+        );
+        let base = (10 * 3600 + 17 * 60 + 36) * 1_000_000;
+        assert_eq!(
+            t.times_us,
+            [614829, 614900, 615011, 615100, 616000, 617000].map(|us| base + us)
+        );
+        assert_eq!(t.locations, [2, 3, 4, 5, 6, 7]);
+        assert_eq!(t.meta.format, Some(Format::Rmm));
+        assert_eq!(t.describe(2), "rmm.csv: line 4");
+        // Validation sees a replayable trace, the failed request live at the end.
+        let issues = crate::validate(&t);
+        assert!(!crate::has_errors(&issues), "{issues:?}");
+        assert_eq!(
+            issues[0].display_with(&t).to_string(),
+            "rmm.csv: line 3: 2 allocations (64.00 GiB) are still live at the end of the trace: ids 0x7f8a40000400 (allocated here), failed@line 5"
+        );
+    }
+
+    /// The spellings of other RMM versions: `%llx` (no `0x`, null `0`), `%p` (null
+    /// `(nil)`), `std::hex` streams, `deallocate`, a CRLF log with a byte order mark.
+    #[test]
+    fn reads_every_spelling() {
+        let text = [
+            format!("\u{feff}{RMM_HEADER}\r\n"),
+            line(7, "23:59:59.999999", "allocate,7f8a40000000,256,0"),
+            line(
+                7,
+                "23:59:59.999999",
+                "allocate failure,(nil),1099511627776,7f00aa00",
+            ),
+            line(
+                7,
+                "00:00:00.000001",
+                "deallocate,0x7F8A40000000,256,0x7f00aa00",
+            ),
+            line(7, "00:00:00.000002", "allocate,0x7f8a40000000,256,0"),
+        ]
+        .concat()
+        .replace('\n', "\r\n");
+        let t = read(&text).unwrap();
+        assert_eq!(t.events.len(), 4);
+        assert_eq!(
+            t.events[1],
+            Event::Alloc {
+                id: AllocId(1),
+                size_bytes: 1 << 40,
+                stream: 0x7f00aa00
+            }
+        );
+        assert_eq!(t.events[2], Event::Free { id: AllocId(0) });
+        assert_eq!(
+            t.events[3],
+            Event::Alloc {
+                id: AllocId(0),
+                size_bytes: 256,
+                stream: 0
+            }
+        );
+        // Past midnight, a day is added.
+        assert_eq!(t.times_us[2], DAY_US + 1);
+        assert_eq!(t.times_us[3], DAY_US + 2);
+    }
+
+    /// Every bad line is one problem naming its line and what is wrong; the error is
+    /// one line that names the first and counts the rest.
+    #[test]
+    fn bad_lines_name_their_line() {
+        let h = format!("{RMM_HEADER}\n");
+        let cases = [
+            ("1,10:00:00.0,allocate,0x10,8", "line 2: a line has 6 fields"),
+            (
+                "1,10:00:00.0,reallocate,0x10,8,0",
+                "line 2: unknown action 'reallocate' (expected allocate, allocate failure, free or deallocate)",
+            ),
+            ("1,10:00:00.0,allocate,0xZZ,8,0", "line 2: Pointer '0xZZ' is not"),
+            ("1,10:00:00.0,allocate,0x10,-8,0", "line 2: Size '-8' is not"),
+            ("1,10:00:00.0,allocate,0x10,8KiB,0", "line 2: Size '8KiB' is not"),
+            ("1,10:00:00.0,allocate,0x10,8,stream", "line 2: Stream 'stream' is not"),
+            ("1,25:00:00.0,allocate,0x10,8,0", "line 2: Time '25:00:00.0' is not"),
+            ("1,1634567890.123456,allocate,0x10,8,0", "line 2: Time '1634567890.123456'"),
+            ("1,10:00:00.,allocate,0x10,8,0", "line 2: Time '10:00:00.' is not"),
+            (",10:00:00.0,allocate,0x10,8,0", "line 2: Thread is missing"),
+            ("1,10:00:00.0,allocate,(nil),8,0", "line 2: allocate of a null pointer"),
+            (
+                "1,10:00:00.0,allocate,0x10,8,0\n1,10:00:00.1,free,0x10,16,0",
+                "line 3: free of 0x10 with 16 bytes, but it was allocated with 8 bytes at line 2",
+            ),
+        ];
+        for (rows, want) in cases {
+            let e = read_err(&format!("{h}{rows}\n"));
+            assert!(e.starts_with(&format!("rmm.csv: {want}")), "{rows}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let e = read_rmm_from(
+            &b"Thread,Time,Action,Pointer,Size,Stream\nx\n1,bad,allocate,0x10,8,0\n\xff\n"[..],
+            Path::new("rmm.csv"),
+        )
+        .unwrap_err();
+        let places: Vec<_> = e.all().map(|p| p.location.clone().unwrap()).collect();
+        assert_eq!(places, ["line 2", "line 3", "line 4"]);
+        assert!(
+            e.to_string()
+                .ends_with("(and 2 more problems in this file)"),
+            "{e}"
+        );
+    }
+
+    /// A missing header is refused at line 1; an empty file says what it expects.
+    #[test]
+    fn header_is_required() {
+        assert_eq!(
+            read_err("Thread,Time,Action,Pointer,Size\n"),
+            "rmm.csv: line 1: expected the RMM log header 'Thread,Time,Action,Pointer,Size,Stream', found 'Thread,Time,Action,Pointer,Size'"
+        );
+        assert!(read_err("").contains("empty file"));
+    }
+
+    /// Frees of pointers never allocated and pointers allocated twice are read, and
+    /// validation names their lines by pointer.
+    #[test]
+    fn inconsistent_logs_are_left_to_validation() {
+        let text = format!(
+            "{RMM_HEADER}\n1,10:00:00.0,free,0x20,8,0\n1,10:00:00.1,allocate,0x10,8,0\n1,10:00:00.2,allocate,0x10,8,0\n"
+        );
+        let t = read(&text).unwrap();
+        let lines: Vec<String> = crate::validate(&t)
+            .iter()
+            .filter(|i| i.severity == crate::Severity::Error)
+            .map(|i| i.display_with(&t).to_string())
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "rmm.csv: line 2: free of unknown id 0x20",
+                "rmm.csv: line 4: alloc of id 0x10, which is still live (allocated at line 3)"
+            ]
+        );
+    }
+}
