@@ -850,3 +850,69 @@ fn fit_finds_the_smallest_capacity() {
         assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
     }
 }
+
+/// At an out-of-memory, `replay` says why: the failing request with its mark, the
+/// memory by cause, the segments with the most free memory, a verdict and the setting
+/// that fixes it, checked by replaying; `compare` has the same in its `oom_*` columns.
+#[test]
+fn why_it_ran_out() {
+    let o = allocsim([
+        "replay",
+        "tests/data/oracle/h100-torch2.11-pickles/random_stress__cap5120M.pickle",
+        "--cap",
+        "5120MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "why it ran out      fragmentation: 798.52 MiB free in pieces this request could not use",
+        "expandable_segments=True fixes it (checked: replays to the end, reserved peak 4.62 GiB)",
+        "  request           event 5076 (entry 7575): alloc id 2618 of 203.05 MiB",
+        "  largest free      145.42 MiB (usable by this request: 0 B) against 203.05 MiB asked",
+        "too small 794.54 MiB",
+        "  most free in      segment ",
+        "  tried             caching:expandable_segments=True,cap=5GiB: runs to the end",
+    ] {
+        assert!(out.contains(needle), "'{needle}' missing from {out}");
+    }
+    let o = allocsim([
+        "replay",
+        "examples/training_loop.yaml",
+        "--capacity",
+        "300MiB",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("why it ran out      too little memory: the device request of 32.00 MiB found 24.00 MiB free"),
+        "{out}"
+    );
+    assert!(
+        out.contains("after mark \"iteration 1\" (event 4)"),
+        "{out}"
+    );
+    let o = allocsim([
+        "compare",
+        "tests/data/oracle/h100-torch2.11-pickles/random_stress__cap5120M.pickle",
+        "--policies",
+        "caching",
+        "--capacity",
+        "5GiB",
+        "--format",
+        "csv",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        out.lines()
+            .next()
+            .unwrap()
+            .ends_with(",total_bytes,oom_cause,oom_largest_free_block_bytes,oom_fix"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .nth(1)
+            .unwrap()
+            .ends_with(",fragmentation,152481792,expandable_segments=True"),
+        "{out}"
+    );
+}

@@ -308,6 +308,10 @@ impl Policy for BuddyPolicy {
         "buddy"
     }
 
+    fn rounded_bytes(&self, requested_bytes: u64) -> u64 {
+        self.block_bytes_for(requested_bytes.max(1))
+    }
+
     fn allocate(
         &mut self,
         device: &mut dyn Device,

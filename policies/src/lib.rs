@@ -56,7 +56,7 @@ pub use device::{
 pub use page_table::PageTable;
 pub use policy::{
     AllocError, Allocation, AllocatorCall, BlockSnapshot, BlockState, CallError, CallOutcome,
-    Policy, PolicyStats, PoolId, PoolStreams, Request, SegmentSnapshot, StreamId,
-    MAX_REQUEST_BYTES,
+    FreeBlockUse, OomCause, Policy, PolicyStats, PoolId, PoolStreams, Request, SegmentSnapshot,
+    StreamId, MAX_REQUEST_BYTES,
 };
 pub use registry::{PolicyConfig, POLICIES};

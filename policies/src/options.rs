@@ -234,6 +234,19 @@ pub trait PolicyOptions: Clone + Debug + Default + PartialEq + Send + Sync + 'st
             .join(",")
     }
 
+    /// Settings of this policy that may avoid an out-of-memory of `cause` for a request
+    /// of `requested_bytes`, most promising first, each with its text in specification
+    /// syntax (`expandable_segments=True`); an explanation checks each by replaying.
+    /// The default: none.
+    fn remedies(
+        &self,
+        cause: crate::policy::OomCause,
+        requested_bytes: u64,
+    ) -> Vec<(String, Self)> {
+        let _ = (cause, requested_bytes);
+        Vec::new()
+    }
+
     /// Checks that the options make a valid policy.
     ///
     /// # Errors

@@ -251,6 +251,51 @@ pub struct SegmentSnapshot {
     pub blocks: Vec<BlockSnapshot>,
 }
 
+/// Whether a free block could serve a request, and if not why: what an out-of-memory
+/// explanation sorts free bytes by ([`Policy::free_block_use`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreeBlockUse {
+    /// It could (by the policy's rules, it is large enough and allowed).
+    Fits,
+    /// It is too small for the request: the memory is there, in pieces (fragmentation).
+    TooSmall,
+    /// It belongs to another stream's cache, which the policy does not lend.
+    OtherStream,
+    /// It is in a pool the request does not draw from (PyTorch's small and large pools).
+    OtherPool,
+    /// The policy's split rules keep the request out of it (PyTorch's
+    /// `max_split_size_mb` and oversize tolerance).
+    Unsplittable,
+}
+
+/// Why a request ran out of memory, as an explanation sums it up: which of the memory
+/// the request could not use would have been enough.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OomCause {
+    /// Enough memory was free, but in pieces the request could not use (too small,
+    /// another pool, kept whole by split rules, rounding).
+    Fragmentation,
+    /// Enough memory was free in other streams' caches.
+    StreamCache,
+    /// Enough memory waited for frees pending on other streams (`record_stream`).
+    PendingFrees,
+    /// Even all free memory together was too little.
+    TooLittleMemory,
+}
+
+impl OomCause {
+    /// A short name: `fragmentation`, `stream cache`, `pending frees`, `too little
+    /// memory`.
+    pub fn name(self) -> &'static str {
+        match self {
+            OomCause::Fragmentation => "fragmentation",
+            OomCause::StreamCache => "stream cache",
+            OomCause::PendingFrees => "pending frees",
+            OomCause::TooLittleMemory => "too little memory",
+        }
+    }
+}
+
 /// An allocation policy: carves device segments into allocations.
 ///
 /// Policies know nothing about traces, files, time or CUDA: they see requests and a
@@ -335,6 +380,37 @@ pub trait Policy {
 
     /// Every segment with its blocks, in address order.
     fn snapshot(&self) -> Vec<SegmentSnapshot>;
+
+    /// The block a request of `requested_bytes` takes after the policy's rounding, before
+    /// any remainder it keeps unsplit: what an out-of-memory explanation counts as
+    /// rounding (`block − requested`) and as an unsplit remainder (the rest of the
+    /// block). The default: no rounding.
+    fn rounded_bytes(&self, requested_bytes: u64) -> u64 {
+        requested_bytes
+    }
+
+    /// Whether the free `block` of `segment` (from [`Policy::snapshot`]) could serve
+    /// `request`, and if not why. The default judges by size alone, as a policy
+    /// without streams, pools or split rules would.
+    fn free_block_use(
+        &self,
+        segment: &SegmentSnapshot,
+        block: &BlockSnapshot,
+        request: Request,
+    ) -> FreeBlockUse {
+        let _ = segment;
+        if block.size_bytes >= self.rounded_bytes(request.size_bytes) {
+            FreeBlockUse::Fits
+        } else {
+            FreeBlockUse::TooSmall
+        }
+    }
+
+    /// The policy's own limit on the bytes it reserves (PyTorch's per-process memory
+    /// fraction), once known; `None` when it has none.
+    fn memory_limit_bytes(&self) -> Option<u64> {
+        None
+    }
 
     /// The policy's own statistics as (name, value) pairs, e.g. the caching policy's
     /// `torch.cuda.memory_stats()` keys. Empty for a policy with none beyond

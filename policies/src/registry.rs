@@ -134,6 +134,17 @@ impl PolicyConfig {
         self.options.as_any().downcast_ref()
     }
 
+    /// Settings that may avoid an out-of-memory of `cause` (see
+    /// [`PolicyOptions::remedies`]): each as the setting's text and the whole
+    /// configuration with it.
+    pub fn remedies(
+        &self,
+        cause: crate::policy::OomCause,
+        requested_bytes: u64,
+    ) -> Vec<(String, PolicyConfig)> {
+        self.options.remedies(cause, requested_bytes)
+    }
+
     /// Checks the options without building anything.
     ///
     /// # Errors
@@ -190,6 +201,11 @@ trait AnyOptions: Send + Sync {
     fn print(&self) -> String;
     fn validate(&self) -> Result<(), OptionsError>;
     fn build(&self) -> Result<Box<dyn Policy>, OptionsError>;
+    fn remedies(
+        &self,
+        cause: crate::policy::OomCause,
+        requested_bytes: u64,
+    ) -> Vec<(String, PolicyConfig)>;
     fn as_any(&self) -> &dyn Any;
     fn clone_box(&self) -> Box<dyn AnyOptions>;
     fn equals(&self, other: &dyn Any) -> bool;
@@ -211,6 +227,17 @@ impl<T: PolicyOptions> AnyOptions for T {
 
     fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
         PolicyOptions::build(self)
+    }
+
+    fn remedies(
+        &self,
+        cause: crate::policy::OomCause,
+        requested_bytes: u64,
+    ) -> Vec<(String, PolicyConfig)> {
+        PolicyOptions::remedies(self, cause, requested_bytes)
+            .into_iter()
+            .map(|(text, options)| (text, PolicyConfig::new(options)))
+            .collect()
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -6,7 +6,7 @@ use workloads::Trace;
 
 use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
 use crate::metrics::{Oom, Summary};
-use crate::replay::{replay, ReplayError, ReplayOptions};
+use crate::replay::{replay_with, ReplayError, ReplayOptions};
 use policies::registry::OptionsError;
 use policies::spec::PolicySpec;
 
@@ -69,6 +69,9 @@ pub struct Row {
     pub oom: Option<Oom>,
     /// Allocations live at the end of the replay.
     pub live_allocation_count: u64,
+    /// Why the first OOM happened, with the setting that avoids it if one was found
+    /// (checked by replaying).
+    pub explanation: Option<crate::explain::OomExplanation>,
     /// Why its numbers are not exact ([`crate::caveats`]); empty when nothing is known
     /// to be off.
     pub caveats: Vec<String>,
@@ -119,15 +122,28 @@ fn run_one(
         source,
     })?;
     let mut dev = SimDevice::with_hints(device.clone(), input.hints.for_policy(&spec.config));
-    let r = replay(&input.trace, policy.as_mut(), &mut dev, options).map_err(|source| {
-        CompareError::Replay {
+    let mut watch = crate::explain::OomWatch::default();
+    let r = replay_with(&input.trace, policy.as_mut(), &mut dev, options, &mut watch).map_err(
+        |source| CompareError::Replay {
             trace: input.trace.name.clone(),
             policy: spec.label.clone(),
             source,
-        }
-    })?;
+        },
+    )?;
+    let mut explanation = watch.explanation;
+    if let Some(e) = &mut explanation {
+        crate::explain::check_remedies(
+            e,
+            &input.trace,
+            &input.hints,
+            &spec.config,
+            device,
+            options,
+        )?;
+    }
     let caveats = crate::caveats(&input.trace, &spec.config, &r);
     Ok(Row {
+        explanation,
         caveats,
         trace: input.trace.name.clone(),
         policy: spec.label.clone(),

@@ -32,6 +32,7 @@
 mod caveats;
 pub mod compare;
 mod device;
+pub mod explain;
 pub mod fidelity;
 pub mod fit;
 mod metrics;
@@ -45,6 +46,7 @@ pub mod validation;
 pub use caveats::caveats;
 pub use compare::{compare, CompareError, CompareInput, Row};
 pub use device::{AddressHints, AddressModel, SimDevice, SimDeviceOptions};
+pub use explain::{OomExplanation, OomWatch};
 pub use fit::{fit, fits, Fit, FitOptions};
 pub use metrics::{Oom, Recorder, Sample, Summary};
 pub use observe::{DeviceOp, DeviceOpKind, Observer, Outcome, Skip, Step, Timeline};

@@ -140,6 +140,21 @@ impl<O: Observer + ?Sized> Observer for &mut O {
     }
 }
 
+/// An observer that may be absent.
+impl<O: Observer> Observer for Option<O> {
+    fn before_event(&mut self, index: usize, event: &Event, policy: &dyn Policy) {
+        if let Some(o) = self {
+            o.before_event(index, event, policy);
+        }
+    }
+
+    fn after_event(&mut self, step: &Step<'_>) {
+        if let Some(o) = self {
+            o.after_event(step);
+        }
+    }
+}
+
 /// Two observers at once, the first called first.
 impl<A: Observer, B: Observer> Observer for (A, B) {
     fn before_event(&mut self, index: usize, event: &Event, policy: &dyn Policy) {

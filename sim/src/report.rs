@@ -131,6 +131,13 @@ pub struct CompareRecord<'a> {
     /// The device's total memory (what `--capacity` names; `capacity_bytes` is what the
     /// context and the driver leave of it).
     pub total_bytes: u64,
+    /// Why the OOM happened: `fragmentation`, `stream cache`, `pending frees` or `too
+    /// little memory`.
+    pub oom_cause: &'static str,
+    /// The largest free block at the OOM.
+    pub oom_largest_free_block_bytes: Option<u64>,
+    /// The setting that avoids the OOM, checked by replaying with it; empty if none.
+    pub oom_fix: String,
 }
 
 impl<'a> From<&'a Row> for CompareRecord<'a> {
@@ -159,6 +166,17 @@ impl<'a> From<&'a Row> for CompareRecord<'a> {
             events_replayed: s.event_count,
             live_allocations_at_end: r.live_allocation_count,
             total_bytes: r.total_bytes,
+            oom_cause: r.explanation.as_ref().map_or("", |e| e.cause.name()),
+            oom_largest_free_block_bytes: r
+                .explanation
+                .as_ref()
+                .map(|e| e.largest_free_block_bytes),
+            oom_fix: r
+                .explanation
+                .as_ref()
+                .and_then(|e| e.fix())
+                .map(|f| f.setting.clone())
+                .unwrap_or_default(),
         }
     }
 }
@@ -238,7 +256,8 @@ mod tests {
              reserved_bytes_peak,utilization,oom_event_index,oom_requested_bytes,\
              charged_bytes_peak,segment_count_peak,cached_bytes_at_reserved_peak,\
              device_alloc_count,device_free_count,oom_tried_bytes,allocated_bytes_at_oom,\
-             reserved_bytes_at_oom,events_replayed,live_allocations_at_end,total_bytes"
+             reserved_bytes_at_oom,events_replayed,live_allocations_at_end,total_bytes,\
+             oom_cause,oom_largest_free_block_bytes,oom_fix"
         );
     }
 
@@ -301,6 +320,7 @@ mod tests {
             },
             oom: None,
             live_allocation_count: 2,
+            explanation: None,
             caveats: Vec::new(),
         };
         let mut out = Vec::new();
@@ -308,7 +328,7 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text.lines().nth(1),
-            Some("\"t,1\",caching,100,3,0,1,3,0.333333,,,0,0,3,0,0,,,,3,2,100")
+            Some("\"t,1\",caching,100,3,0,1,3,0.333333,,,0,0,3,0,0,,,,3,2,100,,,")
         );
         let oom = Row {
             oom: Some(Oom {

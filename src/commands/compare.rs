@@ -83,7 +83,14 @@ fn table(rows: &[sim::Row]) -> String {
             s.utilization()
                 .map_or("n/a".to_string(), |u| format!("{:.1}%", u * 100.0)),
             r.oom.as_ref().map_or("none".to_string(), |o| {
-                format!("event {}: {}", o.event_index, h(o.requested_bytes))
+                let why = r
+                    .explanation
+                    .as_ref()
+                    .map_or(String::new(), |e| match e.fix() {
+                        Some(f) => format!(" ({}; {} fixes it)", e.cause.name(), f.setting),
+                        None => format!(" ({})", e.cause.name()),
+                    });
+                format!("event {}: {}{why}", o.event_index, h(o.requested_bytes))
             }),
         ]);
     }

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use sim::{Replay, SimDevice, Timeline};
+use sim::{OomExplanation, OomWatch, Replay, SimDevice, Timeline};
 use workloads::size::format_size_human;
 use workloads::Trace;
 
@@ -38,21 +38,37 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     let mut policy = spec.config.build()?;
     let mut device =
         SimDevice::with_hints(setup.options.clone(), loaded.hints.for_policy(&spec.config));
-    let mut timeline = Timeline::default();
+    let mut observer = (
+        args.timeline.as_ref().map(|_| Timeline::default()),
+        OomWatch::default(),
+    );
     // Ctrl-C stops the replay at its next event; nothing is written then.
     let in_order = interrupt::in_order();
-    let r = match &args.timeline {
-        Some(_) => sim::replay_with(
-            &loaded.trace,
-            policy.as_mut(),
-            &mut device,
-            &setup.replay,
-            &mut timeline,
-        ),
-        None => sim::replay(&loaded.trace, policy.as_mut(), &mut device, &setup.replay),
-    }
+    let r = sim::replay_with(
+        &loaded.trace,
+        policy.as_mut(),
+        &mut device,
+        &setup.replay,
+        &mut observer,
+    )
     .with_context(|| format!("replaying {}", args.trace.display()))?;
+    let (timeline, watch) = observer;
+    let mut why = watch.explanation;
+    if let Some(e) = &mut why {
+        sim::explain::check_remedies(
+            e,
+            &loaded.trace,
+            &loaded.hints,
+            &spec.config,
+            &setup.options,
+            &setup.replay,
+        )?;
+    }
     drop(in_order);
+    let stack = match &why {
+        Some(e) => frames_of(&args, &loaded.trace, e.event_index),
+        None => Vec::new(),
+    };
     let label = match spec.config.options::<policies::caching::CachingConfig>() {
         Some(c) => {
             let conf = c.to_alloc_conf();
@@ -73,7 +89,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     // The timeline file is complete before the summary says the replay is done.
     if let Some(path) = &args.timeline {
         let mut out = output::create(Some(path))?;
-        sim::report::write_timeline_csv(&timeline.samples, &mut out)
+        let samples = timeline.map(|t| t.samples).unwrap_or_default();
+        sim::report::write_timeline_csv(&samples, &mut out)
             .with_context(|| format!("writing {}", path.display()))?;
         out.finish()?;
     }
@@ -85,6 +102,9 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     )?;
     for c in &caveats {
         writeln!(out, "not exact           {c}")?;
+    }
+    if let Some(e) = &why {
+        write!(out, "{}", why_text(&loaded.trace, e, &stack))?;
     }
     if args.stats {
         writeln!(out)?;
@@ -119,6 +139,125 @@ fn stats_table(stats: &[(String, i64)]) -> String {
             _ => String::new(),
         };
         let _ = writeln!(out, "{key:<width$}  {value:>15}{human}");
+    }
+    out
+}
+
+/// The stack frames PyTorch recorded for the entry of event `index`, innermost first,
+/// when the trace is a snapshot pickle that has them (read again, with frames, only
+/// now that an out-of-memory needs them); empty otherwise.
+fn frames_of(args: &ReplayArgs, trace: &Trace, index: u64) -> Vec<String> {
+    if trace.meta.format != Some(workloads::Format::TorchPickle) {
+        return Vec::new();
+    }
+    let Some(&entry) = trace.locations.get(index as usize) else {
+        return Vec::new();
+    };
+    let options = workloads::snapshot::SnapshotOptions { keep_frames: true };
+    let Ok(run) = workloads::snapshot::read_snapshot_pickle_with(
+        &args.trace,
+        args.input.snapshot_device,
+        &options,
+    ) else {
+        return Vec::new();
+    };
+    let Some(frames) = run.snapshot.and_then(|s| s.frames) else {
+        return Vec::new();
+    };
+    let Some(&(_, stack)) = frames.entries.iter().find(|(e, _)| *e == entry) else {
+        return Vec::new();
+    };
+    frames
+        .stack(stack)
+        .map(|f| format!("{}:{} {}", f.filename, f.line, f.name))
+        .collect()
+}
+
+/// The "why it ran out" section of the summary.
+fn why_text(trace: &Trace, e: &OomExplanation, stack: &[String]) -> String {
+    let h = format_size_human;
+    let b = &e.breakdown;
+    let mut out = String::new();
+    let _ = writeln!(out, "why it ran out      {}", e.verdict());
+    let mark = e.last_mark.as_ref().map_or(String::new(), |(i, label)| {
+        format!(", after mark {label:?} ({})", trace.event_ref(*i as usize))
+    });
+    let _ = writeln!(
+        out,
+        "  request           {}: alloc id {} of {} (rounded {}) on stream {}{mark}",
+        trace.event_ref(e.event_index as usize),
+        e.id,
+        h(e.requested_bytes),
+        h(e.rounded_bytes),
+        e.stream
+    );
+    let _ = writeln!(
+        out,
+        "  memory then       requested {}, allocated {}, reserved {}, cached {}",
+        h(e.live_requested_bytes),
+        h(e.allocated_bytes),
+        h(e.reserved_bytes),
+        h(e.cached_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "  largest free      {} (usable by this request: {}) against {} asked",
+        h(e.largest_free_block_bytes),
+        h(e.largest_usable_block_bytes),
+        h(e.rounded_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "  free by cause     rounding {}, unsplit remainders {}, too small {}, other pool {}, \
+         unsplittable {}, other streams' caches {}, pending frees {}, device free {}, \
+         shortage {}",
+        h(b.rounding_bytes),
+        h(b.unsplit_remainder_bytes),
+        h(b.too_small_bytes),
+        h(b.other_pool_bytes),
+        h(b.unsplittable_bytes),
+        h(b.other_stream_bytes),
+        h(b.pending_free_bytes),
+        h(b.device_free_bytes),
+        h(b.shortage_bytes)
+    );
+    for (i, s) in e.top_segments.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  {}segment {:#x} ({}, stream {}, {}): {} free, largest block {}",
+            if i == 0 {
+                "most free in      "
+            } else {
+                "                  "
+            },
+            s.addr,
+            s.pool,
+            s.stream,
+            h(s.size_bytes),
+            h(s.free_bytes),
+            h(s.largest_free_block_bytes)
+        );
+    }
+    for r in &e.remedies {
+        let result = match r.oom_event_index {
+            None => format!(
+                "runs to the end, reserved peak {}",
+                h(r.reserved_bytes_peak)
+            ),
+            Some(i) => format!("still runs out, at {}", trace.event_ref(i as usize)),
+        };
+        let _ = writeln!(out, "  tried             {}: {result}", r.spec);
+    }
+    for (i, f) in stack.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  {}{f}",
+            if i == 0 {
+                "stack             "
+            } else {
+                "                  "
+            }
+        );
     }
     out
 }

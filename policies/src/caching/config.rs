@@ -916,6 +916,43 @@ impl PolicyOptions for CachingConfig {
     fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
         Ok(Box::new(CachingPolicy::new(self.clone())))
     }
+
+    /// Against fragmentation: expandable segments (one growing segment per stream and
+    /// pool, so free pages join up), then `max_split_size_mb` at the request's size
+    /// (blocks that large stay whole for requests that large). Nothing in the
+    /// allocator's settings lends another stream's cache or hurries a pending free.
+    fn remedies(
+        &self,
+        cause: crate::policy::OomCause,
+        requested_bytes: u64,
+    ) -> Vec<(String, Self)> {
+        if cause != crate::policy::OomCause::Fragmentation {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if !self.expandable_segments {
+            out.push((
+                "expandable_segments=True".to_string(),
+                CachingConfig {
+                    expandable_segments: true,
+                    ..self.clone()
+                },
+            ));
+        }
+        let mb = requested_bytes
+            .div_ceil(MIB)
+            .max(self.large_segment_size_bytes / MIB);
+        if self.max_split_size_bytes == u64::MAX && mb < u64::MAX / MIB {
+            out.push((
+                format!("max_split_size_mb={mb}"),
+                CachingConfig {
+                    max_split_size_bytes: mb * MIB,
+                    ..self.clone()
+                },
+            ));
+        }
+        out
+    }
 }
 
 impl fmt::Display for MemoryLimit {

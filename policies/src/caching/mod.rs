@@ -558,6 +558,49 @@ impl Policy for CachingPolicy {
         self.stats.flatten(self.stats_max_split_size)
     }
 
+    fn rounded_bytes(&self, requested_bytes: u64) -> u64 {
+        self.round_size(requested_bytes)
+    }
+
+    /// PyTorch's `get_free_block` rules: a block serves only its own stream and pool
+    /// (by the rounded size), never a normal request when it is oversize
+    /// (`max_split_size_mb`), and an oversize request only within the rounding
+    /// tolerance. Private pools' segments are another pool.
+    fn free_block_use(
+        &self,
+        segment: &SegmentSnapshot,
+        block: &BlockSnapshot,
+        request: Request,
+    ) -> crate::policy::FreeBlockUse {
+        use crate::policy::FreeBlockUse;
+        let size = self.round_size(request.size_bytes);
+        let pool = if size <= SMALL_SIZE_BYTES {
+            "small"
+        } else {
+            "large"
+        };
+        let max_split = self.config.max_split_size_bytes;
+        if segment.pool != pool {
+            FreeBlockUse::OtherPool
+        } else if segment.stream != request.stream {
+            FreeBlockUse::OtherStream
+        } else if block.size_bytes < size {
+            FreeBlockUse::TooSmall
+        } else if (size < max_split && block.size_bytes >= max_split)
+            || (size >= max_split
+                && block.size_bytes
+                    >= size.saturating_add(self.config.max_non_split_rounding_bytes))
+        {
+            FreeBlockUse::Unsplittable
+        } else {
+            FreeBlockUse::Fits
+        }
+    }
+
+    fn memory_limit_bytes(&self) -> Option<u64> {
+        self.allowed.flatten()
+    }
+
     fn describe_oom(&mut self, tried_bytes: u64, device: &dyn Device) -> Option<String> {
         Some(self.oom_message(tried_bytes, device))
     }
