@@ -157,7 +157,7 @@ pub struct AddressHints {
 
 impl AddressHints {
     /// Whether `size` bytes at `addr` lie inside the simulated address space
-    /// ([`ADDRESS_FLOOR`] to [`ADDRESS_END`]), where a recorded address can be reused.
+    /// (`ADDRESS_FLOOR` to `ADDRESS_END`), where a recorded address can be reused.
     pub fn fits(addr: u64, size: u64) -> bool {
         addr >= ADDRESS_FLOOR && addr.checked_add(size).is_some_and(|end| end <= ADDRESS_END)
     }

@@ -22,7 +22,7 @@
 //!
 //! Formats: one table, [`Format::spec`] (name, extensions, content sniffer, reader,
 //! writer), from which detection ([`detect`]: by content, with the extension as a hint),
-//! [`read`], [`write`] and the command line's `--format` values are derived; adding a
+//! [`read`], [`write()`] and the command line's `--format` values are derived; adding a
 //! format touches that table and its reader module. `docs/trace-format.md` describes
 //! them field by field:
 //!

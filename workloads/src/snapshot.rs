@@ -2,7 +2,7 @@
 //! file users already have, read into a [`RecordedRun`].
 //!
 //! **A reader built for snapshots.** The pickle is run by a streaming pickle machine
-//! ([`pickle`](self::pickle), no Python needed) that reads the file in blocks and
+//! (the private `pickle` module, no Python needed) that reads the file in blocks and
 //! turns each trace entry and segment into a typed record (`serde`-derived structs in
 //! `schema`) as soon as its list receives it, so a snapshot never exists as a
 //! generic value tree. Stack frames, `forward_frames`, `internal_metadata` and the
@@ -13,7 +13,7 @@
 //! What is taken (PyTorch 2.1 to 2.15; keys this crate does not use are ignored):
 //!
 //! - `device_traces[device]`: each entry (`action`, `addr`, `size`, `stream`; an `oom`
-//!   entry has `device_free` instead of `addr`) becomes a [`RecordedEntry`], in order
+//!   entry has `device_free` instead of `addr`) becomes a [`RecordedEntry`](crate::recorded::RecordedEntry), in order
 //!   (`oom` entries get address 0). `annotate` entries become [`Action::Annotate`] with
 //!   their text in [`SnapshotInfo::annotations`]; entries of a private pool
 //!   (`pool_id` other than `(0, 0)`) are listed in [`SnapshotInfo::entry_pools`];
@@ -57,7 +57,7 @@
 //! Errors name `entry N` (0-based index into the device trace), `segment N` (0-based
 //! index into `segments`) or `byte N` (where the pickle stops making sense). Hostile
 //! bytes cannot make the reader overflow its stack, run for long or take memory out of
-//! proportion to the input: see [`pickle`](self::pickle) for the bounds. As with any
+//! proportion to the input: see the private `pickle` module for the bounds. As with any
 //! pickle, only load files from sources you trust.
 
 mod empty_cache;
