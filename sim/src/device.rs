@@ -21,6 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use crate::address::VaSpace;
 use policies::{
     AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, PageTable, PhysicalChunk, Segment,
     SegmentId, VirtualMemory,
@@ -44,10 +45,15 @@ pub const MAX_LIVE_CHUNKS: usize = 1 << 22;
 /// Where the simulated device places new allocations.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AddressModel {
-    /// Each new region goes just below the previous one (2 MiB aligned), never reusing
-    /// addresses: the dominant pattern of the CUDA driver on an H100 for large
-    /// allocations, where newer segments get lower addresses.
+    /// The CUDA driver's rules as the recorded runs show them: 32 MiB chunks stacked
+    /// downward, allocations at the lowest free address of the newest chunk with room,
+    /// released chunks reused from the top (see `sim/src/address.rs`). Address ranges
+    /// of virtual memory (`cuMemAddressReserve`) are placed bottom-up from a low base,
+    /// one after the other, as on the H100.
     #[default]
+    Driver,
+    /// Each new region goes just below the previous one (2 MiB aligned), never reusing
+    /// addresses: newer segments always get lower addresses.
     TopDown,
     /// Each new region goes just above the previous one.
     BottomUp,
@@ -76,6 +82,9 @@ pub struct SimDeviceOptions {
     pub unusable_free_bytes: u64,
     /// Address placement.
     pub address_model: AddressModel,
+    /// Granularity of the driver's address-space chunks (32 MiB measured on H100;
+    /// [`AddressModel::Driver`] only).
+    pub va_chunk_bytes: u64,
 }
 
 impl Default for SimDeviceOptions {
@@ -89,7 +98,8 @@ impl Default for SimDeviceOptions {
             small_alloc_max_bytes: 2 * MIB - 1,
             small_alloc_align_bytes: 512,
             unusable_free_bytes: 0,
-            address_model: AddressModel::TopDown,
+            address_model: AddressModel::Driver,
+            va_chunk_bytes: crate::address::DEFAULT_CHUNK_BYTES,
         }
     }
 }
@@ -234,6 +244,10 @@ pub struct SimDevice {
     /// Every placed region (segment, packed page, address range) by address → length:
     /// where a new region may not go.
     regions: BTreeMap<u64, u64>,
+    /// The driver's address space ([`AddressModel::Driver`]).
+    va: VaSpace,
+    /// Where the next virtual-memory range goes ([`AddressModel::Driver`]).
+    next_range: u64,
     stats: DeviceStats,
 }
 
@@ -241,6 +255,9 @@ pub struct SimDevice {
 /// the CUDA driver's allocations on Linux (0x7f...).
 const TOP_DOWN_START: u64 = 0x7f00_0000_0000;
 const BOTTOM_UP_START: u64 = 0x1000_0000_0000;
+/// Where the driver model puts the first virtual-memory range: the base every
+/// recorded H100 run with expandable segments got (12 GiB + 32 MiB).
+const RANGE_START: u64 = 0x3_0200_0000;
 
 impl SimDevice {
     /// A device with these options and no recorded addresses.
@@ -261,9 +278,12 @@ impl SimDevice {
             total_bytes: options.total_bytes,
             ..DeviceStats::default()
         };
+        let va = VaSpace::new(TOP_DOWN_START, options.va_chunk_bytes, ADDRESS_FLOOR);
         SimDevice {
             options,
             hints,
+            va,
+            next_range: RANGE_START,
             next_low: top,
             next_high: BOTTOM_UP_START,
             next_id: 1,
@@ -304,6 +324,21 @@ impl SimDevice {
     /// gap is taken instead.
     fn place(&mut self, size: u64) -> Option<u64> {
         let span = size.max(1).checked_next_multiple_of(2 * MIB)?;
+        if self.options.address_model == AddressModel::Driver {
+            let addr = match self.va.place(size) {
+                Some(a) if !self.overlaps(a, span) => a,
+                other => {
+                    if let Some(a) = other {
+                        self.va.release(a);
+                    }
+                    let a = self.lowest_gap(span)?;
+                    self.va.place_at(a, size);
+                    a
+                }
+            };
+            self.regions.insert(addr, span);
+            return Some(addr);
+        }
         let next = match self.options.address_model {
             AddressModel::TopDown => self
                 .next_low
@@ -314,17 +349,34 @@ impl SimDevice {
                 .checked_add(span)
                 .filter(|&end| end <= ADDRESS_END)
                 .map(|_| self.next_high),
+            AddressModel::Driver => None,
         };
         let addr = match next {
             Some(a) if !self.overlaps(a, span) => {
                 match self.options.address_model {
                     AddressModel::TopDown => self.next_low = a,
                     AddressModel::BottomUp => self.next_high = a + span,
+                    AddressModel::Driver => {}
                 }
                 a
             }
             _ => self.lowest_gap(span)?,
         };
+        self.regions.insert(addr, span);
+        Some(addr)
+    }
+
+    /// A virtual-memory range of the driver model: right after the last one (the first
+    /// at [`RANGE_START`]), or the lowest free gap when that is taken.
+    fn place_range(&mut self, size: u64) -> Option<u64> {
+        let span = size.max(1).checked_next_multiple_of(2 * MIB)?;
+        let addr = match self.next_range.checked_add(span) {
+            Some(end) if end <= ADDRESS_END && !self.overlaps(self.next_range, span) => {
+                self.next_range
+            }
+            _ => self.lowest_gap(span)?,
+        };
+        self.next_range = addr + span;
         self.regions.insert(addr, span);
         Some(addr)
     }
@@ -349,6 +401,7 @@ impl SimDevice {
             Some(&(s, a)) if s == size && !self.overlaps(a, size) => {
                 self.hints.segments.pop_front();
                 self.regions.insert(a, size);
+                self.va.place_at(a, size);
                 Some(a)
             }
             Some(_) => {
@@ -385,6 +438,7 @@ impl SimDevice {
             let base = pg.base;
             self.packed.remove(&p);
             self.regions.remove(&base);
+            self.va.release(base);
             return self.options.page_bytes;
         }
         let mut offset = addr - pg.base;
@@ -526,6 +580,7 @@ impl Device for SimDevice {
         let released = match live.packed_page {
             None => {
                 self.regions.remove(&segment.addr.0);
+                self.va.release(segment.addr.0);
                 live.charge
             }
             Some(p) => self.unpack(p, segment.addr.0, live.size),
@@ -556,9 +611,14 @@ impl VirtualMemory for SimDevice {
             }
             _ => {
                 self.hints.ranges.clear();
+                let placed = if self.options.address_model == AddressModel::Driver {
+                    self.place_range(size_bytes)
+                } else {
+                    self.place(size_bytes)
+                };
                 // As cuMemAddressReserve, which PyTorch does not expect to fail: an
                 // error that stops the run, not an out-of-memory.
-                self.place(size_bytes).ok_or_else(|| DeviceError::Driver {
+                placed.ok_or_else(|| DeviceError::Driver {
                     code: 2,
                     message: format!(
                         "CUDA_ERROR_OUT_OF_MEMORY from cuMemAddressReserve of {size_bytes} bytes: \
@@ -709,13 +769,60 @@ mod tests {
     /// deterministic.
     #[test]
     fn top_down_addresses_are_deterministic() {
-        let mut d = SimDevice::new(SimDeviceOptions::default());
+        let top_down = SimDeviceOptions {
+            address_model: AddressModel::TopDown,
+            ..SimDeviceOptions::default()
+        };
+        let mut d = SimDevice::new(top_down.clone());
         let a = alloc(&mut d, 20 * MIB);
         let b = alloc(&mut d, 3 * MIB);
         assert_eq!(a.addr.0, TOP_DOWN_START - 20 * MIB);
         assert_eq!(b.addr.0, a.addr.0 - 4 * MIB);
-        let mut e = SimDevice::new(SimDeviceOptions::default());
+        let mut e = SimDevice::new(top_down);
         assert_eq!(alloc(&mut e, 20 * MIB).addr, a.addr);
+    }
+
+    /// The driver model (the default) places segments by the driver's rules: a
+    /// 20 MiB segment at the bottom of a 32 MiB chunk, a 3 MiB one in the chunk's
+    /// leftover just above it, a freed one's place taken again; packed pages are
+    /// placements too, released with their last allocation.
+    #[test]
+    fn driver_addresses_follow_the_driver_rules() {
+        let mut d = SimDevice::new(SimDeviceOptions::default());
+        let a = alloc(&mut d, 20 * MIB);
+        let b = alloc(&mut d, 3 * MIB);
+        assert_eq!(a.addr.0, TOP_DOWN_START - 32 * MIB);
+        assert_eq!(b.addr.0, a.addr.0 + 20 * MIB);
+        let c = alloc(&mut d, 512);
+        assert_eq!(
+            c.addr.0,
+            a.addr.0 + 24 * MIB,
+            "a packed page in the leftover"
+        );
+        let c_addr = c.addr;
+        d.free_segment(c).unwrap();
+        assert_eq!(alloc(&mut d, 4096).addr, c_addr, "the page was released");
+        let b_addr = b.addr;
+        d.free_segment(b).unwrap();
+        assert_eq!(alloc(&mut d, 2 * MIB).addr, b_addr);
+        let mut e = SimDevice::new(SimDeviceOptions::default());
+        assert_eq!(alloc(&mut e, 20 * MIB).addr, a.addr, "deterministic");
+    }
+
+    /// The driver model puts virtual-memory ranges bottom-up from the base the H100
+    /// gave every recorded run, one after the other.
+    #[test]
+    fn driver_ranges_go_bottom_up() {
+        let mut d = SimDevice::new(SimDeviceOptions::default());
+        let r1 = d.reserve_range(90 * GIB).unwrap();
+        let r2 = d.reserve_range(GIB + 1).unwrap();
+        assert_eq!(r1.addr.0, RANGE_START);
+        assert_eq!(r2.addr.0, RANGE_START + 90 * GIB);
+        let r3 = d.reserve_range(GIB).unwrap();
+        assert_eq!(r3.addr.0, r2.addr.0 + GIB + 2 * MIB);
+        for r in [r1, r2, r3] {
+            d.release_range(r).unwrap();
+        }
     }
 
     /// Recorded addresses are used while sizes match, then abandoned for good.
@@ -730,7 +837,11 @@ mod tests {
             .into(),
             ranges: VecDeque::new(),
         };
-        let mut d = SimDevice::with_hints(SimDeviceOptions::default(), hints);
+        let top_down = SimDeviceOptions {
+            address_model: AddressModel::TopDown,
+            ..SimDeviceOptions::default()
+        };
+        let mut d = SimDevice::with_hints(top_down, hints.clone());
         assert_eq!(alloc(&mut d, 20 * MIB).addr.0, 0x7fc0_0000_0000);
         let off = alloc(&mut d, 6 * MIB);
         assert!(
@@ -742,6 +853,12 @@ mod tests {
             0x7fc2_0000_0000,
             "hints abandoned"
         );
+        // The driver model adopts the recorded address and goes on from it: the 6 MiB
+        // segment lands in the leftover of the recorded segment's chunk.
+        let mut d = SimDevice::with_hints(SimDeviceOptions::default(), hints);
+        assert_eq!(alloc(&mut d, 20 * MIB).addr.0, 0x7fc0_0000_0000);
+        assert_eq!(alloc(&mut d, 6 * MIB).addr.0, 0x7fc0_0000_0000 + 20 * MIB);
+        assert_ne!(alloc(&mut d, 4 * MIB).addr.0, 0x7fc2_0000_0000);
     }
 
     /// Physical chunks are charged in whole pages from creation to release; mapping and
@@ -798,7 +915,8 @@ mod tests {
             };
             let mut d = SimDevice::with_hints(SimDeviceOptions::default(), hints);
             let a = alloc(&mut d, 2 * MIB);
-            assert_eq!(a.addr.0, TOP_DOWN_START - 2 * MIB, "hint {bad:#x}");
+            let model = alloc(&mut SimDevice::new(SimDeviceOptions::default()), 2 * MIB);
+            assert_eq!(a.addr, model.addr, "hint {bad:#x}");
             let r = d.reserve_range(GIB).unwrap();
             assert!(
                 AddressHints::fits(r.addr.0, GIB),

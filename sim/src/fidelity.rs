@@ -132,6 +132,8 @@ pub struct FidelityReport {
     pub checkpoints: Vec<CheckpointComparison>,
     /// The simulated OOM message, if the simulation ran out.
     pub oom_message_sim: Option<String>,
+    /// For a what-if check, which part of the run could be compared.
+    pub coverage: Option<Coverage>,
     explain: String,
 }
 
@@ -352,21 +354,172 @@ pub fn fidelity(
     run: &RecordedRun,
     options: &FidelityOptions,
 ) -> Result<FidelityReport, FidelityError> {
-    let config = run_config(run)?;
-    let device_options = run_device(run, &options.device);
+    let (trace, entry_of) = run.to_trace_with_entries()?;
     let hints = if options.use_recorded_addresses {
-        address_hints(run, device_options.total_bytes)?
+        address_hints(run, run_device(run, &options.device).total_bytes)?
     } else {
         AddressHints::default()
     };
-    let (trace, entry_of) = run.to_trace_with_entries()?;
+    check(run, &trace, &entry_of, hints, None, options)
+}
+
+/// What-if fidelity: the requests of `requests` (a recorded run of the same program,
+/// under another configuration, cap or PyTorch setting) replayed under `run`'s recorded
+/// configuration, cap and device, and compared decision by decision with what PyTorch
+/// did in `run`. The addresses `requests` got are the device's hints unless
+/// `use_recorded_addresses` is off (`run`'s own addresses are never used: they are what
+/// is predicted).
+///
+/// The two runs' requests are matched in order (streams by order of first use); the
+/// comparison covers the requests both runs share: all of them for runs of one
+/// program, up to an out-of-memory error in either (after it, the program unwinds
+/// differently). `run`'s `oom` entry matches the request that failed, whose size
+/// PyTorch recorded rounded. A row is exact only if the shared requests reach the end
+/// of `run` or its out-of-memory error.
+///
+/// # Errors
+/// As [`fidelity`], for either run.
+///
+/// # Panics
+/// As [`fidelity`].
+pub fn fidelity_with_requests(
+    run: &RecordedRun,
+    requests: &RecordedRun,
+    options: &FidelityOptions,
+) -> Result<FidelityReport, FidelityError> {
+    let config = run_config(run)?;
+    let (target, entry_of) = run.to_trace_with_entries()?;
+    let mut source = requests.to_trace()?;
+    remap_streams(&mut source, &target);
+    let rounding = CachingPolicy::new(config);
+    let oom_entry = run.entries.iter().position(|e| e.action == Action::Oom);
+    let shared = source
+        .events
+        .iter()
+        .zip(&target.events)
+        .zip(&entry_of)
+        .take_while(|((a, b), &entry)| match (a, b) {
+            (
+                Event::Alloc {
+                    id: ia,
+                    size_bytes: sa,
+                    stream: ta,
+                },
+                Event::Alloc {
+                    id: ib,
+                    size_bytes: sb,
+                    stream: tb,
+                },
+            ) => {
+                ia == ib
+                    && ta == tb
+                    && (sa == sb
+                        || (Some(entry) == oom_entry && rounding.round_size(*sa) == *sb)
+                        || (requests.entries.iter().any(|e| e.action == Action::Oom)
+                            && rounding.round_size(*sb) == *sa))
+            }
+            (a, b) => a == b,
+        })
+        .count();
+    let mut trace = source;
+    trace.events.truncate(shared);
+    if !trace.locations.is_empty() {
+        trace.locations = target.locations[..shared].to_vec();
+    }
+    trace.name = format!("{} <- {}", run.name, requests.name);
+    trace.meta = run.meta.clone();
+    // Everything, or the entries before the first request not shared.
+    let covered = entry_of
+        .get(shared)
+        .copied()
+        .filter(|_| shared < target.events.len())
+        .unwrap_or(usize::MAX);
+    let complete = covered == usize::MAX || oom_entry.is_some_and(|o| o < covered);
+    let hints = if options.use_recorded_addresses {
+        address_hints(requests, run_device(run, &options.device).total_bytes)?
+    } else {
+        AddressHints::default()
+    };
+    let coverage = Coverage {
+        requests: requests.name.clone(),
+        covered,
+        complete,
+    };
+    check(
+        run,
+        &trace,
+        &entry_of[..shared],
+        hints,
+        Some(coverage),
+        options,
+    )
+}
+
+/// Renames the streams of `source` to those of `target`, by order of first use.
+fn remap_streams(source: &mut workloads::Trace, target: &workloads::Trace) {
+    fn order(t: &workloads::Trace) -> Vec<u64> {
+        let mut seen = Vec::new();
+        for e in &t.events {
+            if let Event::Alloc { stream, .. } = e {
+                if !seen.contains(stream) {
+                    seen.push(*stream);
+                }
+            }
+        }
+        seen
+    }
+    let from = order(source);
+    let to = order(target);
+    for e in &mut source.events {
+        if let Event::Alloc { stream, .. } = e {
+            if let Some(i) = from.iter().position(|s| s == stream) {
+                if let Some(&t) = to.get(i) {
+                    *stream = t;
+                }
+            }
+        }
+    }
+}
+
+/// Which part of a run a what-if check ([`fidelity_with_requests`]) could compare.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Coverage {
+    /// The run whose requests were replayed.
+    pub requests: String,
+    /// The entries of the checked run before this index were compared (`usize::MAX`:
+    /// all of them).
+    pub covered: usize,
+    /// Whether that is all that matters: the whole run, or past its out-of-memory
+    /// error.
+    pub complete: bool,
+}
+
+/// The replay of `trace` (whose event `i` stands for `run`'s entry `entry_of[i]`)
+/// under `run`'s configuration and device, compared with `run` up to
+/// `coverage.covered` (the whole run without a coverage).
+fn check(
+    run: &RecordedRun,
+    trace: &workloads::Trace,
+    entry_of: &[usize],
+    hints: AddressHints,
+    coverage: Option<Coverage>,
+    options: &FidelityOptions,
+) -> Result<FidelityReport, FidelityError> {
+    let config = run_config(run)?;
+    let device_options = run_device(run, &options.device);
+    let covered = coverage.as_ref().map_or(usize::MAX, |c| c.covered);
     let mut device = SimDevice::with_hints(device_options, hints);
     let mut policy = CachingPolicy::new(config);
+    let checkpoint_at: Vec<usize> = checkpoint_entries(run)
+        .into_iter()
+        .take_while(|&at| covered == usize::MAX || at < covered)
+        .collect();
+    let checkpoint_count = checkpoint_at.len();
     let mut observe = Observe {
         run,
-        entry_of: &entry_of,
-        checkpoint_at: checkpoint_entries(run),
-        checkpoints: Vec::with_capacity(run.checkpoints.len()),
+        entry_of,
+        checkpoint_at,
+        checkpoints: Vec::with_capacity(checkpoint_count),
         sim_ops: Vec::new(),
     };
     let replay_options = ReplayOptions {
@@ -375,7 +528,7 @@ pub fn fidelity(
         interrupt: None,
     };
     let replayed = replay_with(
-        &trace,
+        trace,
         &mut policy,
         &mut device,
         &replay_options,
@@ -389,7 +542,7 @@ pub fn fidelity(
             .unwrap_or(run.entries.len()),
         error,
     })?;
-    while observe.checkpoints.len() < run.checkpoints.len() {
+    while observe.checkpoints.len() < checkpoint_count {
         observe.take_checkpoint(&policy);
     }
     let Observe {
@@ -404,13 +557,16 @@ pub fn fidelity(
     let oom_message_sim = replayed.oom.and_then(|o| o.message);
     let entries = &run.entries;
 
-    let oom_event_torch = entries.iter().position(|e| e.action == Action::Oom);
+    let oom_event_torch = entries
+        .iter()
+        .position(|e| e.action == Action::Oom)
+        .filter(|&o| o < covered);
     let all_torch_ops = torch_ops(run);
-    let cut = oom_event_torch.unwrap_or(usize::MAX);
+    let cut = oom_event_torch.unwrap_or(covered);
     let torch_cut: Vec<(usize, SegmentOp)> = all_torch_ops
         .iter()
         .copied()
-        .filter(|(j, _)| *j < cut)
+        .filter(|&(j, op)| j < cut && op.owner < covered)
         .collect();
     let sim_cut: Vec<SegmentOp> = sim_ops.iter().copied().filter(|o| o.owner <= cut).collect();
     let first_mismatch = (0..torch_cut.len().max(sim_cut.len()))
@@ -435,16 +591,19 @@ pub fn fidelity(
     let checkpoints_match = checkpoints.iter().all(CheckpointComparison::matches);
     let segment_ops_match = first_divergence_event.is_none();
     // A run whose trace cannot say everything PyTorch did (private pools it cannot
-    // route, calls it cannot carry) is never reported exact.
+    // route, calls it cannot carry) is never reported exact, nor a what-if whose
+    // requests do not cover the run.
+    let complete = coverage.as_ref().is_none_or(|c| c.complete);
     let exact = trace.meta.caveats.is_empty()
+        && complete
         && segment_ops_match
         && checkpoints_match
         && reserved_sim == reserved_torch
         && allocated_torch.is_none_or(|a| a == allocated_sim)
         && oom_event_sim == oom_event_torch;
     let row = FidelityRow {
-        trace: run.name.clone(),
-        events: entries.len(),
+        trace: trace.name.clone(),
+        events: covered.min(entries.len()),
         segment_ops_match,
         first_divergence_event,
         reserved_bytes_peak_sim: reserved_sim,
@@ -462,9 +621,10 @@ pub fn fidelity(
         sim_ops: sim_cut,
         checkpoints,
         oom_message_sim,
+        coverage,
         explain: String::new(),
     };
-    report.explain = explain(run, &report, first_mismatch);
+    report.explain = explain(run, &report, first_mismatch, report.coverage.as_ref());
     Ok(report)
 }
 
@@ -492,13 +652,28 @@ fn describe_op(op: Option<&SegmentOp>) -> String {
 
 /// The few entries before the first divergence and both sides' decisions, then any
 /// checkpoint, peak or OOM disagreement.
-fn explain(run: &RecordedRun, report: &FidelityReport, first_mismatch: Option<usize>) -> String {
+fn explain(
+    run: &RecordedRun,
+    report: &FidelityReport,
+    first_mismatch: Option<usize>,
+    coverage: Option<&Coverage>,
+) -> String {
     let mut out = String::new();
     let row = &report.row;
     if row.exact {
         return out;
     }
     let _ = writeln!(out, "{}: not exact", row.trace);
+    if let Some(c) = coverage.filter(|c| !c.complete) {
+        let _ = writeln!(
+            out,
+            "  the requests of {} match {}'s only up to entry {} of {} (one of the runs ran out of memory there): the rest cannot be predicted from them",
+            c.requests,
+            run.name,
+            c.covered.min(run.entries.len()),
+            run.entries.len()
+        );
+    }
     if let (Some(k), Some(at)) = (first_mismatch, row.first_divergence_event) {
         let torch = report.torch_ops.get(k).map(|(_, op)| op);
         let sim = report.sim_ops.get(k);

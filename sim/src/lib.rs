@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod address;
 mod caveats;
 pub mod compare;
 mod device;

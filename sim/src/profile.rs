@@ -44,6 +44,15 @@ pub struct DeviceProfile {
     pub small_alloc_align_bytes: u64,
     /// `cuMemGetAllocationGranularity` (minimum) for device memory.
     pub vmm_granularity_bytes: u64,
+    /// Granularity of the driver's address-space chunks: the address gap between
+    /// consecutive `cuMemAlloc`s of 20 MiB (32 MiB on H100; the default when a profile
+    /// does not say).
+    #[serde(default = "default_va_chunk")]
+    pub va_chunk_bytes: u64,
+}
+
+fn default_va_chunk() -> u64 {
+    crate::address::DEFAULT_CHUNK_BYTES
 }
 
 /// A profile file that cannot be used: one line naming the file, and the field or the
@@ -261,7 +270,8 @@ impl DeviceProfile {
             small_alloc_max_bytes: self.small_alloc_max_bytes,
             small_alloc_align_bytes: self.small_alloc_align_bytes,
             unusable_free_bytes: self.free_at_start_bytes.saturating_sub(self.usable_bytes),
-            address_model: AddressModel::TopDown,
+            address_model: AddressModel::Driver,
+            va_chunk_bytes: self.va_chunk_bytes,
         }
     }
 }

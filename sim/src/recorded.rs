@@ -6,6 +6,7 @@
 use policies::caching::{CachingConfig, MemoryLimit};
 use workloads::{Action, RecordedRun};
 
+use crate::address::RecordedPlacement;
 use crate::device::{AddressHints, SimDeviceOptions};
 
 /// Why a recorded run's address hints could not be derived.
@@ -131,6 +132,20 @@ pub fn address_hints(run: &RecordedRun, total_bytes: u64) -> Result<AddressHints
         }
     }
     Ok(hints)
+}
+
+/// The run's `cudaMalloc`s and `cudaFree`s in order, for
+/// [`crate::address::check_placements`].
+pub fn placements(run: &RecordedRun) -> Vec<RecordedPlacement> {
+    run.entries
+        .iter()
+        .filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree))
+        .map(|e| RecordedPlacement {
+            alloc: e.action == Action::SegmentAlloc,
+            addr: e.addr,
+            size: e.size,
+        })
+        .collect()
 }
 
 #[cfg(test)]

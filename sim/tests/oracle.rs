@@ -56,3 +56,238 @@ fn all_exact(dir: &std::path::Path, expected: usize) {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+fn all_runs() -> Vec<workloads::RecordedRun> {
+    let mut runs = Vec::new();
+    for dir in [
+        oracle_dir(),
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/recorded"),
+    ] {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        files.sort();
+        runs.extend(
+            files
+                .iter()
+                .map(|f| workloads::read_recorded_json(f).unwrap()),
+        );
+    }
+    runs
+}
+
+/// The lines of `docs/fidelity.md` between `<!-- table:NAME -->` and
+/// `<!-- /table:NAME -->` must be `generated` (`UPDATE_EXPECT=1` rewrites them).
+fn check_doc_table(name: &str, generated: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/fidelity.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (open, close) = (
+        format!("<!-- table:{name} -->\n"),
+        format!("<!-- /table:{name} -->"),
+    );
+    let start = text
+        .find(&open)
+        .unwrap_or_else(|| panic!("docs/fidelity.md has no {open}"))
+        + open.len();
+    let end = start
+        + text[start..]
+            .find(&close)
+            .unwrap_or_else(|| panic!("no {close}"));
+    if text[start..end] == *generated {
+        return;
+    }
+    if std::env::var_os("UPDATE_EXPECT").is_some() {
+        let updated = format!("{}{generated}{}", &text[..start], &text[end..]);
+        std::fs::write(&path, updated).unwrap();
+        return;
+    }
+    panic!(
+        "docs/fidelity.md table '{name}' is out of date (UPDATE_EXPECT=1 rewrites it); now:\n{generated}"
+    );
+}
+
+/// The driver address model against every recorded run's segment addresses: the
+/// placement table of docs/fidelity.md ("Addresses") is what the model does now.
+#[test]
+fn placement_table_is_current() {
+    let mut out = String::from(
+        "| run | segments | below all earlier | order right (model) | exact, given the recorded state |\n| --- | ---: | ---: | ---: | ---: |\n",
+    );
+    let mut total = sim::address::PlacementCheck::default();
+    for run in all_runs() {
+        let c = sim::address::check_placements(&sim::recorded::placements(&run), 0);
+        if c.segments == 0 {
+            continue;
+        }
+        total.segments += c.segments;
+        total.below_all += c.below_all;
+        total.order_right += c.order_right;
+        total.exact_right += c.exact_right;
+        out += &format!(
+            "| `{}` | {} | {} | {} | {} |\n",
+            run.name, c.segments, c.below_all, c.order_right, c.exact_right
+        );
+    }
+    let pct = |n: usize| format!("{n} ({:.0} %)", 100.0 * n as f64 / total.segments as f64);
+    out += &format!(
+        "| all | {} | {} | {} | {} |\n",
+        total.segments,
+        pct(total.below_all),
+        pct(total.order_right),
+        pct(total.exact_right)
+    );
+    check_doc_table("placements", &out);
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+fn peak_delta(sim: u64, torch: u64) -> String {
+    if sim == torch {
+        "0".into()
+    } else {
+        let d = sim as i128 - torch as i128;
+        format!(
+            "{}{} MiB",
+            if d > 0 { "+" } else { "−" },
+            d.unsigned_abs() >> 20
+        )
+    }
+}
+
+fn oom_cell(sim: Option<usize>, torch: Option<usize>) -> String {
+    match (sim, torch) {
+        (None, None) => "—".into(),
+        (s, t) if s == t => format!("{} (same)", t.unwrap()),
+        (s, t) => format!("sim {s:?}, PyTorch {t:?}"),
+    }
+}
+
+/// Every recorded run replayed under its own configuration without its addresses
+/// (the driver model places every segment): the table of docs/fidelity.md is what
+/// the simulator does now, and every run keeps its reserved peak within one segment
+/// and its OOM point exact.
+#[test]
+fn address_free_replays_are_current() {
+    let options = FidelityOptions {
+        use_recorded_addresses: false,
+        ..FidelityOptions::default()
+    };
+    let mut out = String::from(
+        "| run | exact | first divergence | reserved peak (sim − PyTorch) | OOM entry | checkpoints |\n| --- | --- | ---: | ---: | --- | --- |\n",
+    );
+    let (mut n, mut exact) = (0, 0);
+    for run in all_runs() {
+        let r = fidelity(&run, &options).unwrap();
+        let row = &r.row;
+        n += 1;
+        exact += usize::from(row.exact);
+        assert_eq!(row.oom_event_sim, row.oom_event_torch, "{}", row.trace);
+        let largest = run
+            .entries
+            .iter()
+            .filter(|e| e.action.is_segment_op())
+            .map(|e| e.size)
+            .max()
+            .unwrap_or(0);
+        assert!(
+            row.reserved_bytes_peak_sim
+                .abs_diff(row.reserved_bytes_peak_torch)
+                <= largest,
+            "{}: reserved peak off by more than one segment",
+            row.trace
+        );
+        out += &format!(
+            "| `{}` | {} | {} | {} | {} | {} |\n",
+            row.trace,
+            yes(row.exact),
+            row.first_divergence_event
+                .map_or("—".into(), |e| e.to_string()),
+            peak_delta(row.reserved_bytes_peak_sim, row.reserved_bytes_peak_torch),
+            oom_cell(row.oom_event_sim, row.oom_event_torch),
+            if row.checkpoints_match {
+                "match"
+            } else {
+                "differ"
+            }
+        );
+    }
+    out += &format!("| all | {exact} of {n} | | | | |\n");
+    check_doc_table("address-free", &out);
+}
+
+/// Every ordered pair of recorded runs of one workload: the requests of A replayed
+/// under B's recorded settings, with A's addresses as hints, against B's real run
+/// (`allocsim fidelity B --requests-from A`). The table of docs/fidelity.md is what
+/// the simulator does now; where A's requests cover B's run, the OOM point is exact
+/// and the reserved peak within one segment.
+#[test]
+fn what_if_pairs_are_current() {
+    let runs = all_runs();
+    let options = FidelityOptions::default();
+    let mut out = String::from(
+        "| run B | requests of A | compared | exact | first divergence | reserved peak (sim − PyTorch) | OOM entry |\n| --- | --- | --- | --- | ---: | ---: | --- |\n",
+    );
+    let (mut n, mut covered, mut exact, mut peaks) = (0, 0, 0, 0);
+    for b in &runs {
+        for a in &runs {
+            if a.name == b.name || a.meta.workload != b.meta.workload {
+                continue;
+            }
+            let r = sim::fidelity::fidelity_with_requests(b, a, &options).unwrap();
+            let row = &r.row;
+            let c = r.coverage.as_ref().expect("a what-if has a coverage");
+            n += 1;
+            let compared = if c.complete {
+                covered += 1;
+                exact += usize::from(row.exact);
+                peaks += usize::from(row.reserved_bytes_peak_sim == row.reserved_bytes_peak_torch);
+                assert_eq!(row.oom_event_sim, row.oom_event_torch, "{}", row.trace);
+                let largest = b
+                    .entries
+                    .iter()
+                    .filter(|e| e.action.is_segment_op())
+                    .map(|e| e.size)
+                    .max()
+                    .unwrap_or(0);
+                assert!(
+                    row.reserved_bytes_peak_sim
+                        .abs_diff(row.reserved_bytes_peak_torch)
+                        <= largest,
+                    "{}",
+                    row.trace
+                );
+                "all".to_string()
+            } else {
+                let why = if a.entries.iter().any(|e| e.action == workloads::Action::Oom) {
+                    "A ran out of memory"
+                } else {
+                    "the requests differ"
+                };
+                format!("entries 0..{} ({why})", c.covered)
+            };
+            out += &format!(
+                "| `{}` | `{}` | {} | {} | {} | {} | {} |\n",
+                b.name,
+                a.name,
+                compared,
+                yes(row.exact),
+                row.first_divergence_event
+                    .map_or("—".into(), |e| e.to_string()),
+                peak_delta(row.reserved_bytes_peak_sim, row.reserved_bytes_peak_torch),
+                oom_cell(row.oom_event_sim, row.oom_event_torch)
+            );
+        }
+    }
+    out += &format!(
+        "| all {n} pairs | | {covered} compared in full | {exact} of {covered} exact | | {peaks} of {covered} equal | |\n"
+    );
+    check_doc_table("what-if", &out);
+}

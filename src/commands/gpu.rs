@@ -66,6 +66,7 @@ pub fn profile_yaml(r: &ProbeReport) -> String {
         small_alloc_max_bytes: small_max,
         small_alloc_align_bytes: 512,
         vmm_granularity_bytes: r.vmm_granularity_min_bytes.unwrap_or(page),
+        va_chunk_bytes: 32 << 20,
     };
     let mut text = String::from("# allocsim device profile, measured by `allocsim probe`.\n");
     text.push_str(&format!(

@@ -1,0 +1,458 @@
+//! Where the CUDA driver places device allocations in the virtual address space: the
+//! [`AddressModel::Driver`](crate::AddressModel::Driver) model of the simulated device.
+//!
+//! PyTorch breaks best-fit ties between equal free blocks of different segments by
+//! address, so a replay is exact only if the simulated segments lie in the same
+//! order as the real ones. The driver's placement is undocumented; these are its rules
+//! as every recorded run of `tests/data` shows them (H100, driver 580, CUDA 13; the
+//! measurements and their agreement with this model are in `docs/fidelity.md`,
+//! "Addresses"):
+//!
+//! 1. The driver takes address space in **chunks**, multiples of 32 MiB
+//!    ([`VaSpace::chunk_bytes`]), stacked downward from the top: a new chunk goes just
+//!    below the lowest one (`cuMemAlloc` of 20 MiB eight times: addresses 32 MiB
+//!    apart, falling).
+//! 2. An allocation takes its span (its size rounded up to the 2 MiB page) at the
+//!    **lowest free address of the most recently created chunk** that has room, then of
+//!    the one before it, and so on: a large segment lies at the bottom of its own
+//!    chunk, and later 2 MiB segments fill the chunk's leftover from the bottom up.
+//! 3. When no chunk has room, a new chunk of the span rounded up to 32 MiB is taken:
+//!    from the **highest** hole left by released chunks that is **strictly larger**
+//!    than it (at the hole's top), else below every chunk.
+//! 4. A chunk is released when its last allocation is freed; its range becomes a
+//!    hole (merged with adjacent holes).
+//!
+//! What no trace shows: memory the driver itself takes in the same address space
+//! (the CUDA context, kernel modules loaded on first use, library workspaces). It
+//! moves the first placements of a run; hints from a recorded run
+//! ([`VaSpace::place_at`]) put the model back on the recorded path.
+
+use std::collections::BTreeMap;
+
+/// Chunk granularity measured on the H100 (the address gap between consecutive
+/// 20 MiB `cuMemAlloc`s).
+pub const DEFAULT_CHUNK_BYTES: u64 = 32 << 20;
+
+/// Alignment and rounding of every placement: the driver's 2 MiB page.
+pub const PLACEMENT_ALIGN_BYTES: u64 = 2 << 20;
+
+#[derive(Clone, Debug)]
+struct Chunk {
+    size: u64,
+    /// Creation order: chunks are searched newest first.
+    seq: u64,
+    /// Live placements in this chunk: address → end.
+    live: BTreeMap<u64, u64>,
+}
+
+impl Chunk {
+    /// The lowest `align`-aligned address in this chunk (at `base`) where `span` bytes
+    /// are free.
+    fn lowest_fit(&self, base: u64, span: u64, align: u64) -> Option<u64> {
+        let mut cur = base;
+        for (&addr, &end) in &self.live {
+            let start = cur.next_multiple_of(align);
+            if start.checked_add(span).is_some_and(|e| e <= addr) {
+                return Some(start);
+            }
+            cur = cur.max(end);
+        }
+        let start = cur.next_multiple_of(align);
+        (start.checked_add(span)? <= base + self.size).then_some(start)
+    }
+}
+
+/// The driver's address space as the model sees it (see the module docs).
+#[derive(Clone, Debug)]
+pub struct VaSpace {
+    chunk_bytes: u64,
+    align: u64,
+    /// Lowest address taken so far: new chunks go below it.
+    cursor: u64,
+    /// No chunk goes below this address.
+    floor: u64,
+    /// Chunks by base address.
+    chunks: BTreeMap<u64, Chunk>,
+    /// Chunk bases by creation order, newest last.
+    by_seq: BTreeMap<u64, u64>,
+    next_seq: u64,
+    /// Holes left by released chunks: start → end.
+    holes: BTreeMap<u64, u64>,
+    /// Chunk base of every live placement.
+    owner: BTreeMap<u64, u64>,
+}
+
+impl VaSpace {
+    /// An empty address space whose first chunk will end at `top`, with chunks of
+    /// `chunk_bytes` granularity (a multiple of 2 MiB; 0 means the H100's 32 MiB), and
+    /// no chunk below `floor`.
+    pub fn new(top: u64, chunk_bytes: u64, floor: u64) -> VaSpace {
+        let chunk_bytes = if chunk_bytes == 0 {
+            DEFAULT_CHUNK_BYTES
+        } else {
+            chunk_bytes.next_multiple_of(PLACEMENT_ALIGN_BYTES)
+        };
+        VaSpace {
+            chunk_bytes,
+            align: PLACEMENT_ALIGN_BYTES,
+            cursor: top - top % chunk_bytes,
+            floor,
+            chunks: BTreeMap::new(),
+            by_seq: BTreeMap::new(),
+            next_seq: 0,
+            holes: BTreeMap::new(),
+            owner: BTreeMap::new(),
+        }
+    }
+
+    /// The chunk granularity.
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk_bytes
+    }
+
+    fn span(&self, size: u64) -> Option<u64> {
+        size.max(1).checked_next_multiple_of(self.align)
+    }
+
+    fn add_chunk(&mut self, base: u64, size: u64) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.chunks.insert(
+            base,
+            Chunk {
+                size,
+                seq,
+                live: BTreeMap::new(),
+            },
+        );
+        self.by_seq.insert(seq, base);
+        self.cursor = self.cursor.min(base);
+        self.take_hole_range(base, base + size);
+    }
+
+    fn record(&mut self, base: u64, addr: u64, end: u64) {
+        self.chunks
+            .get_mut(&base)
+            .expect("chunk of a placement")
+            .live
+            .insert(addr, end);
+        self.owner.insert(addr, base);
+    }
+
+    /// Removes `[lo, hi)` from the holes (a chunk now covers it).
+    fn take_hole_range(&mut self, lo: u64, hi: u64) {
+        let overlapping: Vec<(u64, u64)> = self
+            .holes
+            .range(..hi)
+            .rev()
+            .take_while(|&(_, &e)| e > lo)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in overlapping {
+            self.holes.remove(&s);
+            if s < lo {
+                self.holes.insert(s, lo);
+            }
+            if e > hi {
+                self.holes.insert(hi, e);
+            }
+        }
+    }
+
+    /// Where the driver would place an allocation of `size` bytes; the placement is
+    /// recorded until [`VaSpace::release`]. `None` when no chunk has room and a new
+    /// one would go below the floor.
+    pub fn place(&mut self, size: u64) -> Option<u64> {
+        let span = self.span(size)?;
+        // Rule 2: the newest chunk with room, at its lowest free address.
+        let found = self.by_seq.values().rev().find_map(|&base| {
+            self.chunks[&base]
+                .lowest_fit(base, span, self.align)
+                .map(|addr| (base, addr))
+        });
+        if let Some((base, addr)) = found {
+            self.record(base, addr, addr + span);
+            return Some(addr);
+        }
+        // Rule 3: a new chunk, from the highest hole strictly larger than it, else
+        // below everything.
+        let size = span.checked_next_multiple_of(self.chunk_bytes)?;
+        let base = match self.holes.iter().rev().find(|&(&s, &e)| e - s > size) {
+            Some((_, &e)) => e - size,
+            None => (self.cursor - self.cursor % self.chunk_bytes)
+                .checked_sub(size)
+                .filter(|&b| b >= self.floor)?,
+        };
+        self.add_chunk(base, size);
+        self.record(base, base, base + span);
+        Some(base)
+    }
+
+    /// Records an allocation the driver placed at `addr` (a recorded address): inside
+    /// the chunk that holds it, or in a new chunk starting there (as large as the
+    /// rules make it, short of the next chunk above).
+    pub fn place_at(&mut self, addr: u64, size: u64) {
+        let Some(span) = self.span(size) else {
+            return;
+        };
+        let end = addr.saturating_add(span);
+        let holder = self
+            .chunks
+            .range(..=addr)
+            .next_back()
+            .filter(|(&b, c)| b.saturating_add(c.size) >= end)
+            .map(|(&b, _)| b);
+        if let Some(base) = holder {
+            self.record(base, addr, end);
+            return;
+        }
+        // Chunks the placement would overlap lose the overlap's claim: the recorded
+        // address is the truth, so the model's chunk there was wrong. Shrink them.
+        let overlapping: Vec<u64> = self
+            .chunks
+            .range(..end)
+            .rev()
+            .take_while(|(&b, c)| b.saturating_add(c.size) > addr)
+            .map(|(&b, _)| b)
+            .collect();
+        for b in overlapping {
+            let c = &self.chunks[&b];
+            if b < addr && c.live.values().all(|&e| e <= addr) {
+                self.chunks.get_mut(&b).expect("chunk").size = addr - b;
+            }
+        }
+        let next = self
+            .chunks
+            .range(addr..)
+            .next()
+            .map_or(u64::MAX, |(&b, _)| b);
+        let size = span
+            .checked_next_multiple_of(self.chunk_bytes)
+            .unwrap_or(span)
+            .min(next.saturating_sub(addr))
+            .min(u64::MAX - addr)
+            .max(end - addr);
+        self.add_chunk(addr, size);
+        self.record(addr, addr, end);
+    }
+
+    /// Frees the placement at `addr`; a chunk left empty becomes a hole. Unknown
+    /// addresses are ignored.
+    pub fn release(&mut self, addr: u64) {
+        let Some(base) = self.owner.remove(&addr) else {
+            return;
+        };
+        let chunk = self.chunks.get_mut(&base).expect("chunk of a placement");
+        chunk.live.remove(&addr);
+        if !chunk.live.is_empty() {
+            return;
+        }
+        let chunk = self.chunks.remove(&base).expect("chunk");
+        self.by_seq.remove(&chunk.seq);
+        let (mut lo, mut hi) = (base, base + chunk.size);
+        if let Some((&s, &e)) = self.holes.range(..=lo).next_back() {
+            if e == lo {
+                self.holes.remove(&s);
+                lo = s;
+            }
+        }
+        if let Some(e) = self.holes.remove(&hi) {
+            hi = e;
+        }
+        self.holes.insert(lo, hi);
+    }
+}
+
+/// How well the model places a recorded sequence of segments: see
+/// [`check_placements`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlacementCheck {
+    /// Segment allocations after the first (the first one anchors the model).
+    pub segments: usize,
+    /// Of those, placed by the model, run on its own from the first segment's address
+    /// (no other hint), on the same side of every live segment as on the GPU: the order
+    /// best-fit ties depend on.
+    pub order_right: usize,
+    /// Of those, placed by the model at exactly the recorded address when every
+    /// earlier segment is where the GPU put it: the rules alone, without the drift of
+    /// earlier mistakes.
+    pub exact_right: usize,
+    /// Of those, placed below every live segment on the GPU: what a model that stacks
+    /// every segment below the last (the old top-down one) gets right.
+    pub below_all: usize,
+}
+
+/// One `cuMemAlloc` (`alloc` true) or `cuMemFree` of a recorded run, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordedPlacement {
+    /// Allocation or free.
+    pub alloc: bool,
+    /// The address the driver returned (or freed).
+    pub addr: u64,
+    /// Bytes asked for.
+    pub size: u64,
+}
+
+/// Runs the model over a recorded sequence of segment allocations and frees and counts
+/// how often it places a segment as the driver did (see [`PlacementCheck`]).
+pub fn check_placements(ops: &[RecordedPlacement], chunk_bytes: u64) -> PlacementCheck {
+    let mut check = PlacementCheck::default();
+    let Some(first) = ops.iter().find(|o| o.alloc) else {
+        return check;
+    };
+    let top = first
+        .addr
+        .saturating_add(first.size.next_multiple_of(chunk_bytes.max(1)));
+    let mut own = VaSpace::new(top, chunk_bytes, 0);
+    let mut forced = VaSpace::new(top, chunk_bytes, 0);
+    // recorded address -> (model's address, size) of live segments
+    let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut anchored = false;
+    for op in ops {
+        if !op.alloc {
+            if let Some(p) = live.remove(&op.addr) {
+                own.release(p);
+            }
+            forced.release(op.addr);
+            continue;
+        }
+        if !anchored {
+            anchored = true;
+            own.place_at(op.addr, op.size);
+            forced.place_at(op.addr, op.size);
+            live.insert(op.addr, op.addr);
+            continue;
+        }
+        check.segments += 1;
+        if live.keys().all(|&real| real > op.addr) {
+            check.below_all += 1;
+        }
+        let predicted = forced.clone().place(op.size);
+        if predicted == Some(op.addr) {
+            check.exact_right += 1;
+        }
+        forced.place_at(op.addr, op.size);
+        let Some(p) = own.place(op.size) else {
+            continue;
+        };
+        if live
+            .iter()
+            .all(|(&real, &model)| (real < op.addr) == (model < p))
+        {
+            check.order_right += 1;
+        }
+        live.insert(op.addr, p);
+    }
+    check
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const TOP: u64 = 0x7f00_0000_0000;
+
+    fn p(v: &mut VaSpace, size: u64) -> u64 {
+        v.place(size).expect("room")
+    }
+
+    /// No chunk goes below the floor: the model says there is no room instead of
+    /// wrapping around.
+    #[test]
+    fn the_floor_is_respected() {
+        let mut v = VaSpace::new(64 * MIB, 0, 2 * MIB);
+        assert_eq!(v.place(20 * MIB), Some(32 * MIB));
+        assert_eq!(v.place(20 * MIB), None, "would reach below 2 MiB");
+        assert_eq!(
+            v.place(10 * MIB),
+            Some(32 * MIB + 20 * MIB),
+            "a leftover still fits"
+        );
+        let mut w = VaSpace::new(u64::MAX, 0, 0);
+        assert_eq!(w.place(u64::MAX), None);
+        w.place_at(u64::MAX - 4 * MIB, 64 * MIB);
+    }
+
+    /// Large allocations take 32 MiB-rounded chunks stacked downward, each at its
+    /// chunk's bottom (the H100's 20 MiB and 64 MiB + 1 probes: gaps of 32 and 96 MiB).
+    #[test]
+    fn chunks_stack_downward() {
+        let mut v = VaSpace::new(TOP, 0, 0);
+        let a = p(&mut v, 20 * MIB);
+        let b = p(&mut v, 20 * MIB);
+        assert_eq!(a, TOP - 32 * MIB);
+        assert_eq!(a - b, 32 * MIB);
+        let c = p(&mut v, 64 * MIB + 1);
+        let d = p(&mut v, 64 * MIB + 1);
+        assert_eq!(b - c, 96 * MIB);
+        assert_eq!(c - d, 96 * MIB);
+    }
+
+    /// 2 MiB allocations fill the newest chunk's leftover from its lowest free address
+    /// up, then the chunk before it.
+    #[test]
+    fn small_ones_fill_the_newest_leftover() {
+        let mut v = VaSpace::new(TOP, 0, 0);
+        let a = p(&mut v, 124 * MIB); // chunk of 128: 4 MiB left at its top
+        let b = p(&mut v, 234 * MIB); // chunk of 256: 22 MiB left
+        assert_eq!(p(&mut v, 2 * MIB), b + 234 * MIB);
+        assert_eq!(p(&mut v, 2 * MIB), b + 236 * MIB);
+        // 18 MiB left in b's chunk: a 20 MiB one needs a chunk of its own.
+        let c = p(&mut v, 20 * MIB);
+        assert!(c < b);
+        // c's leftover (12 MiB) is newest now.
+        assert_eq!(p(&mut v, 2 * MIB), c + 20 * MIB);
+        assert!(a > b);
+    }
+
+    /// A released chunk becomes a hole; a new chunk takes the highest hole strictly
+    /// larger than it, at the hole's top, and a hole of exactly its size is passed
+    /// over.
+    #[test]
+    fn holes_are_reused_from_the_top() {
+        let mut v = VaSpace::new(TOP, 0, 0);
+        let a = p(&mut v, 128 * MIB); // chunk [a, a+128)
+        let b = p(&mut v, 160 * MIB); // chunk [b, b+160)
+        let _c = p(&mut v, 64 * MIB);
+        v.release(a);
+        v.release(b);
+        // One merged hole [b, a+128) of 288 MiB: a 96 MiB chunk at its top.
+        let d = p(&mut v, 84 * MIB);
+        assert_eq!(d, a + 128 * MIB - 96 * MIB);
+        // The rest, [b, d) = 192 MiB, is exactly a 192 MiB chunk: not taken.
+        let e = p(&mut v, 180 * MIB);
+        assert!(e < b, "a hole of exactly the chunk's size is passed over");
+        let f = p(&mut v, 150 * MIB); // 160 < 192: fits at the hole's top
+        assert_eq!(f, d - 160 * MIB);
+    }
+
+    /// A chunk stays while any placement in it lives, and its freed part is reused
+    /// from its bottom.
+    #[test]
+    fn a_chunk_with_a_live_placement_is_kept() {
+        let mut v = VaSpace::new(TOP, 0, 0);
+        let big = p(&mut v, 252 * MIB); // chunk of 256, 4 MiB left
+        let small = p(&mut v, 2 * MIB);
+        assert_eq!(small, big + 252 * MIB);
+        v.release(big);
+        assert_eq!(p(&mut v, 150 * MIB), big, "the chunk's bottom again");
+        assert_eq!(p(&mut v, 68 * MIB), big + 150 * MIB, "then just above");
+    }
+
+    /// Recorded placements are adopted: inside the chunk holding them, or as a new
+    /// chunk there; the model continues from them.
+    #[test]
+    fn recorded_placements_are_adopted() {
+        let mut v = VaSpace::new(TOP, 0, 0);
+        let base = 0x7e00_0000_0000;
+        v.place_at(base, 124 * MIB);
+        assert_eq!(p(&mut v, 2 * MIB), base + 124 * MIB, "its chunk's leftover");
+        assert_eq!(p(&mut v, 20 * MIB), base - 32 * MIB, "below it");
+        v.place_at(base + 126 * MIB, 2 * MIB);
+        v.release(base);
+        v.release(base + 124 * MIB);
+        v.release(base + 126 * MIB);
+        assert_eq!(v.holes.len(), 1);
+    }
+}
