@@ -3,7 +3,7 @@
 //! Allocates through a [`CudaDevice`] (so every allocation is freed on every path,
 //! errors included) and reads `cuMemGetInfo` free memory around each step.
 
-use policies::{Device, DeviceError, Segment};
+use policies::{AddressRange, Device, DeviceError, Segment};
 
 use crate::device::{CudaDevice, OpenError};
 
@@ -35,6 +35,126 @@ pub const FILL_CHUNK_BYTES: u64 = GIB;
 
 /// Smallest chunk of the fill's top-up.
 pub const FILL_MIN_CHUNK_BYTES: u64 = 2 * MIB;
+
+/// One step of [`PLACEMENT_SCRIPT`]: what the driver is asked, by index of an earlier
+/// step for frees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlacementStep {
+    /// `cuMemAlloc_v2` of this many bytes.
+    Alloc(u64),
+    /// `cuMemFree_v2` of the allocation made at this step.
+    Free(usize),
+    /// `cuMemAddressReserve` of this many bytes (no physical memory).
+    Reserve(u64),
+    /// `cuMemAddressFree` of the range reserved at this step.
+    Release(usize),
+}
+
+/// The sequence of driver calls [`probe`] records the addresses of: what the
+/// simulated device's address model (`sim/src/address.rs`) is built on. Chunk
+/// granularity (consecutive 20 MiB allocations), 2 MiB allocations filling
+/// leftovers, large allocations of odd sizes with small ones between, released space
+/// reused (a hole of exactly a chunk's size, a chunk kept by a live allocation), and
+/// address ranges reserved, released and reserved again. What is still allocated at
+/// the end is freed in reverse order, each free recorded too.
+pub const PLACEMENT_SCRIPT: &[PlacementStep] = {
+    use PlacementStep::{Alloc, Free, Release, Reserve};
+    &[
+        // 0..8: eight 20 MiB allocations: the chunk granularity.
+        Alloc(20 * MIB),
+        Alloc(20 * MIB),
+        Alloc(20 * MIB),
+        Alloc(20 * MIB),
+        Alloc(20 * MIB),
+        Alloc(20 * MIB),
+        Alloc(20 * MIB),
+        Alloc(20 * MIB),
+        // 8..16: eight 2 MiB allocations: where leftovers are filled.
+        Alloc(2 * MIB),
+        Alloc(2 * MIB),
+        Alloc(2 * MIB),
+        Alloc(2 * MIB),
+        Alloc(2 * MIB),
+        Alloc(2 * MIB),
+        Alloc(2 * MIB),
+        Alloc(2 * MIB),
+        // 16..22: odd large sizes, 2 MiB ones between.
+        Alloc(124 * MIB),
+        Alloc(234 * MIB),
+        Alloc(2 * MIB),
+        Alloc(2 * MIB),
+        Alloc(20 * MIB),
+        Alloc(2 * MIB),
+        // 22..30: a released chunk pair and what reuses it.
+        Alloc(128 * MIB),
+        Alloc(160 * MIB),
+        Alloc(64 * MIB),
+        Free(22),
+        Free(23),
+        Alloc(84 * MIB),
+        Alloc(180 * MIB),
+        Alloc(150 * MIB),
+        // 30..35: a chunk kept alive by a small allocation in its leftover.
+        Alloc(252 * MIB),
+        Alloc(2 * MIB),
+        Free(30),
+        Alloc(150 * MIB),
+        Alloc(68 * MIB),
+        // 35..39: address ranges.
+        Reserve(GIB),
+        Reserve(4 * GIB),
+        Release(35),
+        Reserve(512 * MIB),
+    ]
+};
+
+/// Which driver call a [`PlacementRecord`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlacementCall {
+    /// `cuMemAlloc_v2`.
+    Alloc,
+    /// `cuMemFree_v2`.
+    Free,
+    /// `cuMemAddressReserve`.
+    Reserve,
+    /// `cuMemAddressFree`.
+    Release,
+}
+
+impl PlacementCall {
+    /// The driver function's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlacementCall::Alloc => "cuMemAlloc",
+            PlacementCall::Free => "cuMemFree",
+            PlacementCall::Reserve => "cuMemAddressReserve",
+            PlacementCall::Release => "cuMemAddressFree",
+        }
+    }
+}
+
+/// One driver call of the placement probe and the address it returned (or freed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlacementRecord {
+    /// The call.
+    pub call: PlacementCall,
+    /// Bytes asked for (of the allocation or range freed, for frees).
+    pub size_bytes: u64,
+    /// The address the driver returned, or the one freed.
+    pub addr: u64,
+}
+
+/// The addresses the driver gave [`PLACEMENT_SCRIPT`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlacementProbe {
+    /// Every call in order, the final frees included.
+    pub records: Vec<PlacementRecord>,
+    /// The address gap between consecutive 20 MiB allocations (the median of the
+    /// seven), the driver's chunk granularity; `None` when they did not all fit.
+    pub chunk_bytes: Option<u64>,
+    /// Whether the script stopped early because the device ran out of memory.
+    pub out_of_memory: bool,
+}
 
 /// Why [`probe`] failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -115,6 +235,8 @@ pub struct ProbeReport {
     pub warmup_alloc_ns: u64,
     /// One entry per size of [`PROBE_SIZES`], in that order.
     pub sizes: Vec<SizeProbe>,
+    /// The addresses of [`PLACEMENT_SCRIPT`].
+    pub placement: PlacementProbe,
     /// Filling the device.
     pub fill: FillProbe,
     /// Free memory after everything was freed again.
@@ -149,6 +271,7 @@ pub fn probe(device_index: usize) -> Result<ProbeReport, ProbeError> {
     for &size in &PROBE_SIZES {
         sizes.push(probe_size(&mut dev, size)?);
     }
+    let placement = probe_placement(&mut dev)?;
     let fill = fill(&mut dev, info.total_bytes)?;
     let free_after_release = dev.observed_free_bytes()?;
     dev.release_all()?;
@@ -165,6 +288,7 @@ pub fn probe(device_index: usize) -> Result<ProbeReport, ProbeError> {
         vmm_granularity_recommended_bytes: info.vmm_granularity_recommended_bytes,
         warmup_alloc_ns,
         sizes,
+        placement,
         fill,
         free_after_release_bytes: free_after_release,
         returned_to_start: free_after_release == free_at_start,
@@ -227,6 +351,124 @@ fn probe_size(dev: &mut CudaDevice, size: u64) -> Result<SizeProbe, DeviceError>
     })
 }
 
+/// What a step of the placement probe still holds.
+enum Held {
+    Segment(Segment),
+    Range(AddressRange),
+    Gone,
+}
+
+/// Frees what `held` holds (recording the call) and leaves it empty.
+fn free_held(
+    dev: &mut CudaDevice,
+    held: &mut Held,
+    records: &mut Vec<PlacementRecord>,
+) -> Result<(), DeviceError> {
+    match std::mem::replace(held, Held::Gone) {
+        Held::Segment(seg) => {
+            let (addr, size_bytes) = (seg.addr.0, seg.size_bytes);
+            dev.free_segment(seg)?;
+            records.push(PlacementRecord {
+                call: PlacementCall::Free,
+                size_bytes,
+                addr,
+            });
+        }
+        Held::Range(range) => {
+            let (addr, size_bytes) = (range.addr.0, range.size_bytes);
+            if let Some(vm) = dev.virtual_memory() {
+                vm.release_range(range)?;
+            }
+            records.push(PlacementRecord {
+                call: PlacementCall::Release,
+                size_bytes,
+                addr,
+            });
+        }
+        Held::Gone => {}
+    }
+    Ok(())
+}
+
+/// The median address gap between the first eight allocations (20 MiB each), if all
+/// eight were made.
+fn chunk_gap(records: &[PlacementRecord]) -> Option<u64> {
+    let firsts: Vec<u64> = records
+        .iter()
+        .take(8)
+        .filter(|r| r.call == PlacementCall::Alloc && r.size_bytes == 20 * MIB)
+        .map(|r| r.addr)
+        .collect();
+    if firsts.len() < 8 {
+        return None;
+    }
+    let mut gaps: Vec<u64> = firsts.windows(2).map(|w| w[0].abs_diff(w[1])).collect();
+    gaps.sort_unstable();
+    Some(gaps[gaps.len() / 2])
+}
+
+/// Runs [`PLACEMENT_SCRIPT`], recording every address, then frees what is left (also
+/// after an error).
+fn probe_placement(dev: &mut CudaDevice) -> Result<PlacementProbe, DeviceError> {
+    let mut held: Vec<Held> = Vec::with_capacity(PLACEMENT_SCRIPT.len());
+    let mut out = PlacementProbe::default();
+    let mut result = Ok(());
+    for step in PLACEMENT_SCRIPT {
+        let done = match *step {
+            PlacementStep::Alloc(size) => try_allocate(dev, size).map(|seg| match seg {
+                Some(seg) => {
+                    out.records.push(PlacementRecord {
+                        call: PlacementCall::Alloc,
+                        size_bytes: size,
+                        addr: seg.addr.0,
+                    });
+                    held.push(Held::Segment(seg));
+                    true
+                }
+                None => false,
+            }),
+            PlacementStep::Reserve(size) => match dev.virtual_memory() {
+                None => {
+                    held.push(Held::Gone);
+                    Ok(true)
+                }
+                Some(vm) => vm.reserve_range(size).map(|r| {
+                    out.records.push(PlacementRecord {
+                        call: PlacementCall::Reserve,
+                        size_bytes: size,
+                        addr: r.addr.0,
+                    });
+                    held.push(Held::Range(r));
+                    true
+                }),
+            },
+            PlacementStep::Free(i) | PlacementStep::Release(i) => {
+                held.push(Held::Gone);
+                free_held(dev, &mut held[i], &mut out.records).map(|()| true)
+            }
+        };
+        match done {
+            Ok(true) => {}
+            Ok(false) => {
+                out.out_of_memory = true;
+                break;
+            }
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    out.chunk_bytes = chunk_gap(&out.records);
+    for slot in held.iter_mut().rev() {
+        let freed = free_held(dev, slot, &mut out.records);
+        if result.is_ok() {
+            result = freed;
+        }
+    }
+    result.map(|()| out)
+}
+
 fn fill(dev: &mut CudaDevice, total_bytes: u64) -> Result<FillProbe, DeviceError> {
     let started = std::time::Instant::now();
     // Can never legitimately fit more; a guard against a driver that never says no.
@@ -277,6 +519,44 @@ mod tests {
         assert_eq!(drop_between(10, 4), 6);
         assert_eq!(drop_between(4, 10), -6);
         assert_eq!(drop_between(u64::MAX, 0), i64::MAX);
+    }
+
+    /// The placement script only frees what it allocated before, each thing once.
+    #[test]
+    fn placement_script_is_consistent() {
+        let mut freed = std::collections::HashSet::new();
+        for (i, step) in PLACEMENT_SCRIPT.iter().enumerate() {
+            match *step {
+                PlacementStep::Free(j) => {
+                    assert!(j < i && matches!(PLACEMENT_SCRIPT[j], PlacementStep::Alloc(_)));
+                    assert!(freed.insert(j), "step {i} frees {j} twice");
+                }
+                PlacementStep::Release(j) => {
+                    assert!(j < i && matches!(PLACEMENT_SCRIPT[j], PlacementStep::Reserve(_)));
+                    assert!(freed.insert(j), "step {i} releases {j} twice");
+                }
+                _ => {}
+            }
+        }
+        assert!(PLACEMENT_SCRIPT[..8]
+            .iter()
+            .all(|s| *s == PlacementStep::Alloc(20 * MIB)));
+    }
+
+    /// The chunk gap is the median gap of the first eight 20 MiB allocations, and
+    /// unknown when they were not all made.
+    #[test]
+    fn chunk_gap_is_the_median() {
+        let rec = |addr| PlacementRecord {
+            call: PlacementCall::Alloc,
+            size_bytes: 20 * MIB,
+            addr,
+        };
+        let top = 1u64 << 46;
+        let mut r: Vec<_> = (0..8).map(|i| rec(top - i * 32 * MIB)).collect();
+        r[7].addr = top - 900 * MIB; // one jump
+        assert_eq!(chunk_gap(&r), Some(32 * MIB));
+        assert_eq!(chunk_gap(&r[..7]), None);
     }
 
     /// The probed sizes are the ones the oracle measured, around the 2 MiB page.

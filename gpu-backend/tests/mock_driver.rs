@@ -1075,6 +1075,86 @@ fn scenario_probe() {
     );
     assert_eq!(report.free_after_release_bytes, free);
     assert!(report.returned_to_start);
+    check_placement_records(&report.placement);
+}
+
+/// The placement probe recorded every call of its script with the addresses the mock
+/// handed out (bumped upward, never reused: allocations one after the other, ranges
+/// with a page between them), then a free for everything, newest first.
+fn check_placement_records(p: &gpu_backend::PlacementProbe) {
+    use gpu_backend::{PlacementCall, PlacementStep, PLACEMENT_SCRIPT};
+    assert!(!p.out_of_memory);
+    let mut made = 0;
+    let mut prev_alloc: Option<(u64, u64)> = None;
+    let mut prev_range: Option<(u64, u64)> = None;
+    for (step, rec) in PLACEMENT_SCRIPT.iter().zip(&p.records) {
+        match *step {
+            PlacementStep::Alloc(size) => {
+                assert_eq!((rec.call, rec.size_bytes), (PlacementCall::Alloc, size));
+                if let Some((a, s)) = prev_alloc {
+                    assert_eq!(rec.addr, a + s.div_ceil(2 * MIB) * 2 * MIB);
+                }
+                prev_alloc = Some((rec.addr, size));
+                made += 1;
+            }
+            PlacementStep::Reserve(size) => {
+                assert_eq!((rec.call, rec.size_bytes), (PlacementCall::Reserve, size));
+                if let Some((a, s)) = prev_range {
+                    assert_eq!(rec.addr, a + s + 2 * MIB);
+                }
+                prev_range = Some((rec.addr, size));
+                made += 1;
+            }
+            PlacementStep::Free(i) | PlacementStep::Release(i) => {
+                let call = if matches!(step, PlacementStep::Free(_)) {
+                    PlacementCall::Free
+                } else {
+                    PlacementCall::Release
+                };
+                let of = p.records[..]
+                    .iter()
+                    .filter(|r| matches!(r.call, PlacementCall::Alloc | PlacementCall::Reserve))
+                    .nth(
+                        PLACEMENT_SCRIPT[..i]
+                            .iter()
+                            .filter(|s| {
+                                matches!(s, PlacementStep::Alloc(_) | PlacementStep::Reserve(_))
+                            })
+                            .count(),
+                    )
+                    .expect("freed record");
+                assert_eq!(
+                    (rec.call, rec.addr, rec.size_bytes),
+                    (call, of.addr, of.size_bytes)
+                );
+            }
+        }
+    }
+    // Then the final frees: one for each thing still held, newest first.
+    let frees = PLACEMENT_SCRIPT
+        .iter()
+        .filter(|s| matches!(s, PlacementStep::Free(_) | PlacementStep::Release(_)))
+        .count();
+    assert_eq!(p.records.len(), PLACEMENT_SCRIPT.len() + made - frees);
+    let mut live: Vec<u64> = Vec::new();
+    for r in &p.records {
+        match r.call {
+            PlacementCall::Alloc | PlacementCall::Reserve => live.push(r.addr),
+            PlacementCall::Free | PlacementCall::Release => {
+                let k = live
+                    .iter()
+                    .position(|&a| a == r.addr)
+                    .expect("frees a live one");
+                live.remove(k);
+            }
+        }
+    }
+    assert!(live.is_empty(), "everything freed");
+    assert_eq!(
+        p.chunk_bytes,
+        Some(20 * MIB),
+        "the mock puts them back to back"
+    );
 }
 
 /// install_interrupt_flag is idempotent and a SIGINT sets the flag instead of killing

@@ -66,7 +66,11 @@ pub fn profile_yaml(r: &ProbeReport) -> String {
         small_alloc_max_bytes: small_max,
         small_alloc_align_bytes: 512,
         vmm_granularity_bytes: r.vmm_granularity_min_bytes.unwrap_or(page),
-        va_chunk_bytes: 32 << 20,
+        va_chunk_bytes: r
+            .placement
+            .chunk_bytes
+            .filter(|&c| c > 0 && c % (2 << 20) == 0)
+            .unwrap_or(sim::address::DEFAULT_CHUNK_BYTES),
     };
     let mut text = String::from("# allocsim device profile, measured by `allocsim probe`.\n");
     text.push_str(&format!(
@@ -92,7 +96,42 @@ pub fn profile_yaml(r: &ProbeReport) -> String {
             ns(s.free_ns)
         ));
     }
+    text.push_str(&placement_comments(&r.placement, profile.va_chunk_bytes));
     text.push_str(&profile.to_yaml());
+    text
+}
+
+/// The placement probe's calls and addresses as comments, with how many of the
+/// allocations the simulated device's address model places as the driver did.
+fn placement_comments(p: &gpu_backend::PlacementProbe, chunk: u64) -> String {
+    use gpu_backend::PlacementCall;
+    let ops: Vec<sim::address::RecordedPlacement> = p
+        .records
+        .iter()
+        .filter(|r| matches!(r.call, PlacementCall::Alloc | PlacementCall::Free))
+        .map(|r| sim::address::RecordedPlacement {
+            alloc: r.call == PlacementCall::Alloc,
+            addr: r.addr,
+            size: r.size_bytes,
+        })
+        .collect();
+    let check = sim::address::check_placements(&ops, chunk);
+    let mut text = format!(
+        "# placement: {} calls{}; the address model (chunks of {chunk} bytes) places {} of {} allocations exactly, given the earlier ones, and {} in the right order\n",
+        p.records.len(),
+        if p.out_of_memory { " (out of memory before the end)" } else { "" },
+        check.exact_right,
+        check.segments,
+        check.order_right
+    );
+    for r in &p.records {
+        text.push_str(&format!(
+            "#   {} {} -> {:#x}\n",
+            r.call.name(),
+            r.size_bytes,
+            r.addr
+        ));
+    }
     text
 }
 
