@@ -146,6 +146,20 @@ pub trait Device {
         None
     }
 
+    /// Takes over a segment that exists at `addr` before the replay (a state rebuilt
+    /// from a recording), as if this device had handed it out. The default refuses:
+    /// only a simulated device can place memory where a recording says it was.
+    ///
+    /// # Errors
+    /// [`DeviceError::Unsupported`] by default; [`DeviceError::OutOfMemory`] when the
+    /// device cannot hold it.
+    fn adopt_segment(&mut self, addr: DeviceAddr, size_bytes: u64) -> Result<Segment, DeviceError> {
+        let _ = (addr, size_bytes);
+        Err(DeviceError::Unsupported {
+            what: "taking over a recorded segment at its address",
+        })
+    }
+
     /// Used bytes as the hardware reports them (total − `cuMemGetInfo` free).
     /// `None` for simulated devices.
     fn observed_used_bytes(&mut self) -> Option<u64> {
@@ -174,6 +188,23 @@ pub trait VirtualMemory {
     /// # Errors
     /// When the address space cannot be reserved.
     fn reserve_range(&mut self, size_bytes: u64) -> Result<AddressRange, DeviceError>;
+
+    /// Takes over an address range that exists at `addr` before the replay (the
+    /// range of an expandable segment in a rebuilt state), like
+    /// [`Device::adopt_segment`]. The default refuses.
+    ///
+    /// # Errors
+    /// [`DeviceError::Unsupported`] by default.
+    fn adopt_range(
+        &mut self,
+        addr: DeviceAddr,
+        size_bytes: u64,
+    ) -> Result<AddressRange, DeviceError> {
+        let _ = (addr, size_bytes);
+        Err(DeviceError::Unsupported {
+            what: "taking over a recorded address range at its address",
+        })
+    }
 
     /// Creates one chunk of `size_bytes` of physical memory (`cuMemCreate`), unmapped.
     ///

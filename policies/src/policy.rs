@@ -296,6 +296,66 @@ impl OomCause {
     }
 }
 
+/// A live block of a state a policy is asked to adopt ([`Policy::adopt`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdoptBlock {
+    /// First byte.
+    pub addr: DeviceAddr,
+    /// The block's size; `None` when only the requested size is known, and the policy
+    /// decides it as its own rules would have.
+    pub size_bytes: Option<u64>,
+    /// Bytes the program asked for.
+    pub requested_bytes: u64,
+    /// Whether the program already freed it and it waits for other streams (its
+    /// [`Policy::free`] comes later, without a [`Policy::free_requested`]).
+    pub pending_free: bool,
+}
+
+/// Which of PyTorch's pools an adopted segment belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdoptPool {
+    /// Blocks of at most 1 MiB, 2 MiB segments.
+    Small,
+    /// Everything else.
+    Large,
+}
+
+/// A segment of a state a policy is asked to adopt: one device segment, or one mapped
+/// run of an expandable segment. The space between its live blocks is free.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdoptSegment {
+    /// First byte.
+    pub addr: DeviceAddr,
+    /// Bytes (mapped bytes of the run, for an expandable segment).
+    pub size_bytes: u64,
+    /// The stream that owns it.
+    pub stream: StreamId,
+    /// Its pool, when known (else the policy tells it from the size).
+    pub pool: Option<AdoptPool>,
+    /// Whether it is a mapped run of an expandable segment.
+    pub expandable: bool,
+    /// Live blocks in address order.
+    pub blocks: Vec<AdoptBlock>,
+}
+
+/// Why a policy did not adopt a state.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdoptError {
+    /// The policy has no way to take over another allocator's state.
+    #[error("the {policy} policy cannot start from a recorded allocator state (only the caching policy, which reproduces PyTorch's allocator, can)")]
+    Unsupported {
+        /// The policy's name.
+        policy: String,
+    },
+    /// The state contradicts the policy's rules or itself.
+    #[error("the recorded state cannot be adopted: {0}")]
+    Invalid(String),
+    /// The device could not take the state's memory (out of memory included).
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
 /// An allocation policy: carves device segments into allocations.
 ///
 /// Policies know nothing about traces, files, time or CUDA: they see requests and a
@@ -368,6 +428,30 @@ pub trait Policy {
     /// # Errors
     /// Only for device failures.
     fn empty_cache(&mut self, device: &mut dyn Device) -> Result<(), DeviceError>;
+
+    /// Takes over an allocator state that already exists: `segments` with their live
+    /// blocks, as PyTorch held them when a trace that starts mid-run began. The device
+    /// adopts the segments at their addresses ([`Device::adopt_segment`],
+    /// [`crate::VirtualMemory::adopt_range`]); the policy must be fresh. Returns one
+    /// allocation per block, in the order given (segment by segment). Statistics start
+    /// from this state (peaks are its values).
+    ///
+    /// The default refuses: only a policy that follows PyTorch's rules can continue
+    /// from PyTorch's state.
+    ///
+    /// # Errors
+    /// [`AdoptError::Unsupported`] for policies that cannot; [`AdoptError::Invalid`]
+    /// for a state that contradicts the policy's rules; device failures.
+    fn adopt(
+        &mut self,
+        device: &mut dyn Device,
+        segments: &[AdoptSegment],
+    ) -> Result<Vec<Allocation>, AdoptError> {
+        let _ = (device, segments);
+        Err(AdoptError::Unsupported {
+            policy: self.name().to_string(),
+        })
+    }
 
     /// Current accounting.
     fn stats(&self) -> PolicyStats;

@@ -600,6 +600,48 @@ impl Device for SimDevice {
     fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
         Some(self)
     }
+
+    fn adopt_segment(&mut self, addr: DeviceAddr, size_bytes: u64) -> Result<Segment, DeviceError> {
+        if size_bytes == 0
+            || !AddressHints::fits(addr.0, size_bytes)
+            || self.overlaps(addr.0, size_bytes)
+        {
+            return Err(overlap_error(addr, size_bytes));
+        }
+        let charge = self.charge_for(size_bytes);
+        self.refuse(charge, size_bytes)?;
+        let id = self.fresh_id();
+        self.segments.insert(
+            addr.0,
+            LiveSegment {
+                id,
+                size: size_bytes,
+                charge,
+                packed_page: None,
+            },
+        );
+        self.va.place_at(addr.0, size_bytes);
+        self.regions.insert(addr.0, size_bytes);
+        let s = &mut self.stats;
+        s.reserved_bytes += size_bytes;
+        s.charged_bytes += charge;
+        s.segment_count += 1;
+        Ok(Segment {
+            id: SegmentId(id),
+            addr,
+            size_bytes,
+        })
+    }
+}
+
+/// A recorded segment or range that cannot be placed where the recording says.
+fn overlap_error(addr: DeviceAddr, size_bytes: u64) -> DeviceError {
+    DeviceError::Driver {
+        code: 0,
+        message: format!(
+            "the recorded region at {addr} ({size_bytes} bytes) is empty, wraps or overlaps memory already placed"
+        ),
+    }
 }
 
 impl VirtualMemory for SimDevice {
@@ -632,6 +674,26 @@ impl VirtualMemory for SimDevice {
         Ok(self
             .vm
             .add_range(SegmentId(id), DeviceAddr(addr), size_bytes))
+    }
+
+    fn adopt_range(
+        &mut self,
+        addr: DeviceAddr,
+        size_bytes: u64,
+    ) -> Result<AddressRange, DeviceError> {
+        if size_bytes == 0
+            || !AddressHints::fits(addr.0, size_bytes)
+            || self.overlaps(addr.0, size_bytes)
+        {
+            return Err(overlap_error(addr, size_bytes));
+        }
+        let id = self.fresh_id();
+        self.stats.segment_count += 1;
+        self.regions.insert(addr.0, size_bytes);
+        self.next_range = self
+            .next_range
+            .max(addr.0 + size_bytes.div_ceil(2 * MIB) * 2 * MIB);
+        Ok(self.vm.add_range(SegmentId(id), addr, size_bytes))
     }
 
     fn create_physical(&mut self, size_bytes: u64) -> Result<PhysicalChunk, DeviceError> {

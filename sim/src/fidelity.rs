@@ -29,11 +29,11 @@ use std::fmt::Write as _;
 use policies::caching::CachingPolicy;
 use policies::Policy;
 use serde::Serialize;
-use workloads::{Action, Checkpoint, Event, ReadError, RecordedRun};
+use workloads::{Action, Checkpoint, Event, ReadError, RecordedRun, StartState};
 
 use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
 use crate::observe::{DeviceOpKind, Observer, Step};
-use crate::recorded::{address_hints, run_config, run_device, AllocConfError, HintError};
+use crate::recorded::{address_hints, run_config_with, run_device, AllocConfError, HintError};
 use crate::replay::{replay_with, ReplayError, ReplayOptions};
 
 /// A segment decision: kind and bytes.
@@ -154,6 +154,8 @@ pub struct FidelityOptions {
     pub use_recorded_addresses: bool,
     /// Check every policy invariant after every request (slow; for tests).
     pub check_invariants: bool,
+    /// Settings in place of the recorded ones (the run's `alloc_conf`, its cap).
+    pub overrides: crate::recorded::Overrides,
 }
 
 impl Default for FidelityOptions {
@@ -164,6 +166,7 @@ impl Default for FidelityOptions {
                 .to_options(),
             use_recorded_addresses: true,
             check_invariants: false,
+            overrides: crate::recorded::Overrides::default(),
         }
     }
 }
@@ -387,7 +390,7 @@ pub fn fidelity_with_requests(
     requests: &RecordedRun,
     options: &FidelityOptions,
 ) -> Result<FidelityReport, FidelityError> {
-    let config = run_config(run)?;
+    let config = run_config_with(run, &options.overrides)?;
     let (target, entry_of) = run.to_trace_with_entries()?;
     let mut source = requests.to_trace()?;
     remap_streams(&mut source, &target);
@@ -505,7 +508,7 @@ fn check(
     coverage: Option<Coverage>,
     options: &FidelityOptions,
 ) -> Result<FidelityReport, FidelityError> {
-    let config = run_config(run)?;
+    let config = run_config_with(run, &options.overrides)?;
     let device_options = run_device(run, &options.device);
     let covered = coverage.as_ref().map_or(usize::MAX, |c| c.covered);
     let mut device = SimDevice::with_hints(device_options, hints);
@@ -582,8 +585,9 @@ fn check(
             .find(|(k, _)| k == key)
             .map(|(_, v)| *v as u64)
     };
-    let reserved_torch =
-        stat("reserved_bytes.all.peak").unwrap_or_else(|| reserved_peak_from_trace(run));
+    let start_reserved = trace.start.as_ref().map_or(0, StartState::reserved_bytes);
+    let reserved_torch = stat("reserved_bytes.all.peak")
+        .unwrap_or_else(|| reserved_peak_from_trace(run, start_reserved));
     let allocated_torch = stat("allocated_bytes.all.peak");
     let s = policy.caching_stats();
     let reserved_sim = s.reserved_bytes.all.peak;
@@ -628,10 +632,11 @@ fn check(
     Ok(report)
 }
 
-/// Reserved-bytes peak computed from the recorded segment operations.
-fn reserved_peak_from_trace(run: &RecordedRun) -> u64 {
-    let mut now: i128 = 0;
-    let mut peak: i128 = 0;
+/// Reserved-bytes peak computed from the recorded segment operations, from `start`
+/// bytes reserved before the first entry.
+fn reserved_peak_from_trace(run: &RecordedRun, start: u64) -> u64 {
+    let mut now = i128::from(start);
+    let mut peak = now;
     for e in &run.entries {
         match e.action {
             Action::SegmentAlloc | Action::SegmentMap => now += i128::from(e.size),

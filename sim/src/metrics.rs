@@ -105,6 +105,21 @@ impl Recorder {
         s.device_free_count = device.free_count;
     }
 
+    /// Notes the state before the first event (a trace that starts mid-run): its
+    /// values count for the peaks, at no event.
+    pub fn observe_start(&mut self, policy: &PolicyStats, device: &DeviceStats) {
+        let s = &mut self.summary;
+        s.requested_bytes_peak = s.requested_bytes_peak.max(policy.requested_bytes);
+        s.allocated_bytes_peak = s.allocated_bytes_peak.max(policy.allocated_bytes);
+        if policy.reserved_bytes > s.reserved_bytes_peak {
+            s.reserved_bytes_peak = policy.reserved_bytes;
+            s.allocated_bytes_at_reserved_peak = policy.allocated_bytes;
+            s.reserved_peak_event_index = None;
+        }
+        s.charged_bytes_peak = s.charged_bytes_peak.max(device.charged_bytes);
+        s.segment_count_peak = s.segment_count_peak.max(policy.segment_count);
+    }
+
     /// The summary.
     pub fn finish(self) -> Summary {
         self.summary

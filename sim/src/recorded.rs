@@ -46,20 +46,49 @@ pub struct AllocConfError {
     pub message: String,
 }
 
+/// Settings given instead of the ones a recorded run recorded (command-line flags).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Overrides {
+    /// A `PYTORCH_CUDA_ALLOC_CONF` string replacing the recorded one.
+    pub alloc_conf: Option<String>,
+    /// A memory limit replacing the recorded cap.
+    pub memory_limit: Option<MemoryLimit>,
+}
+
 /// The caching configuration a recorded run ran with: its `PYTORCH_CUDA_ALLOC_CONF`
 /// (PyTorch's defaults when none is recorded) and its memory fraction.
 ///
 /// # Errors
 /// When its `alloc_conf` does not parse.
 pub fn run_config(run: &RecordedRun) -> Result<CachingConfig, AllocConfError> {
-    let conf = run.meta.alloc_conf.as_deref().unwrap_or("");
+    run_config_with(run, &Overrides::default())
+}
+
+/// [`run_config`] with `overrides` in place of what the run recorded.
+///
+/// # Errors
+/// When the `alloc_conf` in force does not parse.
+pub fn run_config_with(
+    run: &RecordedRun,
+    overrides: &Overrides,
+) -> Result<CachingConfig, AllocConfError> {
+    let conf = overrides
+        .alloc_conf
+        .as_deref()
+        .or(run.meta.alloc_conf.as_deref())
+        .unwrap_or("");
     let mut config = CachingConfig::from_alloc_conf(conf).map_err(|e| AllocConfError {
         path: run.path.display().to_string(),
         conf: conf.to_string(),
         message: e.to_string(),
     })?;
-    if let Some(f) = run.meta.memory_fraction() {
-        config.memory_limit = MemoryLimit::Fraction(f);
+    match overrides.memory_limit {
+        Some(limit) => config.memory_limit = limit,
+        None => {
+            if let Some(f) = run.meta.memory_fraction() {
+                config.memory_limit = MemoryLimit::Fraction(f);
+            }
+        }
     }
     Ok(config)
 }

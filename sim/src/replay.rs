@@ -5,10 +5,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use policies::{
-    AllocError, Allocation, AllocatorCall, BlockState, CallError, CallOutcome, Device, DeviceError,
-    DeviceStats, Policy, PolicyStats, PoolId, PoolStreams, Request, StreamId,
+    AdoptBlock, AdoptError, AdoptPool, AdoptSegment, AllocError, Allocation, AllocatorCall,
+    BlockState, CallError, CallOutcome, Device, DeviceAddr, DeviceError, DeviceStats, Policy,
+    PolicyStats, PoolId, PoolStreams, Request, StreamId,
 };
-use workloads::{AllocId, Event, Trace};
+use workloads::{AllocId, Event, StartPool, StartState, Trace};
 
 use crate::metrics::{Oom, Recorder, Summary};
 use crate::observe::{Observer, OpLog, Outcome, Skip, Step};
@@ -80,6 +81,14 @@ pub enum ReplayError {
         /// What PyTorch would raise.
         message: String,
     },
+    /// The trace starts mid-run and its starting state could not be taken over: the
+    /// policy cannot adopt a recorded state (only the caching policy can), or the state
+    /// contradicts it, or does not fit the device.
+    #[error("the trace starts mid-run, from a rebuilt allocator state: {error}")]
+    Start {
+        /// Why.
+        error: AdoptError,
+    },
     /// The interrupt flag was raised.
     #[error("interrupted at event {event_index}")]
     Interrupted {
@@ -96,6 +105,7 @@ impl ReplayError {
             | ReplayError::Policy { event_index, .. }
             | ReplayError::Rejected { event_index, .. }
             | ReplayError::Interrupted { event_index } => event_index,
+            ReplayError::Start { .. } => 0,
         }
     }
 }
@@ -215,12 +225,35 @@ pub fn replay_with<O: Observer + ?Sized>(
     options: &ReplayOptions,
     observer: &mut O,
 ) -> Result<Replay, ReplayError> {
+    let mut live = LiveTable::for_trace(trace);
+    let mut recorder = Recorder::new();
+    if let Some(start) = &trace.start {
+        let allocations = policy
+            .adopt(device, &adopt_segments(start))
+            .map_err(|error| ReplayError::Start { error })?;
+        for (block, allocation) in start
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .zip(allocations)
+        {
+            live.insert(block.id, allocation);
+            if block.pending_free {
+                if let Some(l) = live.get_mut(block.id) {
+                    l.free_requested = true;
+                }
+            }
+        }
+        let (stats, dstats) = (policy.stats(), device.stats());
+        recorder.observe_start(&stats, &dstats);
+        if options.check_invariants {
+            check_state(&*policy, &stats, &dstats, &live, 0);
+        }
+    }
     let mut device = OpLog {
         device,
         ops: Vec::new(),
     };
-    let mut live = LiveTable::for_trace(trace);
-    let mut recorder = Recorder::new();
     let mut oom: Option<Oom> = None;
     let mut oom_count = 0u64;
     let mut skipped = 0u64;
@@ -432,6 +465,34 @@ pub fn replay_with<O: Observer + ?Sized>(
 /// A trace's pool id as the policies know it.
 fn pool_id(pool: workloads::PoolId) -> PoolId {
     PoolId(pool.0, pool.1)
+}
+
+/// A rebuilt starting state in the policy boundary's terms.
+fn adopt_segments(start: &StartState) -> Vec<AdoptSegment> {
+    start
+        .segments
+        .iter()
+        .map(|s| AdoptSegment {
+            addr: DeviceAddr(s.addr),
+            size_bytes: s.size_bytes,
+            stream: StreamId(s.stream),
+            pool: s.pool.map(|p| match p {
+                StartPool::Small => AdoptPool::Small,
+                StartPool::Large => AdoptPool::Large,
+            }),
+            expandable: s.expandable,
+            blocks: s
+                .blocks
+                .iter()
+                .map(|b| AdoptBlock {
+                    addr: DeviceAddr(b.addr),
+                    size_bytes: b.size_bytes,
+                    requested_bytes: b.requested_bytes,
+                    pending_free: b.pending_free,
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 /// At an out-of-memory: the state the policy reported is the state after, and the

@@ -118,6 +118,7 @@ pub fn read_csv_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
         meta: TraceMeta::of_format(Format::Csv),
         id_names,
         times_us: Vec::new(),
+        start: None,
     })
 }
 

@@ -48,6 +48,7 @@ pub mod recorded;
 pub mod rmm;
 pub mod size;
 pub mod snapshot;
+pub mod start;
 mod trace;
 pub mod validate;
 pub mod yaml;
@@ -66,6 +67,7 @@ pub use recorded::{
     RecordedEntry, RecordedOom, RecordedRun, RecordedSegment,
 };
 pub use snapshot::{read_snapshot_pickle, read_snapshot_pickle_from};
+pub use start::{StartBlock, StartPool, StartSegment, StartState};
 pub use trace::{
     AllocId, Event, IdName, LocationKind, PoolId, PoolStreams, Trace, TraceMeta, OP_NAMES,
 };

@@ -279,10 +279,15 @@ impl RecordedRun {
     /// indexes in the source file (see [`RecordedRun::source_indexes`]); the trace
     /// carries the run's [`TraceMeta`].
     ///
+    /// A trace that does not start from an empty allocator (a ring buffer that wrapped,
+    /// a recording started late; see [`RecordedRun::starts_empty`]) gets the state at
+    /// its first entry ([`Trace::start`], rebuilt by [`RecordedRun::rebuild_start`]);
+    /// its live blocks keep ids `0..n` and the trace's own allocations are numbered
+    /// after them.
+    ///
     /// # Errors
-    /// When an entry frees an address with no live allocation: the recording did not
-    /// start from an empty allocator (it started after allocations existed, or its ring
-    /// buffer wrapped). For snapshots, also what
+    /// When the state at the first entry cannot be rebuilt (no final segments, or a
+    /// trace that does not fit them); for snapshots, also what
     /// [`RecordedRun::check_replayable`] refuses.
     pub fn to_trace(&self) -> Result<Trace, ReadError> {
         self.to_trace_with_entries().map(|(trace, _)| trace)
@@ -298,11 +303,17 @@ impl RecordedRun {
         if self.snapshot.is_some() {
             self.check_replayable()?;
         }
+        let start = self.start_state()?;
         let mut events = Vec::new();
         let mut locations = Vec::new();
         let mut entry_indexes = Vec::new();
-        let mut live: HashMap<u64, AllocId> = HashMap::new();
-        let mut next_id = 0u64;
+        let mut live: HashMap<u64, AllocId> = start
+            .iter()
+            .flat_map(|s| &s.segments)
+            .flat_map(|s| &s.blocks)
+            .map(|b| (b.addr, b.id))
+            .collect();
+        let mut next_id = live.len() as u64;
         // Calls are recorded at entry positions (a mark's `snapshot` entry): each goes
         // after the entry it names.
         let mut calls = self.calls.iter().peekable();
@@ -408,6 +419,7 @@ impl RecordedRun {
             meta,
             id_names: Vec::new(),
             times_us,
+            start,
         };
         Ok((trace, entry_indexes))
     }
@@ -783,6 +795,9 @@ pub fn read_recorded_json_from(
         })
         .collect();
     let (calls, caveats) = json_calls(&json, &entries);
+    // Segments of format 1 do not say whether they are expandable; with
+    // `expandable_segments:True` every segment of the default pool is.
+    let expandable = conf_enables_expandable(&json.alloc_conf);
     Ok(RecordedRun {
         name,
         path: path.to_path_buf(),
@@ -806,6 +821,7 @@ pub fn read_recorded_json_from(
             .segments
             .into_iter()
             .map(|mut s| {
+                s.is_expandable |= expandable;
                 let mut address = s.address;
                 for b in &mut s.blocks {
                     b.address = address;
@@ -817,6 +833,15 @@ pub fn read_recorded_json_from(
         final_stats: json.final_stats.into_iter().collect(),
         snapshot: None,
     })
+}
+
+/// Whether a `PYTORCH_CUDA_ALLOC_CONF` string turns expandable segments on (its last
+/// `expandable_segments` option says `True` or `true`, as PyTorch reads it).
+fn conf_enables_expandable(conf: &str) -> bool {
+    conf.split(',')
+        .filter_map(|kv| kv.split_once(':'))
+        .rfind(|(k, _)| k.trim() == "expandable_segments")
+        .is_some_and(|(_, v)| matches!(v.trim(), "True" | "true"))
 }
 
 #[cfg(test)]
@@ -910,18 +935,63 @@ mod tests {
         assert_eq!(run.to_trace().unwrap().meta, run.meta);
     }
 
-    /// A free of an address never allocated means the recording is incomplete.
+    /// A free of an address never allocated means the trace starts mid-run; its state
+    /// is rebuilt from the segments the recording ends with, and a free outside every
+    /// segment cannot be rebuilt, with a message naming the entry.
     #[test]
-    fn wrapped_recording_is_refused() {
-        let run = RecordedRun {
+    fn a_trace_that_starts_mid_run_is_rebuilt_or_refused() {
+        let mut run = RecordedRun {
             path: "x.pickle".into(),
             entries: vec![entry(Action::FreeCompleted, 5, 7)],
             ..RecordedRun::default()
         };
+        assert!(!run.starts_empty());
         let err = run.to_trace().unwrap_err().to_string();
         assert!(
-            err.starts_with("x.pickle: entry 0: the recorded trace frees an address"),
+            err.starts_with("x.pickle: entry 0: free_completed of 0x5, outside every segment: the trace does not fit"),
             "{err}"
         );
+        run.segments = vec![RecordedSegment {
+            address: 0,
+            total_size: 2 << 20,
+            stream: 0,
+            segment_type: "small".into(),
+            allocated_size: 0,
+            blocks: vec![RecordedBlock {
+                address: 0,
+                size: 2 << 20,
+                requested_size: None,
+                state: BlockState::Inactive,
+            }],
+            is_expandable: false,
+            pool_id: (0, 0),
+        }];
+        let t = run.to_trace().unwrap();
+        let start = t.start.expect("a rebuilt state");
+        assert_eq!(start.segments.len(), 1);
+        assert_eq!(
+            start.segments[0].blocks,
+            vec![crate::StartBlock {
+                addr: 5,
+                size_bytes: None,
+                requested_bytes: 7,
+                pending_free: true,
+                id: AllocId(0),
+            }]
+        );
+        assert_eq!(t.events, vec![Event::Free { id: AllocId(0) }]);
+    }
+
+    /// `expandable_segments:True` in a format-1 JSON makes its segments expandable.
+    #[test]
+    fn expandable_conf_is_recognized() {
+        assert!(conf_enables_expandable("expandable_segments:True"));
+        assert!(conf_enables_expandable(
+            "max_split_size_mb:64,expandable_segments:true"
+        ));
+        assert!(!conf_enables_expandable(
+            "expandable_segments:True,expandable_segments:False"
+        ));
+        assert!(!conf_enables_expandable(""));
     }
 }

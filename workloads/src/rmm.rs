@@ -121,6 +121,7 @@ pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
         meta: TraceMeta::of_format(Format::Rmm),
         id_names: log.names,
         times_us: log.times_us,
+        start: None,
     })
 }
 

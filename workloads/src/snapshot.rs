@@ -863,13 +863,13 @@ mod tests {
         );
     }
 
-    /// A recording that started late or wrapped reads (its segments are kept) but is
-    /// refused as a trace, with the advice to record from the start; expandable
-    /// segments are checked by mapped bytes.
+    /// A recording that started late or wrapped reads (its segments are kept) and
+    /// becomes a trace with its starting state rebuilt; one with no entries at all is
+    /// refused; expandable segments are rebuilt by mapped runs.
     #[test]
-    fn wrapped_or_late_recordings_are_refused() {
+    fn wrapped_or_late_recordings_are_rebuilt() {
         let to_trace = |v: &P| read(v, 0).unwrap().to_trace();
-        // A segment the trace never allocated is listed.
+        // No entries: nothing to replay.
         let late = read(&snapshot(vec![vec![]], vec![segment(0x1000, G, false)]), 0).unwrap();
         assert_eq!(late.segments.len(), 1);
         let late = late.to_trace().unwrap_err();
@@ -879,34 +879,45 @@ mod tests {
             msg.starts_with("snap.pickle: the trace of device 0 has no entries but the snapshot lists 1 segment(s), 1.00 GiB reserved"),
             "{msg}"
         );
+        // A segment the trace never allocated is there from the start.
         let late = to_trace(&snapshot(
             vec![vec![
                 entry("segment_alloc", 0x9000, G),
                 entry("alloc", 0x9000, 5),
+                entry("free_requested", 0x9000, 5),
+                entry("free_completed", 0x9000, 5),
             ]],
             vec![segment(0x1000, G, false), segment(0x9000, G, false)],
         ))
-        .unwrap_err()
-        .to_string();
-        assert!(late.starts_with("snap.pickle: the trace leaves 1 segment(s) of 1.00 GiB but the snapshot lists 2 of 2.00 GiB: the recording started after"), "{late}");
-        assert!(
-            late.contains("torch.cuda.memory._record_memory_history("),
-            "{late}"
+        .unwrap();
+        let start = late.start.expect("rebuilt");
+        assert_eq!(start.segments.len(), 1);
+        assert_eq!(
+            (start.segments[0].addr, start.segments[0].size_bytes),
+            (0x1000, G as u64)
         );
-        assert!(!late.contains('\n'));
-        // The trace frees a segment it never allocated.
+        assert!(start.segments[0].blocks.is_empty());
+        // The trace frees a segment it never allocated: it was there, empty.
         let wrapped = to_trace(&snapshot(
             vec![vec![entry("segment_free", 0x1000, G)]],
             vec![],
         ))
-        .unwrap_err();
+        .unwrap();
+        assert_eq!(wrapped.start.expect("rebuilt").reserved_bytes(), G as u64);
+        // It frees a block outside every segment: no state fits.
+        let bad = to_trace(&snapshot(
+            vec![vec![entry("free_completed", 0x5000_0000, 5)]],
+            vec![segment(0x1000, G, false)],
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(
-            wrapped.to_string().starts_with(
-                "snap.pickle: entry 0: segment_free of 0x1000, a segment the trace never allocated"
+            bad.starts_with(
+                "snap.pickle: entry 0: free_completed of 0x50000000, outside every segment"
             ),
-            "{wrapped}"
+            "{bad}"
         );
-        // Expandable: mapped bytes must match the listed expandable segments.
+        // Expandable: a mapped run from the start, cut by the undone mapping.
         let ok = snapshot(
             vec![vec![
                 entry("segment_map", 0x1000, 40 << 20),
@@ -914,15 +925,17 @@ mod tests {
             ]],
             vec![segment(0x1000, 20 << 20, true)],
         );
-        assert!(to_trace(&ok).is_ok());
-        let bad = snapshot(
+        assert!(to_trace(&ok).unwrap().start.is_none());
+        let late = to_trace(&snapshot(
             vec![vec![entry("segment_map", 0x1000, 20 << 20)]],
             vec![segment(0x1000, 40 << 20, true)],
-        );
-        assert!(to_trace(&bad)
-            .unwrap_err()
-            .to_string()
-            .contains("mapped in expandable segments"));
+        ))
+        .unwrap();
+        let start = late.start.expect("rebuilt");
+        assert_eq!(start.segments.len(), 1);
+        let run = &start.segments[0];
+        assert!(run.expandable);
+        assert_eq!((run.addr, run.size_bytes), (0x1000 + (20 << 20), 20 << 20));
     }
 
     /// Files that are not pickles, or pickles that are not snapshots, are syntax errors
@@ -1537,7 +1550,7 @@ mod tests {
         assert!(m.contains("no 'free_completed' entries though it has 'free_requested' entries: it was recorded with skip_actions"), "{m}");
         let m = message("skip_alloc.pickle");
         assert!(
-            m.contains("no 'alloc' entries though it frees blocks"),
+            m.contains("no 'alloc' entries though it frees blocks and creates segments"),
             "{m}"
         );
     }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::start::StartState;
 use crate::Format;
 
 /// Identifies one allocation within a trace, from its `alloc` to its `free`.
@@ -239,6 +240,10 @@ pub struct Trace {
     /// source's choosing (same length as `events`, never decreasing), or empty when
     /// the source records no time. Plots draw over it.
     pub times_us: Vec<u64>,
+    /// The allocator's state before the first event, for a trace that starts mid-run
+    /// (rebuilt from a recording's final segments, see [`crate::start`]); `None`: the
+    /// trace starts from an empty allocator.
+    pub start: Option<StartState>,
 }
 
 /// An id as a trace's source wrote it ([`Trace::id_name`]): its name, or its number.
@@ -318,6 +323,7 @@ impl Trace {
             meta: TraceMeta::default(),
             id_names: Vec::new(),
             times_us: Vec::new(),
+            start: None,
         }
     }
 

@@ -297,7 +297,14 @@ impl fmt::Display for IssueDisplay<'_> {
 pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
     let mut issues = Vec::new();
     // id -> (alloc event index, bytes, index of its free_requested)
-    let mut live: HashMap<AllocId, (usize, u64, Option<usize>)> = HashMap::new();
+    // A trace that starts mid-run starts with its state's live blocks (at event 0).
+    let mut live: HashMap<AllocId, (usize, u64, Option<usize>)> = trace
+        .start
+        .iter()
+        .flat_map(|s| &s.segments)
+        .flat_map(|s| &s.blocks)
+        .map(|b| (b.id, (0, b.requested_bytes, b.pending_free.then_some(0))))
+        .collect();
     // id -> index of the free that ended its last allocation
     let mut freed: HashMap<AllocId, usize> = HashMap::new();
     let mut pools: HashMap<PoolId, PoolState> = HashMap::new();
@@ -502,6 +509,7 @@ mod tests {
             meta: Default::default(),
             id_names: Vec::new(),
             times_us: Vec::new(),
+            start: None,
         }
     }
 

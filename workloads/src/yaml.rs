@@ -474,6 +474,7 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
             meta: TraceMeta::of_format(Format::Yaml),
             id_names,
             times_us: Vec::new(),
+            start: None,
         })
     }
 

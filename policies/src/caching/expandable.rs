@@ -281,7 +281,7 @@ impl ExpandableSegment {
     /// `ExpandableSegment::map`: creates one physical chunk per page of `begin..end`, one
     /// by one; if the device runs out of memory, releases the chunks this call created
     /// and returns `false`. Then maps them all in one call.
-    fn map(
+    pub(super) fn map(
         &mut self,
         vm: &mut dyn VirtualMemory,
         begin: u64,

@@ -23,6 +23,8 @@
 //! - `record_stream`-style delayed frees: [`CachingPolicy::free_requested`] drops the
 //!   allocated bytes, [`Policy::free`] returns the block to its pool later, and a cache
 //!   release completes every pending free first (PyTorch's `synchronize_and_free_events`);
+//! - taking over PyTorch's state where a trace that starts mid-run begins
+//!   ([`Policy::adopt`], `adopt.rs`);
 //! - every statistic of `torch.cuda.memory_stats()` ([`CachingStats`]).
 //!
 //! - private pools (`pools.rs`): CUDA graph captures and `torch.cuda.MemPool`, one
@@ -41,11 +43,12 @@
 //! interleaving and has no effect here.
 //!
 //! Files: this one holds the block and pool types, the public API and the [`Policy`]
-//! impl; `malloc.rs` the malloc ladder, `release.rs` cache releases and garbage
+//! impl; `adopt.rs` adopting a recorded state, `malloc.rs` the malloc ladder, `release.rs` cache releases and garbage
 //! collection, `expandable.rs` expandable segments, `free.rs` freeing and merging,
 //! `invariants.rs` the from-scratch checks, `config.rs` `PYTORCH_CUDA_ALLOC_CONF`,
 //! `stats.rs` `memory_stats()`.
 
+mod adopt;
 mod config;
 mod expandable;
 mod free;
@@ -552,6 +555,14 @@ impl Policy for CachingPolicy {
         call: &AllocatorCall<'_>,
     ) -> Result<CallOutcome, CallError> {
         self.apply_call(device, call)
+    }
+
+    fn adopt(
+        &mut self,
+        device: &mut dyn Device,
+        segments: &[crate::policy::AdoptSegment],
+    ) -> Result<Vec<Allocation>, crate::policy::AdoptError> {
+        self.adopt_state(device, segments)
     }
 
     fn detailed_stats(&self) -> Vec<(String, i64)> {

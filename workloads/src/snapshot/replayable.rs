@@ -1,11 +1,10 @@
-//! Whether a snapshot's trace can be replayed from an empty allocator, and if not,
-//! what is missing. Reading a snapshot keeps whatever it holds (a later step may
-//! rebuild the allocator's state from its segments); converting it to a trace
-//! ([`RecordedRun::to_trace`]) refuses what cannot be replayed, with this message.
+//! Whether a snapshot's trace can be replayed, and if not, what is missing. Reading a
+//! snapshot keeps whatever it holds; converting it to a trace
+//! ([`RecordedRun::to_trace`]) refuses what cannot be replayed, with this message. A
+//! trace that starts mid-run (a ring buffer that wrapped, a recording started late) is
+//! replayable: its starting state is rebuilt (`crate::start`).
 
-use std::collections::HashMap;
-
-use crate::recorded::{Action, RecordedEntry, RecordedRun, RecordedSegment};
+use crate::recorded::{Action, RecordedRun};
 use crate::size::format_size_human;
 use crate::ReadError;
 
@@ -13,12 +12,12 @@ const RECORD_FROM_START: &str = "call torch.cuda.memory._record_memory_history(m
      before the first CUDA allocation, with max_entries above the number of trace entries";
 
 impl RecordedRun {
-    /// Checks that a snapshot's trace replays from an empty allocator: it has entries
-    /// (not `include_traces=False`, not a bare `memory_snapshot()` list), the actions a
-    /// replay needs were not left out with `skip_actions`, and it accounts for every
-    /// segment the snapshot lists (recording started before the first allocation and
-    /// the ring buffer never wrapped), and no entry belongs to a private memory pool
-    /// (not replayed yet). Runs from `record_torch.py` JSON pass.
+    /// Checks that a snapshot's trace can be replayed: it has entries (not
+    /// `include_traces=False`, not a bare `memory_snapshot()` list), the actions a
+    /// replay needs were not left out with `skip_actions`, and no entry belongs to a
+    /// private memory pool (not replayed yet). A trace that starts mid-run passes: its
+    /// starting state is rebuilt from the segments when it becomes a trace
+    /// ([`RecordedRun::rebuild_start`]). Runs from `record_torch.py` JSON pass.
     ///
     /// # Errors
     /// A [`ReadErrorKind::Invalid`](crate::ReadErrorKind::Invalid) error saying what
@@ -70,23 +69,14 @@ impl RecordedRun {
             )
         };
         let frees = count(Action::FreeRequested) + count(Action::FreeCompleted);
-        if count(Action::Alloc) == 0 && frees > 0 {
-            return Err(skipped("alloc", "it frees blocks"));
+        // A ring buffer may keep only frees (the end of a program), but not segments
+        // created for nothing.
+        let created = count(Action::SegmentAlloc) + count(Action::SegmentMap);
+        if count(Action::Alloc) == 0 && frees > 0 && created > 0 {
+            return Err(skipped("alloc", "it frees blocks and creates segments"));
         }
         if count(Action::FreeCompleted) == 0 && count(Action::FreeRequested) > 0 {
             return Err(skipped("free_completed", "it has 'free_requested' entries"));
-        }
-        let segment_ops = count(Action::SegmentAlloc) + count(Action::SegmentMap);
-        if segment_ops == 0 && count(Action::Alloc) > 0 && !self.segments.is_empty() {
-            return Err(invalid(
-                None,
-                format!(
-                    "the trace allocates blocks but has no 'segment_alloc' or 'segment_map' entries, \
-                     while the snapshot lists {state}: the recording started after its segments were \
-                     allocated, or skip_actions left out 'segment_alloc', so it cannot be replayed \
-                     from an empty allocator ({RECORD_FROM_START}, without skip_actions)"
-                ),
-            ));
         }
         if let Some(&(entry, pool)) = info.entry_pools.first() {
             return Err(invalid(
@@ -99,99 +89,6 @@ impl RecordedRun {
                 ),
             ));
         }
-        check_complete(
-            &self.path,
-            &self.entries,
-            &self.source_indexes,
-            &self.segments,
-        )
+        Ok(())
     }
-}
-
-/// Refuses a trace that does not account for the snapshot's segments (late start or
-/// wrapped ring buffer).
-fn check_complete(
-    path: &std::path::Path,
-    entries: &[RecordedEntry],
-    source_indexes: &[u64],
-    segments: &[RecordedSegment],
-) -> Result<(), ReadError> {
-    let refuse = |location: Option<String>, what: String| {
-        ReadError::invalid(
-            path,
-            location,
-            format!(
-                "{what}: the recording started after allocations existed or its ring buffer wrapped, so it \
-                 cannot be replayed from an empty allocator ({RECORD_FROM_START})"
-            ),
-        )
-    };
-    let mut live: HashMap<u64, u64> = HashMap::new();
-    let mut mapped: u64 = 0;
-    for (index, e) in entries.iter().enumerate() {
-        let problem = match e.action {
-            Action::SegmentAlloc => live.insert(e.addr, e.size).map(|_| {
-                format!(
-                    "segment_alloc at {:#x}, a segment that is already live",
-                    e.addr
-                )
-            }),
-            Action::SegmentFree => match live.remove(&e.addr) {
-                Some(_) => None,
-                None => Some(format!(
-                    "segment_free of {:#x}, a segment the trace never allocated",
-                    e.addr
-                )),
-            },
-            Action::SegmentMap => {
-                mapped = mapped.saturating_add(e.size);
-                None
-            }
-            Action::SegmentUnmap => match mapped.checked_sub(e.size) {
-                Some(rest) => {
-                    mapped = rest;
-                    None
-                }
-                None => Some("segment_unmap of more bytes than the trace mapped".to_string()),
-            },
-            _ => None,
-        };
-        if let Some(what) = problem {
-            let at = source_indexes.get(index).copied().unwrap_or(index as u64);
-            return Err(refuse(Some(format!("entry {at}")), what));
-        }
-    }
-    let listed: HashMap<u64, u64> = segments
-        .iter()
-        .filter(|s| !s.is_expandable)
-        .map(|s| (s.address, s.total_size))
-        .collect();
-    let listed_mapped = segments
-        .iter()
-        .filter(|s| s.is_expandable)
-        .fold(0u64, |sum, s| sum.saturating_add(s.total_size));
-    if live != listed {
-        let bytes = |m: &HashMap<u64, u64>| m.values().fold(0u64, |a, &b| a.saturating_add(b));
-        return Err(refuse(
-            None,
-            format!(
-                "the trace leaves {} segment(s) of {} but the snapshot lists {} of {}",
-                live.len(),
-                format_size_human(bytes(&live)),
-                listed.len(),
-                format_size_human(bytes(&listed))
-            ),
-        ));
-    }
-    if mapped != listed_mapped {
-        return Err(refuse(
-            None,
-            format!(
-                "the trace leaves {} mapped in expandable segments but the snapshot lists {}",
-                format_size_human(mapped),
-                format_size_human(listed_mapped)
-            ),
-        ));
-    }
-    Ok(())
 }
