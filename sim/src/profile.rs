@@ -246,6 +246,19 @@ impl DeviceProfile {
                 ),
             );
         }
+        if self.va_chunk_bytes == 0
+            || self.va_chunk_bytes % crate::address::PLACEMENT_ALIGN_BYTES != 0
+            || self.va_chunk_bytes > 1 << 40
+        {
+            return bad(
+                "va_chunk_bytes",
+                format!(
+                    "{} is not a positive multiple of 2 MiB up to 1 TiB: the driver takes address \
+                     space in whole pages",
+                    self.va_chunk_bytes
+                ),
+            );
+        }
         Ok(())
     }
 
@@ -353,6 +366,20 @@ mod tests {
                 .unwrap_err()
                 .to_string(),
             "p.yaml: page_bytes: 3 is not a power of two"
+        );
+        let text = include_str!("../profiles/h100.yaml")
+            .replace("va_chunk_bytes: 33554432", "va_chunk_bytes: 33554433");
+        assert!(DeviceProfile::parse(&text, "p.yaml")
+            .unwrap_err()
+            .to_string()
+            .starts_with("p.yaml: va_chunk_bytes: 33554433 is not a positive multiple of 2 MiB"));
+        // A profile without the field (an older probe) gets the H100's granularity.
+        let text = include_str!("../profiles/h100.yaml").replace("va_chunk_bytes: 33554432\n", "");
+        assert_eq!(
+            DeviceProfile::parse(&text, "p.yaml")
+                .unwrap()
+                .va_chunk_bytes,
+            32 << 20
         );
     }
 
