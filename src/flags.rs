@@ -121,6 +121,9 @@ pub enum Command {
     Probe(ProbeArgs),
     /// Replay traces in the simulator and on the GPU, side by side (needs a CUDA driver).
     Validate(ValidateArgs),
+    /// Draw a picture (SVG or PNG): memory over the run for each policy, or the
+    /// segments at one moment.
+    Plot(PlotArgs),
 }
 
 /// How traces are read.
@@ -433,4 +436,68 @@ pub struct ValidateArgs {
     pub input: InputArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
+}
+
+/// `--segments`: a moment of a replay.
+#[derive(Debug, thiserror::Error)]
+#[error("'{0}' is not a moment: expected peak, oom or an event number (from 0)")]
+pub struct MomentError(String);
+
+fn moment(text: &str) -> Result<plot::Moment, MomentError> {
+    match text {
+        "peak" => Ok(plot::Moment::Peak),
+        "oom" => Ok(plot::Moment::Oom),
+        n if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => n
+            .parse()
+            .map(plot::Moment::Event)
+            .map_err(|_| MomentError(text.to_string())),
+        _ => Err(MomentError(text.to_string())),
+    }
+}
+
+/// `allocsim plot`.
+#[derive(Debug, Args)]
+pub struct PlotArgs {
+    /// Traces to replay.
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+    /// Comma-separated policies (generated help: see `policy_help`).
+    #[arg(
+        long,
+        default_value = ALL_POLICIES.as_str(),
+        help = policy_help("Comma-separated policies, each one line of the chart (or one panel of a segment map)")
+    )]
+    pub policies: Vec<String>,
+    /// The picture: FILE.svg or FILE.png.
+    #[arg(long, short)]
+    pub output: PathBuf,
+    /// Draw the segments at one moment instead of memory over the run: `peak` (when
+    /// reserved bytes first reach their peak), `oom` (the first out-of-memory) or an
+    /// event number (after that event; events count from 0). One trace.
+    #[arg(long, value_name = "peak|oom|EVENT", value_parser = moment)]
+    pub segments: Option<plot::Moment>,
+    /// What the x axis counts: events, or time (for traces that record when each event
+    /// happened: snapshots, recorded runs, RMM logs). Default: time when every trace
+    /// records it.
+    #[arg(long, value_enum)]
+    pub x_axis: Option<XAxisArg>,
+    /// Width in pixels (200 to 10000).
+    #[arg(long, default_value_t = 1400, value_parser = clap::value_parser!(u32).range(200..=10_000))]
+    pub width: u32,
+    /// Height in pixels (200 to 10000; a segment map's height follows from its segments).
+    #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(200..=10_000))]
+    pub height: u32,
+    #[command(flatten)]
+    pub input: InputArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// `--x-axis`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum XAxisArg {
+    /// Event numbers, from 0.
+    Events,
+    /// Seconds since the first event.
+    Time,
 }

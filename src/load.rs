@@ -19,6 +19,9 @@ pub struct Loaded {
     pub trace: Trace,
     /// Recorded segment addresses (recorded runs and snapshots only).
     pub hints: AddressHints,
+    /// The recorded run the trace came from (recorded runs and snapshots only): its
+    /// annotations, settings and frames, for pictures and exports.
+    pub run: Option<workloads::RecordedRun>,
 }
 
 impl Loaded {
@@ -74,7 +77,7 @@ pub fn load_trace(
             );
         }
     }
-    Ok(Loaded { trace, hints })
+    Ok(Loaded { trace, hints, run })
 }
 
 /// Reads and validates every trace, as inputs of `sim::compare` on `model`.

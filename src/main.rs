@@ -192,6 +192,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Gpus(a) => commands::gpus::run(a),
         Command::Probe(a) => commands::gpu::probe(a),
         Command::Validate(a) => commands::gpu::validate(a),
+        Command::Plot(a) => commands::plot::run(a),
     }
 }
 

@@ -43,6 +43,8 @@ pub enum Kind {
     Profile,
     /// A trace in this format (already chosen from `--to`/`--format` or the extension).
     Trace,
+    /// A picture (`.svg` or `.png`, already checked).
+    Image,
 }
 
 /// An output a command will write, named by its flag.

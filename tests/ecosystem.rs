@@ -144,3 +144,221 @@ fn named_ids_in_messages() {
         stdout(&o)
     );
 }
+
+/// The texts of an SVG file (which must parse as XML with an `svg` root).
+fn svg_texts(path: &std::path::Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let doc = roxmltree::Document::parse(&text).expect("SVG parses");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    doc.descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.text().unwrap_or("").trim().to_string())
+        .collect()
+}
+
+/// Runs `allocsim plot` with `args`, expecting success.
+fn plot(args: &[&std::ffi::OsStr]) {
+    let mut all: Vec<&std::ffi::OsStr> = vec!["plot".as_ref()];
+    all.extend_from_slice(args);
+    let o = allocsim(all);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// `plot` draws every policy's series over a bundled trace's events, with its marks,
+/// into an SVG that parses and a PNG that decodes; the same command gives the same
+/// bytes.
+#[test]
+fn plot_memory_over_the_run() {
+    let dir = TempDir::new("plot-timeline");
+    let svg = dir.path().join("t.svg");
+    let trace: &std::ffi::OsStr = "examples/training_loop.yaml".as_ref();
+    plot(&[trace, "-o".as_ref(), svg.as_os_str()]);
+    let texts = svg_texts(&svg);
+    let has = |s: &str| texts.iter().any(|t| t.starts_with(s));
+    for want in [
+        "training_loop: memory over the run on simulated 80 GiB",
+        "requested · training_loop (peak",
+        "reserved · caching (peak",
+        "reserved · immediate (peak",
+        "reserved · buddy (peak",
+        "reserved · arena (peak",
+        "allocated · arena (peak",
+        "iteration 1",
+        "iteration 3",
+        "capacity 80.00 GiB usable of 80.00 GiB",
+    ] {
+        assert!(has(want), "no {want:?} in {texts:?}");
+    }
+    let png = dir.path().join("t.png");
+    let again = dir.path().join("again.png");
+    for out in [&png, &again] {
+        plot(&[
+            trace,
+            "-o".as_ref(),
+            out.as_os_str(),
+            "--width".as_ref(),
+            "900".as_ref(),
+        ]);
+    }
+    let bytes = std::fs::read(&png).unwrap();
+    let mut reader = png::Decoder::new(&bytes[..]).read_info().expect("PNG");
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).expect("PNG data");
+    assert_eq!((info.width, info.height), (900, 800));
+    assert_eq!(bytes, std::fs::read(&again).unwrap(), "not deterministic");
+}
+
+/// Over time for a snapshot that records it, with its annotations as ticks; an
+/// out-of-memory on a small device is named in the legend, and requested bytes are the
+/// whole trace's (from the replay that did not stop).
+#[test]
+fn plot_over_time_with_oom() {
+    let dir = TempDir::new("plot-time");
+    let svg = dir.path().join("t.svg");
+    plot(&[
+        "tests/data/oracle/h100-torch2.11-pickles/gpt_train_small.pickle".as_ref(),
+        "--policies".as_ref(),
+        "caching,caching:expandable_segments=True".as_ref(),
+        "--capacity".as_ref(),
+        "2000MiB".as_ref(),
+        "-o".as_ref(),
+        svg.as_os_str(),
+    ]);
+    let texts = svg_texts(&svg);
+    let has = |s: &str| texts.iter().any(|t| t.starts_with(s));
+    for want in [
+        "seconds since the first event",
+        "START Optimizer.step",
+        "out of memory · caching",
+        "250.00 MiB request at event 1005",
+        // 1 976 892 424 B, the trace's peak; caching stops before it.
+        "requested · gpt_train_small (peak 1.84 GiB)",
+    ] {
+        assert!(has(want), "no {want:?} in {texts:?}");
+    }
+    assert!(!has("out of memory · caching:expandable"), "{texts:?}");
+}
+
+/// `--segments` draws each policy's segments at the peak, the out-of-memory or after an
+/// event, streams apart; a policy with nothing to draw then is left out with a note.
+#[test]
+fn plot_segment_maps() {
+    let dir = TempDir::new("plot-segments");
+    let svg = dir.path().join("s.svg");
+    plot(&[
+        "tests/data/torch/multistream.pickle".as_ref(),
+        "--segments".as_ref(),
+        "peak".as_ref(),
+        "--policies".as_ref(),
+        "caching,immediate".as_ref(),
+        "-o".as_ref(),
+        svg.as_os_str(),
+    ]);
+    let texts = svg_texts(&svg);
+    let count = |s: &str| texts.iter().filter(|t| t.starts_with(s)).count();
+    assert_eq!(count("caching at event "), 1, "{texts:?}");
+    assert_eq!(count("immediate at event "), 1, "{texts:?}");
+    // Two streams in each panel.
+    assert_eq!(count("stream 0x"), 4, "{texts:?}");
+    assert!(count("reserved 440.00 MiB of 80.00 GiB usable in 24 segments") == 1);
+    let o = allocsim([
+        "plot".as_ref(),
+        "tests/data/oracle/h100-torch2.11-pickles/gpt_train_small.pickle".as_ref(),
+        "--segments".as_ref(),
+        "oom".as_ref(),
+        "--policies".as_ref(),
+        "caching".as_ref(),
+        "--capacity".as_ref(),
+        "1.5GiB".as_ref(),
+        "-o".as_ref(),
+        svg.as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let texts = svg_texts(&svg);
+    assert!(
+        texts.iter().any(|t| t
+            == "caching at event 1003 (entry 1434, out of memory: a 250.00 MiB request failed)"),
+        "{texts:?}"
+    );
+    // Arena's first segment (1 GiB) does not fit in 900 MiB; caching never runs out.
+    let o = allocsim([
+        "plot".as_ref(),
+        "examples/training_loop.yaml".as_ref(),
+        "--segments".as_ref(),
+        "oom".as_ref(),
+        "--policies".as_ref(),
+        "caching,arena".as_ref(),
+        "--capacity".as_ref(),
+        "900MiB".as_ref(),
+        "-o".as_ref(),
+        svg.as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let texts = svg_texts(&svg);
+    assert!(
+        texts
+            .iter()
+            .any(|t| t == "arena at event 1 (out of memory: a 64.00 MiB request failed)"),
+        "{texts:?}"
+    );
+    assert!(
+        !texts.iter().any(|t| t.starts_with("caching at")),
+        "{texts:?}"
+    );
+    let err = stderr(&o);
+    assert!(
+        err.contains("note: not drawn: --segments oom: caching does not run out of memory"),
+        "{err}"
+    );
+}
+
+/// Bad plot arguments: one line, exit 2, and no file written.
+#[test]
+fn plot_bad_arguments_exit_2() {
+    let dir = TempDir::new("plot-bad");
+    let out = dir.path().join("x.svg");
+    let out = out.to_str().unwrap();
+    let t = "examples/training_loop.yaml";
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[t, "-o", "x.jpg"],
+            "x.jpg: a picture is written as .svg or .png",
+        ),
+        (
+            &[t, "-o", out, "--segments", "9999"],
+            "--segments 9999: the trace has 80 events",
+        ),
+        (
+            &[t, "-o", out, "--segments", "oom"],
+            "caching does not run out of memory",
+        ),
+        (
+            &[t, "-o", out, "--segments", "later"],
+            "'later' is not a moment",
+        ),
+        (
+            &[t, "-o", out, "--x-axis", "time"],
+            "does not record when its events happened",
+        ),
+        (&[t, t, "-o", out, "--segments", "peak"], "give one trace"),
+        (&[t, "-o", out, "--width", "5"], "5 is not in 200..=10000"),
+        (
+            &[t, "-o", out, "--capacity", "1GiB,2GiB"],
+            "plot takes one capacity",
+        ),
+        (
+            &[t, "-o", out, "--policies", "cashing"],
+            "unknown policy 'cashing'",
+        ),
+        (&["nonexistent.yaml", "-o", out], "nonexistent.yaml"),
+    ];
+    for (args, want) in cases {
+        let mut all = vec!["plot"];
+        all.extend_from_slice(args);
+        let o = allocsim(&all);
+        let (code, line) = error_line(&o);
+        assert_eq!(code, 2, "{args:?}: {line}");
+        assert!(line.contains(want), "{args:?}: {line}");
+        assert!(!std::path::Path::new(out).exists(), "{args:?} wrote a file");
+    }
+}

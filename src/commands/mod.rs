@@ -8,5 +8,6 @@ pub mod fit;
 pub mod generate;
 pub mod gpu;
 pub mod gpus;
+pub mod plot;
 pub mod policies;
 pub mod replay;

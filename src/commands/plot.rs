@@ -1,0 +1,296 @@
+//! `allocsim plot`: pictures of replays (memory over the run, or a segment map).
+
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use plot::{
+    Capture, ImageFormat, Moment, Run, SegmentMap, SegmentPanel, SeriesRecorder, Tick,
+    TimelineChart, XAxis,
+};
+use policies::spec::PolicySpec;
+use sim::SimDevice;
+use units::format_size_human;
+use workloads::Trace;
+
+use crate::flags::{PlotArgs, XAxisArg};
+use crate::load::{self, DeviceSetup, Loaded};
+use crate::output::{self, Kind, Planned};
+use crate::{interrupt, Exit};
+
+pub fn run(args: PlotArgs) -> anyhow::Result<Exit> {
+    // The picture's format and path are settled before anything is read.
+    let format = ImageFormat::from_path(&args.output)?;
+    let mut inputs: Vec<&Path> = args.traces.iter().map(|p| p.as_path()).collect();
+    inputs.extend(load::profile_file(&args.device));
+    output::check(
+        &[Planned {
+            flag: "-o",
+            path: &args.output,
+            kind: Kind::Image,
+        }],
+        &inputs,
+    )?;
+    if args.segments.is_some() && args.traces.len() > 1 {
+        bail!("--segments draws the segments of one trace; give one trace (or draw each in turn)");
+    }
+    let setup = load::device_setup(&args.device)?;
+    if setup.capacities.len() > 1 {
+        bail!("--capacity: plot takes one capacity; `allocsim compare` takes several");
+    }
+    let specs = load::policies(&args.policies, &setup.caching)?;
+    let loaded = args
+        .traces
+        .iter()
+        .map(|p| load::load_trace(p, &args.input, &setup.options))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let bytes = match args.segments {
+        None => {
+            let chart = timeline_chart(&loaded, &specs, &setup, args.x_axis)?;
+            plot::render_timeline(&chart, format, args.width, args.height)?
+        }
+        Some(moment) => {
+            let map = segment_map(&loaded[0], &specs, &setup, moment)?;
+            plot::render_segments(&map, format, args.width)?
+        }
+    };
+    let mut out = output::create(Some(&args.output))?;
+    out.write_all(&bytes)
+        .with_context(|| format!("writing {}", args.output.display()))?;
+    out.finish()?;
+    eprintln!("wrote {}", args.output.display());
+    Ok(Exit::Ran)
+}
+
+/// The device a replay of `loaded` under `spec` runs on.
+fn device(setup: &DeviceSetup, loaded: &Loaded, spec: &PolicySpec) -> SimDevice {
+    SimDevice::with_hints(setup.options.clone(), loaded.hints.for_policy(&spec.config))
+}
+
+/// Memory over the run of every trace under every policy.
+fn timeline_chart(
+    loaded: &[Loaded],
+    specs: &[PolicySpec],
+    setup: &DeviceSetup,
+    x_axis: Option<XAxisArg>,
+) -> anyhow::Result<TimelineChart> {
+    let timed = loaded.iter().all(|l| !l.trace.times_us.is_empty());
+    // Over time when every trace says when its events happened, unless asked otherwise.
+    let x_axis = match (x_axis, timed) {
+        (Some(XAxisArg::Events), _) | (None, false) => XAxis::Events,
+        (Some(XAxisArg::Time), true) | (None, true) => XAxis::Seconds,
+        (Some(XAxisArg::Time), false) => {
+            let untimed = loaded
+                .iter()
+                .find(|l| l.trace.times_us.is_empty())
+                .map_or(String::new(), |l| l.trace.name.clone());
+            bail!(
+                "--x-axis time: {untimed} does not record when its events happened (snapshots, \
+                 recorded runs and RMM logs do; YAML and CSV traces do not): use --x-axis events"
+            )
+        }
+    };
+    let several = loaded.len() > 1;
+    let mut runs = Vec::new();
+    let mut ticks = Vec::new();
+    for l in loaded {
+        ticks.extend(Tick::marks(&l.trace, x_axis));
+        ticks.extend(annotations(l, x_axis));
+        // Requested bytes are the trace's, whatever the policy: drawn once, from the
+        // replay that went furthest (a replay stops at its first out-of-memory).
+        let mut furthest: Option<(f64, usize, plot::Series)> = None;
+        for spec in specs {
+            let mut policy = spec.config.build()?;
+            let mut device = device(setup, l, spec);
+            let mut recorder = SeriesRecorder::new(&l.trace, x_axis);
+            let in_order = interrupt::in_order();
+            sim::replay_with(
+                &l.trace,
+                policy.as_mut(),
+                &mut device,
+                &setup.replay,
+                &mut recorder,
+            )
+            .with_context(|| format!("replaying {} under {}", l.trace.name, spec.label))?;
+            drop(in_order);
+            let (requested, allocated, reserved, oom) = recorder.finish();
+            let label = if several {
+                format!("{} · {}", l.trace.name, spec.label)
+            } else {
+                spec.label.clone()
+            };
+            let reach = requested.points.last().map_or(0.0, |p| p.x);
+            if furthest.as_ref().is_none_or(|(x, _, _)| reach > *x) {
+                furthest = Some((reach, runs.len(), requested));
+            }
+            runs.push(Run {
+                label,
+                requested: None,
+                allocated,
+                reserved,
+                oom,
+            });
+        }
+        if let Some((_, i, requested)) = furthest {
+            runs[i].requested = Some((l.trace.name.clone(), requested));
+        }
+    }
+    let names: Vec<&str> = loaded.iter().map(|l| l.trace.name.as_str()).collect();
+    let device = &setup.options;
+    Ok(TimelineChart {
+        title: format!(
+            "{}: memory over the run on {}",
+            names.join(", "),
+            device.name
+        ),
+        x_axis,
+        runs,
+        capacity: Some((
+            device.capacity_bytes,
+            format!(
+                "capacity {} usable of {}",
+                format_size_human(device.capacity_bytes),
+                format_size_human(device.total_bytes)
+            ),
+        )),
+        ticks,
+    })
+}
+
+/// Ticks at a snapshot's `annotate` entries and external annotations.
+fn annotations(l: &Loaded, x_axis: XAxis) -> Vec<Tick> {
+    let Some(info) = l.run.as_ref().and_then(|r| r.snapshot.as_ref()) else {
+        return Vec::new();
+    };
+    // An entry of the file falls before the first event recorded at or after it.
+    let at = |entry: u64| -> usize {
+        l.trace
+            .locations
+            .partition_point(|&loc| loc < entry)
+            .min(l.trace.events.len().saturating_sub(1))
+    };
+    let mut out: Vec<Tick> = info
+        .annotations
+        .iter()
+        .map(|a| Tick::at(&l.trace, x_axis, at(a.entry), a.text.clone()))
+        .collect();
+    out.extend(info.external_annotations.iter().map(|a| {
+        let label = a
+            .fields
+            .iter()
+            .map(|(_, v)| v.as_str())
+            .collect::<Vec<_>>()
+            .join(" ");
+        Tick::at(&l.trace, x_axis, at(a.entry), label)
+    }));
+    out
+}
+
+/// The segments of `loaded` at `moment` under every policy, one panel each.
+fn segment_map(
+    loaded: &Loaded,
+    specs: &[PolicySpec],
+    setup: &DeviceSetup,
+    moment: Moment,
+) -> anyhow::Result<SegmentMap> {
+    let trace = &loaded.trace;
+    let mut panels = Vec::new();
+    let mut missing = Vec::new();
+    for spec in specs {
+        let at = match moment {
+            Moment::Oom => None,
+            Moment::Event(n) => {
+                if n >= trace.events.len() {
+                    bail!(
+                        "--segments {n}: the trace has {} events, numbered from 0",
+                        trace.events.len()
+                    );
+                }
+                Some(n)
+            }
+            Moment::Peak => {
+                let mut policy = spec.config.build()?;
+                let mut device = device(setup, loaded, spec);
+                let r = replay(trace, policy.as_mut(), &mut device, setup, &mut ())?;
+                match r.summary.reserved_peak_event_index {
+                    Some(i) => Some(i as usize),
+                    None => bail!(
+                        "--segments peak: {} reserves nothing on {}: there is no peak to draw",
+                        spec.label,
+                        trace.name
+                    ),
+                }
+            }
+        };
+        let mut policy = spec.config.build()?;
+        let mut device = device(setup, loaded, spec);
+        let mut capture = Capture::new(at);
+        let r = replay(trace, policy.as_mut(), &mut device, setup, &mut capture)?;
+        let Some(snapshot) = capture.snapshot else {
+            // This policy has nothing to draw at that moment: said, and left out (an
+            // error when no policy has anything).
+            missing.push(match (at, &r.oom) {
+                (None, _) => format!(
+                    "--segments oom: {} does not run out of memory on {} at capacity {} \
+                     (give a smaller --capacity, or draw peak or an event)",
+                    spec.label,
+                    trace.name,
+                    format_size_human(setup.options.capacity_bytes)
+                ),
+                (Some(n), Some(oom)) => format!(
+                    "--segments {n}: under {} the replay ran out of memory at event {}, \
+                     before event {n} (--continue-after-oom replays past it)",
+                    spec.label, oom.event_index
+                ),
+                (Some(n), None) => format!("--segments {n}: the replay did not reach event {n}"),
+            });
+            continue;
+        };
+        let what = match (moment, &r.oom) {
+            (Moment::Peak, _) => "peak reserved".to_string(),
+            (Moment::Oom, Some(oom)) => format!(
+                "out of memory: a {} request failed",
+                format_size_human(oom.requested_bytes)
+            ),
+            _ => "after the event".to_string(),
+        };
+        // The source's own place, where it differs from the event number.
+        let place = trace.location(snapshot.event_index);
+        let place = if place == format!("event {}", snapshot.event_index) {
+            String::new()
+        } else {
+            format!("{place}, ")
+        };
+        panels.push(SegmentPanel {
+            title: format!(
+                "{} at event {} ({place}{what})",
+                spec.label, snapshot.event_index
+            ),
+            snapshot,
+        });
+    }
+    if panels.is_empty() {
+        bail!("{}", missing.join("; "));
+    }
+    for m in missing {
+        eprintln!("note: not drawn: {m}");
+    }
+    Ok(SegmentMap {
+        title: format!("{}: segments on {}", trace.name, setup.options.name),
+        panels,
+        capacity_bytes: Some(setup.options.capacity_bytes),
+    })
+}
+
+/// One replay, stopped cleanly by Ctrl-C.
+fn replay<O: sim::Observer>(
+    trace: &Trace,
+    policy: &mut dyn policies::Policy,
+    device: &mut SimDevice,
+    setup: &DeviceSetup,
+    observer: &mut O,
+) -> anyhow::Result<sim::Replay> {
+    let _in_order = interrupt::in_order();
+    sim::replay_with(trace, policy, device, &setup.replay, observer)
+        .with_context(|| format!("replaying {}", trace.name))
+}
