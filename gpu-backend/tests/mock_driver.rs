@@ -159,6 +159,9 @@ fn run(test: &str, mock: Option<Mock>, envs: &[(&str, &str)], scenario: fn()) ->
         "MOCK_ALLOC_OVERHEAD_BYTES",
         "MOCK_FAIL",
         "MOCK_LOG",
+        "MOCK_FAULT_EVERY",
+        "MOCK_FAULT_SEED",
+        "MOCK_FAULT_CODE",
     ] {
         cmd.env_remove(var);
     }
@@ -1223,4 +1226,144 @@ fn missing_compiler_is_a_visible_skip_or_a_failure() {
         out.contains("ALLOCSIM_REQUIRE_MOCK=1 but no C compiler"),
         "{out}"
     );
+}
+
+// ---- hostile drivers ---------------------------------------------------------------------
+
+/// A driver that fills the name buffer and writes no terminating NUL: open and probe read
+/// the name cut at the buffer's end instead of panicking inside cudarc.
+#[test]
+fn mock_name_without_nul() {
+    if let Some(out) = run(
+        "mock_name_without_nul",
+        Some(Mock::Full),
+        &[("MOCK_MODE", "nonul"), ("MOCK_TOTAL_BYTES", "4294967296")],
+        scenario_name_without_nul,
+    ) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_name_without_nul() {
+    let name = open().info().name.clone();
+    assert_eq!(name.len(), 255, "{name}");
+    assert!(
+        name.starts_with("Mock GPU with a long name Mock GPU"),
+        "{name}"
+    );
+    assert_eq!(probe(0).expect("probe").device_name, name);
+}
+
+/// Replays `trace` under every policy on the (faulty) mock GPU. Each replay either runs
+/// or stops with a driver error (never an out-of-memory error, which would be a
+/// result); after a failure the policy's invariants hold and its reserved bytes equal
+/// the device's, and once the policy is dropped and the device released, the GPU is back
+/// to all free. Returns the driver error codes met.
+fn replay_every_policy_with_faults(trace: &workloads::Trace) -> Vec<u32> {
+    let mut dev = open();
+    let mut codes = Vec::new();
+    for spec in [
+        "caching",
+        "caching:expandable_segments=True",
+        "immediate",
+        "buddy",
+        "arena",
+    ] {
+        let spec = policies::spec::parse_policy(spec, &Default::default()).unwrap();
+        for _ in 0..4 {
+            let mut policy = spec.config.build().unwrap();
+            let options = sim::ReplayOptions {
+                check_invariants: true,
+                ..sim::ReplayOptions::default()
+            };
+            match sim::replay(trace, policy.as_mut(), &mut dev, &options) {
+                Ok(_) => {}
+                Err(sim::ReplayError::Device {
+                    error: DeviceError::Driver { code, message },
+                    ..
+                }) => {
+                    assert!(message.contains("(in cu"), "{message}");
+                    policy.check_invariants();
+                    assert_eq!(
+                        policy.stats().reserved_bytes,
+                        dev.stats().reserved_bytes,
+                        "{}: reserved bytes after driver error {code}",
+                        spec.label
+                    );
+                    codes.push(code);
+                }
+                Err(other) => panic!("{}: {other}", spec.label),
+            }
+            drop(policy);
+            dev.release_all().expect("release all");
+            assert_eq!(
+                free_bytes(&dev),
+                MOCK_FREE,
+                "{}: everything freed",
+                spec.label
+            );
+        }
+    }
+    codes
+}
+
+fn fault_trace() -> workloads::Trace {
+    workloads::random(&workloads::RandomOptions {
+        seed: 3,
+        events: 200,
+        sizes: workloads::SizeDistribution::LogUniform {
+            min_bytes: 512,
+            max_bytes: 64 << 20,
+        },
+        ..workloads::RandomOptions::default()
+    })
+    .unwrap()
+}
+
+/// Random driver faults (launch failures, one allocating call in three) under every
+/// policy: each reaches the caller as a driver error, and nothing is left allocated.
+#[test]
+fn mock_random_faults() {
+    if let Some(out) = run(
+        "mock_random_faults",
+        Some(Mock::Full),
+        &[
+            ("MOCK_FAULT_EVERY", "3"),
+            ("MOCK_FAULT_SEED", "11"),
+            ("MOCK_FAULT_CODE", "719"),
+        ],
+        scenario_random_faults,
+    ) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_random_faults() {
+    let codes = replay_every_policy_with_faults(&fault_trace());
+    assert!(codes.len() >= 10, "{codes:?}");
+    assert!(codes.iter().all(|&c| c == 719), "{codes:?}");
+}
+
+/// Chosen driver faults: invalid value in a cuMemAlloc, out of memory in a cuMemMap (a
+/// driver error there, not a policy-visible OOM), a launch failure in a cuMemCreate and
+/// in a cuMemAddressReserve: each reaches the caller with its code.
+#[test]
+fn mock_chosen_faults() {
+    if let Some(out) = run(
+        "mock_chosen_faults",
+        Some(Mock::Full),
+        &[(
+            "MOCK_FAIL",
+            "cuMemAlloc_v2:3:1,cuMemMap:2:2,cuMemCreate:9:719,cuMemAddressReserve:3:719",
+        )],
+        scenario_chosen_faults,
+    ) {
+        assert_clean(&out);
+    }
+}
+
+fn scenario_chosen_faults() {
+    let mut codes = replay_every_policy_with_faults(&fault_trace());
+    codes.sort_unstable();
+    assert_eq!(codes, vec![1, 2, 719, 719]);
 }

@@ -37,10 +37,10 @@ pub const ADDRESS_FLOOR: u64 = 2 * MIB;
 /// it, so `address + size` never wraps.
 pub const ADDRESS_END: u64 = u64::MAX - (2 * MIB - 1);
 /// The most physical chunks (virtual-memory pages) the simulated driver holds at once;
-/// creating one more is out of memory. 2^22 pages of 2 MiB are 8 TiB, far beyond any
+/// creating one more is out of memory. 2^20 pages of 2 MiB are 2 TiB, far beyond any
 /// GPU; the bound keeps a replay on a device of absurd capacity from spending hours
 /// creating pages one by one.
-pub const MAX_LIVE_CHUNKS: usize = 1 << 22;
+pub const MAX_LIVE_CHUNKS: usize = 1 << 20;
 
 /// Where the simulated device places new allocations.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -142,8 +142,7 @@ impl CudaDevice {
         };
         // From here on an early return drops `dev`, which releases the context.
         dev.bind().map_err(OpenError::Driver)?;
-        dev.info.name =
-            result::device::get_name(cu_device).map_err(conv::open_failed("cuDeviceGetName"))?;
+        dev.info.name = device_name(cu_device).map_err(conv::open_failed("cuDeviceGetName"))?;
         let attribute = |a: sys::CUdevice_attribute| {
             // SAFETY: cu_device comes from cuDeviceGet.
             unsafe { result::device::get_attribute(cu_device, a) }
@@ -213,6 +212,20 @@ fn pinned_device_prop(dev: sys::CUdevice) -> sys::CUmemAllocationProp {
             reserved: [0; 4],
         },
     }
+}
+
+/// The device's name, read as cudarc's `get_name` reads it but with a buffer the driver
+/// is told is one byte shorter than it is, so a name that fills it (a driver that writes
+/// no terminating NUL) is cut there instead of panicking inside cudarc.
+fn device_name(cu_device: sys::CUdevice) -> Result<String, DriverError> {
+    const BUF_SIZE: usize = 256;
+    let mut buf = [0u8; BUF_SIZE];
+    // SAFETY: the driver writes at most BUF_SIZE - 1 bytes into `buf`, which is BUF_SIZE
+    // bytes long; cu_device comes from cuDeviceGet.
+    unsafe { sys::cuDeviceGetName(buf.as_mut_ptr().cast(), (BUF_SIZE - 1) as c_int, cu_device) }
+        .result()?;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(BUF_SIZE - 1);
+    Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
 fn granularity(

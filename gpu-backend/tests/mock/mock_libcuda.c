@@ -12,12 +12,19 @@
  * Environment:
  *   MOCK_MODE         comma-free words: "nodevice" (cuInit fails with
  *                     CUDA_ERROR_NO_DEVICE), "zerodevices" (cuDeviceGetCount says 0),
- *                     "novmm" (the VMM attribute is 0)
+ *                     "novmm" (the VMM attribute is 0), "nonul" (cuDeviceGetName fills
+ *                     the whole buffer with name bytes and writes no terminating NUL)
  *   MOCK_TOTAL_BYTES, MOCK_CONTEXT_BYTES   the card
  *   MOCK_MAX_ALLOC_BYTES   cuMemAlloc_v2 larger than this is out of memory (fragmentation)
  *   MOCK_ALLOC_OVERHEAD_BYTES   extra bytes charged per cuMemAlloc_v2 (page tables)
- *   MOCK_FAIL=<symbol>:<n>[,<symbol>:<n>...]  (at most 4) the n-th call (1-based) of
- *                     <symbol> fails with CUDA_ERROR_ILLEGAL_ADDRESS (700)
+ *   MOCK_FAIL=<symbol>:<n>[:<code>][,...]  (at most 4) the n-th call (1-based) of
+ *                     <symbol> fails with <code> (default CUDA_ERROR_ILLEGAL_ADDRESS, 700;
+ *                     e.g. 2 out of memory, 1 invalid value, 719 launch failure)
+ *   MOCK_FAULT_EVERY=<n>, MOCK_FAULT_SEED=<s>, MOCK_FAULT_CODE=<code>  random faults:
+ *                     each call that allocates or maps (cuMemAlloc_v2, cuMemCreate,
+ *                     cuMemAddressReserve, cuMemMap, cuMemSetAccess) fails with <code>
+ *                     (default 700) with probability 1/n, from a xorshift generator
+ *                     seeded with <s> (default 1): the same seed fails the same calls
  *   MOCK_LOG=1        print one line on stderr per virtual memory call:
  *                     `mock_libcuda call: <symbol> <bytes> -> <result>`
  *
@@ -77,8 +84,10 @@ static char ctx_object;
 #define THE_CONTEXT ((CUcontext)&ctx_object)
 static __thread CUcontext current;
 #define MAX_FAIL 4
-static struct { char symbol[64]; long at, seen; } fails[MAX_FAIL];
+static struct { char symbol[64]; long at, seen; CUresult code; } fails[MAX_FAIL];
 static int n_fails;
+static u64 fault_every, fault_state = 1;
+static CUresult fault_code = CUDA_ERROR_ILLEGAL_ADDRESS;
 
 static struct { CUdeviceptr ptr; u64 charged; } allocs[MAX_OBJ];
 static int n_allocs;
@@ -110,10 +119,17 @@ __attribute__((constructor)) static void mock_setup(void) {
         const char *colon = strchr(f, ':');
         if (!colon || (size_t)(colon - f) >= sizeof fails[0].symbol) break;
         memcpy(fails[n_fails].symbol, f, (size_t)(colon - f));
-        fails[n_fails++].at = atol(colon + 1);
+        char *end = NULL;
+        fails[n_fails].at = strtol(colon + 1, &end, 10);
+        fails[n_fails].code = CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (end && *end == ':') fails[n_fails].code = (CUresult)strtol(end + 1, &end, 10);
+        n_fails++;
         const char *comma = strchr(colon, ',');
         f = comma ? comma + 1 : NULL;
     }
+    fault_every = env_u64("MOCK_FAULT_EVERY", 0);
+    fault_state = env_u64("MOCK_FAULT_SEED", 1) | 1;
+    fault_code = (CUresult)env_u64("MOCK_FAULT_CODE", CUDA_ERROR_ILLEGAL_ADDRESS);
 }
 
 __attribute__((destructor)) static void mock_report(void) {
@@ -128,12 +144,22 @@ static CUresult logged(const char *symbol, u64 bytes, CUresult r) {
     return r;
 }
 
-/* Whether this call of `symbol` is the one MOCK_FAIL asks to fail. */
-static int inject(const char *symbol) {
-    int hit = 0;
+/* The error this call of `symbol` must fail with (MOCK_FAIL, or a random fault of
+ * MOCK_FAULT_EVERY for the calls that allocate or map), else CUDA_SUCCESS. */
+static CUresult inject(const char *symbol) {
+    CUresult hit = CUDA_SUCCESS;
     for (int i = 0; i < n_fails; i++)
         if (fails[i].at > 0 && strcmp(symbol, fails[i].symbol) == 0 && ++fails[i].seen == fails[i].at)
-            hit = 1;
+            hit = fails[i].code;
+    if (!hit && fault_every > 0 &&
+        (!strcmp(symbol, "cuMemAlloc_v2") || !strcmp(symbol, "cuMemCreate") ||
+         !strcmp(symbol, "cuMemAddressReserve") || !strcmp(symbol, "cuMemMap") ||
+         !strcmp(symbol, "cuMemSetAccess"))) {
+        fault_state ^= fault_state << 13;
+        fault_state ^= fault_state >> 7;
+        fault_state ^= fault_state << 17;
+        if (fault_state % fault_every == 0) hit = fault_code;
+    }
     return hit;
 }
 
@@ -179,6 +205,11 @@ CUresult cuDeviceGetName(char *buf, int len, CUdevice d) {
     if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
     if (!buf || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (mode("nonul")) {
+        /* A name as long as the buffer, with no room left for a NUL. */
+        for (int i = 0; i < len; i++) buf[i] = "Mock GPU with a long name "[i % 26];
+        return CUDA_SUCCESS;
+    }
     snprintf(buf, (size_t)len, "Mock GPU");
     return CUDA_SUCCESS;
 }
@@ -237,7 +268,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
 
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     NEED_CONTEXT();
-    if (inject("cuMemAlloc_v2")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    { CUresult f_ = inject("cuMemAlloc_v2"); if (f_) return f_; }
     if (n == 0 || !p) return CUDA_ERROR_INVALID_VALUE;
     u64 charged = pages(n) + alloc_overhead;
     if (n > max_alloc || used_bytes + charged > total_bytes || n_allocs == MAX_OBJ)
@@ -252,7 +283,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
     NEED_CONTEXT();
-    if (inject("cuMemFree_v2")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    { CUresult f_ = inject("cuMemFree_v2"); if (f_) return f_; }
     for (int i = 0; i < n_allocs; i++) {
         if (allocs[i].ptr == p) {
             used_bytes -= allocs[i].charged;
@@ -275,6 +306,9 @@ CUresult cuMemGetAllocationGranularity(size_t *g, const Prop *prop, int option) 
 static CUresult address_reserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, u64 flags) {
     NEED_CONTEXT();
     if (!p || size == 0 || size % PAGE || flags != 0 || n_ranges == MAX_OBJ) return CUDA_ERROR_INVALID_VALUE;
+    { CUresult f_ = inject("cuMemAddressReserve"); if (f_) return f_; }
+    /* The address space ends below 2^57: a larger reservation fails, as on a GPU. */
+    if (size > (1ull << 56) || next_range_va + size + PAGE > (1ull << 57)) return CUDA_ERROR_OUT_OF_MEMORY;
     (void)align; (void)addr;
     *p = next_range_va;
     next_range_va += size + PAGE; /* a gap between ranges */
@@ -310,7 +344,7 @@ static u64 next_handle = 1;
 
 static CUresult mem_create(CUhandle *h, size_t size, const Prop *prop, u64 flags) {
     NEED_CONTEXT();
-    if (inject("cuMemCreate")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    { CUresult f_ = inject("cuMemCreate"); if (f_) return f_; }
     if (!h || !prop_ok(prop) || flags != 0 || size == 0 || size % PAGE || n_handles == MAX_OBJ)
         return CUDA_ERROR_INVALID_VALUE;
     if (used_bytes + size > total_bytes) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -354,7 +388,7 @@ CUresult cuMemRelease(CUhandle h) {
 
 static CUresult mem_map(CUdeviceptr va, size_t size, size_t offset, CUhandle h, u64 flags) {
     NEED_CONTEXT();
-    if (inject("cuMemMap")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    { CUresult f_ = inject("cuMemMap"); if (f_) return f_; }
     int i = find_handle(h);
     /* A handle may be mapped at several places at once, as with CUDA. */
     if (i < 0 || handles[i].size != size || offset != 0 || flags != 0 || va % PAGE ||
@@ -380,7 +414,7 @@ CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUhandle h, u64 fl
 
 static CUresult set_access(CUdeviceptr va, size_t size, const AccessDesc *desc, size_t count) {
     NEED_CONTEXT();
-    if (inject("cuMemSetAccess")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    { CUresult f_ = inject("cuMemSetAccess"); if (f_) return f_; }
     if (count != 1 || !desc || desc->location.type != 1 || desc->location.id != 0 || desc->flags != 3 ||
         size == 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -403,7 +437,7 @@ CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const AccessDesc *desc, siz
 
 static CUresult mem_unmap(CUdeviceptr va, size_t size) {
     NEED_CONTEXT();
-    if (inject("cuMemUnmap")) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    { CUresult f_ = inject("cuMemUnmap"); if (f_) return f_; }
     int m = find_map(va, size);
     if (m < 0) return CUDA_ERROR_INVALID_VALUE;
     handles[find_handle(maps[m].handle)].mapped--;

@@ -287,7 +287,9 @@ impl ExpandableSegment {
         begin: u64,
         end: u64,
     ) -> Result<bool, DeviceError> {
-        let mut created = Vec::with_capacity((end - begin) as usize);
+        // Reserved as the pages come: a request of an exabyte must not reserve room for
+        // 2^35 handles before the device refuses the first few thousand.
+        let mut created = Vec::with_capacity((end - begin).min(1 << 10) as usize);
         for p in begin..end {
             assert!(!self.is_mapped(p), "expandable segment page mapped twice");
             match vm.create_physical(self.page_bytes) {
@@ -298,10 +300,22 @@ impl ExpandableSegment {
                     }
                     return Ok(false);
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // A driver failure stops the run; what this call created goes back
+                    // first, so the device holds what the policy counts.
+                    for chunk in created {
+                        vm.release_physical(chunk)?;
+                    }
+                    return Err(e);
+                }
             }
         }
-        vm.map(&self.range, begin * self.page_bytes, &created)?;
+        if let Err(e) = vm.map(&self.range, begin * self.page_bytes, &created) {
+            for chunk in created {
+                vm.release_physical(chunk)?;
+            }
+            return Err(e);
+        }
         if self.handles.len() < end as usize {
             self.handles.resize_with(end as usize, || None);
         }
