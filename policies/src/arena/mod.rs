@@ -15,12 +15,20 @@
 //!   `max(growth_bytes, needed bytes rounded up to 2 MiB)` bytes, where the needed bytes
 //!   are a large request's rounded size or one superblock. Each chunk keeps an
 //!   address-ordered list of free ranges, coalesced on free. Allocation is first fit over
-//!   the chunks in address order and each chunk's ranges in address order, carving from
-//!   the front of the range; if nothing fits, the arena grows by one chunk.
+//!   the chunks in the order they were obtained and each chunk's ranges in address order,
+//!   carving from the front of the range; if nothing fits, the arena grows by one chunk.
+//! - **Arena order, not driver order.** RMM's arena is one upstream allocation, so its
+//!   address-ordered first fit is an order inside that block, whatever address the
+//!   driver gave it. A growing arena keeps that independence: its chunks are ordered as
+//!   if each new one were appended after the others (by when it was obtained), and places
+//!   inside a chunk by address. No decision depends on where the device puts a chunk, so
+//!   the policy decides the same on the simulated device and on a GPU, whose placement
+//!   differs (a U-Net run at 14 GiB ran out of memory in simulation and not on the GPU
+//!   while chunks were ordered by device address).
 //! - **Large requests** (rounded size above `threshold_bytes`) are served by the global
 //!   arena directly.
 //! - **Small requests** (rounded size at or below `threshold_bytes`) are served by the
-//!   arena of the request's stream: first fit over its superblocks in address order, each
+//!   arena of the request's stream: first fit over its superblocks in arena order, each
 //!   with its own address-ordered free list, coalesced on free. If none fits, the stream
 //!   takes a new superblock of `superblock_bytes` from the global arena (first fit there,
 //!   growing if needed). A small request always fits an empty superblock, since the
@@ -193,12 +201,16 @@ struct Chunk {
     free: FreeList,
 }
 
+/// A place in the arena's order: the position of its chunk (the order chunks were
+/// obtained in) and the device address.
+type Place = (u64, u64);
+
 /// What the policy records about a handed-out block, beside its lease.
 #[derive(Debug)]
 struct Held {
     /// The superblock (of the lease's stream arena) holding it; `None` for a
     /// global-arena block.
-    superblock: Option<u64>,
+    superblock: Option<Place>,
 }
 
 /// A handed-out block.
@@ -208,10 +220,14 @@ type LiveBlock = Lease<Held>;
 #[derive(Debug)]
 pub struct ArenaPolicy {
     options: ArenaOptions,
-    /// The global arena: chunks by base address.
+    /// The global arena: chunks by position (the order they were obtained in).
     chunks: BTreeMap<u64, Chunk>,
-    /// Per-stream arenas: superblock address → its free list. No empty arena is kept.
-    arenas: BTreeMap<StreamId, BTreeMap<u64, FreeList>>,
+    /// Each chunk's position by its base address.
+    positions: BTreeMap<u64, u64>,
+    /// The position the next chunk gets.
+    next_position: u64,
+    /// Per-stream arenas: superblock place → its free list. No empty arena is kept.
+    arenas: BTreeMap<StreamId, BTreeMap<Place, FreeList>>,
     /// Live blocks; an allocation's `block` indexes it.
     live: Leases<Held>,
     stats: PolicyStats,
@@ -227,6 +243,8 @@ impl ArenaPolicy {
         Ok(ArenaPolicy {
             options,
             chunks: BTreeMap::new(),
+            positions: BTreeMap::new(),
+            next_position: 0,
             arenas: BTreeMap::new(),
             live: Leases::default(),
             stats: PolicyStats::default(),
@@ -250,11 +268,11 @@ impl ArenaPolicy {
             .max(bytes.div_ceil(CHUNK_ROUNDING_BYTES) * CHUNK_ROUNDING_BYTES)
     }
 
-    /// First fit over the global arena, without growing.
-    fn global_first_fit(&mut self, bytes: u64) -> Option<u64> {
+    /// First fit over the global arena in arena order, without growing.
+    fn global_first_fit(&mut self, bytes: u64) -> Option<Place> {
         self.chunks
-            .values_mut()
-            .find_map(|c| c.free.first_fit(bytes))
+            .iter_mut()
+            .find_map(|(&position, c)| c.free.first_fit(bytes).map(|a| (position, a)))
     }
 
     /// First fit over the global arena; grows by a chunk if nothing fits, and under
@@ -264,7 +282,7 @@ impl ArenaPolicy {
         device: &mut dyn Device,
         bytes: u64,
         requested_bytes: u64,
-    ) -> Result<u64, AllocError> {
+    ) -> Result<Place, AllocError> {
         if let Some(addr) = self.global_first_fit(bytes) {
             return Ok(addr);
         }
@@ -299,21 +317,27 @@ impl ArenaPolicy {
         let free = FreeList::whole(base, segment.size_bytes);
         self.stats.reserved_bytes += segment.size_bytes;
         self.stats.segment_count += 1;
-        let previous = self.chunks.insert(base, Chunk { segment, free });
+        let position = self.next_position;
+        self.next_position += 1;
         assert!(
-            previous.is_none(),
+            self.positions.insert(base, position).is_none(),
             "arena: the device handed out one base address twice"
         );
+        self.chunks.insert(position, Chunk { segment, free });
         Ok(true)
     }
 
     /// Returns a range to the global arena.
     fn global_free(&mut self, addr: u64, len: u64) {
-        let (_, chunk) = self
-            .chunks
-            .range_mut(..=addr)
+        let (_, &position) = self
+            .positions
+            .range(..=addr)
             .next_back()
             .expect("arena: freed range below every chunk");
+        let chunk = self
+            .chunks
+            .get_mut(&position)
+            .expect("arena: a chunk's position without its chunk");
         assert!(
             addr + len <= chunk.segment.addr.0 + chunk.segment.size_bytes,
             "arena: freed range {addr:#x} leaves its chunk"
@@ -326,14 +350,14 @@ impl ArenaPolicy {
     fn release_cached(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
         let superblock_bytes = self.options.superblock_bytes;
         for (stream, mut superblocks) in std::mem::take(&mut self.arenas) {
-            let empty: Vec<u64> = superblocks
+            let empty: Vec<Place> = superblocks
                 .iter()
-                .filter(|(&addr, free)| free.is_whole(addr, superblock_bytes))
-                .map(|(&addr, _)| addr)
+                .filter(|(&(_, addr), free)| free.is_whole(addr, superblock_bytes))
+                .map(|(&place, _)| place)
                 .collect();
-            for addr in empty {
-                superblocks.remove(&addr);
-                self.global_free(addr, superblock_bytes);
+            for place in empty {
+                superblocks.remove(&place);
+                self.global_free(place.1, superblock_bytes);
             }
             if !superblocks.is_empty() {
                 self.arenas.insert(stream, superblocks);
@@ -342,11 +366,12 @@ impl ArenaPolicy {
         let whole: Vec<u64> = self
             .chunks
             .iter()
-            .filter(|(&base, c)| c.free.is_whole(base, c.segment.size_bytes))
-            .map(|(&base, _)| base)
+            .filter(|(_, c)| c.free.is_whole(c.segment.addr.0, c.segment.size_bytes))
+            .map(|(&position, _)| position)
             .collect();
-        for base in whole {
-            let chunk = self.chunks.remove(&base).expect("listed above");
+        for position in whole {
+            let chunk = self.chunks.remove(&position).expect("listed above");
+            self.positions.remove(&chunk.segment.addr.0);
             self.stats.reserved_bytes -= chunk.segment.size_bytes;
             self.stats.segment_count -= 1;
             device.free_segment(chunk.segment)?;
@@ -401,7 +426,7 @@ impl Policy for ArenaPolicy {
         let bytes = ArenaPolicy::block_bytes_for(size);
         let stream = request.stream;
         let (addr, superblock) = if bytes > self.options.threshold_bytes {
-            (self.global_allocate(device, bytes, size)?, None)
+            (self.global_allocate(device, bytes, size)?.1, None)
         } else {
             let found = self.arenas.get_mut(&stream).and_then(|sbs| {
                 sbs.iter_mut()
@@ -412,7 +437,7 @@ impl Policy for ArenaPolicy {
                 None => {
                     let superblock_bytes = self.options.superblock_bytes;
                     let sb = self.global_allocate(device, superblock_bytes, size)?;
-                    let mut free = FreeList::whole(sb, superblock_bytes);
+                    let mut free = FreeList::whole(sb.1, superblock_bytes);
                     let addr = free
                         .first_fit(bytes)
                         .expect("a small request fits an empty superblock");
@@ -463,7 +488,10 @@ impl Policy for ArenaPolicy {
         let superblocks: BTreeMap<u64, (StreamId, &FreeList)> = self
             .arenas
             .iter()
-            .flat_map(|(&stream, sbs)| sbs.iter().map(move |(&addr, free)| (addr, (stream, free))))
+            .flat_map(|(&stream, sbs)| {
+                sbs.iter()
+                    .map(move |(&(_, addr), free)| (addr, (stream, free)))
+            })
             .collect();
         let free_block = |addr: u64, size_bytes: u64| BlockSnapshot {
             addr: DeviceAddr(addr),
@@ -485,7 +513,9 @@ impl Policy for ArenaPolicy {
             blocks,
         };
         let mut out = Vec::new();
-        for (&base, chunk) in &self.chunks {
+        // Snapshots list segments in address order.
+        for (&base, position) in &self.positions {
+            let chunk = &self.chunks[position];
             let end = base + chunk.segment.size_bytes;
             // The chunk's pieces in address order: global blocks, or a superblock.
             let mut pieces: BTreeMap<u64, Option<BlockSnapshot>> = BTreeMap::new();
@@ -562,7 +592,7 @@ impl Policy for ArenaPolicy {
                         b.addr
                     );
                     small_live
-                        .entry(sb)
+                        .entry(sb.1)
                         .or_default()
                         .insert(b.addr, b.block_bytes);
                 }
@@ -582,7 +612,16 @@ impl Policy for ArenaPolicy {
         let mut owner: BTreeMap<u64, StreamId> = BTreeMap::new();
         for (&stream, sbs) in &self.arenas {
             assert!(!sbs.is_empty(), "arena: empty stream arena kept");
-            for (&sb, free) in sbs {
+            for (&(position, sb), free) in sbs {
+                let chunk = self
+                    .chunks
+                    .get(&position)
+                    .expect("arena: superblock of no chunk");
+                let (base, len) = (chunk.segment.addr.0, chunk.segment.size_bytes);
+                assert!(
+                    sb >= base && sb + o.superblock_bytes <= base + len,
+                    "arena: superblock {sb:#x} outside the chunk of its place"
+                );
                 assert!(
                     owner.insert(sb, stream).is_none(),
                     "arena: superblock {sb:#x} owned by two streams"
@@ -601,10 +640,17 @@ impl Policy for ArenaPolicy {
         // Chunks: free ranges, global blocks and superblocks tile them.
         let mut reserved = 0u64;
         let mut placed = 0usize;
-        for (&base, chunk) in &self.chunks {
+        assert_eq!(self.positions.len(), self.chunks.len(), "arena: positions");
+        for (&position, chunk) in &self.chunks {
+            let base = chunk.segment.addr.0;
             assert_eq!(
-                chunk.segment.addr.0, base,
-                "arena: chunk filed under the wrong address"
+                self.positions.get(&base),
+                Some(&position),
+                "arena: chunk filed under the wrong position"
+            );
+            assert!(
+                position < self.next_position,
+                "arena: position from the future"
             );
             let end = base + chunk.segment.size_bytes;
             chunk.free.check(base, end, "chunk");

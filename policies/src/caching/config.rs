@@ -906,7 +906,16 @@ impl PolicyOptions for CachingConfig {
         match self.memory_limit {
             MemoryLimit::FromConfig => {}
             MemoryLimit::Bytes(bytes) => {
-                parts.push(format!("cap={}", units::format_size_exact(bytes)))
+                // `cap` is read as device memory (a small unitless number is refused),
+                // so a small one is printed with its unit to read back.
+                parts.push(match units::format_size_exact(bytes) {
+                    text if bytes < units::UNITLESS_MEMORY_MIN_BYTES
+                        && text.bytes().all(|b| b.is_ascii_digit()) =>
+                    {
+                        format!("cap={text}B")
+                    }
+                    text => format!("cap={text}"),
+                })
             }
             MemoryLimit::Fraction(f) => parts.push(format!("memory_fraction={f}")),
         }
