@@ -25,6 +25,11 @@ impl FreeList {
         self.ranges.len() == 1 && self.ranges.get(&addr) == Some(&len)
     }
 
+    /// Whether some free range holds `bytes` (RMM's `superblock::fits`).
+    pub(super) fn fits(&self, bytes: u64) -> bool {
+        self.free_bytes >= bytes && self.ranges.values().any(|&len| len >= bytes)
+    }
+
     /// Address-ordered first fit: carves `bytes` from the front of the first range that
     /// holds them.
     pub(super) fn first_fit(&mut self, bytes: u64) -> Option<u64> {

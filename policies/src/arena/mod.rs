@@ -32,18 +32,29 @@
 //!   with its own address-ordered free list, coalesced on free. If none fits, the stream
 //!   takes a new superblock of `superblock_bytes` from the global arena (first fit there,
 //!   growing if needed). A small request always fits an empty superblock, since the
-//!   threshold is at most one superblock.
+//!   threshold is at most one superblock. A stream needing a superblock takes, in arena
+//!   order, the first orphan superblock with a free range that fits or the first free
+//!   range of a chunk that holds a new superblock, whichever comes first.
 //! - **Caching.** A superblock that becomes entirely free stays with its stream arena, and
 //!   a chunk that becomes entirely free stays in the global arena, until
 //!   [`Policy::empty_cache`] or memory pressure.
-//! - **Memory pressure.** When the device refuses a new chunk, the policy returns every
-//!   empty superblock of every stream arena to the global arena (coalescing), releases
-//!   every wholly free chunk to the device, and retries the global allocation once (it
-//!   may now fit without growing, or growing may now succeed). If that fails too, the
-//!   request ends in [`AllocError::OutOfMemory`] with `tried_bytes` the chunk size asked
-//!   for. Live allocations are never touched.
-//! - **empty_cache** does the same release: empty superblocks back to the global arena,
-//!   then wholly free chunks back to the device.
+//! - **Memory pressure** (RMM's `do_allocate`: allocate, else `defragment()` and allocate
+//!   once more, else out of memory). When the device refuses a new chunk, the policy
+//!   *defragments* as RMM does: every stream arena gives *all* its superblocks back to the
+//!   global arena (`arena::clean()`), the empty ones coalescing into free ranges and the
+//!   others kept there, with their free blocks, as *orphan* superblocks; then every
+//!   wholly free chunk goes back to the device (RMM's arena never grows, so it has no such
+//!   step). Then the whole request is tried again from the start: a small one may now take
+//!   an orphan superblock (RMM's global first fit over its superblocks takes the first
+//!   that fits, empty or not, in its order), a large one a coalesced range, or the arena
+//!   may now grow. If that fails too, the request ends in [`AllocError::OutOfMemory`] with
+//!   `tried_bytes` the chunk size asked for. Live allocations are never touched; a block
+//!   freed later goes back to whichever arena holds its superblock then (RMM's
+//!   `deallocate_from_other_arena`), and an orphan that becomes empty coalesces into its
+//!   chunk (RMM's `global_arena::deallocate`).
+//! - **empty_cache** releases what is cached: empty superblocks back to the global arena,
+//!   then wholly free chunks back to the device (RMM has no such call; non-empty
+//!   superblocks stay with their streams).
 //!
 //! Streams matter only for which arena serves a small request; a block freed on one
 //! stream is reused at once by the same stream (its own order of work keeps that safe).
@@ -228,6 +239,11 @@ pub struct ArenaPolicy {
     next_position: u64,
     /// Per-stream arenas: superblock place → its free list. No empty arena is kept.
     arenas: BTreeMap<StreamId, BTreeMap<Place, FreeList>>,
+    /// Non-empty superblocks given back to the global arena under memory pressure.
+    orphans: BTreeMap<Place, FreeList>,
+    /// Where each superblock is: the stream whose arena holds it, or `None` for an
+    /// orphan.
+    holder: BTreeMap<Place, Option<StreamId>>,
     /// Live blocks; an allocation's `block` indexes it.
     live: Leases<Held>,
     stats: PolicyStats,
@@ -246,6 +262,8 @@ impl ArenaPolicy {
             positions: BTreeMap::new(),
             next_position: 0,
             arenas: BTreeMap::new(),
+            orphans: BTreeMap::new(),
+            holder: BTreeMap::new(),
             live: Leases::default(),
             stats: PolicyStats::default(),
         })
@@ -275,34 +293,128 @@ impl ArenaPolicy {
             .find_map(|(&position, c)| c.free.first_fit(bytes).map(|a| (position, a)))
     }
 
-    /// First fit over the global arena; grows by a chunk if nothing fits, and under
-    /// memory pressure releases cached memory and tries once more.
+    /// The first place (arena order) of a chunk range that holds `bytes`, without
+    /// carving it.
+    fn global_peek(&self, bytes: u64) -> Option<Place> {
+        self.chunks.iter().find_map(|(&position, c)| {
+            c.free
+                .ranges
+                .iter()
+                .find(|(_, &len)| len >= bytes)
+                .map(|(&a, _)| (position, a))
+        })
+    }
+
+    /// First fit over the global arena; grows by a chunk if nothing fits. `None` when
+    /// the device refuses the chunk.
     fn global_allocate(
         &mut self,
         device: &mut dyn Device,
         bytes: u64,
-        requested_bytes: u64,
-    ) -> Result<Place, AllocError> {
-        if let Some(addr) = self.global_first_fit(bytes) {
-            return Ok(addr);
+    ) -> Result<Option<Place>, DeviceError> {
+        if let Some(place) = self.global_first_fit(bytes) {
+            return Ok(Some(place));
         }
-        let chunk_bytes = self.chunk_bytes_for(bytes);
-        if !self.grow(device, chunk_bytes)? {
-            self.release_cached(device)?;
-            if let Some(addr) = self.global_first_fit(bytes) {
-                return Ok(addr);
+        if !self.grow(device, self.chunk_bytes_for(bytes))? {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.global_first_fit(bytes)
+                .expect("a new chunk holds the request"),
+        ))
+    }
+
+    /// A superblock for `stream` holding a free range of `bytes`: the first orphan that
+    /// fits or the first chunk range that holds a new superblock, whichever comes first
+    /// in arena order; else a new superblock from a new chunk. `None` when the device
+    /// refuses the chunk.
+    fn acquire_superblock(
+        &mut self,
+        device: &mut dyn Device,
+        stream: StreamId,
+        bytes: u64,
+    ) -> Result<Option<Place>, DeviceError> {
+        let superblock_bytes = self.options.superblock_bytes;
+        let orphan = self
+            .orphans
+            .iter()
+            .find(|(_, free)| free.fits(bytes))
+            .map(|(&place, _)| place);
+        let fresh = self.global_peek(superblock_bytes);
+        let place = match (orphan, fresh) {
+            (Some(o), Some(f)) if o < f => {
+                let free = self.orphans.remove(&o).expect("found above");
+                self.arenas.entry(stream).or_default().insert(o, free);
+                self.holder.insert(o, Some(stream));
+                return Ok(Some(o));
             }
-            if !self.grow(device, chunk_bytes)? {
-                return Err(AllocError::OutOfMemory {
-                    requested_bytes,
-                    tried_bytes: chunk_bytes,
-                    stats: self.stats,
-                });
+            (Some(o), None) => {
+                let free = self.orphans.remove(&o).expect("found above");
+                self.arenas.entry(stream).or_default().insert(o, free);
+                self.holder.insert(o, Some(stream));
+                return Ok(Some(o));
+            }
+            _ => match self.global_allocate(device, superblock_bytes)? {
+                Some(place) => place,
+                None => return Ok(None),
+            },
+        };
+        self.arenas
+            .entry(stream)
+            .or_default()
+            .insert(place, FreeList::whole(place.1, superblock_bytes));
+        self.holder.insert(place, Some(stream));
+        Ok(Some(place))
+    }
+
+    /// One attempt at a block of `bytes` for `stream` (large: the global arena; small:
+    /// the stream's superblocks, then a superblock acquired): the block's address and
+    /// superblock, or `None` when the device refuses a chunk.
+    fn try_allocate(
+        &mut self,
+        device: &mut dyn Device,
+        stream: StreamId,
+        bytes: u64,
+    ) -> Result<Option<(u64, Option<Place>)>, DeviceError> {
+        if bytes > self.options.threshold_bytes {
+            return Ok(self.global_allocate(device, bytes)?.map(|p| (p.1, None)));
+        }
+        let found = self.arenas.get_mut(&stream).and_then(|sbs| {
+            sbs.iter_mut()
+                .find_map(|(&sb, free)| free.first_fit(bytes).map(|a| (a, sb)))
+        });
+        if let Some((addr, sb)) = found {
+            return Ok(Some((addr, Some(sb))));
+        }
+        let Some(sb) = self.acquire_superblock(device, stream, bytes)? else {
+            return Ok(None);
+        };
+        let addr = self
+            .arenas
+            .get_mut(&stream)
+            .and_then(|sbs| sbs.get_mut(&sb))
+            .and_then(|free| free.first_fit(bytes))
+            .expect("an acquired superblock fits the request");
+        Ok(Some((addr, Some(sb))))
+    }
+
+    /// RMM's `defragment()`: every stream arena gives all its superblocks to the global
+    /// arena (empty ones coalesce into their chunk, the others become orphans); then every
+    /// wholly free chunk goes back to the device.
+    fn defragment(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
+        let superblock_bytes = self.options.superblock_bytes;
+        for (_, superblocks) in std::mem::take(&mut self.arenas) {
+            for (place, free) in superblocks {
+                if free.is_whole(place.1, superblock_bytes) {
+                    self.holder.remove(&place);
+                    self.global_free(place.1, superblock_bytes);
+                } else {
+                    self.holder.insert(place, None);
+                    self.orphans.insert(place, free);
+                }
             }
         }
-        Ok(self
-            .global_first_fit(bytes)
-            .expect("a new chunk holds the request"))
+        self.release_free_chunks(device)
     }
 
     /// Adds one chunk of `chunk_bytes` to the global arena; `false` if the device is out
@@ -357,12 +469,18 @@ impl ArenaPolicy {
                 .collect();
             for place in empty {
                 superblocks.remove(&place);
+                self.holder.remove(&place);
                 self.global_free(place.1, superblock_bytes);
             }
             if !superblocks.is_empty() {
                 self.arenas.insert(stream, superblocks);
             }
         }
+        self.release_free_chunks(device)
+    }
+
+    /// Every wholly free chunk back to the device.
+    fn release_free_chunks(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
         let whole: Vec<u64> = self
             .chunks
             .iter()
@@ -425,26 +543,25 @@ impl Policy for ArenaPolicy {
         }
         let bytes = ArenaPolicy::block_bytes_for(size);
         let stream = request.stream;
-        let (addr, superblock) = if bytes > self.options.threshold_bytes {
-            (self.global_allocate(device, bytes, size)?.1, None)
-        } else {
-            let found = self.arenas.get_mut(&stream).and_then(|sbs| {
-                sbs.iter_mut()
-                    .find_map(|(&sb, free)| free.first_fit(bytes).map(|a| (a, sb)))
-            });
-            match found {
-                Some((addr, sb)) => (addr, Some(sb)),
-                None => {
-                    let superblock_bytes = self.options.superblock_bytes;
-                    let sb = self.global_allocate(device, superblock_bytes, size)?;
-                    let mut free = FreeList::whole(sb.1, superblock_bytes);
-                    let addr = free
-                        .first_fit(bytes)
-                        .expect("a small request fits an empty superblock");
-                    self.arenas.entry(stream).or_default().insert(sb, free);
-                    (addr, Some(sb))
-                }
+        let found = match self.try_allocate(device, stream, bytes)? {
+            Some(found) => Some(found),
+            None => {
+                // RMM: defragment, then allocate once more.
+                self.defragment(device)?;
+                self.try_allocate(device, stream, bytes)?
             }
+        };
+        let Some((addr, superblock)) = found else {
+            let needed = if bytes > self.options.threshold_bytes {
+                bytes
+            } else {
+                self.options.superblock_bytes
+            };
+            return Err(AllocError::OutOfMemory {
+                requested_bytes: size,
+                tried_bytes: self.chunk_bytes_for(needed),
+                stats: self.stats,
+            });
         };
         Ok(self.live.issue(
             addr,
@@ -462,14 +579,31 @@ impl Policy for ArenaPolicy {
         allocation: Allocation,
     ) -> Result<(), DeviceError> {
         let block = self.live.retire(&allocation, "arena", &mut self.stats);
-        match block.detail.superblock {
-            Some(sb) => self
+        let Some(sb) = block.detail.superblock else {
+            self.global_free(block.addr, block.block_bytes);
+            return Ok(());
+        };
+        // Back to whichever arena holds the superblock now.
+        match self.holder.get(&sb).copied() {
+            Some(Some(stream)) => self
                 .arenas
-                .get_mut(&block.stream)
+                .get_mut(&stream)
                 .and_then(|sbs| sbs.get_mut(&sb))
-                .expect("arena: a live block's superblock left its stream arena")
+                .expect("arena: a superblock's holder does not hold it")
                 .insert(block.addr, block.block_bytes),
-            None => self.global_free(block.addr, block.block_bytes),
+            Some(None) => {
+                let free = self
+                    .orphans
+                    .get_mut(&sb)
+                    .expect("arena: an orphan superblock missing");
+                free.insert(block.addr, block.block_bytes);
+                if free.is_whole(sb.1, self.options.superblock_bytes) {
+                    self.orphans.remove(&sb);
+                    self.holder.remove(&sb);
+                    self.global_free(sb.1, self.options.superblock_bytes);
+                }
+            }
+            None => panic!("arena: a live block's superblock {:#x} is gone", sb.1),
         }
         Ok(())
     }
@@ -492,6 +626,11 @@ impl Policy for ArenaPolicy {
                 sbs.iter()
                     .map(move |(&(_, addr), free)| (addr, (stream, free)))
             })
+            .chain(
+                self.orphans
+                    .iter()
+                    .map(|(&(_, addr), free)| (addr, (StreamId(0), free))),
+            )
             .collect();
         let free_block = |addr: u64, size_bytes: u64| BlockSnapshot {
             addr: DeviceAddr(addr),
@@ -582,13 +721,17 @@ impl Policy for ArenaPolicy {
                         b.block_bytes <= o.threshold_bytes,
                         "arena: large block in a superblock"
                     );
-                    let owned = self
-                        .arenas
-                        .get(&b.stream)
-                        .is_some_and(|sbs| sbs.contains_key(&sb));
+                    let held = match self.holder.get(&sb) {
+                        Some(Some(stream)) => self
+                            .arenas
+                            .get(stream)
+                            .is_some_and(|sbs| sbs.contains_key(&sb)),
+                        Some(None) => self.orphans.contains_key(&sb),
+                        None => false,
+                    };
                     assert!(
-                        owned,
-                        "arena: block {:#x} names a superblock its stream does not own",
+                        held,
+                        "arena: block {:#x} names a superblock no arena holds",
                         b.addr
                     );
                     small_live
@@ -610,9 +753,36 @@ impl Policy for ArenaPolicy {
         }
         // Superblocks: their free ranges and small blocks tile them.
         let mut owner: BTreeMap<u64, StreamId> = BTreeMap::new();
-        for (&stream, sbs) in &self.arenas {
+        let orphans = self
+            .orphans
+            .iter()
+            .map(|(&place, free)| (None, place, free));
+        for sbs in self.arenas.values() {
             assert!(!sbs.is_empty(), "arena: empty stream arena kept");
-            for (&(position, sb), free) in sbs {
+        }
+        let held = self.arenas.iter().flat_map(|(&stream, sbs)| {
+            sbs.iter()
+                .map(move |(&place, free)| (Some(stream), place, free))
+        });
+        assert_eq!(
+            self.holder.len(),
+            self.orphans.len() + self.arenas.values().map(BTreeMap::len).sum::<usize>(),
+            "arena: superblock holders"
+        );
+        for (holder, (position, sb), free) in held.chain(orphans) {
+            assert_eq!(
+                self.holder.get(&(position, sb)),
+                Some(&holder),
+                "arena: superblock {sb:#x} held elsewhere than recorded"
+            );
+            if holder.is_none() {
+                assert!(
+                    !free.is_whole(sb, o.superblock_bytes),
+                    "arena: an empty orphan superblock at {sb:#x}"
+                );
+            }
+            let stream = holder.unwrap_or(StreamId(0));
+            {
                 let chunk = self
                     .chunks
                     .get(&position)

@@ -210,7 +210,11 @@ fn oom_leaves_allocations_unchanged() {
     assert_eq!((requested_bytes, tried_bytes), (1536 * KIB, 4 * MIB));
     assert_eq!(stats, before);
     assert_eq!(p.stats(), before);
-    assert_eq!(p.snapshot(), snapshot);
+    // The blocks are where they were; RMM's defragment before the retry gave stream 1's
+    // superblock to the global arena (reported on stream 0), and that stays.
+    let mut moved = snapshot.clone();
+    moved[0].stream = StreamId(0);
+    assert_eq!(p.snapshot(), moved);
     check_against_device(&p, &d);
     let err = p.allocate(&mut NullDevice, on(2, 2 * MIB)).unwrap_err();
     assert!(
@@ -218,6 +222,65 @@ fn oom_leaves_allocations_unchanged() {
         "{err:?}"
     );
     assert_eq!(p.stats(), before);
+}
+
+/// RMM's `do_allocate` under pressure: when no superblock can be had, `defragment()`
+/// gives every stream's superblocks, non-empty ones too, to the global arena, and the
+/// retry's superblock acquisition (global first fit over superblocks that fit) takes
+/// another stream's partly used superblock instead of running out of memory.
+#[test]
+fn pressure_lends_partly_used_superblocks_to_other_streams() {
+    let mut d = TestDevice::with_capacity(4 * MIB);
+    let mut p = small();
+    let a = p.allocate(&mut d, on(1, 1000)).unwrap();
+    let base = d.live_segments()[0].0;
+    let _big = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
+    // Stream 2 has no superblock and the chunk is full: the device refuses a new one.
+    let b = p.allocate(&mut d, on(2, 1000)).unwrap();
+    assert_eq!(
+        b.addr.0,
+        base + 1024,
+        "first fit in stream 1's former superblock"
+    );
+    assert_eq!(
+        entries(&p, base),
+        vec![
+            ("arena-superblock", 2, 0, MIB),
+            ("arena-global", 0, MIB, 3 * MIB)
+        ]
+    );
+    check_against_device(&p, &d);
+    // A block goes back to whichever arena holds its superblock now (RMM's
+    // deallocate_from_other_arena).
+    p.free(&mut d, a).unwrap();
+    check_against_device(&p, &d);
+    let c = p.allocate(&mut d, on(2, 1000)).unwrap();
+    assert_eq!(
+        c.addr.0, base,
+        "stream 2 reuses the freed front of its superblock"
+    );
+    assert_eq!(d.stats().segment_count, 1, "no chunk was added");
+}
+
+/// An orphan superblock (given to the global arena with live blocks) that becomes empty
+/// coalesces into its chunk (RMM's `global_arena::deallocate`), and a later large
+/// request can use the whole chunk again.
+#[test]
+fn an_emptied_orphan_superblock_coalesces() {
+    let mut d = TestDevice::with_capacity(4 * MIB);
+    let mut p = small();
+    let a = p.allocate(&mut d, on(1, 1000)).unwrap();
+    let base = d.live_segments()[0].0;
+    let big = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
+    // A large request that cannot fit triggers the defragment, then fails.
+    assert!(p.allocate(&mut d, on(0, 2 * MIB)).is_err());
+    assert_eq!(entries(&p, base)[0], ("arena-superblock", 0, 0, MIB));
+    p.free(&mut d, a).unwrap();
+    p.free(&mut d, big).unwrap();
+    assert_eq!(entries(&p, base), vec![("arena-global", 0, 0, 4 * MIB)]);
+    let whole = p.allocate(&mut d, on(0, 4 * MIB)).unwrap();
+    assert_eq!(whole.addr.0, base);
+    check_against_device(&p, &d);
 }
 
 /// empty_cache returns empty superblocks to the global arena and every wholly free chunk to the device.
