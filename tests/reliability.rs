@@ -554,3 +554,207 @@ fn arena_decisions_do_not_depend_on_chunk_placement() {
         );
     }
 }
+
+// ---- the binary on a mock driver ---------------------------------------------------------
+
+/// The mock libcuda of gpu-backend's tests (`gpu-backend/tests/mock/mock_libcuda.c`, a
+/// 16 GiB card unless `MOCK_TOTAL_BYTES` says otherwise) compiled into a folder of its
+/// own, to put on the binary's loader path; `None` without a C compiler (said on stderr;
+/// a failure under `ALLOCSIM_REQUIRE_MOCK=1`, as in gpu-backend).
+fn mock_libcuda() -> Option<std::path::PathBuf> {
+    static BUILT: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-mock-libcuda");
+            std::fs::create_dir_all(&dir).unwrap();
+            let source = root().join("gpu-backend/tests/mock/mock_libcuda.c");
+            let tmp = dir.join(format!("libcuda.so.{}.tmp", std::process::id()));
+            let compilers = match std::env::var_os("CC").filter(|cc| !cc.is_empty()) {
+                Some(cc) => vec![cc],
+                None => ["cc", "gcc", "clang"].map(Into::into).to_vec(),
+            };
+            for cc in compilers {
+                match std::process::Command::new(&cc)
+                    .args(["-shared", "-fPIC", "-O1", "-o"])
+                    .arg(&tmp)
+                    .arg(&source)
+                    .status()
+                {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => panic!("running {cc:?}: {e}"),
+                    Ok(s) => {
+                        assert!(s.success(), "{cc:?} failed to build the mock ({s})");
+                        std::fs::rename(&tmp, dir.join("libcuda.so")).unwrap();
+                        return Some(dir);
+                    }
+                }
+            }
+            assert!(
+                std::env::var("ALLOCSIM_REQUIRE_MOCK").as_deref() != Ok("1"),
+                "ALLOCSIM_REQUIRE_MOCK=1 but no C compiler builds the mock libcuda"
+            );
+            eprintln!("skipped: the binary on the mock libcuda: no C compiler");
+            None
+        })
+        .clone()
+}
+
+/// The mock's report at exit when nothing is left allocated.
+const CLEAN_MOCK: &str =
+    "mock_libcuda report: used_bytes=0 allocs=0 handles=0 mappings=0 ranges=0 ctx_refs=0";
+
+/// Runs the binary with the mock libcuda first on its loader path and `envs` set (the
+/// mock's other variables cleared).
+fn allocsim_on_mock(mock: &Path, args: &[&str], envs: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_allocsim"));
+    let path = match std::env::var_os("LD_LIBRARY_PATH") {
+        Some(old) => {
+            let mut p = mock.as_os_str().to_owned();
+            p.push(":");
+            p.push(old);
+            p
+        }
+        None => mock.as_os_str().to_owned(),
+    };
+    cmd.args(args)
+        .current_dir(root())
+        .env("LD_LIBRARY_PATH", path);
+    for var in [
+        "MOCK_MODE",
+        "MOCK_TOTAL_BYTES",
+        "MOCK_CONTEXT_BYTES",
+        "MOCK_MAX_ALLOC_BYTES",
+        "MOCK_ALLOC_OVERHEAD_BYTES",
+        "MOCK_FAIL",
+        "MOCK_LOG",
+        "MOCK_FAULT_EVERY",
+        "MOCK_FAULT_SEED",
+        "MOCK_FAULT_CODE",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(envs.iter().copied());
+    cmd.output().expect("run allocsim")
+}
+
+/// `validate --capacity` is the free memory the ballast leaves, so a capacity below a
+/// profile's context and driver reserve is a run, not an error (`--gpu-profile h200
+/// --capacity 512MiB` was refused as "not above the 529.94 MiB the CUDA context and the
+/// driver keep"); each capacity gives a row, and nothing is left allocated.
+#[test]
+fn validate_runs_any_capacity_with_a_profile() {
+    let Some(mock) = mock_libcuda() else { return };
+    let dir = TempDir::new("validate-mock");
+    let csv = dir.path().join("v.csv");
+    let o = allocsim_on_mock(
+        &mock,
+        &[
+            "validate",
+            "examples/training_loop.yaml",
+            "--policies",
+            "caching,immediate",
+            "--gpu-profile",
+            "h200",
+            "--capacity",
+            "512MiB,4GiB",
+            "-o",
+            csv.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains(CLEAN_MOCK), "{err}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    assert!(rows[0].starts_with("training_loop,caching,5"), "{text}");
+}
+
+/// A driver error injected into the mock libcuda (invalid value, launch failure; in
+/// cuMemAlloc, cuMemCreate, cuMemMap) reaches the user as an error on one line, exit 4,
+/// and writes no CSV; an out-of-memory error of cuMemAlloc is a result (exit 0, the OOM
+/// in the observed column); nothing is left allocated either way.
+#[test]
+fn injected_driver_errors_exit_4() {
+    let Some(mock) = mock_libcuda() else { return };
+    let dir = TempDir::new("faults-mock");
+    let csv = dir.path().join("v.csv");
+    let run = |policy: &str, fail: &str| {
+        allocsim_on_mock(
+            &mock,
+            &[
+                "validate",
+                "examples/training_loop.yaml",
+                "--policies",
+                policy,
+                "-o",
+                csv.to_str().unwrap(),
+            ],
+            &[("MOCK_FAIL", fail)],
+        )
+    };
+    for (policy, fail, call) in [
+        ("caching", "cuMemAlloc_v2:3:1", "cuMemAlloc"),
+        ("immediate", "cuMemAlloc_v2:5:719", "cuMemAlloc"),
+        ("arena", "cuMemAlloc_v2:1:719", "cuMemAlloc"),
+        (
+            "caching:expandable_segments=True",
+            "cuMemCreate:4:719",
+            "cuMemCreate",
+        ),
+        (
+            "caching:expandable_segments=True",
+            "cuMemMap:2:1",
+            "cuMemMap",
+        ),
+    ] {
+        let o = run(policy, fail);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(4), "{policy} {fail}: {err}");
+        // One error line; besides it only the note on the model and the mock's report
+        // that nothing is left allocated.
+        let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+        assert_eq!(errors.len(), 1, "{policy} {fail}: {err}");
+        assert!(errors[0].contains(call), "{policy} {fail}: {err}");
+        for line in err.lines() {
+            assert!(
+                line.starts_with("error: ")
+                    || line.starts_with("note: predicting with")
+                    || line == CLEAN_MOCK,
+                "{policy} {fail}: {line}"
+            );
+        }
+        assert!(err.contains(CLEAN_MOCK), "{policy} {fail}: {err}");
+        assert!(!csv.exists(), "{policy} {fail}: a CSV was written");
+    }
+    let o = run("immediate", "cuMemAlloc_v2:5:2");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let row: Vec<&str> = text.lines().nth(1).unwrap().split(',').collect();
+    let col = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+    assert_eq!(col("oom_event_predicted"), "", "{text}");
+    assert!(col("oom_event_observed").parse::<u64>().is_ok(), "{text}");
+    assert_eq!(col("agrees"), "false", "{text}");
+}
+
+/// A driver that writes no NUL after the device name: `probe` writes a profile with the
+/// name cut at the buffer's end instead of panicking inside cudarc (exit 101).
+#[test]
+fn probe_survives_a_device_name_without_nul() {
+    let Some(mock) = mock_libcuda() else { return };
+    let dir = TempDir::new("probe-nonul");
+    let out = dir.path().join("p.yaml");
+    let o = allocsim_on_mock(
+        &mock,
+        &["probe", "-o", out.to_str().unwrap()],
+        &[("MOCK_MODE", "nonul"), ("MOCK_TOTAL_BYTES", "4294967296")],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let name = sim::DeviceProfile::read(&out)
+        .expect("the profile reads back")
+        .name;
+    assert!(name.starts_with("Mock GPU with a long name"), "{name}");
+    assert_eq!(name.len(), 255, "{name}");
+}

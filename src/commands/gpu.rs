@@ -7,7 +7,7 @@ use anyhow::Context;
 use gpu_backend::{CudaDevice, ProbeReport};
 use sim::DeviceProfile;
 
-use crate::flags::{ProbeArgs, ValidateArgs};
+use crate::flags::{DeviceArgs, ProbeArgs, ValidateArgs};
 use crate::output::{self, Kind, Planned};
 use crate::{interrupt, load, Exit};
 
@@ -148,7 +148,14 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<Exit> {
             &inputs,
         )?;
     }
-    let mut setup = load::device_setup(&args.device)?;
+    // validate's capacities are the free memory the ballast leaves on the GPU
+    // (`gpu_backend::validate_one`), not a card's total: no total is derived from them, so
+    // a capacity below a profile's context and driver reserve is a valid run.
+    let device = DeviceArgs {
+        capacity: Vec::new(),
+        ..args.device.clone()
+    };
+    let mut setup = load::device_setup(&device)?;
     if args.device.gpu_profile.is_none() {
         // Predict with the measured H100 model unless told otherwise.
         setup.options = DeviceProfile::builtin("h100")
@@ -160,15 +167,20 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<Exit> {
     // Ctrl-C stops the replay at the next event; everything allocated is then freed.
     let in_order = interrupt::in_order();
     let mut gpu = CudaDevice::open(args.gpu)?;
-    if !gpu.info().name.contains("H100") && args.device.gpu_profile.is_none() {
-        eprintln!(
-            "note: predicting with the built-in H100 model on a {}; `allocsim probe -o p.yaml` and --gpu-profile p.yaml model this GPU",
-            gpu.info().name
-        );
+    if args.device.gpu_profile.is_none() {
+        // The GPU's own measured profile when there is one (its driver's reserve of free
+        // memory decides the capacity near the limit), else the H100's.
+        match DeviceProfile::measured_for_gpu(&gpu.info().name) {
+            Some(profile) => setup.options = profile.to_options(),
+            None => eprintln!(
+                "note: predicting with the built-in H100 model on a {}; `allocsim probe -o p.yaml` and --gpu-profile p.yaml model this GPU",
+                gpu.info().name
+            ),
+        }
     }
     let capacities: Vec<Option<u64>> = match args.device.capacity.as_slice() {
         [] => vec![None],
-        _ => setup.capacities.iter().map(|&c| Some(c)).collect(),
+        list => list.iter().map(|&c| Some(c)).collect(),
     };
     let mut rows = Vec::new();
     for input in &inputs {

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# Predicted against observed on the GPU this runs on (docs/validation.md): probes the GPU,
+# then runs `allocsim validate` with that profile over every trace of the repository and
+# over capacity runs that run out of memory, near the limit included.
+#
+# Usage: OUT=DIR tools/gpu/validate.sh PATH/TO/allocsim
+#   PATH/TO/allocsim  a release build of this commit (the script builds nothing)
+#   OUT               where the results go (created if missing)
+# Reads the repository only (run from anywhere); needs one idle GPU and bash, awk,
+# timeout. Budget: about 8 minutes on an H100 or H200; each set after the first is
+# skipped, and says so in summary.txt, once 7 minutes have passed.
+#
+# Results in $OUT:
+#   probe.yaml                     `allocsim probe` of this GPU: the model of every set
+#   full.csv (+ .log)              the traces of tests/data (recorded runs of
+#                                  oracle/h100-torch2.11 and recorded/, snapshot pickles),
+#                                  the examples, the golden traces and two generated
+#                                  traces, under the five policies, no capacity
+#   capacity.csv (+ .log)          the five capacity runs of the committed H100 validation
+#   near-limit.csv (+ .log)        per trace and policy, the free memory the model says
+#                                  the run just fits in, and 2 MiB less: the OOM boundary
+#   pages.csv (+ .log)             one page at a time until out of memory: 2 MiB requests
+#                                  through cuMemAlloc (immediate), 1 MiB and 20 MiB
+#                                  requests through cuMemCreate/cuMemMap (expandable
+#                                  segments) and cudaMalloc segments (caching): how many
+#                                  pages each driver path hands out from the same free
+#                                  memory, at 1, 4, 5.5 and 14 GiB free
+#   issue14.csv (+ .log)           the shapes of issue 14's H200 disagreements: expandable
+#                                  segments at 5632 MiB free, arena at 14 GiB free, on
+#                                  generated traces whose peaks pass those limits
+#   model-h100.csv, model-h200.csv the pages runs again, predicted with the built-in H100
+#                                  and H200 profiles instead of the probe (which driver
+#                                  reserve explains this GPU)
+#   summary.txt                    runs and agreeing runs per set, wall time per set
+#   nvidia-smi.csv, date.txt, commit.txt, allocsim-version.txt
+set -uo pipefail
+
+if [ $# -ne 1 ] || [ -z "${OUT:-}" ]; then
+    echo "usage: OUT=DIR $0 PATH/TO/allocsim" >&2
+    exit 2
+fi
+A=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cd "$ROOT"
+
+BUDGET_S=${VALIDATE_BUDGET_S:-420}
+POLICIES=caching,caching:expandable_segments=True,immediate,buddy,arena
+MIB=1048576
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# Runs one set: validate with the given arguments, CSV to $OUT/$name.csv (appended to
+# when the set has several parts), summary lines to $OUT/$name.log.
+run_set() {
+    local name=$1 part=$2
+    shift 2
+    if [ "$SECONDS" -ge "$BUDGET_S" ]; then
+        note "$name/$part: skipped (time budget of ${BUDGET_S}s spent)"
+        return
+    fi
+    local start=$SECONDS csv="$WORK/$name.${part//[^A-Za-z0-9_.=-]/_}.csv"
+    timeout 300 "$A" validate "$@" -o "$csv" 2>>"$OUT/$name.log"
+    local rc=$?
+    if [ -f "$csv" ]; then
+        if [ -f "$OUT/$name.csv" ]; then
+            tail -n +2 "$csv" >>"$OUT/$name.csv"
+        else
+            cp "$csv" "$OUT/$name.csv"
+        fi
+        local runs agree
+        runs=$(($(wc -l <"$csv") - 1))
+        agree=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "agrees") c = i; next }
+                         $c == "true" { n++ } END { print n + 0 }' "$csv")
+        note "$name/$part: $agree of $runs runs agree, $((SECONDS - start)) s, exit $rc"
+    else
+        note "$name/$part: no CSV, exit $rc after $((SECONDS - start)) s (see $name.log)"
+    fi
+}
+
+# A column of the first data row of a CSV, by header name.
+column() {
+    awk -F, -v want="$2" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == want) c = i; next }
+                          NR == 2 { print $c; exit }' "$1"
+}
+
+date -u +%Y-%m-%dT%H:%M:%SZ >"$OUT/date.txt"
+git -C "$ROOT" rev-parse HEAD >"$OUT/commit.txt" 2>/dev/null || echo unknown >"$OUT/commit.txt"
+"$A" --version >"$OUT/allocsim-version.txt" 2>&1 || true
+nvidia-smi --query-gpu=name,memory.total,memory.used,memory.free,driver_version \
+    --format=csv >"$OUT/nvidia-smi.csv" 2>&1 || true
+
+# ---- the model: this GPU, measured now -------------------------------------------------
+if ! timeout 120 "$A" probe -o "$OUT/probe.yaml" 2>"$OUT/probe.log"; then
+    note "probe failed (exit $?): $(tail -n 1 "$OUT/probe.log")"
+    exit 1
+fi
+PROFILE=(--gpu-profile "$OUT/probe.yaml")
+field() { sed -n "s/^$1: //p" "$OUT/probe.yaml"; }
+UNUSABLE=$(($(field free_at_start_bytes) - $(field usable_bytes)))
+note "probe: $(field name), free at start $(field free_at_start_bytes), usable $(field usable_bytes) (driver keeps $UNUSABLE of the free bytes)"
+
+# ---- traces -----------------------------------------------------------------------------
+"$A" generate random --seed 1 --streams 2 --events 20000 -o "$WORK/gen-s1.yaml" 2>/dev/null
+"$A" generate random --seed 2 --sizes log-normal --events 20000 -o "$WORK/gen-ln-s2.yaml" 2>/dev/null
+# Larger generated traces for issue 14's shapes: peaks above 5.5 GiB and 14 GiB.
+"$A" generate random --seed 3 --sizes log-normal --median-bytes 8MiB --mean-lifetime 400 \
+    --events 6000 -o "$WORK/gen-big-s3.yaml" 2>/dev/null
+"$A" generate random --seed 4 --max-bytes 1GiB --mean-lifetime 200 --streams 2 \
+    --events 6000 -o "$WORK/gen-big-s4.yaml" 2>/dev/null
+# One page at a time: N requests of one size, all live, then all freed.
+pages_trace() { # name bytes count
+    {
+        echo "events:"
+        for ((i = 0; i < $3; i++)); do echo "  - {op: alloc, id: $i, bytes: $2}"; done
+        for ((i = 0; i < $3; i++)); do echo "  - {op: free, id: $i}"; done
+    } >"$WORK/$1.yaml"
+}
+pages_trace pages-2m $((2 * MIB)) 8000
+pages_trace pages-1m $MIB 16000
+pages_trace pages-20m $((20 * MIB)) 800
+
+ORACLE=(tests/data/oracle/h100-torch2.11/*.json)
+RECORDED=(tests/data/recorded/*.json)
+PICKLES=(tests/data/torch/*.pickle tests/data/oracle/h100-torch2.11-pickles/*.pickle)
+OTHERS=(examples/*.yaml examples/*.csv tests/data/traces/*.yaml "$WORK/gen-s1.yaml" "$WORK/gen-ln-s2.yaml")
+
+# ---- full: every trace, no capacity -----------------------------------------------------
+run_set full oracle "${ORACLE[@]}" --policies "$POLICIES" "${PROFILE[@]}"
+run_set full recorded "${RECORDED[@]}" "${PICKLES[@]}" --policies "$POLICIES" "${PROFILE[@]}"
+run_set full others "${OTHERS[@]}" --policies "$POLICIES" "${PROFILE[@]}"
+
+# ---- capacity: the committed H100 validation's capacity runs ----------------------------
+run_set capacity random_stress tests/data/oracle/h100-torch2.11/random_stress.json --capacity 3GiB --policies "$POLICIES" "${PROFILE[@]}"
+run_set capacity gpt_train_small tests/data/oracle/h100-torch2.11/gpt_train_small.json --capacity 1GiB --policies "$POLICIES" "${PROFILE[@]}"
+run_set capacity seed000 tests/data/traces/seed000.yaml --capacity 2GiB --policies "$POLICIES" "${PROFILE[@]}"
+run_set capacity gen-s1 "$WORK/gen-s1.yaml" --capacity 1GiB --policies "$POLICIES" "${PROFILE[@]}"
+run_set capacity training_loop examples/training_loop.yaml --capacity 512MiB --policies "$POLICIES" "${PROFILE[@]}"
+
+# ---- near the limit ----------------------------------------------------------------------
+# The model runs out when free memory minus the driver's share is below the charged peak:
+# free = peak + share is the smallest free memory it fits in. The ballast lands within
+# 2 MiB above what is asked, so each run is asked for that and for 2 MiB less.
+NEAR=(
+    tests/data/recorded/gpt_train_small__expandable_segments-True_roundup_power2_divisions-4.json
+    tests/data/oracle/h100-torch2.11/random_stress__expandable_segments-True.json
+    tests/data/oracle/h100-torch2.11/mlp_train.json
+    tests/data/oracle/h100-torch2.11/kv_inference.json
+    "$WORK/gen-s1.yaml"
+    "$WORK/gen-ln-s2.yaml"
+)
+near_limit() { # set-name profile-args...
+    local set=$1
+    shift
+    local trace policy peak
+    for trace in "${NEAR[@]}"; do
+        for policy in ${POLICIES//,/ }; do
+            "$A" compare "$trace" --policies "$policy" "$@" --format csv -o "$WORK/peak.csv" 2>/dev/null || continue
+            peak=$(column "$WORK/peak.csv" charged_bytes_peak)
+            [ -n "$peak" ] || continue
+            local fit=$((peak + UNUSABLE))
+            run_set "$set" "$(basename "$trace" | cut -c1-40)/$policy" "$trace" --policies "$policy" \
+                --capacity "$((fit - 2 * MIB)),$fit" "$@"
+        done
+    done
+}
+near_limit near-limit "${PROFILE[@]}"
+
+# ---- one page at a time ------------------------------------------------------------------
+pages() { # set-name profile-args...
+    local set=$1
+    shift
+    local caps=1GiB,4GiB,5632MiB,14GiB
+    run_set "$set" pages-2m "$WORK/pages-2m.yaml" --policies immediate,caching --capacity "$caps" "$@"
+    run_set "$set" pages-1m "$WORK/pages-1m.yaml" --policies immediate,caching:expandable_segments=True --capacity "$caps" "$@"
+    run_set "$set" pages-20m "$WORK/pages-20m.yaml" --policies caching,caching:expandable_segments=True,arena --capacity "$caps" "$@"
+}
+pages pages "${PROFILE[@]}"
+
+# ---- issue 14's shapes --------------------------------------------------------------------
+run_set issue14 expandable "$WORK/gen-big-s3.yaml" "$WORK/gen-big-s4.yaml" --policies caching:expandable_segments=True,caching --capacity 5632MiB "${PROFILE[@]}"
+run_set issue14 arena "$WORK/gen-big-s3.yaml" "$WORK/gen-big-s4.yaml" --policies arena,buddy --capacity 14GiB "${PROFILE[@]}"
+
+# ---- the same boundary runs under the built-in models -------------------------------------
+for model in h100 h200; do
+    pages "model-$model" --gpu-profile "$model"
+done
+
+note "total: $SECONDS s"
