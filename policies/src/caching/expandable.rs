@@ -31,8 +31,8 @@ impl CachingPolicy {
             candidate = next;
         }
         let b = self.block(candidate);
-        let key = (b.stream.0, b.size, b.addr);
-        self.pool_mut(owner, pool).blocks.remove(&key);
+        let (stream, size, addr) = (b.stream.0, b.size, b.addr);
+        self.pool_mut(owner, pool).blocks.remove(stream, size, addr);
         Ok(Some(candidate))
     }
 
@@ -192,7 +192,7 @@ impl CachingPolicy {
         let unmapped_size = (end - begin) * page;
         self.pool_mut(b.owner, b.pool)
             .blocks
-            .remove(&(b.stream.0, b.size, b.addr));
+            .remove(b.stream.0, b.size, b.addr);
         let before_size = unmapped_addr - b.addr;
         if before_size > 0 {
             let before = self.insert_block(b.piece(b.addr, before_size, true, b.prev, id));

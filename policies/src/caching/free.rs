@@ -19,29 +19,28 @@ impl CachingPolicy {
 
     /// `free_block`: returns a block to its pool, merging with free neighbours.
     pub(super) fn free_block(&mut self, id: u32) {
-        let (original_size, requested, pool, expandable) = {
-            let b = self.block(id);
-            debug_assert_eq!(b.state, State::Pending);
-            (b.size, b.requested, b.pool, b.expandable)
-        };
+        let b = self.block(id);
+        debug_assert_eq!(b.state, State::Pending);
+        let (original_size, requested, pool, expandable) = (b.size, b.requested, b.pool, b.expandable);
+        let (prev, next) = (b.prev, b.next);
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
-        for candidate in [self.block(id).prev, self.block(id).next] {
+        for candidate in [prev, next] {
             let subsumed = self.try_merge_blocks(id, candidate);
             if subsumed > 0 {
                 net_blocks -= 1;
                 net_bytes -= subsumed as i64;
             }
         }
-        {
-            let b = self.block_mut(id);
-            b.state = State::Free;
-            b.serial = 0;
-        }
+        let b = self.block_mut(id);
+        b.state = State::Free;
+        b.serial = 0;
+        let split = b.prev != NIL || b.next != NIL;
+        let size = b.size;
         self.insert_into_blocks(id);
-        if self.is_split(id) {
+        if split {
             net_blocks += 1;
-            net_bytes += self.block(id).size as i64;
+            net_bytes += size as i64;
         }
         let s = &mut self.stats;
         if !expandable {
@@ -58,31 +57,34 @@ impl CachingPolicy {
         if src == NIL {
             return 0;
         }
-        let s = self.block(src).clone();
-        if s.state != State::Free || self.block(dst).mapped != s.mapped {
+        let s = self.block(src);
+        let (s_state, s_mapped, s_prev, s_next, s_size, s_addr, s_stream, s_owner, s_pool) = (
+            s.state, s.mapped, s.prev, s.next, s.size, s.addr, s.stream.0, s.owner, s.pool,
+        );
+        let d = self.block_mut(dst);
+        if s_state != State::Free || d.mapped != s_mapped {
             return 0;
         }
-        if self.block(dst).prev == src {
-            let d = self.block_mut(dst);
-            d.addr = s.addr;
-            d.prev = s.prev;
-            if s.prev != NIL {
-                self.block_mut(s.prev).next = dst;
+        d.size += s_size;
+        if d.prev == src {
+            d.addr = s_addr;
+            d.prev = s_prev;
+            if s_prev != NIL {
+                self.block_mut(s_prev).next = dst;
             }
         } else {
-            self.block_mut(dst).next = s.next;
-            if s.next != NIL {
-                self.block_mut(s.next).prev = dst;
+            d.next = s_next;
+            if s_next != NIL {
+                self.block_mut(s_next).prev = dst;
             }
         }
-        self.block_mut(dst).size += s.size;
-        let pool = self.pool_mut(s.owner, s.pool);
-        if s.mapped {
-            pool.blocks.remove(&(s.stream.0, s.size, s.addr));
+        let pool = self.pool_mut(s_owner, s_pool);
+        if s_mapped {
+            pool.blocks.remove(s_stream, s_size, s_addr);
         } else {
-            pool.unmapped.remove(&(s.stream.0, s.addr));
+            pool.unmapped.remove(&(s_stream, s_addr));
         }
         self.delete_block(src);
-        s.size
+        s_size
     }
 }

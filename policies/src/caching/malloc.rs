@@ -113,21 +113,17 @@ impl CachingPolicy {
             };
             blk.size + next_unmapped
         };
-        let mut it = pool.blocks.range((stream.0, size, 0)..);
-        let (&(s, _, _), &first) = it.next()?;
-        if s != stream.0 {
-            return None;
-        }
-        let mut cur = first;
+        let set = &pool.blocks;
+        let mut at = set.first_at_least(stream.0, size)?;
+        let mut cur = set.entry(at).id;
         if b(cur).expandable {
             if expandable_active {
                 // Judge a block that touches unmapped space by what it can grow to.
                 while b(cur).expandable {
-                    match it.next() {
-                        Some((&(s2, _, _), &n))
-                            if s2 == stream.0 && expandable_size(n) < expandable_size(cur) =>
-                        {
-                            cur = n
+                    match set.next(at) {
+                        Some(n) if expandable_size(set.entry(n).id) < expandable_size(cur) => {
+                            at = n;
+                            cur = set.entry(n).id;
                         }
                         _ => break,
                     }
@@ -135,12 +131,9 @@ impl CachingPolicy {
             } else {
                 // Expandable segments were turned off: skip expandable blocks.
                 loop {
-                    let (&(s2, _, _), &n) = it.next()?;
-                    if s2 != stream.0 {
-                        return None;
-                    }
-                    cur = n;
-                    if !b(n).expandable {
+                    at = set.next(at)?;
+                    cur = set.entry(at).id;
+                    if !b(cur).expandable {
                         break;
                     }
                 }
@@ -156,15 +149,14 @@ impl CachingPolicy {
         if size >= max_split && found.size >= size.saturating_add(rounding) {
             return None;
         }
-        let key = (found.stream.0, found.size, found.addr);
-        pool.blocks.remove(&key);
+        pool.blocks.remove_at(at);
         Some(cur)
     }
 
     /// `should_split`.
     fn should_split(&self, id: u32, size: u64, expandable_active: bool) -> bool {
         let block = self.block(id);
-        if self.no_split.contains(&self.pools[block.owner as usize].id) {
+        if !self.no_split.is_empty() && self.no_split.contains(&self.pools[block.owner as usize].id) {
             return false;
         }
         let remaining = block.size - size;
@@ -177,48 +169,57 @@ impl CachingPolicy {
 
     /// `alloc_found_block`: carves the request from the front of the block.
     fn alloc_found_block(&mut self, id: u32, size: u64, orig_size: u64, split: bool) -> Allocation {
-        let already_split = self.is_split(id);
-        let (pool, expandable) = {
-            let b = self.block(id);
-            (b.pool, b.expandable)
-        };
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let b = self.blocks.get_mut(id).expect("dead block");
+        let already_split = b.prev != NIL || b.next != NIL;
+        let (pool, expandable) = (b.pool, b.expandable);
         let block_id = if split {
-            let remaining = id;
-            let r = self.block(remaining).clone();
-            let new_id = self.insert_block(r.piece(r.addr, size, true, r.prev, remaining));
-            if r.prev != NIL {
-                self.block_mut(r.prev).next = new_id;
+            // The request takes the front; the block keeps the rest and goes back to its
+            // pool.
+            let front = Block {
+                size,
+                requested: orig_size,
+                state: State::Allocated,
+                serial,
+                next: id,
+                ..b.clone()
+            };
+            let (prev, stream, rest_size, rest_addr, owner) =
+                (b.prev, b.stream.0, b.size - size, b.addr + size, b.owner);
+            b.addr = rest_addr;
+            b.size = rest_size;
+            let front_id = self.blocks.insert(front);
+            self.blocks.get_mut(id).expect("dead block").prev = front_id;
+            if prev != NIL {
+                self.block_mut(prev).next = front_id;
             }
-            let rem = self.block_mut(remaining);
-            rem.prev = new_id;
-            rem.addr += size;
-            rem.size -= size;
-            let remaining_size = rem.size;
-            self.insert_into_blocks(remaining);
+            let pair = &mut self.pools[owner as usize];
+            let free = pair.get_mut(pool);
+            let clock = free.get_free_blocks_call_count;
+            let added = free.blocks.insert(stream, rest_size, rest_addr, id);
+            debug_assert!(added, "two free blocks with one key");
+            self.block_mut(id).gc_count_base = clock;
             if already_split && !expandable {
                 self.stats.inactive_split_bytes.decrease(pool, size);
             } else if !expandable {
-                self.stats
-                    .inactive_split_bytes
-                    .increase(pool, remaining_size);
+                self.stats.inactive_split_bytes.increase(pool, rest_size);
                 self.stats.inactive_split.increase(pool, 1);
             }
-            new_id
+            front_id
         } else {
+            b.state = State::Allocated;
+            b.requested = orig_size;
+            b.serial = serial;
             if already_split && !expandable {
-                let block_size = self.block(id).size;
+                let block_size = b.size;
                 self.stats.inactive_split_bytes.decrease(pool, block_size);
                 self.stats.inactive_split.decrease(pool, 1);
             }
             id
         };
-        let serial = self.next_serial;
-        self.next_serial += 1;
         let max_split = self.config.max_split_size_bytes;
-        let block = self.block_mut(block_id);
-        block.state = State::Allocated;
-        block.requested = orig_size;
-        block.serial = serial;
+        let block = self.block(block_id);
         let (block_size, addr, stream) = (block.size, block.addr, block.stream);
         let s = &mut self.stats;
         s.allocation.increase(pool, 1);

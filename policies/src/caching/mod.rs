@@ -52,6 +52,7 @@ mod adopt;
 mod config;
 mod expandable;
 mod free;
+mod free_set;
 mod invariants;
 mod malloc;
 mod pools;
@@ -163,14 +164,13 @@ impl Block {
     }
 }
 
-type SizeKey = (u64, u64, u64);
 type AddrKey = (u64, u64);
 
 /// One pool's free blocks: PyTorch's `BlockPool`.
 #[derive(Debug, Default)]
 struct BlockPool {
     /// Free mapped blocks by (stream, size, address).
-    blocks: BTreeMap<SizeKey, u32>,
+    blocks: free_set::FreeSet,
     /// Unmapped address space of expandable segments by (stream, address).
     unmapped: BTreeMap<AddrKey, u32>,
     /// `get_free_block` calls while garbage collection is on: the clock of block ages.
@@ -464,14 +464,15 @@ impl CachingPolicy {
 
     /// `BlockPool::insert_into_blocks`: into the free set, stamped with the GC clock.
     fn insert_into_blocks(&mut self, id: u32) {
-        let (owner, pool_kind, key) = {
+        let (owner, pool_kind, stream, size, addr) = {
             let b = self.block(id);
-            (b.owner, b.pool, (b.stream.0, b.size, b.addr))
+            (b.owner, b.pool, b.stream.0, b.size, b.addr)
         };
-        let clock = self.pool(owner, pool_kind).get_free_blocks_call_count;
+        let pool = self.pools[owner as usize].get_mut(pool_kind);
+        let clock = pool.get_free_blocks_call_count;
+        let added = pool.blocks.insert(stream, size, addr, id);
+        debug_assert!(added, "two free blocks with one key");
         self.block_mut(id).gc_count_base = clock;
-        let previous = self.pool_mut(owner, pool_kind).blocks.insert(key, id);
-        debug_assert!(previous.is_none(), "two free blocks with one key");
     }
 
     /// The block of a live allocation, checking that the allocation is its tenant.
@@ -513,7 +514,7 @@ impl Policy for CachingPolicy {
         if Self::is_uncached(&allocation) {
             return self.uncached_free(device, allocation);
         }
-        if self.completed_early.remove(&allocation.serial) {
+        if !self.completed_early.is_empty() && self.completed_early.remove(&allocation.serial) {
             // A cache release already returned this pending block to its pool.
             return Ok(());
         }

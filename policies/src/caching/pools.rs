@@ -266,9 +266,9 @@ impl CachingPolicy {
                 let pair = &self.pools[p.slot as usize];
                 pair.small
                     .blocks
-                    .keys()
-                    .chain(pair.large.blocks.keys())
-                    .map(|&(_, size, _)| size)
+                    .iter()
+                    .chain(pair.large.blocks.iter())
+                    .map(|(_, e)| e.size)
                     .sum::<u64>()
             })
             .sum()

@@ -20,13 +20,10 @@ impl CachingPolicy {
             return Ok(false);
         }
         let key_size = size.max(max_split);
-        let key = (stream.0, key_size, 0);
-        let hit = self
-            .pool(owner, pool_kind)
-            .blocks
-            .range(key..)
-            .next()
-            .map(|(_, &id)| id);
+        let set = &self.pool(owner, pool_kind).blocks;
+        let hit = set
+            .first_at_least(stream.0, key_size)
+            .map(|at| set.entry(at).id);
         let usable = hit.filter(|&id| {
             let b = self.block(id);
             b.stream == stream && !b.expandable
@@ -36,27 +33,25 @@ impl CachingPolicy {
             return Ok(true);
         }
         // No single block is large enough: free oversize blocks from the largest down.
-        let mut cursor = self
-            .pool(owner, pool_kind)
-            .blocks
-            .range(..key)
-            .next_back()
-            .map(|(k, &id)| (*k, id));
+        // The walk goes down the stream's blocks only (PyTorch's walk stops at another
+        // stream's block).
+        let set = &self.pool(owner, pool_kind).blocks;
+        let mut cursor = set.last_below(stream.0, key_size).map(|at| set.entry(at));
         let mut total_released = 0u64;
-        while let Some((cur_key, cur)) = cursor {
-            let (cur_size, cur_stream, cur_expandable) = {
+        while let Some(entry) = cursor {
+            let cur = entry.id;
+            let (cur_size, cur_expandable) = {
                 let b = self.block(cur);
-                (b.size, b.stream, b.expandable)
+                (b.size, b.expandable)
             };
-            if !(total_released < key_size && cur_size >= max_split && cur_stream == stream) {
+            if !(total_released < key_size && cur_size >= max_split) {
                 break;
             }
-            cursor = self
-                .pool(owner, pool_kind)
-                .blocks
-                .range(..cur_key)
-                .next_back()
-                .map(|(k, &id)| (*k, id));
+            let set = &self.pool(owner, pool_kind).blocks;
+            cursor = set
+                .find(stream.0, entry.size, entry.addr)
+                .and_then(|at| set.prev(at))
+                .map(|at| set.entry(at));
             if !cur_expandable {
                 total_released += cur_size;
                 self.release_block(device, cur)?;
@@ -129,12 +124,7 @@ impl CachingPolicy {
         owner: u32,
         pool_kind: PoolKind,
     ) -> Result<(), DeviceError> {
-        let ids: Vec<u32> = self
-            .pool(owner, pool_kind)
-            .blocks
-            .values()
-            .copied()
-            .collect();
+        let ids: Vec<u32> = self.pool(owner, pool_kind).blocks.ids();
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = self.block(id);
@@ -173,7 +163,7 @@ impl CachingPolicy {
         }
         self.pool_mut(b.owner, b.pool)
             .blocks
-            .remove(&(b.stream.0, b.size, b.addr));
+            .remove(b.stream.0, b.size, b.addr);
         self.delete_block(id);
         Ok(())
     }
@@ -193,7 +183,8 @@ impl CachingPolicy {
         let clock = self.pools[0].large.get_free_blocks_call_count;
         let mut total_age = 0u64;
         let mut freeable = 0u64;
-        for &id in self.pools[0].large.blocks.values() {
+        for (_, entry) in self.pools[0].large.blocks.iter() {
+            let id = entry.id;
             if !self.is_split(id) {
                 total_age += clock - self.block(id).gc_count_base;
                 freeable += 1;
@@ -207,7 +198,7 @@ impl CachingPolicy {
         while reclaimed < target && block_freed && freeable > 0 {
             let age_threshold = total_age as f64 / freeable as f64;
             block_freed = false;
-            let ids: Vec<u32> = self.pools[0].large.blocks.values().copied().collect();
+            let ids: Vec<u32> = self.pools[0].large.blocks.ids();
             for id in ids {
                 let b = self.block(id);
                 let age = clock - b.gc_count_base;
