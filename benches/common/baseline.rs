@@ -129,7 +129,8 @@ impl Baseline {
             let blk = &mut self.blocks[id as usize];
             blk.next = rest_id;
             blk.size = size;
-            self.pool(small).insert((stream, rest, b.addr + size), rest_id);
+            self.pool(small)
+                .insert((stream, rest, b.addr + size), rest_id);
         }
         let blk = &mut self.blocks[id as usize];
         blk.free = false;

@@ -30,7 +30,12 @@ fn main() {
         }
         times.sort_by(f64::total_cmp);
         let med = times[times.len() / 2];
-        println!("baseline {:>10} events  median {:>8.2} ms  {:>6.2} M events/s", trace.events.len(), med * 1e3, trace.events.len() as f64 / med / 1e6);
+        println!(
+            "baseline {:>10} events  median {:>8.2} ms  {:>6.2} M events/s",
+            trace.events.len(),
+            med * 1e3,
+            trace.events.len() as f64 / med / 1e6
+        );
         return;
     }
     let specs = parse_policy_list(policy, &CachingDefaults::default()).unwrap();

@@ -21,7 +21,8 @@ impl CachingPolicy {
     pub(super) fn free_block(&mut self, id: u32) {
         let b = self.block(id);
         debug_assert_eq!(b.state, State::Pending);
-        let (original_size, requested, pool, expandable) = (b.size, b.requested, b.pool, b.expandable);
+        let (original_size, requested, pool, expandable) =
+            (b.size, b.requested, b.pool, b.expandable);
         let (prev, next) = (b.prev, b.next);
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;

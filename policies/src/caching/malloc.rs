@@ -115,15 +115,15 @@ impl CachingPolicy {
         };
         let set = &pool.blocks;
         let mut at = set.first_at_least(stream.0, size)?;
-        let mut cur = set.entry(at).id;
+        let mut cur = at.entry.id;
         if b(cur).expandable {
             if expandable_active {
                 // Judge a block that touches unmapped space by what it can grow to.
                 while b(cur).expandable {
                     match set.next(at) {
-                        Some(n) if expandable_size(set.entry(n).id) < expandable_size(cur) => {
+                        Some(n) if expandable_size(n.entry.id) < expandable_size(cur) => {
                             at = n;
-                            cur = set.entry(n).id;
+                            cur = n.entry.id;
                         }
                         _ => break,
                     }
@@ -132,7 +132,7 @@ impl CachingPolicy {
                 // Expandable segments were turned off: skip expandable blocks.
                 loop {
                     at = set.next(at)?;
-                    cur = set.entry(at).id;
+                    cur = at.entry.id;
                     if !b(cur).expandable {
                         break;
                     }
@@ -156,7 +156,8 @@ impl CachingPolicy {
     /// `should_split`.
     fn should_split(&self, id: u32, size: u64, expandable_active: bool) -> bool {
         let block = self.block(id);
-        if !self.no_split.is_empty() && self.no_split.contains(&self.pools[block.owner as usize].id) {
+        if !self.no_split.is_empty() && self.no_split.contains(&self.pools[block.owner as usize].id)
+        {
             return false;
         }
         let remaining = block.size - size;

@@ -21,9 +21,7 @@ impl CachingPolicy {
         }
         let key_size = size.max(max_split);
         let set = &self.pool(owner, pool_kind).blocks;
-        let hit = set
-            .first_at_least(stream.0, key_size)
-            .map(|at| set.entry(at).id);
+        let hit = set.first_at_least(stream.0, key_size).map(|at| at.entry.id);
         let usable = hit.filter(|&id| {
             let b = self.block(id);
             b.stream == stream && !b.expandable
@@ -36,10 +34,10 @@ impl CachingPolicy {
         // The walk goes down the stream's blocks only (PyTorch's walk stops at another
         // stream's block).
         let set = &self.pool(owner, pool_kind).blocks;
-        let mut cursor = set.last_below(stream.0, key_size).map(|at| set.entry(at));
+        let mut cursor = set.last_below(stream.0, key_size);
         let mut total_released = 0u64;
-        while let Some(entry) = cursor {
-            let cur = entry.id;
+        while let Some(at) = cursor {
+            let cur = at.entry.id;
             let (cur_size, cur_expandable) = {
                 let b = self.block(cur);
                 (b.size, b.expandable)
@@ -47,11 +45,7 @@ impl CachingPolicy {
             if !(total_released < key_size && cur_size >= max_split) {
                 break;
             }
-            let set = &self.pool(owner, pool_kind).blocks;
-            cursor = set
-                .find(stream.0, entry.size, entry.addr)
-                .and_then(|at| set.prev(at))
-                .map(|at| set.entry(at));
+            cursor = self.pool(owner, pool_kind).blocks.prev(at);
             if !cur_expandable {
                 total_released += cur_size;
                 self.release_block(device, cur)?;
