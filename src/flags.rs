@@ -104,6 +104,13 @@ pub enum Command {
     /// The smallest GPU memory each trace runs in under each policy, and which named
     /// GPUs it fits on.
     Fit(FitArgs),
+    /// Sweep traces × grids of policy options × GPUs from a YAML file: one CSV row per
+    /// combination, and per trace a ranking and the recommended configuration
+    /// (docs/sweeps.md).
+    Sweep(SweepArgs),
+    /// Join the CSVs of a sweep's shards (`sweep --shard K/N`) into the CSV one run
+    /// gives, with its summary.
+    Merge(MergeArgs),
     /// Write a synthetic trace.
     Generate(GenerateArgs),
     /// Validate traces and list every problem found.
@@ -264,6 +271,47 @@ pub struct FitArgs {
     pub input: InputArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
+}
+
+/// `allocsim sweep`.
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    /// The sweep file: traces, policies with grids of options, capacities or GPUs
+    /// (YAML, docs/sweeps.md).
+    pub sweep: PathBuf,
+    /// Sweep these trace files instead of the file's `traces` (the file is then a grid
+    /// to try on them, e.g. examples/sweeps/pytorch-knobs.yaml).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Vec<PathBuf>,
+    /// Write the CSV (one row per combination) here; the summary then goes to stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// Run only part K of N of the rows (round robin), to spread a sweep over machines;
+    /// `allocsim merge` joins the parts' CSVs into the CSV of one run.
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<sim::sweep::Shard>,
+    /// `table` (the summary: recommendation, ranking, warnings; the default on a
+    /// terminal) or `csv` (every row; the default in a pipe). With -o, the CSV goes to
+    /// the file and the summary to stdout.
+    #[arg(long, value_enum)]
+    pub format: Option<crate::table::OutputFormat>,
+    /// Check every policy invariant after every event (slow).
+    #[arg(long)]
+    pub check_invariants: bool,
+}
+
+/// `allocsim merge`.
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// The shards' CSVs (`allocsim sweep --shard K/N -o FILE.csv`), in any order.
+    #[arg(required = true)]
+    pub shards: Vec<PathBuf>,
+    /// Write the joined CSV here; the summary then goes to stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// `table` (the summary; the default on a terminal) or `csv` (the default in a pipe).
+    #[arg(long, value_enum)]
+    pub format: Option<crate::table::OutputFormat>,
 }
 
 /// `allocsim gpus`.

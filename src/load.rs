@@ -6,8 +6,8 @@ use std::path::Path;
 use anyhow::bail;
 use policies::caching::{CachingDefaults, MemoryLimit};
 use policies::spec::{parse_policy_list, PolicySpec};
+use sim::inputs::{LoadOptions, TraceSource};
 use sim::{AddressHints, CompareInput, DeviceProfile, ReplayOptions, SimDeviceOptions};
-use workloads::validate::{validate, Severity};
 use workloads::Trace;
 
 use crate::flags::{DeviceArgs, InputArgs};
@@ -24,72 +24,45 @@ pub struct Loaded {
     pub run: Option<workloads::RecordedRun>,
 }
 
-impl Loaded {
-    /// As an input of `sim::compare`.
-    pub fn into_input(self) -> CompareInput {
-        CompareInput {
-            trace: self.trace,
-            hints: self.hints,
-        }
+/// How `input`'s flags read traces.
+pub fn load_options(input: &InputArgs) -> LoadOptions {
+    LoadOptions {
+        format: input.trace_format,
+        snapshot_device: input.snapshot_device,
+        lenient: input.lenient,
     }
 }
 
-/// Reads a trace in any format and validates it. Problems refuse the trace (one line:
-/// the first problem and how many more) unless `lenient`. A recorded run's addresses
-/// become hints for the simulated device `model` (see `sim::recorded::address_hints`).
+/// Reads a trace in any format and validates it (`sim::inputs::load`, the one loader).
+/// Problems refuse the trace (one line: the first problem and how many more) unless
+/// `lenient`. A recorded run's addresses become hints for the simulated device `model`.
 pub fn load_trace(
     path: &Path,
     input: &InputArgs,
     model: &SimDeviceOptions,
 ) -> anyhow::Result<Loaded> {
-    let (trace, run) = workloads::read_source(path, input.trace_format, input.snapshot_device)
-        .map_err(|e| {
-            let hint = if e.more.is_empty() {
-                String::new()
-            } else {
-                format!("; `allocsim check {}` lists them all", path.display())
-            };
-            anyhow::anyhow!("{e}{hint}")
-        })?;
-    // Recorded runs keep the segment addresses PyTorch got, for best-fit ties.
-    let hints = match &run {
-        Some(run) => sim::recorded::address_hints(run, model.total_bytes)?,
-        None => AddressHints::default(),
-    };
-    let issues = validate(&trace);
-    let errors: Vec<_> = issues
-        .iter()
-        .filter(|i| i.severity == Severity::Error)
-        .collect();
-    if let Some(first) = errors.first() {
-        if !input.lenient {
-            let more = match errors.len() - 1 {
-                0 => String::new(),
-                n => format!(
-                    " ({n} more problem{}; `allocsim check {}` lists them all)",
-                    if n == 1 { "" } else { "s" },
-                    path.display()
-                ),
-            };
-            bail!(
-                "{}{more}; --lenient replays it anyway",
-                first.display_with(&trace)
-            );
-        }
-    }
-    Ok(Loaded { trace, hints, run })
+    let source = TraceSource::File(path.to_path_buf());
+    let (loaded, run) = sim::inputs::load_with_run(&source, &load_options(input), model)?;
+    Ok(Loaded {
+        trace: loaded.trace,
+        hints: loaded.hints,
+        run,
+    })
 }
 
-/// Reads and validates every trace, as inputs of `sim::compare` on `model`.
+/// Reads and validates every trace, as inputs of `sim::compare` on `model`, each named
+/// for reports by `sim::inputs::report_names` (file stems, unique).
 pub fn load_inputs(
     paths: &[std::path::PathBuf],
     input: &InputArgs,
     model: &SimDeviceOptions,
 ) -> anyhow::Result<Vec<CompareInput>> {
-    paths
-        .iter()
-        .map(|p| load_trace(p, input, model).map(Loaded::into_input))
-        .collect()
+    let sources: Vec<TraceSource> = paths.iter().cloned().map(TraceSource::File).collect();
+    Ok(sim::inputs::load_all(
+        &sources,
+        &load_options(input),
+        model,
+    )?)
 }
 
 /// The simulated device, the capacities to run at, and the caching defaults.

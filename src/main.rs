@@ -184,6 +184,8 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Replay(a) => commands::replay::run(a),
         Command::Compare(a) => commands::compare::run(a),
         Command::Fit(a) => commands::fit::run(a),
+        Command::Sweep(a) => commands::sweep::run(a),
+        Command::Merge(a) => commands::sweep::merge(a),
         Command::Generate(a) => commands::generate::run(a),
         Command::Check(a) => commands::check::run(a),
         Command::Policies(a) => commands::policies::run(a),

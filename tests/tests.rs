@@ -25,5 +25,7 @@ mod recorder;
 mod reliability;
 /// Nothing points outside the repository.
 mod selfcontained;
+/// `allocsim sweep` and `allocsim merge`: the sweep file, rows, shards, the summary.
+mod sweep;
 /// Helpers: running the binary, temporary files.
 mod util;

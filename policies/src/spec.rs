@@ -143,6 +143,26 @@ pub fn parse_policy(text: &str, defaults: &CachingDefaults) -> Result<PolicySpec
     })
 }
 
+/// The policy name and the `key=value` settings of a specification, as written (a
+/// comma inside `[...]` does not split; a setting without `=` has an empty value). For
+/// reading labels back, e.g. a sweep's rows; [`parse_policy`] checks them.
+pub fn split_spec(text: &str) -> (&str, Vec<(&str, &str)>) {
+    let text = text.trim();
+    let (name, rest) = match text.split_once(':') {
+        Some((n, r)) => (n.trim(), r),
+        None => (text, ""),
+    };
+    let settings = split_top_level(rest)
+        .into_iter()
+        .filter(|o| !o.trim().is_empty())
+        .map(|o| match o.split_once('=') {
+            Some((key, value)) => (key.trim(), value.trim()),
+            None => (o.trim(), ""),
+        })
+        .collect();
+    (name, settings)
+}
+
 /// Splits on commas that are not inside `[...]`.
 fn split_top_level(text: &str) -> Vec<&str> {
     let mut out = Vec::new();

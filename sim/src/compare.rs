@@ -110,7 +110,9 @@ pub fn compare(
     results.into_iter().collect()
 }
 
-fn run_one(
+/// Replays one (trace, policy, device) row: the replay, the explanation of its first
+/// out-of-memory with the remedies checked, and its caveats.
+pub(crate) fn run_one(
     input: &CompareInput,
     spec: &PolicySpec,
     device: &SimDeviceOptions,

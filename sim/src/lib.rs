@@ -37,12 +37,15 @@ pub mod explain;
 pub mod fault;
 pub mod fidelity;
 pub mod fit;
+pub mod inputs;
 mod metrics;
 mod observe;
 mod profile;
 pub mod recorded;
 mod replay;
 pub mod report;
+pub mod stats;
+pub mod sweep;
 pub mod validation;
 
 pub use caveats::caveats;

@@ -293,6 +293,7 @@ mod tests {
             columns::<TimelineRecord>(),
             columns::<FidelityRow>(),
             columns::<crate::validation::ValidationRecord<'_>>(),
+            columns::<crate::sweep::SweepRecord>(),
         ];
         for c in all.iter().flatten() {
             assert!(

@@ -44,13 +44,39 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         OutputFormat::Csv => {
             sim::report::write_compare_csv(&rows, &mut out).context("writing the CSV")?
         }
-        OutputFormat::Table => write!(out, "{}", table(&rows))?,
+        OutputFormat::Table => {
+            write!(out, "{}", table(&rows))?;
+            write!(out, "{}", across(&rows))?;
+        }
     }
     out.finish()?;
     if let Some(path) = &args.output {
         eprintln!("wrote {} ({} rows)", path.display(), rows.len());
     }
     Ok(Exit::Ran)
+}
+
+/// With two traces or more, each (policy, capacity)'s spread across them: mean,
+/// median, p95 and the 95% confidence interval of utilization, reserved peak and
+/// overhead (as `sweep` prints it; `docs/metrics.md`).
+fn across(rows: &[sim::Row]) -> String {
+    let records: Vec<sim::sweep::SweepRecord> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let device = workloads::size::format_size_exact(r.total_bytes);
+            sim::sweep::SweepRecord::of(i as u64, r, &device, false)
+        })
+        .collect();
+    let traces: std::collections::BTreeSet<&str> =
+        records.iter().map(|r| r.trace.as_str()).collect();
+    if traces.len() < 2 {
+        return String::new();
+    }
+    format!(
+        "\n{}",
+        crate::commands::sweep::across_text(traces.len(), &sim::sweep::group_stats(&records))
+    )
 }
 
 /// The rows for people: sizes in binary units, the OOM as an event number.

@@ -111,7 +111,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
         .collect();
     drop(in_order);
     let results = results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
-    let names = trace_names(&loaded);
+    let names: Vec<&str> = loaded.iter().map(|i| i.trace.name.as_str()).collect();
     let format = OutputFormat::resolve(args.format, args.output.is_some());
     let mut out = output::create(args.output.as_deref())?;
     match format {
@@ -123,7 +123,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
             header.extend(gpus.iter().map(|g| g.name.clone()));
             w.write_record(&header).context("writing the CSV")?;
             for (&(t, p), (fit, on)) in jobs.iter().zip(&results) {
-                w.serialize((record(&names[t], &specs[p].label, fit), on))
+                w.serialize((record(names[t], &specs[p].label, fit), on))
                     .context("writing the CSV")?;
             }
             w.flush().context("writing the CSV")?;
@@ -152,7 +152,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
                         format!("{} ({})", g.name, format_size_human(g.device.total_bytes))
                     });
                 t.row(vec![
-                    names[ti].clone(),
+                    names[ti].to_string(),
                     specs[p].label.clone(),
                     h(fit.min_capacity_bytes),
                     format_size_human(fit.requested_bytes_peak),
@@ -193,24 +193,4 @@ fn record<'a>(trace: &'a str, policy: &'a str, fit: &Fit) -> FitRecord<'a> {
             .unwrap_or_default(),
         monotonic: fit.monotonic,
     }
-}
-
-/// Each trace's name in reports: its name, made unique by its path when two traces
-/// share one.
-pub fn trace_names(inputs: &[sim::CompareInput]) -> Vec<String> {
-    let names: Vec<&str> = inputs.iter().map(|i| i.trace.name.as_str()).collect();
-    inputs
-        .iter()
-        .map(|i| {
-            let n = i.trace.name.as_str();
-            if names.iter().filter(|&&m| m == n).count() > 1 {
-                i.trace
-                    .path
-                    .as_ref()
-                    .map_or(n.to_string(), |p| p.display().to_string())
-            } else {
-                n.to_string()
-            }
-        })
-        .collect()
 }

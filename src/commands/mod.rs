@@ -11,3 +11,4 @@ pub mod gpus;
 pub mod plot;
 pub mod policies;
 pub mod replay;
+pub mod sweep;
