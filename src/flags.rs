@@ -147,6 +147,11 @@ pub struct InputArgs {
     /// Which GPU's trace to read from a snapshot pickle that holds several.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub snapshot_device: usize,
+    /// Ignore the segment addresses a recorded run (JSON or snapshot) got: the
+    /// simulated device's model of the driver places every segment (docs/fidelity.md,
+    /// "Addresses").
+    #[arg(long)]
+    pub no_recorded_addresses: bool,
     /// Removed: see --gpu-profile and --snapshot-device.
     #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "", value_parser = split_device_flag)]
     pub device: Option<String>,
@@ -170,10 +175,12 @@ pub struct DeviceArgs {
     #[arg(long, value_name = "SIZE", value_parser = memory_size)]
     pub total_bytes: Option<u64>,
     /// A `PYTORCH_CUDA_ALLOC_CONF` string for every caching policy, parsed as PyTorch
-    /// 2.11 parses it.
+    /// 2.11 parses it. A recorded run (JSON, or a snapshot that records its settings)
+    /// runs with its own unless this is given (`--alloc-conf ''`: PyTorch's defaults).
     #[arg(long, value_name = "CONF")]
     pub alloc_conf: Option<String>,
-    /// Exact limit on the caching policy's reserved bytes.
+    /// Exact limit on the caching policy's reserved bytes. A recorded run that was
+    /// capped keeps its cap unless this, --memory-fraction or --capacity is given.
     #[arg(long, value_name = "SIZE", value_parser = memory_size, conflicts_with = "memory_fraction")]
     pub cap: Option<u64>,
     /// `torch.cuda.set_per_process_memory_fraction(F)`: limit = floor(F × total bytes).
@@ -439,6 +446,21 @@ pub struct FidelityArgs {
     /// model (shows how much best-fit ties depend on the driver's placement).
     #[arg(long)]
     pub no_recorded_addresses: bool,
+    /// What-if check: replay this recorded run's requests (the same program under
+    /// another configuration or cap) under each run's recorded settings, with this
+    /// run's addresses as hints, and compare with what PyTorch did in each run.
+    #[arg(long, value_name = "RUN")]
+    pub requests_from: Option<PathBuf>,
+    /// A `PYTORCH_CUDA_ALLOC_CONF` string in place of the one each run recorded.
+    #[arg(long, value_name = "CONF")]
+    pub alloc_conf: Option<String>,
+    /// A cap (`set_per_process_memory_fraction`, as exact bytes) in place of the one each
+    /// run recorded; for snapshot pickles, which do not record theirs.
+    #[arg(long, value_name = "SIZE", value_parser = memory_size, conflicts_with = "memory_fraction")]
+    pub cap: Option<u64>,
+    /// `set_per_process_memory_fraction(F)` in place of each run's recorded cap.
+    #[arg(long, value_name = "F", value_parser = fraction)]
+    pub memory_fraction: Option<f64>,
     /// Which GPU's trace to read from a snapshot pickle that holds several.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub snapshot_device: usize,

@@ -613,6 +613,175 @@ fn fidelity_header_and_exact_row() {
     assert_eq!(o.status.code(), Some(2));
 }
 
+/// `replay` of a recorded run runs under the settings it recorded (its
+/// PYTORCH_CUDA_ALLOC_CONF and its cap) and says so; `--alloc-conf ''` gives PyTorch's
+/// defaults, and `--capacity` (another card) leaves the recorded cap out.
+#[test]
+fn replay_applies_the_recorded_settings() {
+    let run = "tests/data/unseen/gpt_train__expandable_segments-True__cap3140M.json";
+    let o = allocsim(["replay", run]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains(
+            "settings            PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True\", cap 3.07 GiB (3292528640 bytes) as recorded"
+        ),
+        "{out}"
+    );
+    // PyTorch ran out at entry 276 of this run; so does its replay.
+    assert!(
+        out.contains("out of memory       at event 204 (entry 276)"),
+        "{out}"
+    );
+    assert!(out.contains("segments (peak)                2"), "{out}");
+    let o = allocsim(["replay", run, "--alloc-conf", ""]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("not applied: PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True\" (--alloc-conf given)"),
+        "{out}"
+    );
+    assert!(!out.contains("segments (peak)                2"), "{out}");
+    let o = allocsim(["replay", run, "--capacity", "80GiB"]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("not applied: cap 3.07 GiB (--capacity given)"),
+        "{out}"
+    );
+    assert!(out.contains("out of memory               none"), "{out}");
+}
+
+/// `compare` runs each recorded run under its own recorded settings (a line per run on
+/// stderr), with the policies' options on top.
+#[test]
+fn compare_applies_each_runs_settings() {
+    let o = allocsim([
+        "compare",
+        "--format",
+        "csv",
+        "--policies",
+        "caching,caching:expandable_segments=False",
+        "tests/data/unseen/unet_train__expandable_segments-True__cap1642M.json",
+        "examples/seed000.yaml",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("unet_train__expandable_segments-True__cap1642M.json: PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True\", cap 1.60 GiB"),
+        "{err}"
+    );
+    assert!(!err.contains("seed000.yaml:"), "{err}");
+    let out = stdout(&o);
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("unet_train"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    // Both run out under the recorded cap: as recorded, at the request PyTorch failed
+    // (entry 322, event 242), too little memory; without expandable segments earlier,
+    // from fragmentation.
+    let oom = |row: &str| row.split(',').nth(8).unwrap().to_string();
+    assert_eq!(oom(rows[0]), "242", "{out}");
+    assert!(rows[0].contains(",too little memory,"), "{out}");
+    assert_eq!(oom(rows[1]), "231", "{out}");
+    assert!(rows[1].contains(",fragmentation,"), "{out}");
+}
+
+/// `fidelity --requests-from A B` replays A's requests under B's recorded settings and
+/// compares with B (the row is named `B <- A`); a run that starts mid-run cannot take
+/// part in a what-if, and says why.
+#[test]
+fn fidelity_what_if() {
+    let o = allocsim([
+        "fidelity",
+        "tests/data/unseen/unet_train__cap1642M.json",
+        "--requests-from",
+        "tests/data/unseen/unet_train.json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let row = out.lines().nth(1).unwrap();
+    assert!(
+        row.starts_with("unet_train__cap1642M <- unet_train,311,true,"),
+        "{row}"
+    );
+    assert!(row.ends_with(",310,310,true,true"), "{row}");
+    let o = allocsim([
+        "fidelity",
+        "tests/data/unseen/midrun/gpt_train__wrap2000.json",
+        "--requests-from",
+        "tests/data/unseen/unet_train.json",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("gpt_train__wrap2000.json: the recording starts mid-run"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A snapshot pickle does not record its cap: `fidelity --cap` gives it, which makes
+/// the capped pickle exact, and says so on stderr; without it `--explain` says why the
+/// simulation did not run out.
+#[test]
+fn fidelity_takes_a_cap_for_a_pickle() {
+    let pickle = "tests/data/oracle/h100-torch2.11-pickles/random_stress__cap5120M.pickle";
+    let o = allocsim(["fidelity", "--explain", pickle]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).trim_end().ends_with(",false"), "{}", stdout(&o));
+    assert!(stderr(&o).contains("give it with --cap"), "{}", stderr(&o));
+    let o = allocsim(["fidelity", pickle, "--cap", "5120MiB"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).trim_end().ends_with(",true"), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("checked with cap 5.00 GiB (a snapshot does not record its cap)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// `--no-recorded-addresses` leaves a recorded run's addresses out of `replay`: the
+/// driver model places its segments, and a best-fit tie then goes another way.
+#[test]
+fn replay_without_recorded_addresses() {
+    let run = "tests/data/oracle/h100-torch2.11/gpt_train_small__max_split_size_mb-64.json";
+    let with = stdout(&allocsim(["replay", run]));
+    assert!(
+        with.contains("peak reserved           2.83 GiB  (3042967552 bytes)"),
+        "{with}"
+    );
+    let without = stdout(&allocsim(["replay", run, "--no-recorded-addresses"]));
+    assert!(without.contains("(3026190336 bytes)"), "{without}");
+}
+
+/// A recording that starts mid-run: `replay` says what its first entry finds and
+/// that it was rebuilt; `convert` refuses it (YAML and CSV cannot carry the state).
+#[test]
+fn midrun_recordings_say_so() {
+    let run = "tests/data/unseen/midrun/unet_train__late.json";
+    let o = allocsim(["replay", run]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("starts mid-run      the recording's ring buffer wrapped or it began late; its first entry finds 4 segment(s) of 44.00 MiB reserved, 70 live block(s)"),
+        "{}",
+        stdout(&o)
+    );
+    let dir = TempDir::new("midrun-convert");
+    let out = dir.path().join("t.yaml");
+    let o = allocsim([
+        "convert".as_ref(),
+        run.as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the recording starts mid-run"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists());
+}
+
 /// `fidelity` reads every run before writing: a bad file after a good one leaves
 /// stdout empty (no header, no partial table) and exits 2.
 #[test]

@@ -27,6 +27,14 @@ pub fn caveats(trace: &Trace, config: &PolicyConfig, replay: &Replay) -> Vec<Str
             replay.ignored_call_count
         ));
     }
+    if replay.started_by_allocating > 0 {
+        out.push(format!(
+            "the trace starts mid-run and the {} policy cannot take over PyTorch's state at its first entry: \
+             it started by allocating the {} blocks live there, in address order (what came before is not in the trace)",
+            config.kind_name(),
+            replay.started_by_allocating
+        ));
+    }
     if let Some(c) = config.options::<CachingConfig>() {
         if c.backend_cuda_malloc_async {
             out.push(

@@ -61,12 +61,15 @@ pub struct FidelityRow {
     pub first_divergence_event: Option<usize>,
     /// Simulated `reserved_bytes.all.peak`.
     pub reserved_bytes_peak_sim: u64,
-    /// PyTorch's `reserved_bytes.all.peak`.
+    /// PyTorch's `reserved_bytes.all.peak`, or for a trace that starts mid-run or a
+    /// what-if compared in part, the peak of the compared entries' segment operations
+    /// (from the bytes reserved at the first entry).
     pub reserved_bytes_peak_torch: u64,
     /// Simulated `allocated_bytes.all.peak`.
     pub allocated_bytes_peak_sim: u64,
     /// PyTorch's `allocated_bytes.all.peak`; `None` when the recording has no statistics
-    /// (snapshot pickles).
+    /// (snapshot pickles) or when they cover more than the compared entries (a trace
+    /// that starts mid-run, a what-if compared up to where the two runs part).
     pub allocated_bytes_peak_torch: Option<u64>,
     /// Index of the request at which the simulation ran out of memory.
     pub oom_event_sim: Option<usize>,
@@ -184,6 +187,16 @@ pub enum FidelityError {
     /// The run's requests do not form a trace (the recording started late or wrapped).
     #[error(transparent)]
     Trace(#[from] ReadError),
+    /// A what-if check of a run that starts mid-run, or with its requests: requests are
+    /// matched from each run's first entry, which must be the program's first request.
+    #[error(
+        "{path}: the recording starts mid-run (its ring buffer wrapped or it began late); a what-if check \
+         matches two runs' requests from the program's first one, so both must be recorded from the start"
+    )]
+    MidRun {
+        /// The run's file.
+        path: String,
+    },
     /// The replay stopped: a device failure other than out-of-memory, or a policy
     /// error.
     #[error("{path}: entry {index}: {error}")]
@@ -381,7 +394,8 @@ pub fn fidelity(
 /// of `run` or its out-of-memory error.
 ///
 /// # Errors
-/// As [`fidelity`], for either run.
+/// As [`fidelity`], for either run; [`FidelityError::MidRun`] when either starts
+/// mid-run.
 ///
 /// # Panics
 /// As [`fidelity`].
@@ -393,6 +407,13 @@ pub fn fidelity_with_requests(
     let config = run_config_with(run, &options.overrides)?;
     let (target, entry_of) = run.to_trace_with_entries()?;
     let mut source = requests.to_trace()?;
+    for (trace, r) in [(&target, run), (&source, requests)] {
+        if trace.start.is_some() {
+            return Err(FidelityError::MidRun {
+                path: r.path.display().to_string(),
+            });
+        }
+    }
     remap_streams(&mut source, &target);
     let rounding = CachingPolicy::new(config);
     let oom_entry = run.entries.iter().position(|e| e.action == Action::Oom);
@@ -585,10 +606,22 @@ fn check(
             .find(|(k, _)| k == key)
             .map(|(_, v)| *v as u64)
     };
+    // The recorded statistics are the whole process's: they compare with the replay
+    // only when it covers the whole process. A trace that starts mid-run, or a what-if
+    // compared up to where the runs part, is compared over its own entries: the
+    // reserved peak from their segment operations (from the rebuilt state's bytes),
+    // and no allocated peak (the entries record requested sizes, not blocks).
     let start_reserved = trace.start.as_ref().map_or(0, StartState::reserved_bytes);
-    let reserved_torch = stat("reserved_bytes.all.peak")
-        .unwrap_or_else(|| reserved_peak_from_trace(run, start_reserved));
-    let allocated_torch = stat("allocated_bytes.all.peak");
+    let whole_process = trace.start.is_none() && covered >= entries.len();
+    let (reserved_torch, allocated_torch) = if whole_process {
+        (
+            stat("reserved_bytes.all.peak")
+                .unwrap_or_else(|| reserved_peak_from_trace(run, start_reserved, covered)),
+            stat("allocated_bytes.all.peak"),
+        )
+    } else {
+        (reserved_peak_from_trace(run, start_reserved, covered), None)
+    };
     let s = policy.caching_stats();
     let reserved_sim = s.reserved_bytes.all.peak;
     let allocated_sim = s.allocated_bytes.all.peak;
@@ -628,19 +661,40 @@ fn check(
         coverage,
         explain: String::new(),
     };
-    report.explain = explain(run, &report, first_mismatch, report.coverage.as_ref());
+    let mut notes = Vec::new();
+    if run.snapshot.is_some()
+        && run.meta.cap_bytes.is_none()
+        && options.overrides.memory_limit.is_none()
+        && report.row.oom_event_torch.is_some()
+        && report.row.oom_event_sim.is_none()
+    {
+        notes.push(
+            "PyTorch ran out of memory and the simulation did not: a snapshot does not record the \
+             run's cap (set_per_process_memory_fraction); if it had one, give it with --cap"
+                .to_string(),
+        );
+    }
+    report.explain = explain(
+        run,
+        &report,
+        first_mismatch,
+        report.coverage.as_ref(),
+        &notes,
+    );
     Ok(report)
 }
 
 /// Reserved-bytes peak computed from the recorded segment operations, from `start`
-/// bytes reserved before the first entry.
-fn reserved_peak_from_trace(run: &RecordedRun, start: u64) -> u64 {
+/// bytes reserved before the first entry, over the operations caused by the entries
+/// before `end` (a request's operations come before its entry: those of the request
+/// at `end` are left out).
+fn reserved_peak_from_trace(run: &RecordedRun, start: u64, end: usize) -> u64 {
     let mut now = i128::from(start);
     let mut peak = now;
-    for e in &run.entries {
-        match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => now += i128::from(e.size),
-            Action::SegmentFree | Action::SegmentUnmap => now -= i128::from(e.size),
+    for (_, op) in torch_ops(run).iter().filter(|(_, op)| op.owner < end) {
+        match op.action {
+            Action::SegmentAlloc | Action::SegmentMap => now += i128::from(op.bytes),
+            Action::SegmentFree | Action::SegmentUnmap => now -= i128::from(op.bytes),
             _ => {}
         }
         peak = peak.max(now);
@@ -662,6 +716,7 @@ fn explain(
     report: &FidelityReport,
     first_mismatch: Option<usize>,
     coverage: Option<&Coverage>,
+    notes: &[String],
 ) -> String {
     let mut out = String::new();
     let row = &report.row;
@@ -669,6 +724,9 @@ fn explain(
         return out;
     }
     let _ = writeln!(out, "{}: not exact", row.trace);
+    for note in notes {
+        let _ = writeln!(out, "  {note}");
+    }
     if let Some(c) = coverage.filter(|c| !c.complete) {
         let _ = writeln!(
             out,

@@ -84,6 +84,9 @@ pub struct LoadOptions {
     /// Replay traces that fail validation (unknown frees and zero-size requests are
     /// skipped) instead of refusing them.
     pub lenient: bool,
+    /// Ignore a recorded run's segment addresses (no hints: the simulated device's
+    /// address model places every segment).
+    pub no_recorded_addresses: bool,
 }
 
 /// A trace that cannot be replayed. One line naming the file and the place.
@@ -162,8 +165,10 @@ pub fn load_with_run(
                     .map_err(LoadError::Read)?;
             // Recorded runs keep the segment addresses PyTorch got, for best-fit ties.
             let hints = match &run {
-                Some(run) => crate::recorded::address_hints(run, model.total_bytes)?,
-                None => AddressHints::default(),
+                Some(run) if !options.no_recorded_addresses => {
+                    crate::recorded::address_hints(run, model.total_bytes)?
+                }
+                _ => AddressHints::default(),
             };
             (trace, hints, run)
         }

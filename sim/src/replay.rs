@@ -46,6 +46,10 @@ pub struct Replay {
     /// Allocator calls (private pools, settings, statistics resets, enabling) the
     /// policy does not model and ignored: its numbers do not reflect them.
     pub ignored_call_count: u64,
+    /// For a trace that starts mid-run under a policy that cannot take over PyTorch's
+    /// state ([`Policy::adopt`]): the blocks live at the first entry, which it
+    /// allocated in address order before the first event instead (0 otherwise).
+    pub started_by_allocating: u64,
     /// Policy accounting at the end.
     pub final_policy: PolicyStats,
     /// Device accounting at the end.
@@ -82,8 +86,8 @@ pub enum ReplayError {
         message: String,
     },
     /// The trace starts mid-run and its starting state could not be taken over: the
-    /// policy cannot adopt a recorded state (only the caching policy can), or the state
-    /// contradicts it, or does not fit the device.
+    /// state contradicts the policy, or does not fit the device (a policy that cannot
+    /// adopt a state at all allocates its live blocks instead).
     #[error("the trace starts mid-run, from a rebuilt allocator state: {error}")]
     Start {
         /// Why.
@@ -227,22 +231,71 @@ pub fn replay_with<O: Observer + ?Sized>(
 ) -> Result<Replay, ReplayError> {
     let mut live = LiveTable::for_trace(trace);
     let mut recorder = Recorder::new();
+    let mut started_by_allocating = 0u64;
     if let Some(start) = &trace.start {
-        let allocations = policy
-            .adopt(device, &adopt_segments(start))
-            .map_err(|error| ReplayError::Start { error })?;
-        for (block, allocation) in start
+        let blocks = start
             .segments
             .iter()
-            .flat_map(|s| &s.blocks)
-            .zip(allocations)
-        {
-            live.insert(block.id, allocation);
-            if block.pending_free {
-                if let Some(l) = live.get_mut(block.id) {
-                    l.free_requested = true;
+            .flat_map(|s| s.blocks.iter().map(move |b| (b, StreamId(s.stream))));
+        match policy.adopt(device, &adopt_segments(start)) {
+            Ok(allocations) => {
+                for ((block, _), allocation) in blocks.zip(allocations) {
+                    live.insert(block.id, allocation);
+                    if block.pending_free {
+                        if let Some(l) = live.get_mut(block.id) {
+                            l.free_requested = true;
+                        }
+                    }
                 }
             }
+            // A policy that cannot take over PyTorch's state starts by allocating the
+            // blocks live at the first entry, in address order (a caveat says so).
+            Err(AdoptError::Unsupported { .. }) => {
+                for (block, stream) in blocks {
+                    let request = Request {
+                        size_bytes: block.requested_bytes,
+                        stream,
+                    };
+                    let allocation = match policy.allocate(device, request) {
+                        Ok(a) => a,
+                        Err(AllocError::OutOfMemory { .. }) => {
+                            return Err(ReplayError::Start {
+                                error: AdoptError::Invalid(format!(
+                                    "the {} blocks live at the first entry ({} of them allocated) do not fit under this policy on this device",
+                                    start.block_count(),
+                                    started_by_allocating
+                                )),
+                            })
+                        }
+                        Err(AllocError::Device(error)) => {
+                            return Err(ReplayError::Start {
+                                error: AdoptError::Device(error),
+                            })
+                        }
+                        Err(error) => {
+                            return Err(ReplayError::Policy {
+                                event_index: 0,
+                                error: Box::new(error),
+                            })
+                        }
+                    };
+                    started_by_allocating += 1;
+                    if block.pending_free {
+                        policy
+                            .free_requested(device, &allocation)
+                            .map_err(|error| ReplayError::Start {
+                                error: AdoptError::Device(error),
+                            })?;
+                    }
+                    live.insert(block.id, allocation);
+                    if block.pending_free {
+                        if let Some(l) = live.get_mut(block.id) {
+                            l.free_requested = true;
+                        }
+                    }
+                }
+            }
+            Err(error) => return Err(ReplayError::Start { error }),
         }
         let (stats, dstats) = (policy.stats(), device.stats());
         recorder.observe_start(&stats, &dstats);
@@ -457,6 +510,7 @@ pub fn replay_with<O: Observer + ?Sized>(
         skipped_event_count: skipped,
         live_allocation_count: live.len(),
         ignored_call_count: ignored_calls,
+        started_by_allocating,
         final_policy: policy.stats(),
         final_device: device.stats(),
     })

@@ -243,6 +243,7 @@ mod tests {
             oom_count: u64::from(oom_at.is_some()),
             skipped_event_count: 0,
             live_allocation_count: 0,
+            started_by_allocating: 0,
             ignored_call_count: 0,
             final_policy: PolicyStats::default(),
             final_device: DeviceStats::default(),

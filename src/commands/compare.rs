@@ -26,12 +26,35 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         )?;
     }
     let setup = load::device_setup(&args.device)?;
-    let specs = load::policies(&args.policies, &setup.caching)?;
+    // Flags are checked before any trace is read.
+    load::policies(&args.policies, &setup.caching)?;
     let inputs = load::load_inputs(&args.traces, &args.input, &setup.options)?;
+    // Each recorded run under its own recorded settings, unless flags replace them.
+    let mut runs = Vec::with_capacity(inputs.len());
+    for (input, path) in inputs.into_iter().zip(&args.traces) {
+        let settings = load::settings(&input.trace.meta, &args.device);
+        if let Some(note) = &settings.note {
+            eprintln!("{}: {note}", path.display());
+        }
+        if let Some(start) = crate::commands::replay::start_line(&input.trace) {
+            eprintln!("{}: starts mid-run: {start}", path.display());
+        }
+        let specs = load::policies(&args.policies, &settings.caching)?;
+        runs.push((input, specs));
+    }
     let rows = {
         // Ctrl-C stops every replay at its next event; nothing is written then.
         let _in_order = interrupt::in_order();
-        sim::compare(&inputs, &specs, &setup.devices, &setup.replay)?
+        let mut rows = Vec::new();
+        for (input, specs) in &runs {
+            rows.extend(sim::compare(
+                std::slice::from_ref(input),
+                specs,
+                &setup.devices,
+                &setup.replay,
+            )?);
+        }
+        rows
     };
     crate::commands::replay::warn_caveats(rows.iter().flat_map(|r| {
         r.caveats

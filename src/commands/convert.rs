@@ -22,6 +22,15 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
         &[&args.input],
     )?;
     let (trace, _) = workloads::read_source(&args.input, args.format, args.snapshot_device)?;
+    if let Some(start) = &trace.start {
+        anyhow::bail!(
+            "{}: the recording starts mid-run (its first entry finds {}); YAML and CSV traces \
+             start from an empty allocator and cannot carry that state: replay, compare or \
+             check the recording itself",
+            args.input.display(),
+            start.describe()
+        );
+    }
     let mut out = output::create(Some(&args.output))?;
     workloads::write(&trace, to, &mut out)
         .with_context(|| format!("writing {}", args.output.display()))?;

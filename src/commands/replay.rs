@@ -31,7 +31,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         bail!("--capacity: replay takes one capacity; `allocsim compare` takes several");
     }
     let loaded = load::load_trace(&args.trace, &args.input, &setup.options)?;
-    let specs = load::policies(std::slice::from_ref(&args.policy), &setup.caching)?;
+    let settings = load::settings(&loaded.trace.meta, &args.device);
+    let specs = load::policies(std::slice::from_ref(&args.policy), &settings.caching)?;
     let [spec] = specs.as_slice() else {
         bail!("--policy takes one policy; `allocsim compare --policies` takes several");
     };
@@ -95,11 +96,20 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         out.finish()?;
     }
     let mut out = output::create(None)?;
-    write!(
-        out,
-        "{}",
-        summary(&loaded.trace, &label, device.options(), &r)
-    )?;
+    let mut text = summary(&loaded.trace, &label, device.options(), &r);
+    // What the summary's policy line rests on, right after it: the recorded settings
+    // in force, and where the trace starts.
+    let mut extra = String::new();
+    if let Some(note) = &settings.note {
+        extra += &format!("settings            {note}\n");
+    }
+    if let Some(start) = start_line(&loaded.trace) {
+        extra += &format!("starts mid-run      {start}\n");
+    }
+    if let Some(at) = text.find("\ndevice ") {
+        text.insert_str(at + 1, &extra);
+    }
+    write!(out, "{text}")?;
     for c in &caveats {
         writeln!(out, "not exact           {c}")?;
     }
@@ -260,6 +270,26 @@ fn why_text(trace: &Trace, e: &OomExplanation, stack: &[String]) -> String {
         );
     }
     out
+}
+
+/// For a trace that starts mid-run, what its replay starts from and what that
+/// assumes (one line); `None` for a trace that starts from an empty allocator.
+pub fn start_line(trace: &Trace) -> Option<String> {
+    let start = trace.start.as_ref()?;
+    let unsized_blocks = start.unsized_block_count();
+    let sizes = if unsized_blocks == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {unsized_blocks} of the blocks were freed inside the trace without their size recorded, \
+             and get the size PyTorch's splitting rules give their request"
+        )
+    };
+    Some(format!(
+        "the recording's ring buffer wrapped or it began late; its first entry finds {}, \
+         rebuilt from the final segments by undoing the trace{sizes}",
+        start.describe()
+    ))
 }
 
 /// A size in binary units with its exact bytes: `1.50 GiB (1610612736 bytes)`.

@@ -980,6 +980,16 @@ mod tests {
             }]
         );
         assert_eq!(t.events, vec![Event::Free { id: AllocId(0) }]);
+        // A state with a private pool's segment is refused, in one readable sentence
+        // (the message once held a run of spaces from a line break).
+        run.segments[0].pool_id = (1, 0);
+        let err = run.rebuild_start().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "x.pickle: the trace does not start from an empty allocator, and the segment at 0x0 \
+             belongs to the private memory pool (1, 0): rebuilding the state of private pools at \
+             the first entry is not supported yet"
+        );
     }
 
     /// `expandable_segments:True` in a format-1 JSON makes its segments expandable.

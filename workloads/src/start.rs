@@ -268,7 +268,9 @@ impl RecordedRun {
                 &self.path,
                 None,
                 format!(
-                    "the trace does not start from an empty allocator, and the segment at {:#x}                      belongs to the private memory pool {:?}: rebuilding the state of private                      pools at the first entry is not supported yet",
+                    "the trace does not start from an empty allocator, and the segment at {:#x} \
+                     belongs to the private memory pool {:?}: rebuilding the state of private \
+                     pools at the first entry is not supported yet",
                     s.address, s.pool_id
                 ),
             ));
