@@ -128,7 +128,11 @@ pages_trace pages-20m $((20 * MIB)) 800
 ORACLE=(tests/data/oracle/h100-torch2.11/*.json)
 RECORDED=(tests/data/recorded/*.json)
 PICKLES=(tests/data/torch/*.pickle tests/data/oracle/h100-torch2.11-pickles/*.pickle)
-OTHERS=(examples/*.yaml examples/*.csv tests/data/traces/*.yaml "$WORK/gen-s1.yaml" "$WORK/gen-ln-s2.yaml")
+# examples/ also holds sweep files: take only what `allocsim check` reads as a trace.
+OTHERS=()
+for f in examples/*.yaml examples/*.csv tests/data/traces/*.yaml "$WORK/gen-s1.yaml" "$WORK/gen-ln-s2.yaml"; do
+    "$A" check "$f" >/dev/null 2>&1 && OTHERS+=("$f")
+done
 
 # ---- full: every trace, no capacity -----------------------------------------------------
 run_set full oracle "${ORACLE[@]}" --policies "$POLICIES" "${PROFILE[@]}"

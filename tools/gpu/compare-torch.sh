@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# GPU-machine benchmarks: allocsim end to end vs PyTorch's allocator (Python and native)
+# on the same CSV traces, and batch scaling of `compare` over 1..16 threads.
+# Usage: OUT=DIR tools/gpu/compare-torch.sh PATH/TO/allocsim (a release build; needs python3 with torch and g++)
+set -uo pipefail
+A=$(readlink -f "$1"); D=$(dirname "$(readlink -f "$0")"); W=$(mktemp -d)
+exec > >(tee -a "$OUT/bench.txt") 2>&1
+date -u; nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c 'import torch;print("torch", torch.__version__)'
+TORCH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')
+g++ -O2 -std=c++17 "$D/native_replay.cpp" -I"$TORCH/include" -I/usr/local/cuda/include \
+  -L"$TORCH/lib" -lc10 -lc10_cuda -Wl,-rpath,"$TORCH/lib" -o "$W/native" 2>&1 | tail -5
+for n in 100000 1000000 10000000; do
+  "$A" generate random --seed 1 --events $n -o "$W/t$n.csv" >/dev/null 2>&1
+  ev=$(($(wc -l < "$W/t$n.csv") - 1))
+  for p in caching immediate buddy arena; do
+    best=
+    for r in 1 2 3; do
+      s=$EPOCHREALTIME; "$A" replay "$W/t$n.csv" --policy $p > /dev/null 2>"$W/err" || { echo "replay failed: $(head -1 $W/err)"; }; e=$EPOCHREALTIME
+      best=$(awk -v s=$s -v e=$e -v b="$best" 'BEGIN { t = e - s; if (b == "" || t < b) b = t; print b }')
+    done
+    echo "allocsim-e2e $n events=$ev policy=$p best_s=$best events_per_s=$(awk -v n=$ev -v t=$best 'BEGIN { printf "%.0f", n / t }')"
+  done
+  timeout 200 python3 "$D/torch_replay.py" "$W/t$n.csv" 3
+  [ -x "$W/native" ] && timeout 100 "$W/native" "$W/t$n.csv" 3
+done
+# batch scaling: 64 jobs (16 traces x 4 policies) of 1e6 events
+for s in $(seq 1 16); do "$A" generate random --seed $s --events 1000000 -o "$W/b$s.csv" >/dev/null 2>&1; done
+for th in 1 2 4 8 16; do
+  s=$EPOCHREALTIME
+  RAYON_NUM_THREADS=$th "$A" compare "$W"/b*.csv --policies caching,immediate,buddy,arena --format csv -o "$W/c$th.csv" >/dev/null 2>&1
+  e=$EPOCHREALTIME; echo "compare-64-jobs threads=$th wall_s=$(awk -v s=$s -v e=$e 'BEGIN { print e - s }')"
+done
+cmp "$W/c1.csv" "$W/c16.csv" && echo "compare output identical for 1 and 16 threads"
