@@ -296,14 +296,28 @@ fn checkpoint_entries(run: &RecordedRun) -> Vec<usize> {
 }
 
 /// The entry index whose request caused each recorded segment operation: the `alloc`
-/// or `oom` entry that follows it, or the `empty_cache` marker before it when no other
-/// request came between.
+/// or `oom` entry that follows it, or, for a release, the `empty_cache` marker or the
+/// allocator call (a pool's release, a MemPool's destruction: [`RecordedRun::calls`],
+/// which the replay ties to the entry they follow) before it when no other request
+/// came between.
 fn torch_ops(run: &RecordedRun) -> Vec<(usize, SegmentOp)> {
     let mut out = Vec::new();
     let mut pending: Vec<(usize, Action, u64)> = Vec::new();
     let mut marker: Option<usize> = None;
+    let mut calls = run
+        .calls
+        .iter()
+        .map(|(at, _)| at.map_or(0, |a| a as usize))
+        .peekable();
     for (i, e) in run.entries.iter().enumerate() {
         match e.action {
+            // `empty_cache` only releases: a segment allocated or mapped after it is
+            // the next request's, even with no request between (a mark's `snapshot`
+            // entry, as `torch.cuda.graph` empties the cache just before capturing).
+            Action::SegmentAlloc | Action::SegmentMap => {
+                marker = None;
+                pending.push((i, e.action, e.size));
+            }
             a if a.is_segment_op() => match marker {
                 Some(m) => out.push((
                     i,
@@ -343,6 +357,20 @@ fn torch_ops(run: &RecordedRun) -> Vec<(usize, SegmentOp)> {
             }
             Action::FreeRequested | Action::FreeCompleted => marker = None,
             _ => {}
+        }
+        if calls.next_if(|&at| at <= i).is_some() {
+            while calls.next_if(|&at| at <= i).is_some() {}
+            for (j, a, bytes) in pending.drain(..) {
+                out.push((
+                    j,
+                    SegmentOp {
+                        action: a,
+                        bytes,
+                        owner: j,
+                    },
+                ));
+            }
+            marker = Some(i);
         }
     }
     for (j, a, bytes) in pending {
@@ -860,6 +888,57 @@ mod tests {
         assert_eq!(
             ops.iter().map(|(j, o)| (*j, o.owner)).collect::<Vec<_>>(),
             vec![(0, 1), (5, 4)]
+        );
+    }
+
+    /// A segment allocated after an `empty_cache` marker, with only a `snapshot` entry
+    /// between, belongs to the request that follows it, not to the `empty_cache`
+    /// (which only releases); a release after it is the next request's too.
+    #[test]
+    fn allocations_after_empty_cache_belong_to_the_next_request() {
+        let run = RecordedRun {
+            entries: vec![
+                e(Action::EmptyCache, 0, 0),
+                e(Action::SegmentFree, 1 << 40, 2 << 20),
+                e(Action::Snapshot, 0, 0),
+                e(Action::SegmentAlloc, 1 << 41, 2 << 20),
+                e(Action::Alloc, 1 << 41, 512),
+            ],
+            ..RecordedRun::default()
+        };
+        let ops = torch_ops(&run);
+        assert_eq!(
+            ops.iter().map(|(j, o)| (*j, o.owner)).collect::<Vec<_>>(),
+            vec![(1, 0), (3, 4)]
+        );
+    }
+
+    /// Segments released after an allocator call (a MemPool destroyed after entry 2),
+    /// with no request between, belong to the call's entry, as the replay ties the
+    /// call's releases to it.
+    #[test]
+    fn releases_after_a_call_belong_to_the_call() {
+        let run = RecordedRun {
+            entries: vec![
+                e(Action::Alloc, 1 << 40, 512),
+                e(Action::FreeCompleted, 1 << 40, 512),
+                e(Action::Snapshot, 0, 0),
+                e(Action::SegmentFree, 1 << 40, 2 << 20),
+                e(Action::SegmentFree, 1 << 41, 2 << 20),
+                e(Action::Snapshot, 0, 0),
+            ],
+            calls: vec![(
+                Some(2),
+                Event::ReleasePool {
+                    pool: workloads::PoolId(0, 1),
+                },
+            )],
+            ..RecordedRun::default()
+        };
+        let ops = torch_ops(&run);
+        assert_eq!(
+            ops.iter().map(|(j, o)| (*j, o.owner)).collect::<Vec<_>>(),
+            vec![(3, 2), (4, 2)]
         );
     }
 
