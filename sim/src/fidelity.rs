@@ -297,16 +297,20 @@ fn checkpoint_entries(run: &RecordedRun) -> Vec<usize> {
 
 /// The entry index whose request caused each recorded segment operation: the `alloc`
 /// or `oom` entry that follows it, or, for a release, the `empty_cache` marker or the
-/// allocator call (a pool's release, a MemPool's destruction: [`RecordedRun::calls`],
-/// which the replay ties to the entry they follow) before it when no other request
-/// came between.
+/// `empty_cache` of a private pool (a MemPool's destruction: one of
+/// [`RecordedRun::calls`], which the replay ties to the entry it follows) before it
+/// when no other request and no mark (a `snapshot` entry: the program ran) came
+/// between. Other calls release nothing: a release after them is the next request's.
 fn torch_ops(run: &RecordedRun) -> Vec<(usize, SegmentOp)> {
     let mut out = Vec::new();
     let mut pending: Vec<(usize, Action, u64)> = Vec::new();
     let mut marker: Option<usize> = None;
+    // Whether the marker's call released anything yet.
+    let mut released = false;
     let mut calls = run
         .calls
         .iter()
+        .filter(|(_, call)| matches!(call, Event::EmptyPoolCache { .. }))
         .map(|(at, _)| at.map_or(0, |a| a as usize))
         .peekable();
     for (i, e) in run.entries.iter().enumerate() {
@@ -319,16 +323,21 @@ fn torch_ops(run: &RecordedRun) -> Vec<(usize, SegmentOp)> {
                 pending.push((i, e.action, e.size));
             }
             a if a.is_segment_op() => match marker {
-                Some(m) => out.push((
-                    i,
-                    SegmentOp {
-                        action: a,
-                        bytes: e.size,
-                        owner: m,
-                    },
-                )),
+                Some(m) => {
+                    released = true;
+                    out.push((
+                        i,
+                        SegmentOp {
+                            action: a,
+                            bytes: e.size,
+                            owner: m,
+                        },
+                    ));
+                }
                 None => pending.push((i, a, e.size)),
             },
+            // The program ran between (a mark): the call that released is over.
+            Action::Snapshot if released => marker = None,
             Action::Alloc | Action::Oom => {
                 for (j, a, bytes) in pending.drain(..) {
                     out.push((
@@ -354,6 +363,7 @@ fn torch_ops(run: &RecordedRun) -> Vec<(usize, SegmentOp)> {
                     ));
                 }
                 marker = Some(i);
+                released = false;
             }
             Action::FreeRequested | Action::FreeCompleted => marker = None,
             _ => {}
@@ -371,6 +381,7 @@ fn torch_ops(run: &RecordedRun) -> Vec<(usize, SegmentOp)> {
                 ));
             }
             marker = Some(i);
+            released = false;
         }
     }
     for (j, a, bytes) in pending {
@@ -913,9 +924,10 @@ mod tests {
         );
     }
 
-    /// Segments released after an allocator call (a MemPool destroyed after entry 2),
-    /// with no request between, belong to the call's entry, as the replay ties the
-    /// call's releases to it.
+    /// Segments released after a pool's `empty_cache` (a MemPool destroyed after entry
+    /// 2), with no request between, belong to the call's entry, as the replay ties the
+    /// call's releases to it; after calls that release nothing (a window's end after
+    /// entry 6), a release is the next request's (an OOM retry's).
     #[test]
     fn releases_after_a_call_belong_to_the_call() {
         let run = RecordedRun {
@@ -926,19 +938,37 @@ mod tests {
                 e(Action::SegmentFree, 1 << 40, 2 << 20),
                 e(Action::SegmentFree, 1 << 41, 2 << 20),
                 e(Action::Snapshot, 0, 0),
+                e(Action::Snapshot, 0, 0),
+                e(Action::SegmentFree, 1 << 42, 2 << 20),
+                e(Action::SegmentAlloc, 1 << 43, 4 << 20),
+                e(Action::Alloc, 1 << 43, 3 << 20),
             ],
-            calls: vec![(
-                Some(2),
-                Event::ReleasePool {
-                    pool: workloads::PoolId(0, 1),
-                },
-            )],
+            calls: vec![
+                (
+                    Some(2),
+                    Event::ReleasePool {
+                        pool: workloads::PoolId(0, 1),
+                    },
+                ),
+                (
+                    Some(2),
+                    Event::EmptyPoolCache {
+                        pool: workloads::PoolId(0, 1),
+                    },
+                ),
+                (
+                    Some(6),
+                    Event::EndAllocateToPool {
+                        pool: workloads::PoolId(0, 2),
+                    },
+                ),
+            ],
             ..RecordedRun::default()
         };
         let ops = torch_ops(&run);
         assert_eq!(
             ops.iter().map(|(j, o)| (*j, o.owner)).collect::<Vec<_>>(),
-            vec![(3, 2), (4, 2)]
+            vec![(3, 2), (4, 2), (7, 9), (8, 9)]
         );
     }
 
