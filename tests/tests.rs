@@ -17,6 +17,9 @@ mod model;
 /// Nothing lost: outputs never overwrite inputs, replace old files only when complete,
 /// and survive errors and Ctrl-C.
 mod outputs;
+/// Private pools recorded on the GPU: snapshots against the recorder's pools, 2.15's
+/// pool ids.
+mod pools;
 /// PyTorch's own allocator tests, as traces.
 mod pytorch_allocator;
 /// The JSON of tools/record_torch.py read as a recorded run.

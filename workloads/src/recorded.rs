@@ -265,8 +265,10 @@ pub struct RecordedRun {
     pub snapshot: Option<crate::snapshot::SnapshotInfo>,
     /// Allocator calls the recording saw that its trace entries do not show (private
     /// pools, statistics resets, settings changes), each with the entry it follows
-    /// (`None`: before the first entry), in the order they happened. [`RecordedRun::to_trace`]
-    /// puts them into the trace.
+    /// (`None`: before the first entry), in the order they happened. For a snapshot,
+    /// the private-pool calls inferred from the pool of each request
+    /// ([`crate::snapshot::SnapshotPools`]). [`RecordedRun::to_trace`] puts them into
+    /// the trace.
     pub calls: Vec<(Option<u64>, Event)>,
 }
 
@@ -408,8 +410,7 @@ impl RecordedRun {
         if latest == 0 {
             times_us.clear();
         }
-        let mut meta = self.meta.clone();
-        meta.caveats.extend(self.unroutable_pools());
+        let meta = self.meta.clone();
         let trace = Trace {
             name: self.name.clone(),
             path: Some(self.path.clone()),
@@ -422,32 +423,6 @@ impl RecordedRun {
             start,
         };
         Ok((trace, entry_indexes))
-    }
-
-    /// For a snapshot that shows private pools (segments with a `segment_pool_id` other
-    /// than (0, 0), or entries with a `pool_id`), the caveat that its trace cannot route
-    /// their requests: a snapshot records no `beginAllocateToPool` window, so every
-    /// request replays from the default pools.
-    fn unroutable_pools(&self) -> Option<String> {
-        let info = self.snapshot.as_ref()?;
-        let mut pools: Vec<(u64, u64)> = self
-            .segments
-            .iter()
-            .map(|s| s.pool_id)
-            .chain(info.entry_pools.iter().map(|&(_, p)| p))
-            .filter(|&p| p != (0, 0))
-            .collect();
-        pools.sort_unstable();
-        pools.dedup();
-        if pools.is_empty() {
-            return None;
-        }
-        let names: Vec<String> = pools.iter().map(|(a, b)| format!("({a}, {b})")).collect();
-        Some(format!(
-            "the snapshot shows private pools {} (CUDA graphs or MemPools) whose requests the trace cannot route \
-             (a snapshot records no allocation-to-pool windows): every request replays from the default pools",
-            names.join(", ")
-        ))
     }
 
     /// Index in the source file of entry `index` (see [`RecordedRun::source_indexes`]).

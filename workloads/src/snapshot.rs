@@ -16,7 +16,8 @@
 //!   entry has `device_free` instead of `addr`) becomes a [`RecordedEntry`](crate::recorded::RecordedEntry), in order
 //!   (`oom` entries get address 0). `annotate` entries become [`Action::Annotate`] with
 //!   their text in [`SnapshotInfo::annotations`]; entries of a private pool
-//!   (`pool_id` other than `(0, 0)`) are listed in [`SnapshotInfo::entry_pools`];
+//!   (`pool_id` other than `(0, 0)`, PyTorch 2.15 on) are listed in
+//!   [`SnapshotInfo::entry_pools`];
 //!   actions this crate does not know are kept as [`Action::Other`] and need no
 //!   fields. `user_metadata`, `compile_context` and `time_us` are read but not kept
 //!   (`time_us` places the external annotations).
@@ -46,6 +47,14 @@
 //! first entry), so `entry N` in messages and event locations always means
 //! `device_traces[device][N]` of the file.
 //!
+//! **Private pools** (CUDA graphs, MemPools): the pool of each request is its entry's
+//! `pool_id` (2.15), or that of the listed segment its block lies in (2.11's
+//! `segment_pool_id`, for memory not given back before the snapshot was taken); the
+//! reader turns them into the trace's pool windows ([`RecordedRun::calls`]) and says
+//! in [`TraceMeta::caveats`] what it cannot attribute or place. The rules are in
+//! [`SnapshotPools`]'s module (`snapshot/pools.rs`) and `docs/trace-format.md`;
+//! [`SnapshotInfo::pools`] has the pool of every request.
+//!
 //! **Reading keeps what the file holds; replaying checks it can.** A snapshot whose
 //! recording started late or whose ring buffer wrapped, one taken without a trace
 //! (`include_traces=False`, or a bare `torch.cuda.memory_snapshot()` list of
@@ -62,6 +71,7 @@
 
 mod empty_cache;
 mod pickle;
+mod pools;
 mod replayable;
 mod schema;
 mod value_de;
@@ -74,13 +84,15 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
 pub use empty_cache::infer_empty_cache;
+pub use pools::SnapshotPools;
 pub use schema::Frame;
 
 use crate::csv::file_stem;
 use crate::recorded::{Action, RecordedOom, RecordedRun, RecordedSegment};
 use crate::size::format_size_human;
-use crate::trace::TraceMeta;
+use crate::trace::{PoolId, TraceMeta};
 use crate::{Format, ReadError};
+use empty_cache::infer_empty_cache_with;
 use pickle::{Items, Limits, PickleError, Value};
 use schema::{EntryStore, SegmentStore};
 use value_de::escape;
@@ -111,6 +123,8 @@ pub struct SnapshotInfo {
     pub external_annotations: Vec<ExternalAnnotation>,
     /// Entries of a private memory pool: (entry index in the file, pool id).
     pub entry_pools: Vec<(u64, (u64, u64))>,
+    /// The pool of each request, as far as the snapshot says (see [`SnapshotPools`]).
+    pub pools: SnapshotPools,
     /// Whether the snapshot holds pinned host memory (`host_segments`,
     /// `host_traces`), which is not replayed.
     pub host_memory: bool,
@@ -581,6 +595,7 @@ impl Snapshot<'_> {
             entries,
             times,
             pools,
+            pool_ids,
             device_free,
             annotations,
             stacks,
@@ -596,7 +611,7 @@ impl Snapshot<'_> {
                     .map_or(0, |&(_, f)| f);
                 (i, entries[i].size, free)
             });
-        info.entry_pools = pools.into_iter().map(|(i, p)| (i, (p.0, p.1))).collect();
+        info.entry_pools = pools.iter().map(|&(i, p)| (i, (p.0, p.1))).collect();
         info.annotations = annotations
             .into_iter()
             .map(|(i, text)| Annotation {
@@ -613,7 +628,38 @@ impl Snapshot<'_> {
                 entries: stacks,
             });
         }
-        let (entries, source_indexes) = infer_empty_cache(&entries);
+        // The pool of each request, and the releases that were a private pool's own
+        // emptyCache rather than torch.cuda.empty_cache().
+        let entry_pools: Vec<(u64, PoolId)> =
+            pools.iter().map(|&(i, p)| (i, PoolId(p.0, p.1))).collect();
+        let every_entry = !entries.is_empty() && pool_ids == entries.len() as u64;
+        let attribution = pools::attribute(&entries, &entry_pools, every_entry, &segments);
+        let mut pool_caches = Vec::new();
+        // Garbage collection gives back default-pool segments inside any malloc; it
+        // runs only with a threshold above 0 (unknown before 2.5: assumed on).
+        let gc_possible = match info.setting("garbage_collection_threshold") {
+            Some(SettingValue::Float(t)) => *t > 0.0,
+            Some(SettingValue::Int(t)) => *t > 0,
+            _ => true,
+        };
+        let (final_entries, source_indexes) =
+            infer_empty_cache_with(&entries, |start, end, inside_malloc| {
+                match attribution.release_run(start, end, inside_malloc, gc_possible) {
+                    pools::ReleaseRun::Malloc => false,
+                    pools::ReleaseRun::EmptyCache => true,
+                    pools::ReleaseRun::PoolCache(slot) => {
+                        pool_caches.push((start, slot));
+                        false
+                    }
+                }
+            });
+        let pools::Routing {
+            calls,
+            caveats,
+            pools: pool_summary,
+        } = attribution.events(&entries, final_entries.len(), &source_indexes, &pool_caches);
+        info.pools = pool_summary;
+        let entries = final_entries;
         // An inferred entry takes the time of the entry it was inserted before.
         let times_us = if times.iter().any(|&t| t > 0) {
             (0..entries.len())
@@ -631,8 +677,10 @@ impl Snapshot<'_> {
             meta: TraceMeta {
                 format: Some(Format::TorchPickle),
                 alloc_conf,
+                caveats,
                 ..TraceMeta::default()
             },
+            calls,
             entries,
             source_indexes,
             oom: last_oom.map(|(index, size, device_free)| RecordedOom {
@@ -1461,11 +1509,53 @@ mod tests {
         );
         assert_eq!(blocks[1].state, BlockState::ActiveAllocated);
         assert_eq!(blocks[3].state, BlockState::Inactive);
-        // Private pools are not replayed yet: the conversion says so.
-        let err = run.to_trace().unwrap_err().to_string();
+        // The graph's request (entry 9) is routed to its pool (1, 0) by its pool_id:
+        // the pool is created and allocated to on the request's stream around it.
+        let t = run.to_trace().unwrap();
+        let calls: Vec<(u64, &Event)> = t
+            .events
+            .iter()
+            .zip(&t.locations)
+            .filter(|(e, _)| {
+                !matches!(
+                    e,
+                    Event::Alloc { .. } | Event::Free { .. } | Event::FreeRequested { .. }
+                )
+            })
+            .map(|(e, &at)| (at, e))
+            .collect();
+        let g = crate::trace::PoolId(1, 0);
+        assert_eq!(
+            calls,
+            vec![
+                (
+                    8,
+                    &Event::CreatePool {
+                        pool: g,
+                        use_on_oom: false,
+                        no_split: false
+                    }
+                ),
+                (
+                    8,
+                    &Event::BeginAllocateToPool {
+                        pool: g,
+                        streams: crate::trace::PoolStreams::Only(vec![0])
+                    }
+                ),
+                (9, &Event::EndAllocateToPool { pool: g }),
+                (9, &Event::ReleasePool { pool: g }),
+            ]
+        );
+        assert_eq!(info.pools.request_pools, vec![(9, g)]);
+        assert_eq!((info.pools.by_entry, info.pools.by_address), (5, 0));
+        // The free of entry 11 waits for another stream right after the graph's
+        // request: whether a capture still deferred it, the snapshot cannot say.
+        assert_eq!(run.meta.caveats.len(), 1, "{:?}", run.meta.caveats);
         assert!(
-            err.contains("entry 8: the entry belongs to the private memory pool (1, 0)"),
-            "{err}"
+            run.meta.caveats[0].contains("1 free(s) waiting for other streams (entries 11)"),
+            "{:?}",
+            run.meta.caveats
         );
         // Without the private pool, the run replays: annotations and snapshots are no
         // requests, the pending frees (freed, waiting for other streams) are not frees yet.

@@ -18,6 +18,19 @@ use crate::recorded::{Action, RecordedEntry};
 /// new entries and, for each, the index of the input entry it came from (an inserted
 /// entry gets the index of the run's first entry).
 pub fn infer_empty_cache(entries: &[RecordedEntry]) -> (Vec<RecordedEntry>, Vec<u64>) {
+    infer_empty_cache_with(entries, |_, _, inside_malloc| !inside_malloc)
+}
+
+/// [`infer_empty_cache`] with the decision left to `decide(start, end, inside_malloc)`
+/// for each run of releases `entries[start..end]` (`inside_malloc`: what the rule above
+/// says): an entry is inserted before the run when it returns true. What the pool of
+/// each entry tells ([`super::pools`]) refines the rule: a private pool's own
+/// `emptyCache` is no `empty_cache()`, and a malloc routed to a private pool gives back
+/// no other pool's segments.
+pub(super) fn infer_empty_cache_with(
+    entries: &[RecordedEntry],
+    mut decide: impl FnMut(usize, usize, bool) -> bool,
+) -> (Vec<RecordedEntry>, Vec<u64>) {
     let releases = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
     let mut out = Vec::with_capacity(entries.len());
     let mut indexes = Vec::with_capacity(entries.len());
@@ -37,7 +50,7 @@ pub fn infer_empty_cache(entries: &[RecordedEntry]) -> (Vec<RecordedEntry>, Vec<
                 next,
                 Some(Action::SegmentAlloc | Action::SegmentMap | Action::Oom)
             );
-            if !inside_malloc {
+            if decide(start, end, inside_malloc) {
                 out.push(RecordedEntry {
                     action: Action::EmptyCache,
                     addr: 0,

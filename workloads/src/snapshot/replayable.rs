@@ -14,8 +14,7 @@ const RECORD_FROM_START: &str = "call torch.cuda.memory._record_memory_history(m
 impl RecordedRun {
     /// Checks that a snapshot's trace can be replayed: it has entries (not
     /// `include_traces=False`, not a bare `memory_snapshot()` list), the actions a
-    /// replay needs were not left out with `skip_actions`, and no entry belongs to a
-    /// private memory pool (not replayed yet). A trace that starts mid-run passes: its
+    /// replay needs were not left out with `skip_actions`. A trace that starts mid-run passes: its
     /// starting state is rebuilt from the segments when it becomes a trace
     /// ([`RecordedRun::rebuild_start`]). Runs from `record_torch.py` JSON pass.
     ///
@@ -77,17 +76,6 @@ impl RecordedRun {
         }
         if count(Action::FreeCompleted) == 0 && count(Action::FreeRequested) > 0 {
             return Err(skipped("free_completed", "it has 'free_requested' entries"));
-        }
-        if let Some(&(entry, pool)) = info.entry_pools.first() {
-            return Err(invalid(
-                Some(format!("entry {entry}")),
-                format!(
-                    "the entry belongs to the private memory pool {pool:?} (a CUDA graph or \
-                     torch.cuda.MemPool), and {} entries do: replaying private pools is not \
-                     supported yet, and replaying them in the default pool would be wrong",
-                    info.entry_pools.len()
-                ),
-            ));
         }
         Ok(())
     }

@@ -262,6 +262,8 @@ pub(crate) struct EntryStore {
     pub times: Vec<u64>,
     /// Entries of a pool other than `(0, 0)`.
     pub pools: Vec<(u64, PoolId)>,
+    /// How many entries carry a `pool_id` (PyTorch 2.15 on: all of them).
+    pub pool_ids: u64,
     /// `device_free` of each `oom` entry.
     pub device_free: Vec<(u64, u64)>,
     /// The text of each `annotate` entry.
@@ -328,8 +330,11 @@ impl EntryStore {
         if let Some(free) = device_free {
             self.device_free.push((index, free));
         }
-        if let Some(pool) = raw.pool_id.filter(|p| *p != PoolId(0, 0)) {
-            self.pools.push((index, pool));
+        if let Some(pool) = raw.pool_id {
+            self.pool_ids += 1;
+            if pool != PoolId(0, 0) {
+                self.pools.push((index, pool));
+            }
         }
         if action == Action::Annotate {
             let text = match dict.get("user_metadata") {

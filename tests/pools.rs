@@ -1,0 +1,203 @@
+//! Private pools recorded on the GPU (tests/data/pools/): the snapshot pickles of those
+//! runs against the recorder's JSON, which knows the pool of every request; and the
+//! same pickles as PyTorch 2.15 writes them (`pool_id` on every entry).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use sim::fidelity::{fidelity, FidelityOptions};
+use workloads::{Action, PoolId, RecordedRun};
+
+use crate::util::{allocsim, root, stderr};
+
+fn pools_dir() -> PathBuf {
+    root().join("tests/data/pools")
+}
+
+fn read(path: &Path) -> RecordedRun {
+    workloads::read_recorded(path, None, 0).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The recorder's pool of each request of a JSON run, by the index of the same entry
+/// in its pickle (the JSON has the pickle's entries and the recorder's `empty_cache`
+/// markers).
+fn ground_truth(json: &Path, pickle: &RecordedRun) -> HashMap<u64, PoolId> {
+    let text = std::fs::read_to_string(json).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let events = v["events"].as_array().unwrap();
+    let pickle_index: Vec<Option<u64>> = {
+        let mut k = 0u64;
+        events
+            .iter()
+            .map(|e| {
+                if e[0] == "empty_cache" {
+                    None
+                } else {
+                    k += 1;
+                    Some(k - 1)
+                }
+            })
+            .collect()
+    };
+    let mut truth = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        if e[0] == "alloc" || e[0] == "oom" {
+            truth.insert(pickle_index[i].unwrap(), PoolId(0, 0));
+        }
+    }
+    for p in v["request_pools"].as_array().unwrap() {
+        let i = p[0].as_u64().unwrap() as usize;
+        truth.insert(
+            pickle_index[i].unwrap(),
+            PoolId(p[1].as_u64().unwrap(), p[2].as_u64().unwrap()),
+        );
+    }
+    // The pickle's requests are the JSON's.
+    let requests = pickle
+        .source_indexes
+        .iter()
+        .zip(&pickle.entries)
+        .filter(|(_, e)| matches!(e.action, Action::Alloc | Action::Oom))
+        .count();
+    assert_eq!(requests, truth.len(), "{}", json.display());
+    truth
+}
+
+fn pickles(suffix: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(pools_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "pickle")
+                && p.file_stem().unwrap().to_str().unwrap().ends_with(suffix)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A 2.11 snapshot says the pool of the requests in the segments it lists, and every
+/// pool it says is the one the recorder saw; the requests in memory given back before
+/// it was taken are named, with the pools, in a caveat, so `fidelity` never calls the
+/// snapshot exact and `replay` warns.
+#[test]
+fn torch_2_11_pickles_attribute_what_their_segments_show() {
+    let list: Vec<PathBuf> = pickles("")
+        .into_iter()
+        .filter(|p| !p.to_str().unwrap().ends_with("__torch215.pickle"))
+        .collect();
+    assert!(list.len() >= 3, "{list:?}");
+    for pickle in list {
+        let run = read(&pickle);
+        let truth = ground_truth(&pickle.with_extension("json"), &run);
+        let info = run.snapshot.as_ref().unwrap();
+        let pools = &info.pools;
+        let mut private = 0;
+        for &(i, pool) in &pools.request_pools {
+            assert_eq!(truth[&i], pool, "{}: entry {i}", pickle.display());
+            private += 1;
+        }
+        let truth_private = truth.values().filter(|p| !p.is_default()).count();
+        assert!(private > 0, "{}", pickle.display());
+        // The requests said to be the default pools' are.
+        let said: std::collections::HashSet<u64> = pools
+            .request_pools
+            .iter()
+            .map(|&(i, _)| i)
+            .chain(pools.unattributed.iter().copied())
+            .collect();
+        for (&i, pool) in &truth {
+            if !said.contains(&i) {
+                assert!(pool.is_default(), "{}: entry {i}", pickle.display());
+            }
+        }
+        assert!(
+            private + pools.unattributed.len() >= truth_private,
+            "{}: {private} attributed, {} unknown, {truth_private} private",
+            pickle.display(),
+            pools.unattributed.len()
+        );
+        assert!(!pools.unattributed.is_empty(), "{}", pickle.display());
+        let caveat = run.meta.caveats.join("\n");
+        assert!(
+            caveat.contains("the snapshot shows private pools (1, 0)")
+                || caveat.contains("the snapshot shows private pools (0, 1)"),
+            "{}: {caveat}",
+            pickle.display()
+        );
+        let report = fidelity(&run, &FidelityOptions::default()).unwrap();
+        assert!(!report.row.exact, "{}", pickle.display());
+        let out = allocsim(["replay", pickle.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("warning: the snapshot shows private pools"),
+            "{}",
+            stderr(&out)
+        );
+    }
+}
+
+/// The same runs as PyTorch 2.15 writes them (`make_torch215.py`: each entry's
+/// `pool_id` from the recorder's ground truth): every request's pool is read from its
+/// entry, and the replay of the snapshot alone makes PyTorch's segment decisions, peaks
+/// and OOM exactly, with nothing left unsaid.
+#[test]
+fn torch_2_15_pickles_replay_exactly() {
+    let list = pickles("__torch215");
+    assert!(list.len() >= 2, "{list:?}");
+    for pickle in list {
+        let run = read(&pickle);
+        let stem = pickle.file_stem().unwrap().to_str().unwrap();
+        let json = pools_dir().join(format!("{}.json", stem.trim_end_matches("__torch215")));
+        let truth = ground_truth(&json, &run);
+        let pools = &run.snapshot.as_ref().unwrap().pools;
+        assert!(pools.unattributed.is_empty(), "{}", pickle.display());
+        assert_eq!(pools.by_entry as usize, truth.len());
+        let private: HashMap<u64, PoolId> = truth
+            .iter()
+            .filter(|(_, p)| !p.is_default())
+            .map(|(&i, &p)| (i, p))
+            .collect();
+        assert_eq!(
+            pools
+                .request_pools
+                .iter()
+                .copied()
+                .collect::<HashMap<_, _>>(),
+            private,
+            "{}",
+            pickle.display()
+        );
+        assert!(run.meta.caveats.is_empty(), "{:?}", run.meta.caveats);
+        // A snapshot holds neither the cap nor the device's total: the JSON's.
+        let recorded = read(&json);
+        let mut options = FidelityOptions {
+            check_invariants: true,
+            ..FidelityOptions::default()
+        };
+        options.device.total_bytes = recorded.meta.total_bytes.unwrap();
+        options.overrides.memory_limit = recorded
+            .meta
+            .memory_fraction()
+            .map(policies::caching::MemoryLimit::Fraction);
+        let report = fidelity(&run, &options).unwrap();
+        assert!(report.row.exact, "{}", report.explain());
+        let from_json = fidelity(&recorded, &FidelityOptions::default()).unwrap();
+        let decisions = |r: &sim::fidelity::FidelityReport| {
+            r.sim_ops
+                .iter()
+                .map(|o| (o.action, o.bytes))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            decisions(&report),
+            decisions(&from_json),
+            "{}",
+            pickle.display()
+        );
+        assert_eq!(
+            report.row.oom_event_torch.is_some(),
+            from_json.row.oom_event_torch.is_some()
+        );
+    }
+}

@@ -1,0 +1,813 @@
+//! Private pools in a snapshot (CUDA graphs, `torch.cuda.MemPool`): the pool of each
+//! request, and the trace events that route requests to it.
+//!
+//! A snapshot records no allocation-to-pool window. What it says about pools:
+//!
+//! - **By entry** (PyTorch 2.15 on): every trace entry carries `pool_id`, the pool of
+//!   the block it concerns (for an `oom` entry, the pool the request was routed to).
+//! - **By address** (before 2.15): only the segments alive when the snapshot was taken
+//!   carry their pool (`segment_pool_id`). Blocks never leave their pool, so a request
+//!   whose block lies in such a segment, allocated at that place (for an expandable
+//!   segment: mapped there and never unmapped) since before the request, is that
+//!   segment's pool's. A request in memory given back before the snapshot was taken has
+//!   no pool the snapshot can say.
+//! - A snapshot that shows no private pool (no entry, no segment of one): every request
+//!   is the default pools'.
+//!
+//! **Routing.** Each run of consecutive requests of one private pool becomes a window:
+//! `begin_allocate_to_pool` (routing the run's streams) before its first request,
+//! `end_allocate_to_pool` and `release_pool` after its last. The pool is created
+//! (`create_pool`, one use kept) before its first window. That use is dropped just
+//! before the first release of the pool's memory after its last request: PyTorch gives
+//! a private pool's segments back only once no use is left, or on the routed request's
+//! own retry, which comes before the pool's last request. A run of releases of one
+//! private pool's segments alone, outside a malloc, is that pool's `emptyCache` (a
+//! MemPool destroyed: `release_pool`, `empty_cache` of the pool), not
+//! `torch.cuda.empty_cache()`, which would have given back the default pools' free
+//! segments too.
+//!
+//! **What stays unknown, said as caveats** (`TraceMeta::caveats`):
+//! requests whose pool the snapshot does not say while it shows private pools (they
+//! replay from the default pools); frees waiting for other streams inside or right after
+//! a pool's requests, which a capture under way defers (the windows span the pool's
+//! requests only); MemPools whose requests never shared a segment, for which the
+//! snapshot cannot tell whether they were created with `no_split`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::recorded::{Action, RecordedEntry, RecordedSegment};
+use crate::trace::{Event, PoolId, PoolStreams};
+
+/// No pool known.
+const UNKNOWN: u32 = u32::MAX;
+/// The default pools' slot in the table.
+const DEFAULT: u32 = 0;
+
+/// What a snapshot says about its private pools, per request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotPools {
+    /// Private pools the snapshot shows (segments and entries), in order.
+    pub shown: Vec<PoolId>,
+    /// Requests (`alloc` and `oom` entries) of private pools: (entry index in the
+    /// file, pool).
+    pub request_pools: Vec<(u64, PoolId)>,
+    /// Requests whose pool the snapshot does not say, while it shows private pools
+    /// (entry indexes in the file); they replay from the default pools.
+    pub unattributed: Vec<u64>,
+    /// Requests whose pool came from their entry's `pool_id`.
+    pub by_entry: u64,
+    /// Requests whose pool came from a segment the snapshot lists.
+    pub by_address: u64,
+}
+
+/// What the reader adds to a snapshot's run for its private pools.
+pub(super) struct Routing {
+    /// The pool events, each after the entry it names ([`crate::RecordedRun::calls`]).
+    pub calls: Vec<(Option<u64>, Event)>,
+    /// What the snapshot cannot say.
+    pub caveats: Vec<String>,
+    /// The pool of each request.
+    pub pools: SnapshotPools,
+}
+
+/// What a run of segment releases was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ReleaseRun {
+    /// Part of the malloc that follows it.
+    Malloc,
+    /// `torch.cuda.empty_cache()`.
+    EmptyCache,
+    /// A private pool's own `emptyCache` (the pool's slot).
+    PoolCache(u32),
+}
+
+/// Each entry's pool, as far as the snapshot says.
+pub(super) struct Attribution {
+    /// Pools by slot; slot 0 is the default pools.
+    table: Vec<PoolId>,
+    /// Per entry of the file: the slot of its pool, [`UNKNOWN`] where not said.
+    of: Vec<u32>,
+    /// Per slot, the last request of the pool (entry index), if any.
+    last_request: Vec<Option<usize>>,
+    /// Indexes of the requests (`alloc` and `oom` entries), in order.
+    requests: Vec<usize>,
+    /// Private pools shown, sorted.
+    shown: Vec<PoolId>,
+    by_entry: u64,
+    by_address: u64,
+}
+
+/// A table of pool ids with the default pools at slot 0.
+struct Table {
+    ids: Vec<PoolId>,
+    slots: HashMap<PoolId, u32>,
+}
+
+impl Table {
+    fn slot(&mut self, pool: PoolId) -> u32 {
+        if pool.is_default() {
+            return DEFAULT;
+        }
+        *self.slots.entry(pool).or_insert_with(|| {
+            self.ids.push(pool);
+            (self.ids.len() - 1) as u32
+        })
+    }
+}
+
+fn is_request(a: Action) -> bool {
+    matches!(a, Action::Alloc | Action::Oom)
+}
+
+fn is_release(a: Action) -> bool {
+    matches!(a, Action::SegmentFree | Action::SegmentUnmap)
+}
+
+/// Removes `[start, end)` from a set of disjoint intervals (start → (end, slot)).
+fn remove_range(live: &mut BTreeMap<u64, (u64, u32)>, start: u64, end: u64) {
+    let hit: Vec<(u64, u64, u32)> = live
+        .range(..end)
+        .rev()
+        .take_while(|(_, &(e, _))| e > start)
+        .map(|(&s, &(e, p))| (s, e, p))
+        .collect();
+    for (s, e, p) in hit {
+        live.remove(&s);
+        if s < start {
+            live.insert(s, (start, p));
+        }
+        if e > end {
+            live.insert(end, (e, p));
+        }
+    }
+}
+
+/// The pool of every entry the snapshot says: `entry_pools` are the entries whose
+/// `pool_id` is a private pool (entry index, pool), `every_entry` whether every entry
+/// carries a `pool_id` (so the others are the default pools'); `segments` are the
+/// segments listed.
+pub(super) fn attribute(
+    entries: &[RecordedEntry],
+    entry_pools: &[(u64, PoolId)],
+    every_entry: bool,
+    segments: &[RecordedSegment],
+) -> Attribution {
+    let mut table = Table {
+        ids: vec![PoolId::default()],
+        slots: HashMap::new(),
+    };
+    let n = entries.len();
+    let mut of = vec![if every_entry { DEFAULT } else { UNKNOWN }; n];
+    for &(i, pool) in entry_pools {
+        if let Some(slot) = of.get_mut(i as usize) {
+            *slot = table.slot(pool);
+        }
+    }
+    let mut shown: Vec<PoolId> = entry_pools.iter().map(|&(_, p)| p).collect();
+    let mut by_entry = 0;
+    let mut by_address = 0;
+    // The listed segments' memory, walked back from the end: an entry that allocates
+    // or unmaps memory ends what is known to be the listed segment's before it.
+    let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+    for s in segments {
+        let pool = PoolId(s.pool_id.0, s.pool_id.1);
+        if !pool.is_default() {
+            shown.push(pool);
+        }
+        if s.total_size > 0 {
+            let slot = table.slot(pool);
+            let end = s.address.saturating_add(s.total_size);
+            remove_range(&mut live, s.address, end);
+            live.insert(s.address, (end, slot));
+        }
+    }
+    for i in (0..n).rev() {
+        let e = &entries[i];
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentUnmap => {
+                remove_range(&mut live, e.addr, e.addr.saturating_add(e.size));
+            }
+            a if is_request(a) => {
+                if of[i] != UNKNOWN {
+                    by_entry += 1;
+                } else if a == Action::Alloc {
+                    if let Some((_, &(end, slot))) = live.range(..=e.addr).next_back() {
+                        if end > e.addr {
+                            of[i] = slot;
+                            by_address += 1;
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    shown.sort_unstable();
+    shown.dedup();
+    let mut last_request = vec![None; table.ids.len()];
+    let mut requests = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        if is_request(e.action) {
+            requests.push(i);
+            if of[i] != UNKNOWN {
+                last_request[of[i] as usize] = Some(i);
+            }
+        }
+    }
+    Attribution {
+        table: table.ids,
+        of,
+        last_request,
+        requests,
+        shown,
+        by_entry,
+        by_address,
+    }
+}
+
+impl Attribution {
+    /// What the run of releases `entries[start..end]` was, given what the rule of
+    /// [`super::infer_empty_cache`] says (`inside_malloc`: the run is followed by a
+    /// malloc's segment allocation or `oom`): a malloc routed to a private pool (a
+    /// capture or a MemPool block under way) gives back only that pool's free segments
+    /// (and, with garbage collection on, the default large pool's), never with a full
+    /// cache release, so a run before it with other pools' segments was an
+    /// `empty_cache()` (`torch.cuda.graph` empties the cache just before capturing).
+    /// Outside a malloc, the run is a private pool's own `emptyCache`
+    /// ([`Attribution::pool_empty_cache`]) or `empty_cache()`.
+    pub(super) fn release_run(
+        &self,
+        start: usize,
+        end: usize,
+        inside_malloc: bool,
+        gc_possible: bool,
+    ) -> ReleaseRun {
+        if inside_malloc {
+            let request = self
+                .requests
+                .get(self.requests.partition_point(|&r| r < end));
+            let Some(slot) = request
+                .map(|&r| self.of[r])
+                .filter(|&s| s != UNKNOWN && s != DEFAULT)
+            else {
+                return ReleaseRun::Malloc;
+            };
+            let foreign = self.of[start..end]
+                .iter()
+                .any(|&s| s != UNKNOWN && s != slot && !(gc_possible && s == DEFAULT));
+            if !foreign {
+                return ReleaseRun::Malloc;
+            }
+        }
+        match self.pool_empty_cache(start, end) {
+            Some(slot) => ReleaseRun::PoolCache(slot),
+            None => ReleaseRun::EmptyCache,
+        }
+    }
+
+    /// Whether the run of releases `entries[start..end]` (outside a malloc) is one
+    /// private pool's own `emptyCache`: every release is of that pool, after its last
+    /// request; the pool's slot.
+    pub(super) fn pool_empty_cache(&self, start: usize, end: usize) -> Option<u32> {
+        let slot = *self.of.get(start)?;
+        if slot == UNKNOWN || slot == DEFAULT {
+            return None;
+        }
+        let all = self.of.get(start..end)?.iter().all(|&s| s == slot);
+        let after = self.last_request[slot as usize].is_some_and(|last| start > last);
+        (all && after).then_some(slot)
+    }
+
+    /// The events that route the requests to their pools, at their positions (after
+    /// the entry they name, counted with the inferred `empty_cache` entries), the
+    /// caveats, and what the snapshot says per request. `entries` are the file's
+    /// entries; with the inferred `empty_cache` entries there are `final_len`, and
+    /// `source_indexes` gives the file index of each; `pool_caches` are the release
+    /// runs taken as a pool's `emptyCache` (file index of the run's first entry, slot).
+    pub(super) fn events(
+        &self,
+        entries: &[RecordedEntry],
+        final_len: usize,
+        source_indexes: &[u64],
+        pool_caches: &[(usize, u32)],
+    ) -> Routing {
+        let mut summary = SnapshotPools {
+            shown: self.shown.clone(),
+            by_entry: self.by_entry,
+            by_address: self.by_address,
+            ..SnapshotPools::default()
+        };
+        if self.shown.is_empty() {
+            return Routing {
+                calls: Vec::new(),
+                caveats: Vec::new(),
+                pools: summary,
+            };
+        }
+        // Where each file entry landed, and where the first entry made of it (an
+        // inferred empty_cache before it) landed.
+        let mut first_of = vec![usize::MAX; entries.len()];
+        let mut last_of = vec![usize::MAX; entries.len()];
+        for (k, &s) in source_indexes.iter().enumerate().take(final_len) {
+            if let Some(slot) = first_of.get_mut(s as usize) {
+                if *slot == usize::MAX {
+                    *slot = k;
+                }
+                last_of[s as usize] = k;
+            }
+        }
+        let before = |raw: usize| -> Option<u64> {
+            let k = first_of[raw];
+            (k > 0).then(|| (k - 1) as u64)
+        };
+        let after = |raw: usize| -> Option<u64> { Some(last_of[raw] as u64) };
+        // (position, rank, event); ranks order events at one position.
+        let mut calls: Vec<(Option<u64>, u8, Event)> = Vec::new();
+        let pool = |slot: u32| self.table[slot as usize];
+        let mut alive = vec![false; self.table.len()];
+        // Runs of consecutive requests of one private pool.
+        let mut run: Option<(u32, usize, usize, Vec<u64>)> = None;
+        let mut runs: Vec<(u32, usize, usize, Vec<u64>)> = Vec::new();
+        for (i, e) in entries.iter().enumerate() {
+            if !is_request(e.action) {
+                continue;
+            }
+            let slot = self.of[i];
+            if slot == UNKNOWN {
+                summary.unattributed.push(i as u64);
+            } else if slot != DEFAULT {
+                summary.request_pools.push((i as u64, pool(slot)));
+            }
+            let private = slot != UNKNOWN && slot != DEFAULT;
+            match &mut run {
+                Some((s, _, last, streams)) if private && *s == slot => {
+                    *last = i;
+                    if !streams.contains(&e.stream) {
+                        streams.push(e.stream);
+                    }
+                }
+                _ => {
+                    runs.extend(run.take());
+                    if private {
+                        run = Some((slot, i, i, vec![e.stream]));
+                    }
+                }
+            }
+        }
+        runs.extend(run.take());
+        for (slot, first, last, mut streams) in runs.iter().cloned() {
+            let id = pool(slot);
+            if !alive[slot as usize] {
+                alive[slot as usize] = true;
+                calls.push((
+                    before(first),
+                    4,
+                    Event::CreatePool {
+                        pool: id,
+                        use_on_oom: false,
+                        no_split: false,
+                    },
+                ));
+            }
+            streams.sort_unstable();
+            calls.push((
+                before(first),
+                5,
+                Event::BeginAllocateToPool {
+                    pool: id,
+                    streams: PoolStreams::Only(streams),
+                },
+            ));
+            calls.push((after(last), 0, Event::EndAllocateToPool { pool: id }));
+            calls.push((after(last), 1, Event::ReleasePool { pool: id }));
+        }
+        // The kept use ends before the run of releases holding the pool's first release
+        // after its last request (found in one pass back over the entries: the earliest
+        // release of each pool seen so far, taken when its last request is reached).
+        let mut run_start = vec![0usize; entries.len()];
+        for i in 0..entries.len() {
+            run_start[i] = if i > 0 && is_release(entries[i - 1].action) {
+                run_start[i - 1]
+            } else {
+                i
+            };
+        }
+        let mut earliest = vec![usize::MAX; self.table.len()];
+        let mut drops = Vec::new();
+        for i in (0..entries.len()).rev() {
+            let slot = self.of[i];
+            if slot == UNKNOWN || slot == DEFAULT {
+                continue;
+            }
+            if is_release(entries[i].action) {
+                earliest[slot as usize] = i;
+            } else if self.last_request[slot as usize] == Some(i)
+                && earliest[slot as usize] != usize::MAX
+            {
+                // Not before the pool's last request, whose run cannot hold it.
+                let r = earliest[slot as usize];
+                drops.push((run_start[r].max(i + 1), slot));
+            }
+        }
+        for (r, slot) in drops {
+            calls.push((before(r), 2, Event::ReleasePool { pool: pool(slot) }));
+        }
+        for &(start, slot) in pool_caches {
+            calls.push((before(start), 3, Event::EmptyPoolCache { pool: pool(slot) }));
+        }
+        calls.sort_by_key(|(at, rank, _)| (at.map_or(0, |a| a + 1), *rank));
+
+        let mut caveats = Vec::new();
+        let names = |pools: &[PoolId]| {
+            pools
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let some = |list: &[u64]| {
+            let shown: Vec<String> = list.iter().take(5).map(u64::to_string).collect();
+            format!(
+                "{}{}",
+                shown.join(", "),
+                if list.len() > 5 { ", ..." } else { "" }
+            )
+        };
+        if !summary.unattributed.is_empty() {
+            let requests = self.requests.len();
+            caveats.push(format!(
+                "the snapshot shows private pools {} (CUDA graphs or MemPools) but does not say the pool of \
+                 {} of its {requests} requests (entries {}): their memory was given back before the snapshot \
+                 was taken, and PyTorch before 2.15 records no pool on trace entries; they replay from the \
+                 default pools",
+                names(&self.shown),
+                summary.unattributed.len(),
+                some(&summary.unattributed)
+            ));
+        }
+        // Frees that wait for other streams inside a pool's run of requests or right
+        // after it (before the next request): a capture under way defers them.
+        let requests = &self.requests;
+        let spans: Vec<(usize, usize)> = runs
+            .iter()
+            .map(|&(_, first, last, _)| {
+                let next = requests.partition_point(|&j| j <= last);
+                (first, requests.get(next).copied().unwrap_or(entries.len()))
+            })
+            .collect();
+        let mut delayed = Vec::new();
+        let mut r = 0;
+        for (i, e) in entries.iter().enumerate() {
+            while r < spans.len() && spans[r].1 <= i {
+                r += 1;
+            }
+            let inside = spans.get(r).is_some_and(|&(first, _)| first < i);
+            if inside
+                && e.action == Action::FreeRequested
+                && !entries
+                    .get(i + 1)
+                    .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr)
+            {
+                delayed.push(i as u64);
+            }
+        }
+        if !delayed.is_empty() {
+            caveats.push(format!(
+                "the snapshot does not record when allocation to its private pools began and ended: {} free(s) \
+                 waiting for other streams (entries {}) come during or right after a pool's requests, where a \
+                 CUDA graph capture under way would have deferred them; the replay takes each pool's windows \
+                 to span its requests only",
+                delayed.len(),
+                some(&delayed)
+            ));
+        }
+        let unsure = self.unsure_no_split(entries);
+        if !unsure.is_empty() {
+            caveats.push(format!(
+                "the snapshot does not say whether MemPool(s) {} were created with no_split (their requests \
+                 never shared a segment): they replay splitting blocks, as a MemPool does by default",
+                names(&unsure)
+            ));
+        }
+        Routing {
+            calls: calls.into_iter().map(|(at, _, e)| (at, e)).collect(),
+            caveats,
+            pools: summary,
+        }
+    }
+
+    /// MemPool-style pools `(0, N)` with requests of which no two were ever live in
+    /// one (non-expandable) segment at once: nothing shows whether they split blocks.
+    fn unsure_no_split(&self, entries: &[RecordedEntry]) -> Vec<PoolId> {
+        let mut used = vec![false; self.table.len()];
+        let mut splits = vec![false; self.table.len()];
+        // Live segments: start → (end, live requests in it).
+        let mut segments: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+        // Live requests of private pools: address → segment start.
+        let mut blocks: HashMap<u64, u64> = HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            match e.action {
+                Action::SegmentAlloc => {
+                    segments.insert(e.addr, (e.addr.saturating_add(e.size), 0));
+                }
+                Action::SegmentFree => {
+                    segments.remove(&e.addr);
+                }
+                Action::Alloc => {
+                    let slot = self.of[i];
+                    if slot == UNKNOWN || slot == DEFAULT {
+                        continue;
+                    }
+                    used[slot as usize] = true;
+                    if let Some((&start, (end, count))) = segments.range_mut(..=e.addr).next_back()
+                    {
+                        if *end > e.addr {
+                            *count += 1;
+                            if *count >= 2 {
+                                splits[slot as usize] = true;
+                            }
+                            blocks.insert(e.addr, start);
+                        }
+                    }
+                }
+                Action::FreeCompleted => {
+                    if let Some(start) = blocks.remove(&e.addr) {
+                        if let Some((_, count)) = segments.get_mut(&start) {
+                            *count = count.saturating_sub(1);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        (1..self.table.len())
+            .filter(|&s| used[s] && !splits[s] && self.table[s].0 == 0)
+            .map(|s| self.table[s])
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recorded::{BlockState, RecordedBlock};
+
+    const MIB: u64 = 1 << 20;
+    const A: u64 = 0x7f00_0000_0000;
+    const B: u64 = 0x7f10_0000_0000;
+
+    fn e(action: Action, addr: u64, size: u64, stream: u64) -> RecordedEntry {
+        RecordedEntry {
+            action,
+            addr,
+            size,
+            stream,
+        }
+    }
+
+    fn segment(
+        address: u64,
+        total_size: u64,
+        pool: (u64, u64),
+        expandable: bool,
+    ) -> RecordedSegment {
+        RecordedSegment {
+            address,
+            total_size,
+            stream: 0,
+            segment_type: "large".into(),
+            allocated_size: 0,
+            blocks: vec![RecordedBlock {
+                address,
+                size: total_size,
+                requested_size: Some(0),
+                state: BlockState::Inactive,
+            }],
+            is_expandable: expandable,
+            pool_id: pool,
+        }
+    }
+
+    fn pools_of(a: &Attribution, entries: &[RecordedEntry]) -> Vec<Option<PoolId>> {
+        (0..entries.len())
+            .filter(|&i| is_request(entries[i].action))
+            .map(|i| (a.of[i] != UNKNOWN).then(|| a.table[a.of[i] as usize]))
+            .collect()
+    }
+
+    /// By address (2.11): a request is the pool of the listed segment it lies in only if
+    /// that segment was allocated at that place before the request (a segment freed and
+    /// allocated again at the same address hides the earlier one's pool), and, for
+    /// expandable segments, only if its pages were never unmapped after it.
+    #[test]
+    fn addresses_say_the_pool_of_memory_kept_to_the_end() {
+        let entries = vec![
+            e(Action::SegmentAlloc, A, 2 * MIB, 0),
+            e(Action::Alloc, A, 512, 0), // in a segment freed later: unknown
+            e(Action::FreeCompleted, A, 512, 0),
+            e(Action::SegmentFree, A, 2 * MIB, 0),
+            e(Action::SegmentAlloc, A, 2 * MIB, 7),
+            e(Action::Alloc, A + 512, 512, 7), // in the listed segment of (1, 0)
+            e(Action::SegmentMap, B, 4 * MIB, 0),
+            e(Action::Alloc, B + 2 * MIB, MIB, 0), // its page is unmapped later: unknown
+            e(Action::FreeCompleted, B + 2 * MIB, MIB, 0),
+            e(Action::SegmentUnmap, B + 2 * MIB, 2 * MIB, 0),
+            e(Action::Alloc, B, MIB, 0), // in the mapped run listed for (0, 1)
+            e(Action::Oom, 0, 64 * MIB, 0), // no address: unknown
+        ];
+        let segments = [
+            segment(A, 2 * MIB, (1, 0), false),
+            segment(B, 2 * MIB, (0, 1), true),
+        ];
+        let a = attribute(&entries, &[], false, &segments);
+        assert_eq!(
+            pools_of(&a, &entries),
+            vec![None, Some(PoolId(1, 0)), None, Some(PoolId(0, 1)), None]
+        );
+        assert_eq!((a.by_entry, a.by_address), (0, 2));
+        assert_eq!(a.shown, vec![PoolId(0, 1), PoolId(1, 0)]);
+        // With every entry's pool_id (2.15), the entries decide, default included.
+        let b = attribute(&entries, &[(11, PoolId(0, 1))], true, &segments);
+        assert_eq!(
+            pools_of(&b, &entries),
+            vec![
+                Some(PoolId(0, 0)),
+                Some(PoolId(0, 0)),
+                Some(PoolId(0, 0)),
+                Some(PoolId(0, 0)),
+                Some(PoolId(0, 1))
+            ]
+        );
+        assert_eq!((b.by_entry, b.by_address), (5, 0));
+    }
+
+    /// The events of a 2.15 snapshot: a graph's pool created before its first window,
+    /// one window per run of its requests (on the run's streams), and its kept use
+    /// dropped just before its memory is given back after its last request; a MemPool
+    /// destroyed (its segments alone given back) is its own `empty_cache`, not a
+    /// `torch.cuda.empty_cache()`; a default segment given back just before a
+    /// capture's first segment was an `empty_cache()` (the capture's malloc cannot give
+    /// it back), unless garbage collection is on.
+    #[test]
+    fn runs_of_requests_become_windows() {
+        let g = PoolId(1, 0);
+        let m = PoolId(0, 1);
+        let h = PoolId(2, 0);
+        let c = 0x7f20_0000_0000;
+        let entries = vec![
+            e(Action::SegmentAlloc, A, 2 * MIB, 5), // 0
+            e(Action::Alloc, A, 512, 5),            // 1: g
+            e(Action::Alloc, A + 512, 512, 6),      // 2: g, another stream of the capture
+            e(Action::Alloc, B, 512, 0),            // 3: default
+            e(Action::Alloc, A + 1024, 512, 5),     // 4: g
+            e(Action::FreeCompleted, A, 512, 5),    // 5
+            e(Action::FreeCompleted, A + 512, 512, 6),
+            e(Action::FreeCompleted, A + 1024, 512, 5),
+            e(Action::SegmentAlloc, B + 4 * MIB, 2 * MIB, 0), // 8
+            e(Action::Alloc, B + 4 * MIB, 512, 0),            // 9: m
+            e(Action::FreeCompleted, B + 4 * MIB, 512, 0),    // 10
+            e(Action::SegmentFree, B + 4 * MIB, 2 * MIB, 0),  // 11: m's emptyCache
+            e(Action::Snapshot, 0, 0, 0),                     // 12
+            e(Action::SegmentFree, A, 2 * MIB, 5),            // 13: g's, after its reset, and
+            e(Action::SegmentFree, B + 8 * MIB, 2 * MIB, 0),  // 14: default: empty_cache()
+            e(Action::SegmentAlloc, c, 2 * MIB, 5),           // 15: h's capture
+            e(Action::Alloc, c, 512, 5),                      // 16: h
+        ];
+        let pools = [
+            (0, g),
+            (1, g),
+            (2, g),
+            (4, g),
+            (5, g),
+            (6, g),
+            (7, g),
+            (8, m),
+            (9, m),
+            (10, m),
+            (11, m),
+            (13, g),
+            (15, h),
+            (16, h),
+        ];
+        let a = attribute(&entries, &pools, true, &[]);
+        let (gs, ms) = (a.of[1], a.of[9]);
+        assert_eq!(
+            a.release_run(11, 12, false, false),
+            ReleaseRun::PoolCache(ms)
+        );
+        assert_eq!(
+            a.release_run(13, 14, false, false),
+            ReleaseRun::PoolCache(gs)
+        );
+        assert_eq!(a.release_run(14, 15, true, false), ReleaseRun::EmptyCache);
+        assert_eq!(a.release_run(14, 15, true, true), ReleaseRun::Malloc);
+        assert_eq!(a.pool_empty_cache(3, 4), None);
+        // As the reader does.
+        let mut caches = Vec::new();
+        let (out, indexes) =
+            super::super::empty_cache::infer_empty_cache_with(&entries, |s, e, inside| {
+                match a.release_run(s, e, inside, false) {
+                    ReleaseRun::Malloc => false,
+                    ReleaseRun::EmptyCache => true,
+                    ReleaseRun::PoolCache(slot) => {
+                        caches.push((s, slot));
+                        false
+                    }
+                }
+            });
+        // The graph's segment and the default one go in one run: an empty_cache().
+        assert_eq!(caches, vec![(11, ms)]);
+        assert_eq!(out.len(), entries.len() + 1);
+        assert_eq!(out[13].action, Action::EmptyCache);
+        let Routing {
+            calls,
+            caveats,
+            pools: summary,
+        } = a.events(&entries, out.len(), &indexes, &caches);
+        // The MemPool's one request says nothing of no_split.
+        assert_eq!(caveats.len(), 1, "{caveats:?}");
+        assert!(caveats[0].contains("MemPool(s) (0, 1) were created with no_split"));
+        assert_eq!(
+            summary.request_pools,
+            vec![(1, g), (2, g), (4, g), (9, m), (16, h)]
+        );
+        assert_eq!(summary.by_entry, 6);
+        let begin = |pool, streams: Vec<u64>| Event::BeginAllocateToPool {
+            pool,
+            streams: PoolStreams::Only(streams),
+        };
+        let create = |pool| Event::CreatePool {
+            pool,
+            use_on_oom: false,
+            no_split: false,
+        };
+        assert_eq!(
+            calls,
+            vec![
+                (Some(0), create(g)),
+                (Some(0), begin(g, vec![5, 6])),
+                (Some(2), Event::EndAllocateToPool { pool: g }),
+                (Some(2), Event::ReleasePool { pool: g }),
+                (Some(3), begin(g, vec![5])),
+                (Some(4), Event::EndAllocateToPool { pool: g }),
+                (Some(4), Event::ReleasePool { pool: g }),
+                (Some(8), create(m)),
+                (Some(8), begin(m, vec![0])),
+                (Some(9), Event::EndAllocateToPool { pool: m }),
+                (Some(9), Event::ReleasePool { pool: m }),
+                (Some(10), Event::ReleasePool { pool: m }),
+                (Some(10), Event::EmptyPoolCache { pool: m }),
+                (Some(12), Event::ReleasePool { pool: g }),
+                (Some(16), create(h)),
+                (Some(16), begin(h, vec![5])),
+                (Some(17), Event::EndAllocateToPool { pool: h }),
+                (Some(17), Event::ReleasePool { pool: h }),
+            ]
+        );
+    }
+
+    /// What the windows cannot say is named: a free waiting for other streams right
+    /// after a pool's requests (a capture may still have been under way), and a MemPool
+    /// whose requests never shared a segment (no_split or not); a MemPool whose
+    /// requests shared a segment is not.
+    #[test]
+    fn what_the_windows_cannot_say_is_named() {
+        let entries = vec![
+            e(Action::SegmentAlloc, A, 2 * MIB, 0),
+            e(Action::Alloc, A, 512, 0),         // (0, 1), by address
+            e(Action::FreeRequested, A, 512, 0), // waits for another stream
+            e(Action::Alloc, B, 512, 0),         // in memory not listed: unknown
+            e(Action::FreeCompleted, A, 512, 0),
+        ];
+        let segments = [segment(A, 2 * MIB, (0, 1), false)];
+        let a = attribute(&entries, &[], false, &segments);
+        let (out, indexes) = super::super::empty_cache::infer_empty_cache(&entries);
+        let Routing {
+            caveats,
+            pools: summary,
+            ..
+        } = a.events(&entries, out.len(), &indexes, &[]);
+        assert_eq!(summary.unattributed, vec![3]);
+        assert_eq!(caveats.len(), 3, "{caveats:?}");
+        assert!(caveats[0].starts_with("the snapshot shows private pools (0, 1) (CUDA graphs or MemPools) but does not say the pool of 1 of its 2 requests (entries 3)"), "{}", caveats[0]);
+        assert!(
+            caveats[1].contains("1 free(s) waiting for other streams (entries 2)"),
+            "{}",
+            caveats[1]
+        );
+        assert!(
+            caveats[2].contains("MemPool(s) (0, 1) were created with no_split"),
+            "{}",
+            caveats[2]
+        );
+        // Two requests of the pool live in one segment at once: it splits.
+        let mut entries = entries;
+        entries[3] = e(Action::Alloc, A + 512, 512, 0);
+        entries.insert(4, e(Action::FreeCompleted, A + 512, 512, 0));
+        let a = attribute(&entries, &[], false, &segments);
+        let (out, indexes) = super::super::empty_cache::infer_empty_cache(&entries);
+        let caveats = a.events(&entries, out.len(), &indexes, &[]).caveats;
+        assert_eq!(caveats.len(), 1, "{caveats:?}");
+        assert!(caveats[0].contains("waiting for other streams"));
+    }
+}
