@@ -758,3 +758,43 @@ fn probe_survives_a_device_name_without_nul() {
     assert!(name.starts_with("Mock GPU with a long name"), "{name}");
     assert_eq!(name.len(), 255, "{name}");
 }
+
+/// `validate` replays traces with private pools (CUDA graph captures, a MemPool that
+/// runs out of memory inside its window, expandable segments in a graph's pool) on the
+/// (mock) GPU under the caching policy: the pool calls reach the policy there as in the
+/// simulation, so the two agree, and nothing is left allocated.
+#[test]
+fn validate_replays_private_pools() {
+    let Some(mock) = mock_libcuda() else { return };
+    let dir = TempDir::new("validate-pools");
+    let csv = dir.path().join("v.csv");
+    let o = allocsim_on_mock(
+        &mock,
+        &[
+            "validate",
+            "tests/data/pools/graph_capture.json",
+            "tests/data/pools/graph_capture__expandable_segments-True.json",
+            "tests/data/pools/mempool_phases__use_on_oom-1__cap1265M.json",
+            "--policies",
+            "caching,caching:expandable_segments=True",
+            "-o",
+            csv.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains(CLEAN_MOCK), "{err}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let agrees = header.iter().position(|&c| c == "agrees").unwrap();
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 6, "{text}");
+    for row in &rows {
+        assert_eq!(row[agrees], "true", "{text}");
+    }
+}

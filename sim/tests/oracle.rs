@@ -83,6 +83,19 @@ fn runs_in(dir: &std::path::Path) -> Vec<workloads::RecordedRun> {
         .collect()
 }
 
+/// The runs with private pools this project recorded on an H100 with PyTorch 2.11
+/// (`tests/data/pools`: CUDA graphs captured in pools of their own, in one shared pool,
+/// with expandable segments; a MemPool with `no_split`, with `use_on_oom` and with
+/// expandable segments running out of memory inside it) are reproduced exactly, pool
+/// windows, releases and all.
+#[test]
+fn every_pool_run_recorded_here_is_exact() {
+    all_exact(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pools"),
+        8,
+    );
+}
+
 fn all_exact(dir: &std::path::Path, expected: usize) {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))

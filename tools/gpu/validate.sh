@@ -13,7 +13,8 @@
 # Results in $OUT:
 #   probe.yaml                     `allocsim probe` of this GPU: the model of every set
 #   full.csv (+ .log)              the traces of tests/data (recorded runs of
-#                                  oracle/h100-torch2.11 and recorded/, snapshot pickles),
+#                                  oracle/h100-torch2.11 and recorded/, snapshot pickles,
+#                                  the private-pool runs of pools/ and their 2.15 pickles),
 #                                  the examples, the golden traces and two generated
 #                                  traces, under the five policies, no capacity
 #   capacity.csv (+ .log)          the five capacity runs of the committed H100 validation
@@ -128,6 +129,8 @@ pages_trace pages-20m $((20 * MIB)) 800
 ORACLE=(tests/data/oracle/h100-torch2.11/*.json)
 RECORDED=(tests/data/recorded/*.json)
 PICKLES=(tests/data/torch/*.pickle tests/data/oracle/h100-torch2.11-pickles/*.pickle)
+# Private pools (CUDA graphs, MemPools): the recorded runs and their 2.15-shaped pickles.
+POOLS=(tests/data/pools/*.json tests/data/pools/*__torch215.pickle)
 # examples/ also holds sweep files: take only what `allocsim check` reads as a trace.
 OTHERS=()
 for f in examples/*.yaml examples/*.csv tests/data/traces/*.yaml "$WORK/gen-s1.yaml" "$WORK/gen-ln-s2.yaml"; do
@@ -138,6 +141,7 @@ done
 run_set full oracle "${ORACLE[@]}" --policies "$POLICIES" "${PROFILE[@]}"
 run_set full recorded "${RECORDED[@]}" "${PICKLES[@]}" --policies "$POLICIES" "${PROFILE[@]}"
 run_set full others "${OTHERS[@]}" --policies "$POLICIES" "${PROFILE[@]}"
+run_set full pools "${POOLS[@]}" --policies "$POLICIES" "${PROFILE[@]}"
 
 # ---- capacity: the committed H100 validation's capacity runs ----------------------------
 run_set capacity random_stress tests/data/oracle/h100-torch2.11/random_stress.json --capacity 3GiB --policies "$POLICIES" "${PROFILE[@]}"
