@@ -111,6 +111,10 @@ pub enum Command {
     /// Join the CSVs of a sweep's shards (`sweep --shard K/N`) into the CSV one run
     /// gives, with its summary.
     Merge(MergeArgs),
+    /// Two configurations on one trace side by side: where their reserved bytes part,
+    /// the first differing decision, peaks, out-of-memory points, and which requests
+    /// cost the difference.
+    Diff(DiffArgs),
     /// Write a synthetic trace.
     Generate(GenerateArgs),
     /// Validate traces and list every problem found.
@@ -135,15 +139,11 @@ pub enum Command {
 
 /// How traces are read.
 #[derive(Debug, Args, Clone)]
-pub struct InputArgs {
+pub struct ReadArgs {
     /// Trace format, instead of detecting it from the content (with the extension as a
     /// hint).
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub trace_format: Option<Format>,
-    /// Replay traces that fail validation (unknown frees and zero-size requests are
-    /// skipped) instead of refusing them.
-    #[arg(long)]
-    pub lenient: bool,
     /// Which GPU's trace to read from a snapshot pickle that holds several.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub snapshot_device: usize,
@@ -155,6 +155,17 @@ pub struct InputArgs {
     /// Removed: see --gpu-profile and --snapshot-device.
     #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "", value_parser = split_device_flag)]
     pub device: Option<String>,
+}
+
+/// How traces are read, and whether one that fails validation is replayed.
+#[derive(Debug, Args, Clone)]
+pub struct InputArgs {
+    #[command(flatten)]
+    pub read: ReadArgs,
+    /// Replay traces that fail validation (unknown frees and zero-size requests are
+    /// skipped) instead of refusing them.
+    #[arg(long)]
+    pub lenient: bool,
 }
 
 /// The simulated device and the caching policy's memory limit.
@@ -214,6 +225,19 @@ pub struct ReplayArgs {
     /// `torch.cuda.memory_stats()`).
     #[arg(long)]
     pub stats: bool,
+    /// Cut the replay into iterations at the trace's marks (and a snapshot's
+    /// annotations) and print each one's peaks, and the steady state after the warm-up.
+    #[arg(long)]
+    pub iterations: bool,
+    /// Write one CSV row per iteration here (implies --iterations).
+    #[arg(long, value_name = "FILE.csv")]
+    pub iterations_csv: Option<PathBuf>,
+    /// Cut only at marks and annotations whose label contains this text (e.g. `step`).
+    #[arg(long, value_name = "TEXT")]
+    pub mark: Option<String>,
+    /// Iterations left out of the steady state at the start (the first fills the cache).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub warmup: usize,
     #[command(flatten)]
     pub input: InputArgs,
     #[command(flatten)]
@@ -321,6 +345,32 @@ pub struct MergeArgs {
     pub format: Option<crate::table::OutputFormat>,
 }
 
+/// `allocsim diff`.
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The trace.
+    pub trace: PathBuf,
+    /// The two configurations, comma-separated (generated help: see `policy_help`).
+    #[arg(
+        long,
+        required = true,
+        help = policy_help("The two configurations to compare, e.g. `caching,caching:expandable_segments=True`")
+    )]
+    pub policies: Vec<String>,
+    /// Write every event that changed the gap between the two reservations here (CSV);
+    /// the report then goes to stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// `table` (the report; the default on a terminal) or `csv` (the events; the
+    /// default in a pipe).
+    #[arg(long, value_enum)]
+    pub format: Option<crate::table::OutputFormat>,
+    #[command(flatten)]
+    pub input: InputArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
 /// `allocsim gpus`.
 #[derive(Debug, Args)]
 pub struct GpusArgs {
@@ -399,7 +449,7 @@ pub struct CheckArgs {
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
     #[command(flatten)]
-    pub input: InputArgs,
+    pub input: ReadArgs,
 }
 
 /// `allocsim policies`.

@@ -27,8 +27,8 @@ pub struct Loaded {
 /// How `input`'s flags read traces.
 pub fn load_options(input: &InputArgs) -> LoadOptions {
     LoadOptions {
-        format: input.trace_format,
-        snapshot_device: input.snapshot_device,
+        format: input.read.trace_format,
+        snapshot_device: input.read.snapshot_device,
         lenient: input.lenient,
         no_recorded_addresses: input.no_recorded_addresses,
     }

@@ -186,6 +186,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Fit(a) => commands::fit::run(a),
         Command::Sweep(a) => commands::sweep::run(a),
         Command::Merge(a) => commands::sweep::merge(a),
+        Command::Diff(a) => commands::diff::run(a),
         Command::Generate(a) => commands::generate::run(a),
         Command::Check(a) => commands::check::run(a),
         Command::Policies(a) => commands::policies::run(a),

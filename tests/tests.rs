@@ -1,5 +1,7 @@
 //! The integration test binary. One module per concern.
 
+/// `diff`, iterations, report names, conversions, help and what writers say.
+mod answers;
 /// Exit codes, CSV headers and error messages of the `allocsim` binary.
 mod cli;
 /// Every policy through the same scenarios.

@@ -294,6 +294,8 @@ mod tests {
             columns::<FidelityRow>(),
             columns::<crate::validation::ValidationRecord<'_>>(),
             columns::<crate::sweep::SweepRecord>(),
+            columns::<crate::diff::DiffRecord>(),
+            columns::<crate::iterations::IterationRecord>(),
         ];
         for c in all.iter().flatten() {
             assert!(

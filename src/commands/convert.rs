@@ -21,7 +21,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
         }],
         &[&args.input],
     )?;
-    let (trace, _) = workloads::read_source(&args.input, args.format, args.snapshot_device)?;
+    let (mut trace, run) = workloads::read_source(&args.input, args.format, args.snapshot_device)?;
     if let Some(start) = &trace.start {
         anyhow::bail!(
             "{}: the recording starts mid-run (its first entry finds {}); YAML and CSV traces \
@@ -31,9 +31,56 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
             start.describe()
         );
     }
+    // A snapshot's annotations (`_annotate_memory`, profiler ranges) become marks where
+    // they fall, so that iterations, plots and timelines of the converted trace see them.
+    let marks = sim::iterations::annotation_marks(&trace, run.as_ref());
+    let added = marks.len();
+    if added > 0 {
+        let mut events = Vec::with_capacity(trace.events.len() + added);
+        let mut next = marks.into_iter().peekable();
+        for (i, e) in std::mem::take(&mut trace.events).into_iter().enumerate() {
+            while let Some(m) = next.next_if(|m| m.event_index <= i) {
+                events.push(workloads::Event::Mark { label: m.label });
+            }
+            events.push(e);
+        }
+        events.extend(next.map(|m| workloads::Event::Mark { label: m.label }));
+        trace.events = events;
+        // Places and times in the source no longer line up; neither format writes them.
+        trace.locations.clear();
+        trace.times_us.clear();
+    }
+    let m = &trace.meta;
+    let recorded = m.alloc_conf.is_some()
+        || m.cap_bytes.is_some()
+        || m.total_bytes.is_some()
+        || m.device.is_some()
+        || m.torch_version.is_some()
+        || !m.caveats.is_empty();
+    if recorded && to != Format::Yaml {
+        eprintln!(
+            "warning: {} cannot carry what {} recorded about its run (its PYTORCH_CUDA_ALLOC_CONF, memory limit, device, caveats); convert to YAML to keep it",
+            to.name(),
+            args.input.display()
+        );
+    }
     let mut out = output::create(Some(&args.output))?;
     workloads::write(&trace, to, &mut out)
         .with_context(|| format!("writing {}", args.output.display()))?;
     out.finish()?;
+    eprintln!(
+        "wrote {} ({} events{}{})",
+        args.output.display(),
+        trace.events.len(),
+        match added {
+            0 => String::new(),
+            n => format!(", {n} of them marks from the snapshot's annotations"),
+        },
+        if recorded && to == Format::Yaml {
+            ", and what the run recorded"
+        } else {
+            ""
+        }
+    );
     Ok(Exit::Ran)
 }

@@ -47,5 +47,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<Exit> {
     workloads::write(&trace, format, &mut out)
         .with_context(|| format!("writing {}", args.output.display()))?;
     out.finish()?;
+    eprintln!(
+        "wrote {} ({} events)",
+        args.output.display(),
+        trace.events.len()
+    );
     Ok(Exit::Ran)
 }

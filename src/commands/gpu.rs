@@ -28,6 +28,9 @@ pub fn probe(args: ProbeArgs) -> anyhow::Result<Exit> {
     out.write_all(text.as_bytes())
         .context("writing the profile")?;
     out.finish()?;
+    if let Some(path) = &args.output {
+        eprintln!("wrote {} (the device profile)", path.display());
+    }
     Ok(Exit::Ran)
 }
 
@@ -204,6 +207,9 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<Exit> {
     let mut out = output::create(args.output.as_deref())?;
     sim::validation::write_validation_csv(&rows, &mut out).context("writing the CSV")?;
     out.finish()?;
+    if let Some(path) = &args.output {
+        eprintln!("wrote {} ({} rows)", path.display(), rows.len());
+    }
     let agree = rows.iter().filter(|v| v.agrees()).count();
     eprintln!("{agree} of {} runs agree (reserved peak equal, OOM at the same event, charged peak within a page per segment)", rows.len());
     Ok(Exit::Ran)

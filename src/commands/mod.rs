@@ -3,6 +3,7 @@
 pub mod check;
 pub mod compare;
 pub mod convert;
+pub mod diff;
 pub mod fidelity;
 pub mod fit;
 pub mod generate;

@@ -14,18 +14,27 @@ use crate::output::{self, Kind, Planned};
 use crate::{interrupt, load, Exit};
 
 pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
+    let mut planned = Vec::new();
     if let Some(path) = &args.timeline {
+        planned.push(Planned {
+            flag: "--timeline",
+            path,
+            kind: Kind::Csv,
+        });
+    }
+    if let Some(path) = &args.iterations_csv {
+        planned.push(Planned {
+            flag: "--iterations-csv",
+            path,
+            kind: Kind::Csv,
+        });
+    }
+    if !planned.is_empty() {
         let mut inputs: Vec<&Path> = vec![&args.trace];
         inputs.extend(load::profile_file(&args.device));
-        output::check(
-            &[Planned {
-                flag: "--timeline",
-                path,
-                kind: Kind::Csv,
-            }],
-            &inputs,
-        )?;
+        output::check(&planned, &inputs)?;
     }
+    let iterations = args.iterations || args.iterations_csv.is_some();
     let setup = load::device_setup(&args.device)?;
     if setup.capacities.len() > 1 {
         bail!("--capacity: replay takes one capacity; `allocsim compare` takes several");
@@ -39,8 +48,15 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     let mut policy = spec.config.build()?;
     let mut device =
         SimDevice::with_hints(setup.options.clone(), loaded.hints.for_policy(&spec.config));
+    let windows = iterations.then(|| {
+        sim::iterations::IterationWatch::new(sim::iterations::boundaries(
+            &loaded.trace,
+            loaded.run.as_ref(),
+            args.mark.as_deref(),
+        ))
+    });
     let mut observer = (
-        args.timeline.as_ref().map(|_| Timeline::default()),
+        (args.timeline.as_ref().map(|_| Timeline::default()), windows),
         OomWatch::default(),
     );
     // Ctrl-C stops the replay at its next event; nothing is written then.
@@ -53,7 +69,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         &mut observer,
     )
     .with_context(|| format!("replaying {}", args.trace.display()))?;
-    let (timeline, watch) = observer;
+    let ((timeline, windows), watch) = observer;
+    let windows = windows.map(|w| w.finish(r.oom.as_ref().map(|o| o.event_index)));
     let mut why = watch.explanation;
     if let Some(e) = &mut why {
         sim::explain::check_remedies(
@@ -94,6 +111,19 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         sim::report::write_timeline_csv(&samples, &mut out)
             .with_context(|| format!("writing {}", path.display()))?;
         out.finish()?;
+        eprintln!("wrote {} ({} rows)", path.display(), samples.len());
+    }
+    if let (Some(path), Some(windows)) = (&args.iterations_csv, &windows) {
+        let mut out = output::create(Some(path))?;
+        sim::report::write_records(
+            windows
+                .iter()
+                .map(|w| sim::iterations::IterationRecord::of(w, args.warmup)),
+            &mut out,
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+        out.finish()?;
+        eprintln!("wrote {} ({} rows)", path.display(), windows.len());
     }
     let mut out = output::create(None)?;
     let mut text = summary(&loaded.trace, &label, device.options(), &r);
@@ -116,12 +146,146 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     if let Some(e) = &why {
         write!(out, "{}", why_text(&loaded.trace, e, &stack))?;
     }
+    if let Some(windows) = &windows {
+        write!(
+            out,
+            "{}",
+            iterations_text(windows, args.warmup, args.mark.as_deref())
+        )?;
+    }
     if args.stats {
         writeln!(out)?;
         write!(out, "{}", stats_table(&policy.detailed_stats()))?;
     }
     out.finish()?;
     Ok(Exit::Ran)
+}
+
+/// Iterations shown in the summary; the CSV has them all.
+const ITERATIONS_SHOWN: usize = 20;
+
+/// The per-iteration section: each window's peaks, then the steady state.
+fn iterations_text(
+    windows: &[sim::iterations::Window],
+    warmup: usize,
+    mark: Option<&str>,
+) -> String {
+    let h = format_size_human;
+    let mut out = String::new();
+    let cut = match mark {
+        Some(m) => format!("marks and annotations containing {m:?}"),
+        None => "marks and annotations".to_string(),
+    };
+    let cut_at = windows.iter().filter(|w| w.index > 0).count();
+    if cut_at == 0 {
+        let _ = writeln!(
+            out,
+            "iterations          none: the trace has no {cut} to cut it at"
+        );
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "iterations          {cut_at} from {cut}; {} (--warmup {warmup})",
+        match warmup {
+            0 => "no warm-up".to_string(),
+            1 => "the first is warm-up".to_string(),
+            n => format!("the first {n} are warm-up"),
+        }
+    );
+    let mut t = crate::table::Table::new(
+        &[
+            "iteration",
+            "label",
+            "events",
+            "requested peak",
+            "allocated peak",
+            "reserved peak",
+            "utilization",
+            "segment allocs",
+            "",
+        ],
+        &[true, false, false, true, true, true, true, true, false],
+    );
+    for w in windows.iter().take(ITERATIONS_SHOWN) {
+        t.row(vec![
+            w.index.to_string(),
+            w.label.clone(),
+            format!("{}-{}", w.first_event, w.last_event),
+            h(w.requested_bytes_peak),
+            h(w.allocated_bytes_peak),
+            h(w.reserved_bytes_peak),
+            w.utilization()
+                .map_or("n/a".to_string(), |u| format!("{:.1}%", u * 100.0)),
+            w.device_allocs.to_string(),
+            match (w.index, w.complete) {
+                (_, false) => "ran out of memory".to_string(),
+                (0, _) => "before the first".to_string(),
+                (i, _) if i <= warmup => "warm-up".to_string(),
+                _ => String::new(),
+            },
+        ]);
+    }
+    for line in t.render().lines() {
+        let _ = writeln!(out, "  {}", line.trim_end());
+    }
+    if windows.len() > ITERATIONS_SHOWN {
+        let _ = writeln!(
+            out,
+            "  ... and {} more (every one is in --iterations-csv FILE.csv)",
+            windows.len() - ITERATIONS_SHOWN
+        );
+    }
+    let s = sim::iterations::steady_state(windows, warmup);
+    if s.iterations == 0 {
+        let _ = writeln!(
+            out,
+            "steady state        none: no complete iteration after the warm-up (--warmup {warmup})"
+        );
+        return out;
+    }
+    let spread = |sp: Option<sim::stats::Spread>, show: &dyn Fn(f64) -> String| match sp {
+        Some(sp) => format!(
+            "mean {}, median {}, p95 {}{}",
+            show(sp.mean),
+            show(sp.median),
+            show(sp.p95),
+            sp.ci95.map_or(String::new(), |(lo, hi)| format!(
+                ", 95% CI {} to {}",
+                show(lo),
+                show(hi)
+            ))
+        ),
+        None => "n/a".to_string(),
+    };
+    let bytes = |b: f64| {
+        if b < 0.0 {
+            format!("-{}", h((-b).round() as u64))
+        } else {
+            h(b.round() as u64)
+        }
+    };
+    let _ = writeln!(
+        out,
+        "steady state        {} iterations after the warm-up",
+        s.iterations
+    );
+    let _ = writeln!(
+        out,
+        "  reserved peak     {}",
+        spread(s.reserved_bytes_peak, &bytes)
+    );
+    let _ = writeln!(
+        out,
+        "  utilization       {}",
+        spread(s.utilization, &|u| format!("{:.1}%", u * 100.0))
+    );
+    let _ = writeln!(
+        out,
+        "  segment allocs    {} per iteration",
+        spread(s.device_allocs, &|n| format!("{n:.1}"))
+    );
+    out
 }
 
 /// Prints each reason a result is not exact as a `warning:` line on stderr, once.
@@ -166,7 +330,7 @@ fn frames_of(args: &ReplayArgs, trace: &Trace, index: u64) -> Vec<String> {
     let options = workloads::snapshot::SnapshotOptions { keep_frames: true };
     let Ok(run) = workloads::snapshot::read_snapshot_pickle_with(
         &args.trace,
-        args.input.snapshot_device,
+        args.input.read.snapshot_device,
         &options,
     ) else {
         return Vec::new();

@@ -390,6 +390,8 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
         let mut problems = Problems::default();
         let mut ids = IdTable::new();
         let mut seen_events = false;
+        let mut meta = TraceMeta::of_format(Format::Yaml);
+        let mut seen_recorded = false;
         loop {
             let (event, span) = self.next()?;
             match event {
@@ -413,7 +415,11 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
             let key = match event {
                 YamlEvent::MappingEnd => break,
                 YamlEvent::Scalar(text, ..) => text.into_owned(),
-                _ => return Err(self.error_at(span, "a key of the trace is `name` or `events`")),
+                _ => {
+                    return Err(
+                        self.error_at(span, "a key of the trace is `name`, `recorded` or `events`")
+                    )
+                }
             };
             match key.as_str() {
                 "name" if name.is_none() => {
@@ -432,14 +438,18 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
                     }
                     self.events(&mut events, &mut ids, &mut problems)?;
                 }
-                "name" | "events" => {
+                "recorded" if !seen_recorded => {
+                    seen_recorded = true;
+                    self.recorded(&mut meta)?;
+                }
+                "name" | "events" | "recorded" => {
                     return Err(self.error_at(span, format!("duplicate field `{key}`")))
                 }
                 other => {
                     return Err(self.error_at(
                         span,
                         format!(
-                            "unknown field `{}`, expected `name` or `events`",
+                            "unknown field `{}`, expected `name`, `recorded` or `events`",
                             shorten(other)
                         ),
                     ))
@@ -471,7 +481,7 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
             events,
             locations: Vec::new(),
             location_kind: LocationKind::Event,
-            meta: TraceMeta::of_format(Format::Yaml),
+            meta,
             id_names,
             times_us: Vec::new(),
             start: None,
@@ -515,6 +525,76 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
                     Some(format!("event {}", out.len() + problems.len())),
                     message,
                 )),
+            }
+        }
+    }
+
+    /// The `recorded` mapping: what the run a converted trace came from recorded
+    /// (`TraceMeta`'s fields, as `write_yaml` writes them).
+    fn recorded(&mut self, meta: &mut TraceMeta) -> Result<(), ReadError> {
+        let (event, span) = self.next()?;
+        if !matches!(event, YamlEvent::MappingStart(..)) {
+            return Err(self.error_at(span, "recorded: expected a mapping"));
+        }
+        loop {
+            let (event, span) = self.next()?;
+            let key = match event {
+                YamlEvent::MappingEnd => return Ok(()),
+                YamlEvent::Scalar(text, ..) => text.into_owned(),
+                _ => return Err(self.error_at(span, "recorded: a key is text")),
+            };
+            let (event, vspan) = self.next()?;
+            let value = self.value(event, 2)?;
+            let text = |v: &Value| match v {
+                Value::Text(t) | Value::Int(t, _) | Value::Float(t) => Some(t.clone()),
+                Value::Bool(b) => Some(b.to_string()),
+                _ => None,
+            };
+            let bad =
+                |what: &str| self.error_at(vspan, format!("recorded: {key}: expected {what}"));
+            match key.as_str() {
+                "workload" => meta.workload = Some(text(&value).ok_or_else(|| bad("text"))?),
+                "alloc_conf" => {
+                    meta.alloc_conf = Some(match value {
+                        Value::Null => String::new(),
+                        v => text(&v).ok_or_else(|| bad("text"))?,
+                    })
+                }
+                "device" => meta.device = Some(text(&value).ok_or_else(|| bad("text"))?),
+                "torch_version" => {
+                    meta.torch_version = Some(text(&value).ok_or_else(|| bad("text"))?)
+                }
+                "cap_bytes" | "total_bytes" => {
+                    let bytes = match &value {
+                        Value::Int(_, Some(v)) => u64::try_from(*v).ok(),
+                        _ => None,
+                    }
+                    .ok_or_else(|| bad("a whole number of bytes"))?;
+                    if key == "cap_bytes" {
+                        meta.cap_bytes = Some(bytes);
+                    } else {
+                        meta.total_bytes = Some(bytes);
+                    }
+                }
+                "caveats" => {
+                    let Value::List(items) = value else {
+                        return Err(bad("a list of text"));
+                    };
+                    meta.caveats = items
+                        .iter()
+                        .map(|v| text(v).ok_or_else(|| bad("a list of text")))
+                        .collect::<Result<_, _>>()?;
+                }
+                other => {
+                    return Err(self.error_at(
+                        span,
+                        format!(
+                            "recorded: unknown key `{}` (known: workload, alloc_conf, cap_bytes, \
+                             total_bytes, device, torch_version, caveats)",
+                            shorten(other)
+                        ),
+                    ))
+                }
             }
         }
     }
@@ -633,6 +713,31 @@ fn not_a_mapping(v: &Value) -> String {
 /// Errors of `out`.
 pub fn write_yaml(trace: &Trace, mut out: impl io::Write) -> io::Result<()> {
     writeln!(out, "name: {}", quote(&trace.name))?;
+    let m = &trace.meta;
+    let recorded: Vec<(&str, String)> = [
+        ("workload", m.workload.as_deref().map(quote)),
+        ("alloc_conf", m.alloc_conf.as_deref().map(quote)),
+        ("cap_bytes", m.cap_bytes.map(|b| b.to_string())),
+        ("total_bytes", m.total_bytes.map(|b| b.to_string())),
+        ("device", m.device.as_deref().map(quote)),
+        ("torch_version", m.torch_version.as_deref().map(quote)),
+        (
+            "caveats",
+            (!m.caveats.is_empty()).then(|| {
+                let items: Vec<String> = m.caveats.iter().map(|c| quote(c)).collect();
+                format!("[{}]", items.join(", "))
+            }),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.map(|v| (k, v)))
+    .collect();
+    if !recorded.is_empty() {
+        writeln!(out, "recorded:")?;
+        for (k, v) in recorded {
+            writeln!(out, "  {k}: {v}")?;
+        }
+    }
     if trace.events.is_empty() {
         return writeln!(out, "events: []");
     }
@@ -1116,6 +1221,31 @@ mod tests {
     }
 
     /// Without `name` the trace is named after the file stem; block style works too.
+    /// What a run recorded (`TraceMeta`) is written in a `recorded` block and read back
+    /// as it was, PyTorch's defaults (`alloc_conf: ""`) included; a trace without one
+    /// writes none.
+    #[test]
+    fn recorded_round_trips() {
+        let mut t = Trace::new("r", vec![Event::EmptyCache]);
+        t.meta = TraceMeta {
+            format: Some(Format::Yaml),
+            workload: Some("gpt \"small\"".into()),
+            alloc_conf: Some(String::new()),
+            cap_bytes: Some(5 << 30),
+            total_bytes: Some(80 << 30),
+            device: Some("NVIDIA H100 80GB HBM3".into()),
+            torch_version: Some("2.11.0".into()),
+            caveats: vec!["one".into(), "two, with a comma".into()],
+        };
+        let mut out = Vec::new();
+        write_yaml(&t, &mut out).unwrap();
+        let back = read(std::str::from_utf8(&out).unwrap()).unwrap();
+        assert_eq!(back.meta, t.meta);
+        let mut plain = Vec::new();
+        write_yaml(&Trace::new("p", vec![]), &mut plain).unwrap();
+        assert!(!String::from_utf8(plain).unwrap().contains("recorded"));
+    }
+
     #[test]
     fn name_defaults_to_file_stem() {
         let t = read("events:\n  - op: alloc\n    id: 4\n    bytes: 512\n").unwrap();
