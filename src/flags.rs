@@ -147,11 +147,6 @@ pub struct ReadArgs {
     /// Which GPU's trace to read from a snapshot pickle that holds several.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub snapshot_device: usize,
-    /// Ignore the segment addresses a recorded run (JSON or snapshot) got: the
-    /// simulated device's model of the driver places every segment (docs/fidelity.md,
-    /// "Addresses").
-    #[arg(long)]
-    pub no_recorded_addresses: bool,
     /// Removed: see --gpu-profile and --snapshot-device.
     #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "", value_parser = split_device_flag)]
     pub device: Option<String>,
@@ -166,6 +161,11 @@ pub struct InputArgs {
     /// skipped) instead of refusing them.
     #[arg(long)]
     pub lenient: bool,
+    /// Ignore the segment addresses a recorded run (JSON or snapshot) got: the
+    /// simulated device's model of the driver places every segment (docs/fidelity.md,
+    /// "Addresses").
+    #[arg(long)]
+    pub no_recorded_addresses: bool,
 }
 
 /// The simulated device and the caching policy's memory limit.

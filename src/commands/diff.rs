@@ -35,7 +35,26 @@ pub fn run(args: DiffArgs) -> anyhow::Result<Exit> {
     if setup.capacities.len() > 1 {
         bail!("--capacity: diff takes one capacity");
     }
+    // Flags are checked before the trace is read.
     let specs = load::policies(&args.policies, &setup.caching)?;
+    if specs.len() != 2 {
+        bail!(
+            "--policies: diff compares two configurations, got {}: {}",
+            specs.len(),
+            specs
+                .iter()
+                .map(|s| s.label.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let loaded = load::load_trace(&args.trace, &args.input, &setup.options)?;
+    // A recorded run under its recorded settings, unless flags replace them (as replay).
+    let settings = load::settings(&loaded.trace.meta, &args.device);
+    if let Some(note) = &settings.note {
+        eprintln!("{}: {note}", args.trace.display());
+    }
+    let specs = load::policies(&args.policies, &settings.caching)?;
     let [a, b] = specs.as_slice() else {
         bail!(
             "--policies: diff compares two configurations, got {}: {}",
@@ -47,7 +66,6 @@ pub fn run(args: DiffArgs) -> anyhow::Result<Exit> {
                 .join(", ")
         );
     };
-    let loaded = load::load_trace(&args.trace, &args.input, &setup.options)?;
     let input = sim::CompareInput {
         trace: loaded.trace,
         hints: loaded.hints,
