@@ -7,6 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
+
 use workloads::validate::{validate, Severity};
 use workloads::{Format, RandomOptions, ReadError, RecordedRun, Trace};
 
@@ -202,7 +204,7 @@ fn check(trace: &Trace, options: &LoadOptions) -> Result<(), LoadError> {
     Ok(())
 }
 
-/// Loads every source, in order, each named for reports by [`report_names`].
+/// Loads every source, in parallel on all cores, each named for reports by [`report_names`].
 ///
 /// # Errors
 /// The first source, in order, that does not load.
@@ -211,10 +213,13 @@ pub fn load_all(
     options: &LoadOptions,
     model: &SimDeviceOptions,
 ) -> Result<Vec<CompareInput>, LoadError> {
-    let mut inputs = sources
-        .iter()
+    // Read in parallel (each trace once, shared by every job that replays it); the
+    // error reported is the first in input order, whichever failed first in time.
+    let loaded: Vec<Result<CompareInput, LoadError>> = sources
+        .par_iter()
         .map(|s| load(s, options, model))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect();
+    let mut inputs = loaded.into_iter().collect::<Result<Vec<_>, _>>()?;
     for (input, name) in inputs.iter_mut().zip(report_names(sources)) {
         input.trace.name = name;
     }

@@ -1,7 +1,6 @@
 //! The replay engine: one pass over a trace, one policy, one device, and an observer
 //! that sees every event ([`replay_with`]).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use policies::{
@@ -9,6 +8,7 @@ use policies::{
     BlockState, CallError, CallOutcome, Device, DeviceAddr, DeviceError, DeviceStats, Policy,
     PolicyStats, PoolId, PoolStreams, Request, StreamId,
 };
+use workloads::id_map::IdMap;
 use workloads::{AllocId, Event, StartPool, StartState, Trace};
 
 use crate::metrics::{Oom, Recorder, Summary};
@@ -120,72 +120,44 @@ struct Live {
     free_requested: bool,
 }
 
-/// Live allocations by id: a dense table for the usual small ids, a map otherwise.
+/// Live allocations by id, in memory proportional to the allocations live at once
+/// ([`IdMap`]: pages of consecutive ids, no hashing for dense ids).
+#[derive(Default)]
 struct LiveTable {
-    dense: Vec<Option<Live>>,
-    sparse: HashMap<AllocId, Live>,
+    live: IdMap<Live>,
     /// Allocations whose id was reused while they were live (a trace problem that
     /// validation reports): the trace can never free them.
     orphans: Vec<Live>,
-    limit: u64,
 }
 
 impl LiveTable {
-    fn for_trace(trace: &Trace) -> LiveTable {
-        let limit = (trace.events.len() as u64).saturating_mul(2).max(1024);
-        LiveTable {
-            dense: Vec::new(),
-            sparse: HashMap::new(),
-            orphans: Vec::new(),
-            limit,
-        }
-    }
-
+    #[inline]
     fn insert(&mut self, id: AllocId, allocation: Allocation) {
         let live = Live {
             allocation,
             free_requested: false,
         };
-        let old = if id.0 < self.limit {
-            let i = id.0 as usize;
-            if self.dense.len() <= i {
-                self.dense.resize_with(i + 1, || None);
-            }
-            self.dense[i].replace(live)
-        } else {
-            self.sparse.insert(id, live)
-        };
-        if let Some(old) = old {
+        if let Some(old) = self.live.insert(id, live) {
             self.orphans.push(old);
         }
     }
 
+    #[inline]
     fn get_mut(&mut self, id: AllocId) -> Option<&mut Live> {
-        if id.0 < self.limit {
-            self.dense.get_mut(id.0 as usize).and_then(Option::as_mut)
-        } else {
-            self.sparse.get_mut(&id)
-        }
+        self.live.get_mut(id)
     }
 
+    #[inline]
     fn remove(&mut self, id: AllocId) -> Option<Live> {
-        if id.0 < self.limit {
-            self.dense.get_mut(id.0 as usize).and_then(Option::take)
-        } else {
-            self.sparse.remove(&id)
-        }
+        self.live.remove(id)
     }
 
     fn iter(&self) -> impl Iterator<Item = &Live> {
-        self.dense
-            .iter()
-            .flatten()
-            .chain(self.sparse.values())
-            .chain(self.orphans.iter())
+        self.live.iter().map(|(_, l)| l).chain(self.orphans.iter())
     }
 
     fn len(&self) -> u64 {
-        (self.dense.iter().flatten().count() + self.sparse.len() + self.orphans.len()) as u64
+        (self.live.len() + self.orphans.len()) as u64
     }
 }
 
@@ -229,7 +201,7 @@ pub fn replay_with<O: Observer + ?Sized>(
     options: &ReplayOptions,
     observer: &mut O,
 ) -> Result<Replay, ReplayError> {
-    let mut live = LiveTable::for_trace(trace);
+    let mut live = LiveTable::default();
     let mut recorder = Recorder::new();
     let mut started_by_allocating = 0u64;
     if let Some(start) = &trace.start {

@@ -43,6 +43,7 @@
 pub mod csv;
 mod format;
 pub mod generate;
+pub mod id_map;
 pub mod ids;
 pub mod recorded;
 pub mod rmm;

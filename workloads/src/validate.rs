@@ -35,7 +35,9 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use crate::id_map::{IdBits, IdMap};
 use crate::size::format_size_human;
+use crate::start::StartState;
 use crate::trace::{AllocId, Event, IdName, PoolId, Trace};
 
 /// Requests of this many bytes or more are refused: PyTorch's caching allocator
@@ -295,76 +297,137 @@ impl fmt::Display for IssueDisplay<'_> {
 /// Checks `trace` and returns every issue, in event order (the live-at-end warning
 /// last). An empty list means the trace replays as written.
 pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
-    let mut issues = Vec::new();
-    // id -> (alloc event index, bytes, index of its free_requested)
-    // A trace that starts mid-run starts with its state's live blocks (at event 0).
-    let mut live: HashMap<AllocId, (usize, u64, Option<usize>)> = trace
-        .start
-        .iter()
-        .flat_map(|s| &s.segments)
-        .flat_map(|s| &s.blocks)
-        .map(|b| (b.id, (0, b.requested_bytes, b.pending_free.then_some(0))))
-        .collect();
-    // id -> index of the free that ended its last allocation
-    let mut freed: HashMap<AllocId, usize> = HashMap::new();
-    let mut pools: HashMap<PoolId, PoolState> = HashMap::new();
-    let mut report = |event_index: usize, severity: Severity, kind: IssueKind| {
-        issues.push(TraceIssue {
+    let mut validator = Validator::new(trace.start.as_ref());
+    for (index, event) in trace.events.iter().enumerate() {
+        validator.step(index, event);
+    }
+    validator.finish().resolve(&trace.events)
+}
+
+/// A live id as validation follows it.
+#[derive(Clone, Copy)]
+struct LiveId {
+    /// Index of the alloc that made it live.
+    allocated_at: usize,
+    bytes: u64,
+    /// Index of its `free_requested`, if any.
+    requested_at: Option<usize>,
+}
+
+/// [`validate`] one event at a time, for a reader or a replay that sees each event
+/// once (the trace need not be held). Memory follows the live ids ([`IdMap`]) plus
+/// one bit per id ever freed ([`IdBits`]); where a free repeats an earlier one, the
+/// index of that earlier free is found afterwards by [`Unresolved::resolve`] from the
+/// events again, so nothing per freed id is kept but its bit.
+pub struct Validator {
+    live: IdMap<LiveId>,
+    freed: IdBits,
+    pools: HashMap<PoolId, PoolState>,
+    issues: Vec<TraceIssue>,
+}
+
+impl Validator {
+    /// A validator for a trace that starts from `start` (a mid-run trace's live blocks
+    /// are live from event 0), or from an empty allocator.
+    pub fn new(start: Option<&StartState>) -> Validator {
+        let mut live = IdMap::new();
+        for b in start
+            .iter()
+            .flat_map(|s| &s.segments)
+            .flat_map(|s| &s.blocks)
+        {
+            live.insert(
+                b.id,
+                LiveId {
+                    allocated_at: 0,
+                    bytes: b.requested_bytes,
+                    requested_at: b.pending_free.then_some(0),
+                },
+            );
+        }
+        Validator {
+            live,
+            freed: IdBits::default(),
+            pools: HashMap::new(),
+            issues: Vec::new(),
+        }
+    }
+
+    fn report(&mut self, event_index: usize, severity: Severity, kind: IssueKind) {
+        self.issues.push(TraceIssue {
             event_index,
             severity,
             kind,
-        })
-    };
-    for (index, event) in trace.events.iter().enumerate() {
+        });
+    }
+
+    /// Checks the event at `index` (events come in order).
+    #[inline]
+    pub fn step(&mut self, index: usize, event: &Event) {
         match *event {
             Event::Alloc { id, size_bytes, .. } => {
                 if size_bytes == 0 {
-                    report(index, Severity::Error, IssueKind::ZeroSize { id });
+                    self.report(index, Severity::Error, IssueKind::ZeroSize { id });
                 } else if size_bytes >= ABSURD_SIZE_BYTES {
                     // PyTorch's result (an out-of-memory error), not a bad trace.
-                    report(
+                    self.report(
                         index,
                         Severity::Warning,
                         IssueKind::AbsurdSize { id, size_bytes },
                     );
                 }
-                if let Some((allocated_at, _, _)) = live.insert(id, (index, size_bytes, None)) {
-                    report(
+                let new = LiveId {
+                    allocated_at: index,
+                    bytes: size_bytes,
+                    requested_at: None,
+                };
+                if let Some(old) = self.live.insert(id, new) {
+                    self.report(
                         index,
                         Severity::Error,
-                        IssueKind::DuplicateLiveId { id, allocated_at },
+                        IssueKind::DuplicateLiveId {
+                            id,
+                            allocated_at: old.allocated_at,
+                        },
                     );
                 }
-                freed.remove(&id);
             }
             Event::Free { id } => {
-                if live.remove(&id).is_some() {
-                    freed.insert(id, index);
-                } else if let Some(&freed_at) = freed.get(&id) {
-                    report(
+                // An id that is not live was freed before if its bit is set: only a
+                // successful free sets it, and only an alloc makes an id live again.
+                if self.live.remove(id).is_some() {
+                    self.freed.set(id);
+                } else if self.freed.get(id) {
+                    self.report(
                         index,
                         Severity::Error,
-                        IssueKind::FreeOfFreedId { id, freed_at },
+                        IssueKind::FreeOfFreedId {
+                            id,
+                            freed_at: UNRESOLVED,
+                        },
                     );
                 } else {
-                    report(index, Severity::Error, IssueKind::FreeOfUnknownId { id });
+                    self.report(index, Severity::Error, IssueKind::FreeOfUnknownId { id });
                 }
             }
-            Event::FreeRequested { id } => match live.get_mut(&id) {
-                None => report(
+            Event::FreeRequested { id } => match self.live.get_mut(id) {
+                None => self.report(
                     index,
                     Severity::Error,
                     IssueKind::FreeRequestedNotLive { id },
                 ),
-                Some((_, _, Some(requested_at))) => {
+                Some(LiveId {
+                    requested_at: Some(requested_at),
+                    ..
+                }) => {
                     let requested_at = *requested_at;
-                    report(
+                    self.report(
                         index,
                         Severity::Error,
                         IssueKind::FreeRequestedTwice { id, requested_at },
                     );
                 }
-                Some((_, _, requested)) => *requested = Some(index),
+                Some(live) => live.requested_at = Some(index),
             },
             Event::EmptyCache
             | Event::Mark { .. }
@@ -377,9 +440,9 @@ pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
             | Event::EndAllocateToPool { pool }
             | Event::ReleasePool { pool }
             | Event::EmptyPoolCache { pool } => {
-                if let Err(problem) = pool_step(&mut pools, event, pool, index) {
+                if let Err(problem) = pool_step(&mut self.pools, event, pool, index) {
                     let op = event.op_name();
-                    report(
+                    self.report(
                         index,
                         Severity::Error,
                         IssueKind::Pool { op, pool, problem },
@@ -388,30 +451,122 @@ pub fn validate(trace: &Trace) -> Vec<TraceIssue> {
             }
         }
     }
-    if !live.is_empty() {
-        let mut remaining: Vec<(usize, AllocId, u64)> = live
-            .into_iter()
-            .map(|(id, (index, bytes, _))| (index, id, bytes))
-            .collect();
-        remaining.sort_unstable();
-        let bytes = remaining
-            .iter()
-            .fold(0u64, |sum, &(_, _, b)| sum.saturating_add(b));
-        issues.push(TraceIssue {
-            event_index: remaining[0].0,
-            severity: Severity::Warning,
-            kind: IssueKind::LiveAtEnd {
-                count: remaining.len() as u64,
-                bytes,
-                first_ids: remaining
-                    .iter()
-                    .take(LIVE_AT_END_IDS_SHOWN)
-                    .map(|&(_, id, _)| id)
-                    .collect(),
-            },
-        });
+
+    /// Whether an error was found so far.
+    pub fn has_errors(&self) -> bool {
+        has_errors(&self.issues)
     }
-    issues
+
+    /// Every issue found, with the live-at-end warning last; see [`Unresolved`].
+    pub fn finish(mut self) -> Unresolved {
+        if !self.live.is_empty() {
+            let mut remaining: Vec<(usize, AllocId, u64)> = self
+                .live
+                .drain()
+                .into_iter()
+                .map(|(id, l)| (l.allocated_at, id, l.bytes))
+                .collect();
+            remaining.sort_unstable();
+            let bytes = remaining
+                .iter()
+                .fold(0u64, |sum, &(_, _, b)| sum.saturating_add(b));
+            self.issues.push(TraceIssue {
+                event_index: remaining[0].0,
+                severity: Severity::Warning,
+                kind: IssueKind::LiveAtEnd {
+                    count: remaining.len() as u64,
+                    bytes,
+                    first_ids: remaining
+                        .iter()
+                        .take(LIVE_AT_END_IDS_SHOWN)
+                        .map(|&(_, id, _)| id)
+                        .collect(),
+                },
+            });
+        }
+        Unresolved {
+            issues: self.issues,
+        }
+    }
+}
+
+/// Stands for the index of an earlier free until [`Unresolved::resolve`] finds it.
+const UNRESOLVED: usize = usize::MAX;
+
+/// A [`Validator`]'s issues, but for where each repeated free's id was freed before,
+/// which takes a second look at the events (only when there is such an issue).
+pub struct Unresolved {
+    issues: Vec<TraceIssue>,
+}
+
+impl Unresolved {
+    /// Whether [`Unresolved::resolve`] needs the events (a free repeats an earlier
+    /// one); if not, any (even empty) event list does.
+    pub fn needs_events(&self) -> bool {
+        self.issues.iter().any(|i| {
+            matches!(
+                i.kind,
+                IssueKind::FreeOfFreedId {
+                    freed_at: UNRESOLVED,
+                    ..
+                }
+            )
+        })
+    }
+
+    /// The issues, each repeated free with the index of the free that ended its id's
+    /// last allocation, found in `events` (the trace's events again, in order).
+    pub fn resolve<'a>(mut self, events: impl IntoIterator<Item = &'a Event>) -> Vec<TraceIssue> {
+        if !self.needs_events() {
+            return self.issues;
+        }
+        // A free succeeded unless it was reported as a bad free.
+        let failed: std::collections::HashSet<usize> = self
+            .issues
+            .iter()
+            .filter(|i| {
+                matches!(
+                    i.kind,
+                    IssueKind::FreeOfFreedId { .. } | IssueKind::FreeOfUnknownId { .. }
+                )
+            })
+            .map(|i| i.event_index)
+            .collect();
+        let asked: std::collections::HashSet<AllocId> = self
+            .issues
+            .iter()
+            .filter_map(|i| match i.kind {
+                IssueKind::FreeOfFreedId { id, .. } => Some(id),
+                _ => None,
+            })
+            .collect();
+        let mut last_free: HashMap<AllocId, usize> = HashMap::new();
+        // The issues needing an answer, in event order (issues are in event order but
+        // for the live-at-end warning, which is never one of them).
+        let mut pending = self
+            .issues
+            .iter_mut()
+            .filter(|i| matches!(i.kind, IssueKind::FreeOfFreedId { .. }))
+            .peekable();
+        for (index, event) in events.into_iter().enumerate() {
+            let Some(next) = pending.peek_mut() else {
+                break;
+            };
+            if next.event_index == index {
+                if let IssueKind::FreeOfFreedId { id, freed_at } = &mut next.kind {
+                    *freed_at = last_free.get(id).copied().unwrap_or(UNRESOLVED);
+                }
+                pending.next();
+                continue;
+            }
+            if let Event::Free { id } = *event {
+                if asked.contains(&id) && !failed.contains(&index) {
+                    last_free.insert(id, index);
+                }
+            }
+        }
+        self.issues
+    }
 }
 
 /// A private pool as validation follows it.
@@ -630,5 +785,45 @@ mod tests {
             lines(&t),
             vec!["r: event 4: free of already-freed id 1 (freed at event 3)"]
         );
+    }
+
+    /// Repeated frees of several ids, dense and beyond the dense table, each point at
+    /// the free that ended the id's last allocation (a failed free in between is not
+    /// that free), as the one-pass validator resolves them afterwards.
+    #[test]
+    fn repeated_frees_point_at_the_last_good_free() {
+        let big = crate::id_map::DENSE_LIMIT + 7;
+        let t = Trace::new(
+            "r",
+            vec![
+                alloc(1, 1),   // 0
+                alloc(big, 1), // 1
+                free(1),       // 2
+                free(big),     // 3
+                free(1),       // 4: freed at 2
+                alloc(1, 1),   // 5
+                free(1),       // 6
+                free(big),     // 7: freed at 3
+                free(1),       // 8: freed at 6
+                free(3),       // 9: unknown
+            ],
+        );
+        assert_eq!(
+            lines(&t),
+            vec![
+                "r: event 4: free of already-freed id 1 (freed at event 2)",
+                format!("r: event 7: free of already-freed id {big} (freed at event 3)").as_str(),
+                "r: event 8: free of already-freed id 1 (freed at event 6)",
+                "r: event 9: free of unknown id 3",
+            ]
+        );
+        let mut v = Validator::new(None);
+        for (i, e) in t.events.iter().enumerate() {
+            v.step(i, e);
+        }
+        assert!(v.has_errors());
+        let unresolved = v.finish();
+        assert!(unresolved.needs_events());
+        assert_eq!(unresolved.resolve(&t.events), validate(&t));
     }
 }

@@ -268,7 +268,7 @@ pub struct Outcome {
     pub caveats: Vec<String>,
 }
 
-/// Loads the traces a sweep's rows need (named for reports among all the sweep's
+/// Loads the traces a sweep's rows need, in parallel (named for reports among all the sweep's
 /// traces, so that shards agree), in order; `None` for a trace no row needs.
 ///
 /// # Errors
@@ -279,9 +279,11 @@ pub fn load_traces(sweep: &Sweep, jobs: &[Job]) -> Result<Vec<Option<CompareInpu
         .devices
         .first()
         .map_or_else(SimDeviceOptions::default, |d| d.options.clone());
-    sweep
+    // Read in parallel; the error reported is the first in order, whichever failed
+    // first in time.
+    let loaded: Vec<Result<Option<CompareInput>, LoadError>> = sweep
         .traces
-        .iter()
+        .par_iter()
         .enumerate()
         .map(|(i, source)| {
             if !jobs.iter().any(|j| j.trace == i) {
@@ -291,7 +293,8 @@ pub fn load_traces(sweep: &Sweep, jobs: &[Job]) -> Result<Vec<Option<CompareInpu
             input.trace.name = names[i].clone();
             Ok(Some(input))
         })
-        .collect()
+        .collect();
+    loaded.into_iter().collect()
 }
 
 /// Runs a sweep (or a shard of it) on all cores: loads the traces, replays every row,

@@ -1,0 +1,307 @@
+//! Values by [`AllocId`], in memory proportional to the ids live at once, not to the
+//! trace's length: the table behind the replay engine's live allocations and
+//! validation's live ids.
+//!
+//! Ids are dense integers past the reader (names are interned, numbers mostly count
+//! up), so the table is flat: ids are cut into pages of [`PAGE_SLOTS`] consecutive
+//! ids, a page exists only while one of its ids holds a value, and a lookup is two
+//! array indexings, with no hashing. Ids from [`DENSE_LIMIT`] up (a trace that numbers
+//! its allocations by address) go to a hash map instead, which is also proportional
+//! to what is live. A trace whose ids count up keeps a sliding window of pages: the
+//! page directory costs 8 bytes per [`PAGE_SLOTS`] ids ever seen (1 MB for 10⁸ ids),
+//! the pages themselves only what is live, give or take a page at each end of a live
+//! run.
+
+use std::collections::HashMap;
+
+use crate::trace::AllocId;
+
+/// Ids per page (a power of two).
+pub const PAGE_SLOTS: usize = 256;
+const PAGE_BITS: u32 = PAGE_SLOTS.trailing_zeros();
+
+/// Ids from this one up are kept in a hash map (the page directory would otherwise
+/// grow with the largest id rather than with the ids in use: at most 8 MB of
+/// directory below it).
+pub const DENSE_LIMIT: u64 = 1 << 28;
+
+/// Emptied pages kept for reuse, so an id run that keeps crossing a page boundary
+/// does not allocate a page per event.
+const SPARE_PAGES: usize = 4;
+
+struct Page<T> {
+    slots: Box<[Option<T>]>,
+    /// Slots holding a value.
+    used: u32,
+}
+
+impl<T> Page<T> {
+    fn new() -> Page<T> {
+        Page {
+            slots: (0..PAGE_SLOTS).map(|_| None).collect(),
+            used: 0,
+        }
+    }
+}
+
+/// A map from [`AllocId`] to `T` in memory proportional to its entries (see the
+/// module docs).
+pub struct IdMap<T> {
+    pages: Vec<Option<Page<T>>>,
+    sparse: HashMap<u64, T>,
+    spare: Vec<Page<T>>,
+    len: usize,
+}
+
+impl<T> Default for IdMap<T> {
+    fn default() -> IdMap<T> {
+        IdMap::new()
+    }
+}
+
+impl<T> IdMap<T> {
+    /// An empty map.
+    pub fn new() -> IdMap<T> {
+        IdMap {
+            pages: Vec::new(),
+            sparse: HashMap::new(),
+            spare: Vec::new(),
+            len: 0,
+        }
+    }
+
+    /// Entries in the map.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the map is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn split(id: AllocId) -> (usize, usize) {
+        (
+            (id.0 >> PAGE_BITS) as usize,
+            (id.0 as usize) & (PAGE_SLOTS - 1),
+        )
+    }
+
+    /// Sets `id`'s value, returning the one it replaces.
+    #[inline]
+    pub fn insert(&mut self, id: AllocId, value: T) -> Option<T> {
+        if id.0 >= DENSE_LIMIT {
+            let old = self.sparse.insert(id.0, value);
+            if old.is_none() {
+                self.len += 1;
+            }
+            return old;
+        }
+        let (p, s) = Self::split(id);
+        if self.pages.len() <= p {
+            self.pages.resize_with(p + 1, || None);
+        }
+        let spare = &mut self.spare;
+        let page = self.pages[p].get_or_insert_with(|| spare.pop().unwrap_or_else(Page::new));
+        let old = page.slots[s].replace(value);
+        if old.is_none() {
+            page.used += 1;
+            self.len += 1;
+        }
+        old
+    }
+
+    /// `id`'s value.
+    #[inline]
+    pub fn get(&self, id: AllocId) -> Option<&T> {
+        if id.0 >= DENSE_LIMIT {
+            return self.sparse.get(&id.0);
+        }
+        let (p, s) = Self::split(id);
+        self.pages.get(p)?.as_ref()?.slots[s].as_ref()
+    }
+
+    /// `id`'s value, to change it.
+    #[inline]
+    pub fn get_mut(&mut self, id: AllocId) -> Option<&mut T> {
+        if id.0 >= DENSE_LIMIT {
+            return self.sparse.get_mut(&id.0);
+        }
+        let (p, s) = Self::split(id);
+        self.pages.get_mut(p)?.as_mut()?.slots[s].as_mut()
+    }
+
+    /// Takes `id`'s value out; a page left empty is dropped (or kept as a spare).
+    #[inline]
+    pub fn remove(&mut self, id: AllocId) -> Option<T> {
+        if id.0 >= DENSE_LIMIT {
+            let old = self.sparse.remove(&id.0);
+            if old.is_some() {
+                self.len -= 1;
+            }
+            return old;
+        }
+        let (p, s) = Self::split(id);
+        let slot = self.pages.get_mut(p)?;
+        let page = slot.as_mut()?;
+        let old = page.slots[s].take()?;
+        page.used -= 1;
+        self.len -= 1;
+        if page.used == 0 {
+            let page = slot.take().expect("the page was just used");
+            if self.spare.len() < SPARE_PAGES {
+                self.spare.push(page);
+            }
+        }
+        Some(old)
+    }
+
+    /// Every entry: dense ids in increasing order, then the others in no fixed order
+    /// (sort them where the order matters).
+    pub fn iter(&self) -> impl Iterator<Item = (AllocId, &T)> {
+        self.pages
+            .iter()
+            .enumerate()
+            .filter_map(|(p, page)| page.as_ref().map(|page| (p, page)))
+            .flat_map(|(p, page)| {
+                page.slots.iter().enumerate().filter_map(move |(s, v)| {
+                    v.as_ref()
+                        .map(|v| (AllocId(((p as u64) << PAGE_BITS) | s as u64), v))
+                })
+            })
+            .chain(self.sparse.iter().map(|(&id, v)| (AllocId(id), v)))
+    }
+
+    /// Removes every entry, in the order of [`IdMap::iter`].
+    pub fn drain(&mut self) -> Vec<(AllocId, T)> {
+        let mut out = Vec::with_capacity(self.len);
+        for (p, page) in self.pages.iter_mut().enumerate() {
+            if let Some(page) = page.take() {
+                for (s, v) in page.slots.into_vec().into_iter().enumerate() {
+                    if let Some(v) = v {
+                        out.push((AllocId(((p as u64) << PAGE_BITS) | s as u64), v));
+                    }
+                }
+            }
+        }
+        out.extend(self.sparse.drain().map(|(id, v)| (AllocId(id), v)));
+        self.len = 0;
+        out
+    }
+
+    /// Pages held now (for tests of the memory bound).
+    pub fn pages_held(&self) -> usize {
+        self.pages.iter().flatten().count()
+    }
+}
+
+/// One bit per id: which ids were ever set (validation's "freed before"), a plain
+/// bitmap below [`DENSE_LIMIT`] (grown to the largest id marked: 12.5 MB for 10⁸
+/// ids) and a hashed set above it.
+#[derive(Default)]
+pub struct IdBits {
+    words: Vec<u64>,
+    sparse: std::collections::HashSet<u64>,
+}
+
+impl IdBits {
+    /// Marks `id`.
+    #[inline]
+    pub fn set(&mut self, id: AllocId) {
+        if id.0 >= DENSE_LIMIT {
+            self.sparse.insert(id.0);
+            return;
+        }
+        let w = (id.0 >> 6) as usize;
+        if self.words.len() <= w {
+            self.words.resize(w + 1, 0);
+        }
+        self.words[w] |= 1 << (id.0 & 63);
+    }
+
+    /// Whether `id` is marked.
+    #[inline]
+    pub fn get(&self, id: AllocId) -> bool {
+        if id.0 >= DENSE_LIMIT {
+            return self.sparse.contains(&id.0);
+        }
+        self.words
+            .get((id.0 >> 6) as usize)
+            .is_some_and(|w| w & (1 << (id.0 & 63)) != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Insert, get, replace and remove agree with a hash map, for dense and sparse ids.
+    #[test]
+    fn behaves_as_a_map() {
+        let mut m = IdMap::new();
+        let mut reference = HashMap::new();
+        let ids = [0, 1, 255, 256, 1000, DENSE_LIMIT - 1, DENSE_LIMIT, u64::MAX];
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(m.insert(AllocId(id), i), reference.insert(id, i));
+        }
+        assert_eq!(m.insert(AllocId(256), 99), reference.insert(256, 99));
+        assert_eq!(
+            m.insert(AllocId(u64::MAX), 98),
+            reference.insert(u64::MAX, 98)
+        );
+        assert_eq!(m.len(), reference.len());
+        for &id in &ids {
+            assert_eq!(m.get(AllocId(id)), reference.get(&id));
+        }
+        assert_eq!(m.get(AllocId(2)), None);
+        *m.get_mut(AllocId(1)).unwrap() += 10;
+        *reference.get_mut(&1).unwrap() += 10;
+        for &id in &ids {
+            assert_eq!(m.remove(AllocId(id)), reference.remove(&id));
+            assert_eq!(m.remove(AllocId(id)), None);
+        }
+        assert!(m.is_empty());
+        assert_eq!(m.pages_held(), 0);
+    }
+
+    /// A sliding window of live ids counting up holds a few pages, not one per id
+    /// ever seen.
+    #[test]
+    fn memory_follows_the_live_ids() {
+        let mut m = IdMap::new();
+        for id in 0..100_000u64 {
+            m.insert(AllocId(id), id);
+            if id >= 50 {
+                assert_eq!(m.remove(AllocId(id - 50)), Some(id - 50));
+            }
+        }
+        assert_eq!(m.len(), 50);
+        assert!(m.pages_held() <= 2, "{} pages", m.pages_held());
+    }
+
+    /// Iteration and draining give dense ids in order, then the sparse ones.
+    #[test]
+    fn iterates_in_id_order() {
+        let mut m = IdMap::new();
+        for id in [700u64, 3, DENSE_LIMIT + 5, 256] {
+            m.insert(AllocId(id), ());
+        }
+        let ids: Vec<u64> = m.iter().map(|(id, _)| id.0).collect();
+        assert_eq!(ids, [3, 256, 700, DENSE_LIMIT + 5]);
+        let drained: Vec<u64> = m.drain().into_iter().map(|(id, _)| id.0).collect();
+        assert_eq!(drained, ids);
+        assert!(m.is_empty() && m.get(AllocId(3)).is_none());
+    }
+
+    /// Bits are set per id, dense or sparse, and no other id reads as set.
+    #[test]
+    fn bits() {
+        let mut b = IdBits::default();
+        for id in [0, 63, 64, DENSE_LIMIT + 1] {
+            assert!(!b.get(AllocId(id)));
+            b.set(AllocId(id));
+            assert!(b.get(AllocId(id)));
+        }
+        assert!(!b.get(AllocId(1)) && !b.get(AllocId(65)) && !b.get(AllocId(DENSE_LIMIT)));
+    }
+}
