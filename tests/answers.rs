@@ -435,3 +435,35 @@ fn readme_examples_run() {
     }
     assert!(ran >= 20, "only {ran} README examples found");
 }
+
+/// When no setting the policy proposes gets the trace to the end, the verdict says where
+/// each ran out and how little the live requests leave for the allocator's overhead, so
+/// "fragmentation" never reads as if a setting could fix it.
+#[test]
+fn verdict_when_no_setting_helps() {
+    let o = allocsim([
+        "replay",
+        "examples/seed000.yaml",
+        "--capacity",
+        "2GiB",
+        "--policy",
+        "caching:expandable_segments=True",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    let verdict = text
+        .lines()
+        .find(|l| l.starts_with("why it ran out"))
+        .unwrap_or_else(|| panic!("no verdict\n{text}"));
+    for want in [
+        "tried max_split_size_mb=1024 (still here): none runs to the end",
+        "leave only 0 B of the 2.00 GiB the allocator could hold",
+        "a larger GPU",
+    ] {
+        assert!(verdict.contains(want), "{want}\n{verdict}");
+    }
+    assert!(
+        text.contains("cached 16.00 MiB; the allocator could hold 2.00 GiB"),
+        "{text}"
+    );
+}

@@ -1052,7 +1052,7 @@ fn why_it_ran_out() {
     ]);
     let out = stdout(&o);
     assert!(
-        out.contains("why it ran out      too little memory: the device request of 32.00 MiB found 24.00 MiB free"),
+        out.contains("why it ran out      too little memory: the live requests and this one need 304.00 MiB, more than the 300.00 MiB the allocator could hold"),
         "{out}"
     );
     assert!(

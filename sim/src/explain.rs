@@ -112,6 +112,9 @@ pub struct OomExplanation {
     pub last_mark: Option<(u64, String)>,
     /// Live requested bytes then.
     pub live_requested_bytes: u64,
+    /// What the allocator could hold at most then: its reserved bytes plus what the
+    /// device (or its memory limit) still had.
+    pub usable_bytes: u64,
     /// Allocated bytes then.
     pub allocated_bytes: u64,
     /// Reserved bytes then.
@@ -143,7 +146,14 @@ impl OomExplanation {
     pub fn verdict(&self) -> String {
         let b = &self.breakdown;
         let h = workloads::size::format_size_human;
+        let need = self.live_requested_bytes + self.requested_bytes;
         let why = match self.cause {
+            OomCause::TooLittleMemory if need > self.usable_bytes => format!(
+                "too little memory: the live requests and this one need {}, more than the {} \
+                 the allocator could hold (no allocator fits this at this capacity)",
+                h(need),
+                h(self.usable_bytes)
+            ),
             OomCause::TooLittleMemory => format!(
                 "too little memory: the device request of {} found {} free on the device and {} \
                  cached; {} more would have been needed",
@@ -176,10 +186,24 @@ impl OomExplanation {
                 h(r.reserved_bytes_peak)
             ),
             (None, Some(_)) => {
-                let tried: Vec<&str> = self.remedies.iter().map(|r| r.setting.as_str()).collect();
+                let tried: Vec<String> = self
+                    .remedies
+                    .iter()
+                    .map(|r| match r.oom_event_index {
+                        Some(ev) if ev == self.event_index => {
+                            format!("{} (still here)", r.setting)
+                        }
+                        Some(ev) => format!("{} (gets past it, runs out at event {ev})", r.setting),
+                        None => r.setting.clone(),
+                    })
+                    .collect();
                 format!(
-                    "; tried {}: none runs to the end (a larger GPU: `allocsim fit`)",
-                    tried.join(", ")
+                    "; tried {}: none runs to the end; the live requests and this one leave \
+                     only {} of the {} the allocator could hold for its own overhead, so a \
+                     larger GPU is the fix (`allocsim fit`)",
+                    tried.join(", "),
+                    h(self.usable_bytes.saturating_sub(need)),
+                    h(self.usable_bytes)
                 )
             }
             (None, None) => match self.cause {
@@ -304,6 +328,7 @@ pub fn explain_state(
     segments.sort_by(|x, y| y.free_bytes.cmp(&x.free_bytes).then(x.addr.cmp(&y.addr)));
     segments.truncate(5);
     let cached = stats.reserved_bytes.saturating_sub(stats.allocated_bytes);
+    let usable = stats.reserved_bytes + device_free_bytes;
     let cause = if device_free_bytes + cached < tried_bytes.min(rounded.max(1)) {
         OomCause::TooLittleMemory
     } else {
@@ -342,6 +367,7 @@ pub fn explain_state(
         tried_bytes,
         last_mark: None,
         live_requested_bytes: stats.requested_bytes,
+        usable_bytes: usable,
         allocated_bytes: stats.allocated_bytes,
         reserved_bytes: stats.reserved_bytes,
         cached_bytes: cached,
@@ -506,6 +532,13 @@ mod tests {
         assert_eq!(e.breakdown.shortage_bytes, 20 * MIB);
         assert!(e.remedies.is_empty());
         assert!(e.verdict().contains("larger GPU"), "{}", e.verdict());
+        assert_eq!(e.usable_bytes, 80 * MIB);
+        assert!(
+            e.verdict()
+                .contains("need 100.00 MiB, more than the 80.00 MiB the allocator could hold"),
+            "{}",
+            e.verdict()
+        );
     }
 
     /// Free blocks in another stream's partly used segments are that stream's cache,

@@ -367,11 +367,12 @@ fn why_text(trace: &Trace, e: &OomExplanation, stack: &[String]) -> String {
     );
     let _ = writeln!(
         out,
-        "  memory then       requested {}, allocated {}, reserved {}, cached {}",
+        "  memory then       requested {}, allocated {}, reserved {}, cached {}; the allocator could hold {}",
         h(e.live_requested_bytes),
         h(e.allocated_bytes),
         h(e.reserved_bytes),
-        h(e.cached_bytes)
+        h(e.cached_bytes),
+        h(e.usable_bytes)
     );
     let _ = writeln!(
         out,
