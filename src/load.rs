@@ -8,6 +8,7 @@ use policies::caching::{CachingDefaults, MemoryLimit};
 use policies::spec::{parse_policy_list, PolicySpec};
 use sim::inputs::{LoadOptions, TraceSource};
 use sim::{AddressHints, CompareInput, DeviceProfile, ReplayOptions, SimDeviceOptions};
+use sim::recorded::{SettingFlags, Settings};
 use workloads::{Trace, TraceMeta};
 
 use crate::flags::{DeviceArgs, InputArgs};
@@ -172,90 +173,21 @@ pub fn policies(lists: &[String], caching: &CachingDefaults) -> anyhow::Result<V
     Ok(out)
 }
 
-/// The caching settings a replay of `trace` runs with, and what to tell people about
-/// them.
-pub struct Settings {
-    /// `--alloc-conf` and the memory limit in force: the flags where given, else what
-    /// the recording says.
-    pub caching: CachingDefaults,
-    /// One line saying which recorded settings apply and which flags replaced them;
-    /// `None` when the trace records none that differ from PyTorch's defaults.
-    pub note: Option<String>,
-}
-
-/// The settings a recorded run ran with apply to its replay unless flags replace them:
-/// its `PYTORCH_CUDA_ALLOC_CONF` unless `--alloc-conf` is given, its cap (the limit
-/// PyTorch computed from it on the recorded device, in bytes) unless `--cap`,
-/// `--memory-fraction` or `--capacity` is given (a capacity asks about another card;
-/// a recorded cap was the recording's way of making a smaller one). Traces that record
-/// no settings (YAML, CSV, RMM logs) take the flags alone.
+/// The caching settings a replay of a trace with `meta` runs with, and the line saying
+/// so: what the recording says unless flags replace it ([`sim::recorded::settings`],
+/// shared with the Python package).
 pub fn settings(meta: &TraceMeta, args: &DeviceArgs) -> Settings {
-    let flags = CachingDefaults {
-        alloc_conf: args.alloc_conf.clone(),
-        memory_limit: match (args.cap, args.memory_fraction) {
-            (Some(cap), _) => Some(MemoryLimit::Bytes(cap)),
-            (None, Some(f)) => Some(MemoryLimit::Fraction(f)),
-            (None, None) => None,
+    sim::recorded::settings(
+        meta,
+        &SettingFlags {
+            alloc_conf: args.alloc_conf.clone(),
+            memory_limit: match (args.cap, args.memory_fraction) {
+                (Some(cap), _) => Some((MemoryLimit::Bytes(cap), "--cap")),
+                (None, Some(f)) => Some((MemoryLimit::Fraction(f), "--memory-fraction")),
+                (None, None) => None,
+            },
+            capacity: (!args.capacity.is_empty()).then_some("--capacity"),
+            names: ("--alloc-conf", "--cap"),
         },
-    };
-    let mut caching = flags;
-    let mut applied = Vec::new();
-    let mut replaced = Vec::new();
-    match (&meta.alloc_conf, &args.alloc_conf) {
-        (Some(conf), None) => {
-            if !conf.is_empty() {
-                applied.push(format!("PYTORCH_CUDA_ALLOC_CONF={conf:?}"));
-            }
-            caching.alloc_conf = Some(conf.clone());
-        }
-        (Some(conf), Some(_)) if !conf.is_empty() => {
-            replaced.push(format!(
-                "PYTORCH_CUDA_ALLOC_CONF={conf:?} (--alloc-conf given)"
-            ));
-        }
-        _ => {}
-    }
-    if let Some(limit) = recorded_limit(meta) {
-        let cap = format!("cap {}", units::format_size_human(limit));
-        let flag = if args.cap.is_some() {
-            Some("--cap")
-        } else if args.memory_fraction.is_some() {
-            Some("--memory-fraction")
-        } else if !args.capacity.is_empty() {
-            Some("--capacity")
-        } else {
-            None
-        };
-        match flag {
-            Some(flag) => replaced.push(format!("{cap} ({flag} given)")),
-            None => {
-                applied.push(format!("{cap} ({limit} bytes)"));
-                caching.memory_limit = Some(MemoryLimit::Bytes(limit));
-            }
-        }
-    }
-    let note = match (applied.is_empty(), replaced.is_empty()) {
-        (true, true) => None,
-        (false, true) => Some(format!(
-            "{} as recorded (--alloc-conf, --cap replace them)",
-            applied.join(", ")
-        )),
-        (true, false) => Some(format!("not applied: {}", replaced.join(", "))),
-        (false, false) => Some(format!(
-            "{} as recorded; not applied: {}",
-            applied.join(", "),
-            replaced.join(", ")
-        )),
-    };
-    Settings { caching, note }
-}
-
-/// The limit a recorded cap gave PyTorch on the recorded device: `floor(cap / total ×
-/// total)` in double arithmetic (`set_per_process_memory_fraction(cap / total)`, as
-/// the recorder calls it); `None` without a cap, or for a fraction of 1 or more (no
-/// limit).
-fn recorded_limit(meta: &TraceMeta) -> Option<u64> {
-    let f = meta.memory_fraction()?;
-    let total = meta.total_bytes?;
-    (f < 1.0).then_some((f * total as f64) as u64)
+    )
 }

@@ -86,6 +86,44 @@ impl Fit {
     }
 }
 
+/// The fixed columns of `allocsim fit`'s CSV, in the order; one column per
+/// `--gpus` name follows (`docs/metrics.md`).
+#[derive(Debug, Default, serde::Serialize)]
+pub struct FitRecord<'a> {
+    /// Trace name.
+    pub trace: &'a str,
+    /// Policy label as given.
+    pub policy: &'a str,
+    /// Smallest total memory that fits, in whole 2 MiB pages (empty if none).
+    pub min_capacity_bytes: Option<u64>,
+    /// Peak of live requested bytes.
+    pub requested_bytes_peak: u64,
+    /// Usable bytes at the minimum − requested peak.
+    pub overhead_bytes: Option<u64>,
+    /// Overhead as a percentage of the requested peak, two decimals.
+    pub overhead_pct: String,
+    /// Whether every size tried agreed with one threshold.
+    pub monotonic: bool,
+}
+
+impl<'a> FitRecord<'a> {
+    /// The record of `fit`, for `trace` under the policy labelled `policy`.
+    pub fn of(trace: &'a str, policy: &'a str, fit: &Fit) -> FitRecord<'a> {
+        FitRecord {
+            trace,
+            policy,
+            min_capacity_bytes: fit.min_capacity_bytes,
+            requested_bytes_peak: fit.requested_bytes_peak,
+            overhead_bytes: fit.overhead_bytes(),
+            overhead_pct: fit
+                .overhead_pct()
+                .map(|p| format!("{p:.2}"))
+                .unwrap_or_default(),
+            monotonic: fit.monotonic,
+        }
+    }
+}
+
 /// Peak of the bytes of live requests: each `alloc` counts from its event to its `free`
 /// (a `free_requested` keeps the memory in use).
 pub fn requested_bytes_peak(trace: &Trace) -> u64 {

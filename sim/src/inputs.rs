@@ -165,12 +165,9 @@ pub fn load_with_run(
             let (trace, run) =
                 workloads::read_source(path, options.format, options.snapshot_device)
                     .map_err(LoadError::Read)?;
-            // Recorded runs keep the segment addresses PyTorch got, for best-fit ties.
             let hints = match &run {
-                Some(run) if !options.no_recorded_addresses => {
-                    crate::recorded::address_hints(run, model.total_bytes)?
-                }
-                _ => AddressHints::default(),
+                Some(run) => hints_of(run, options, model)?,
+                None => AddressHints::default(),
             };
             (trace, hints, run)
         }
@@ -182,6 +179,37 @@ pub fn load_with_run(
     };
     check(&trace, options)?;
     Ok((CompareInput { trace, hints }, run))
+}
+
+/// A recorded run already read (a snapshot handed over in memory, by the Python
+/// package) made ready to replay as [`load_with_run`] makes a file's: turned into a
+/// trace, validated, its recorded addresses as hints for a device like `model`.
+///
+/// # Errors
+/// A run that cannot be replayed ([`workloads::RecordedRun::to_trace`]), and the rest
+/// of [`LoadError`].
+pub fn load_recorded(
+    run: RecordedRun,
+    options: &LoadOptions,
+    model: &SimDeviceOptions,
+) -> Result<(CompareInput, RecordedRun), LoadError> {
+    let trace = run.to_trace().map_err(LoadError::Read)?;
+    let hints = hints_of(&run, options, model)?;
+    check(&trace, options)?;
+    Ok((CompareInput { trace, hints }, run))
+}
+
+/// Recorded runs keep the segment addresses PyTorch got, for best-fit ties (none with
+/// `no_recorded_addresses`).
+fn hints_of(
+    run: &RecordedRun,
+    options: &LoadOptions,
+    model: &SimDeviceOptions,
+) -> Result<AddressHints, LoadError> {
+    if options.no_recorded_addresses {
+        return Ok(AddressHints::default());
+    }
+    Ok(crate::recorded::address_hints(run, model.total_bytes)?)
 }
 
 /// Refuses a trace with validation errors unless `lenient`.

@@ -3,8 +3,8 @@
 //! device it ran on, and the segment addresses it got (as hints for the simulated
 //! device). Fidelity and the CLI's loading of recorded traces both use these.
 
-use policies::caching::{CachingConfig, MemoryLimit};
-use workloads::{Action, RecordedRun};
+use policies::caching::{CachingConfig, CachingDefaults, MemoryLimit};
+use workloads::{Action, RecordedRun, TraceMeta};
 
 use crate::address::RecordedPlacement;
 use crate::device::{AddressHints, SimDeviceOptions};
@@ -175,6 +175,98 @@ pub fn placements(run: &RecordedRun) -> Vec<RecordedPlacement> {
             size: e.size,
         })
         .collect()
+}
+
+/// What the caller asks instead of a recorded run's settings, and how the caller names
+/// each (`--cap` on the command line, `cap=` in Python), for the line saying what
+/// applies.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SettingFlags {
+    /// A `PYTORCH_CUDA_ALLOC_CONF` string replacing the recorded one.
+    pub alloc_conf: Option<String>,
+    /// A memory limit replacing the recorded cap, with the name of what gave it.
+    pub memory_limit: Option<(MemoryLimit, &'static str)>,
+    /// The name of the capacity given, if one was: a capacity asks about another card,
+    /// so a recorded cap (the recording's way of making a smaller one) does not apply.
+    pub capacity: Option<&'static str>,
+    /// How the caller names the `alloc_conf` and the cap settings.
+    pub names: (&'static str, &'static str),
+}
+
+/// The caching settings a replay runs with, and what to tell people about them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// The `alloc_conf` and the memory limit in force: the caller's where given, else
+    /// what the recording says.
+    pub caching: CachingDefaults,
+    /// One line saying which recorded settings apply and which the caller replaced;
+    /// `None` when the trace records none that differ from PyTorch's defaults.
+    pub note: Option<String>,
+}
+
+/// The settings a recorded run ran with apply to its replay unless the caller replaces
+/// them: its `PYTORCH_CUDA_ALLOC_CONF` unless an `alloc_conf` is given, its cap (the
+/// limit PyTorch computed from it on the recorded device, in bytes) unless a memory
+/// limit or a capacity is given (a capacity asks about another card; a recorded cap was
+/// the recording's way of making a smaller one). Traces that record no settings (YAML,
+/// CSV, RMM logs) take the caller's alone. The one owner of this rule: the command
+/// line and the Python package both ask it.
+pub fn settings(meta: &TraceMeta, flags: &SettingFlags) -> Settings {
+    let (conf_name, cap_name) = flags.names;
+    let mut caching = CachingDefaults {
+        alloc_conf: flags.alloc_conf.clone(),
+        memory_limit: flags.memory_limit.map(|(limit, _)| limit),
+    };
+    let mut applied = Vec::new();
+    let mut replaced = Vec::new();
+    match (&meta.alloc_conf, &flags.alloc_conf) {
+        (Some(conf), None) => {
+            if !conf.is_empty() {
+                applied.push(format!("PYTORCH_CUDA_ALLOC_CONF={conf:?}"));
+            }
+            caching.alloc_conf = Some(conf.clone());
+        }
+        (Some(conf), Some(_)) if !conf.is_empty() => {
+            replaced.push(format!(
+                "PYTORCH_CUDA_ALLOC_CONF={conf:?} ({conf_name} given)"
+            ));
+        }
+        _ => {}
+    }
+    if let Some(limit) = recorded_limit(meta) {
+        let cap = format!("cap {}", units::format_size_human(limit));
+        match flags.memory_limit.map(|(_, name)| name).or(flags.capacity) {
+            Some(name) => replaced.push(format!("{cap} ({name} given)")),
+            None => {
+                applied.push(format!("{cap} ({limit} bytes)"));
+                caching.memory_limit = Some(MemoryLimit::Bytes(limit));
+            }
+        }
+    }
+    let note = match (applied.is_empty(), replaced.is_empty()) {
+        (true, true) => None,
+        (false, true) => Some(format!(
+            "{} as recorded ({conf_name}, {cap_name} replace them)",
+            applied.join(", ")
+        )),
+        (true, false) => Some(format!("not applied: {}", replaced.join(", "))),
+        (false, false) => Some(format!(
+            "{} as recorded; not applied: {}",
+            applied.join(", "),
+            replaced.join(", ")
+        )),
+    };
+    Settings { caching, note }
+}
+
+/// The limit a recorded cap gave PyTorch on the recorded device: `floor(cap / total ×
+/// total)` in double arithmetic (`set_per_process_memory_fraction(cap / total)`, as
+/// the recorder calls it); `None` without a cap, or for a fraction of 1 or more (no
+/// limit).
+fn recorded_limit(meta: &TraceMeta) -> Option<u64> {
+    let f = meta.memory_fraction()?;
+    let total = meta.total_bytes?;
+    (f < 1.0).then_some((f * total as f64) as u64)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 use rayon::prelude::*;
-use serde::Serialize;
+use sim::fit::FitRecord;
 use sim::{DeviceProfile, Fit, FitOptions};
 use workloads::size::format_size_human;
 
@@ -14,26 +14,6 @@ use crate::flags::FitArgs;
 use crate::output::{self, Kind, Planned};
 use crate::table::{OutputFormat, Table};
 use crate::{interrupt, load, Exit};
-
-/// The fixed columns of `allocsim fit`'s CSV, in the order; one column per
-/// `--gpus` name follows (`docs/metrics.md`).
-#[derive(Debug, Default, Serialize)]
-pub struct FitRecord<'a> {
-    /// Trace name.
-    pub trace: &'a str,
-    /// Policy label as given.
-    pub policy: &'a str,
-    /// Smallest total memory that fits, in whole 2 MiB pages (empty if none).
-    pub min_capacity_bytes: Option<u64>,
-    /// Peak of live requested bytes.
-    pub requested_bytes_peak: u64,
-    /// Usable bytes at the minimum − requested peak.
-    pub overhead_bytes: Option<u64>,
-    /// Overhead as a percentage of the requested peak, two decimals.
-    pub overhead_pct: String,
-    /// Whether every size tried agreed with one threshold.
-    pub monotonic: bool,
-}
 
 /// A named GPU: its name and simulated device.
 struct Gpu {
@@ -123,7 +103,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
             header.extend(gpus.iter().map(|g| g.name.clone()));
             w.write_record(&header).context("writing the CSV")?;
             for (&(t, p), (fit, on)) in jobs.iter().zip(&results) {
-                w.serialize((record(names[t], &specs[p].label, fit), on))
+                w.serialize((FitRecord::of(names[t], &specs[p].label, fit), on))
                     .context("writing the CSV")?;
             }
             w.flush().context("writing the CSV")?;
@@ -178,19 +158,4 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
         eprintln!("wrote {} ({} rows)", path.display(), results.len());
     }
     Ok(Exit::Ran)
-}
-
-fn record<'a>(trace: &'a str, policy: &'a str, fit: &Fit) -> FitRecord<'a> {
-    FitRecord {
-        trace,
-        policy,
-        min_capacity_bytes: fit.min_capacity_bytes,
-        requested_bytes_peak: fit.requested_bytes_peak,
-        overhead_bytes: fit.overhead_bytes(),
-        overhead_pct: fit
-            .overhead_pct()
-            .map(|p| format!("{p:.2}"))
-            .unwrap_or_default(),
-        monotonic: fit.monotonic,
-    }
 }

@@ -42,7 +42,7 @@ use crate::inputs::{LoadError, LoadOptions, TraceSource};
 use crate::profile::DeviceProfile;
 use crate::replay::ReplayOptions;
 
-pub use record::{finish, merge, MergeError, SweepRecord};
+pub use record::{finish, merge, merge_from, MergeError, SweepRecord};
 pub use summary::{group_stats, summarize, GroupStats, Inert, Summary, TraceSummary};
 use yaml::{Node, Value};
 

@@ -210,17 +210,37 @@ pub enum MergeError {
 /// An unreadable file, a header that is not a sweep's, a row that does not read
 /// (naming the file and the line), a row in two files, or a gap in the rows.
 pub fn merge(paths: &[PathBuf]) -> Result<Vec<SweepRecord>, MergeError> {
-    if paths.is_empty() {
+    let mut shards = Vec::with_capacity(paths.len());
+    for p in paths {
+        let file = std::fs::File::open(p).map_err(|e| MergeError::Read {
+            path: p.display().to_string(),
+            message: e.to_string(),
+        })?;
+        shards.push((p.display().to_string(), file));
+    }
+    merge_from(shards)
+}
+
+/// [`merge`] over shard CSVs from any readers, each with the name messages give it
+/// (the Python package joins the CSVs its cluster's tasks return, in memory).
+///
+/// # Errors
+/// As [`merge`].
+pub fn merge_from<R: std::io::Read>(
+    shards: Vec<(String, R)>,
+) -> Result<Vec<SweepRecord>, MergeError> {
+    if shards.is_empty() {
         return Err(MergeError::Empty);
     }
     let want = crate::report::columns::<SweepRecord>();
+    let names: Vec<String> = shards.iter().map(|(n, _)| n.clone()).collect();
     let mut all: Vec<(SweepRecord, usize)> = Vec::new();
-    for (f, p) in paths.iter().enumerate() {
+    for (f, (name, reader)) in shards.into_iter().enumerate() {
         let read_err = |message: String| MergeError::Read {
-            path: p.display().to_string(),
+            path: name.clone(),
             message,
         };
-        let mut r = csv::Reader::from_path(p).map_err(|e| read_err(csv_message(&e)))?;
+        let mut r = csv::Reader::from_reader(reader);
         let header = r.headers().map_err(|e| read_err(csv_message(&e)))?.clone();
         if !header.iter().eq(want.iter().map(String::as_str)) {
             return Err(read_err(format!(
@@ -237,8 +257,8 @@ pub fn merge(paths: &[PathBuf]) -> Result<Vec<SweepRecord>, MergeError> {
         if w[0].0.combination == w[1].0.combination {
             return Err(MergeError::Duplicate {
                 combination: w[0].0.combination,
-                first: paths[w[0].1].display().to_string(),
-                second: paths[w[1].1].display().to_string(),
+                first: names[w[0].1].clone(),
+                second: names[w[1].1].clone(),
             });
         }
     }

@@ -1,0 +1,757 @@
+//! `allocsim._native`: the Python package's native module, thin glue over the library
+//! crates (`sim::inputs` loads, `sim::replay_with` replays, `sim::compare`, `sim::fit`
+//! and `sim::sweep` run the batch work, `sim::recorded::settings` decides which recorded
+//! settings apply). The package around it (`python/allocsim/__init__.py`) turns the
+//! keyword arguments into the JSON options read here and the answers into Python
+//! objects, lists, numpy arrays and pandas frames.
+//!
+//! Answers cross as JSON text built from the same `#[derive(Serialize)]` records the
+//! command line writes as CSV (`sim::report::CompareRecord`, `sim::fit::FitRecord`,
+//! `sim::sweep::SweepRecord`), so a row's keys are the CSV's columns, in order; a
+//! timeline's numeric columns cross as little-endian `u64` bytes (one copy, read by
+//! `numpy.frombuffer` or `array.array`). The work runs with the GIL released.
+//!
+//! Errors are typed Python exceptions, one line each: `TraceError` (a trace that does
+//! not read or replay, naming the file or the snapshot given in memory and the line,
+//! event or entry), `ConfigError` (settings that do not make a run), `ReplayError` (a
+//! replay stopped by something other than running out of memory). A panic would be a
+//! bug; pyo3 turns it into `PanicException` rather than aborting the interpreter.
+
+#![forbid(unsafe_code)]
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+
+use policies::caching::{CachingConfig, MemoryLimit};
+use policies::spec::PolicySpec;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+use serde::{Deserialize, Serialize};
+use sim::inputs::{LoadError, LoadOptions, TraceSource};
+use sim::recorded::SettingFlags;
+use sim::{CompareInput, DeviceProfile, OomWatch, ReplayOptions, SimDevice, SimDeviceOptions};
+use workloads::{Format, RecordedRun};
+
+create_exception!(
+    allocsim,
+    TraceError,
+    PyValueError,
+    "A trace that cannot be read or replayed: the message names the file (or the \
+     snapshot given in memory) and the line, event or entry."
+);
+create_exception!(
+    allocsim,
+    ConfigError,
+    PyValueError,
+    "Settings that do not make a run: a policy, option, size, GPU profile, sweep file \
+     or shard that does not parse, or arguments that do not go together."
+);
+create_exception!(
+    allocsim,
+    ReplayError,
+    PyRuntimeError,
+    "A replay that stopped for a reason other than running out of memory (an error of \
+     the policy); running out of memory is a result, never an exception."
+);
+
+fn trace_err(e: impl std::fmt::Display) -> PyErr {
+    TraceError::new_err(e.to_string())
+}
+
+fn config_err(e: impl std::fmt::Display) -> PyErr {
+    ConfigError::new_err(e.to_string())
+}
+
+fn json_err(e: serde_json::Error) -> PyErr {
+    PyRuntimeError::new_err(format!("allocsim: encoding the answer: {e}"))
+}
+
+/// A size as Python gives it: bytes as an integer, or text (`"24GiB"`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+impl Size {
+    /// The bytes, read as the command line reads a capacity or a limit
+    /// (`units::parse_memory_size`: a unitless number below 1 MiB is refused as a
+    /// likely mistake); `key` names the argument in the message.
+    fn bytes(&self, key: &str) -> PyResult<u64> {
+        match self {
+            Size::Bytes(b) => Ok(*b),
+            Size::Text(t) => {
+                units::parse_memory_size(t).map_err(|e| config_err(format!("{key}={t:?}: {e}")))
+            }
+        }
+    }
+}
+
+/// The keyword arguments of every call, as the package sends them (JSON).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Options {
+    policies: Vec<String>,
+    alloc_conf: Option<String>,
+    capacity: Vec<Size>,
+    cap: Option<Size>,
+    memory_fraction: Option<f64>,
+    gpu_profile: Option<String>,
+    format: Option<String>,
+    device: usize,
+    lenient: bool,
+    no_recorded_addresses: bool,
+    check_invariants: bool,
+    continue_after_oom: bool,
+    timeline: bool,
+    explain: bool,
+    gpus: Vec<String>,
+    shard: Option<String>,
+}
+
+impl Options {
+    fn parse(text: &str) -> PyResult<Options> {
+        serde_json::from_str(text).map_err(|e| config_err(format!("allocsim: options: {e}")))
+    }
+
+    fn load(&self) -> PyResult<LoadOptions> {
+        let format = match &self.format {
+            None => None,
+            Some(name) => Some(
+                Format::ALL
+                    .into_iter()
+                    .find(|f| f.name() == name)
+                    .ok_or_else(|| {
+                        config_err(format!(
+                            "format={name:?}: unknown format (known: {})",
+                            Format::ALL.map(Format::name).join(", ")
+                        ))
+                    })?,
+            ),
+        };
+        Ok(LoadOptions {
+            format,
+            snapshot_device: self.device,
+            lenient: self.lenient,
+            no_recorded_addresses: self.no_recorded_addresses,
+        })
+    }
+
+    fn replay(&self) -> ReplayOptions {
+        ReplayOptions {
+            check_invariants: self.check_invariants,
+            continue_after_oom: self.continue_after_oom,
+            interrupt: None,
+        }
+    }
+
+    fn memory_limit(&self) -> PyResult<Option<(MemoryLimit, &'static str)>> {
+        Ok(match (&self.cap, self.memory_fraction) {
+            (Some(cap), _) => Some((MemoryLimit::Bytes(cap.bytes("cap")?), "cap=")),
+            (None, Some(f)) => Some((MemoryLimit::Fraction(f), "memory_fraction=")),
+            (None, None) => None,
+        })
+    }
+
+    /// The settings a trace with `meta` replays under: what it records unless the
+    /// arguments replace it (`sim::recorded::settings`, as the command line).
+    fn settings(&self, meta: &workloads::TraceMeta) -> PyResult<sim::recorded::Settings> {
+        Ok(sim::recorded::settings(
+            meta,
+            &SettingFlags {
+                alloc_conf: self.alloc_conf.clone(),
+                memory_limit: self.memory_limit()?,
+                capacity: (!self.capacity.is_empty()).then_some("capacity="),
+                names: ("alloc_conf=", "cap="),
+            },
+        ))
+    }
+
+    /// The policies, under `meta`'s settings.
+    fn specs(&self, meta: &workloads::TraceMeta) -> PyResult<(Vec<PolicySpec>, Option<String>)> {
+        let settings = self.settings(meta)?;
+        let mut out = Vec::new();
+        for list in &self.policies {
+            out.extend(
+                policies::spec::parse_policy_list(list, &settings.caching).map_err(config_err)?,
+            );
+        }
+        if out.is_empty() {
+            return Err(config_err("policies: none given"));
+        }
+        Ok((out, settings.note))
+    }
+}
+
+/// The simulated device model (a GPU profile's or the default) and the devices at each
+/// capacity asked for (or the model itself).
+fn devices(o: &Options) -> PyResult<(SimDeviceOptions, Vec<SimDeviceOptions>)> {
+    let model = match &o.gpu_profile {
+        None => SimDeviceOptions::default(),
+        Some(name) => profile(name, "gpu_profile")?.to_options(),
+    };
+    if o.capacity.is_empty() {
+        return Ok((model.clone(), vec![model]));
+    }
+    let mut out = Vec::new();
+    for c in &o.capacity {
+        let total = c.bytes("capacity")?;
+        out.push(model.clone().with_total(total).ok_or_else(|| {
+            config_err(format!(
+                "capacity={}: not above the {} the CUDA context and the driver keep on {} \
+                 ({} bytes)",
+                units::format_size_exact(total),
+                units::format_size_human(model.reserved_by_driver_bytes()),
+                model.name,
+                model.reserved_by_driver_bytes()
+            ))
+        })?);
+    }
+    Ok((out[0].clone(), out))
+}
+
+/// A built-in GPU profile by name, else a profile file.
+fn profile(name: &str, key: &str) -> PyResult<DeviceProfile> {
+    if let Some(p) = DeviceProfile::builtin(name) {
+        return Ok(p);
+    }
+    if !Path::new(name).exists() {
+        return Err(config_err(format!(
+            "{key}={name:?}: unknown GPU profile (built in: {}), and no such file",
+            DeviceProfile::builtin_names().join(", ")
+        )));
+    }
+    DeviceProfile::read(Path::new(name)).map_err(config_err)
+}
+
+/// A trace as Python hands it over: a path, or a pickled snapshot with a name.
+enum Source {
+    File(PathBuf),
+    Pickle { name: String, data: Vec<u8> },
+}
+
+impl Source {
+    fn of(item: &Bound<'_, PyAny>) -> PyResult<Source> {
+        if let Ok(t) = item.cast::<PyTuple>() {
+            let name: String = t.get_item(0)?.extract()?;
+            let data = t.get_item(1)?;
+            let data = data
+                .cast::<PyBytes>()
+                .map_err(|_| PyValueError::new_err("allocsim: a snapshot's data must be bytes"))?;
+            return Ok(Source::Pickle {
+                name,
+                data: data.as_bytes().to_vec(),
+            });
+        }
+        Ok(Source::File(item.extract()?))
+    }
+
+    /// What names it in reports and messages: the file, or the snapshot's name.
+    fn as_path(&self) -> PathBuf {
+        match self {
+            Source::File(p) => p.clone(),
+            Source::Pickle { name, .. } => PathBuf::from(name),
+        }
+    }
+}
+
+/// Loads every trace (validated, with a recorded run's addresses as hints), named for
+/// reports as the command line names them (`sim::inputs::report_names`).
+fn load_all(
+    sources: &[Source],
+    options: &LoadOptions,
+    model: &SimDeviceOptions,
+) -> Result<Vec<(CompareInput, Option<RecordedRun>)>, LoadError> {
+    let names = sim::inputs::report_names(
+        &sources
+            .iter()
+            .map(|s| TraceSource::File(s.as_path()))
+            .collect::<Vec<_>>(),
+    );
+    let mut out = Vec::with_capacity(sources.len());
+    for (source, name) in sources.iter().zip(names) {
+        let (mut input, run) = match source {
+            Source::File(p) => {
+                sim::inputs::load_with_run(&TraceSource::File(p.clone()), options, model)?
+            }
+            Source::Pickle { name, data } => {
+                let run = workloads::snapshot::read_snapshot_pickle_from(
+                    Cursor::new(data),
+                    Path::new(name),
+                    options.snapshot_device,
+                )
+                .map_err(LoadError::Read)?;
+                let (input, run) = sim::inputs::load_recorded(run, options, model)?;
+                (input, Some(run))
+            }
+        };
+        input.trace.name = name;
+        out.push((input, run));
+    }
+    Ok(out)
+}
+
+fn sources(traces: &Bound<'_, PyAny>) -> PyResult<Vec<Source>> {
+    let mut out = Vec::new();
+    for item in traces.try_iter()? {
+        out.push(Source::of(&item?)?);
+    }
+    if out.is_empty() {
+        return Err(config_err("traces: none given"));
+    }
+    Ok(out)
+}
+
+/// Why a replay ran out, for Python.
+#[derive(Serialize)]
+struct Explanation {
+    verdict: String,
+    cause: &'static str,
+    fix: Option<String>,
+    rounded_bytes: u64,
+    stream: u64,
+    live_requested_bytes: u64,
+    cached_bytes: u64,
+    largest_free_block_bytes: u64,
+    largest_usable_block_bytes: u64,
+    rounding_bytes: u64,
+    unsplit_remainder_bytes: u64,
+    too_small_bytes: u64,
+    other_pool_bytes: u64,
+    unsplittable_bytes: u64,
+    other_stream_bytes: u64,
+    pending_free_bytes: u64,
+    device_free_bytes: u64,
+    shortage_bytes: u64,
+    tried: Vec<(String, Option<u64>)>,
+}
+
+impl Explanation {
+    fn of(e: &sim::OomExplanation) -> Explanation {
+        let b = &e.breakdown;
+        Explanation {
+            verdict: e.verdict(),
+            cause: e.cause.name(),
+            fix: e.fix().map(|f| f.setting.clone()),
+            rounded_bytes: e.rounded_bytes,
+            stream: e.stream,
+            live_requested_bytes: e.live_requested_bytes,
+            cached_bytes: e.cached_bytes,
+            largest_free_block_bytes: e.largest_free_block_bytes,
+            largest_usable_block_bytes: e.largest_usable_block_bytes,
+            rounding_bytes: b.rounding_bytes,
+            unsplit_remainder_bytes: b.unsplit_remainder_bytes,
+            too_small_bytes: b.too_small_bytes,
+            other_pool_bytes: b.other_pool_bytes,
+            unsplittable_bytes: b.unsplittable_bytes,
+            other_stream_bytes: b.other_stream_bytes,
+            pending_free_bytes: b.pending_free_bytes,
+            device_free_bytes: b.device_free_bytes,
+            shortage_bytes: b.shortage_bytes,
+            tried: e
+                .remedies
+                .iter()
+                .map(|r| (r.spec.clone(), r.oom_event_index))
+                .collect(),
+        }
+    }
+}
+
+/// One replay, for Python: the compare CSV's columns, then what only a single replay
+/// shows.
+#[derive(Serialize)]
+struct ReplayAnswer<'a> {
+    #[serde(flatten)]
+    record: sim::report::CompareRecord<'a>,
+    path: Option<String>,
+    alloc_conf: Option<String>,
+    settings: Option<String>,
+    device_name: &'a str,
+    allocations: u64,
+    reserved_peak_event_index: Option<u64>,
+    oom_event: Option<String>,
+    oom_message: Option<&'a str>,
+    oom_device_free_bytes: Option<u64>,
+    oom_count: u64,
+    skipped_events: u64,
+    explanation: Option<Explanation>,
+    caveats: &'a [String],
+    timeline_op: Option<Vec<&'static str>>,
+    timeline_id: Option<Vec<Option<u64>>>,
+    timeline_bytes: Option<Vec<Option<u64>>>,
+}
+
+/// The numeric timeline columns, in the order `TIMELINE_COLUMNS` in the package lists
+/// them, each as little-endian `u64`s, one after the other.
+fn timeline_bytes(samples: &[sim::Sample]) -> Vec<u8> {
+    let columns: [fn(&sim::Sample) -> u64; 7] = [
+        |s| s.event_index,
+        |s| s.policy.requested_bytes,
+        |s| s.policy.allocated_bytes,
+        |s| s.policy.reserved_bytes,
+        |s| s.charged_bytes,
+        |s| s.policy.allocation_count,
+        |s| s.policy.segment_count,
+    ];
+    let mut out = Vec::with_capacity(samples.len() * 8 * columns.len());
+    for column in columns {
+        for s in samples {
+            out.extend_from_slice(&column(s).to_le_bytes());
+        }
+    }
+    out
+}
+
+/// Replays one trace under one policy: the answer as JSON, and the timeline's numeric
+/// columns (with `timeline`).
+#[pyfunction]
+fn replay<'py>(
+    py: Python<'py>,
+    trace: &Bound<'py, PyAny>,
+    options: &str,
+) -> PyResult<(String, Option<Bound<'py, PyBytes>>)> {
+    let o = Options::parse(options)?;
+    let source = Source::of(trace)?;
+    let load = o.load()?;
+    let (_, devices) = devices(&o)?;
+    if devices.len() > 1 {
+        return Err(config_err(
+            "capacity: replay takes one capacity; compare() takes several",
+        ));
+    }
+    let device = devices.into_iter().next().expect("one device");
+    let replay_options = o.replay();
+    let loaded = py.detach(|| load_all(std::slice::from_ref(&source), &load, &device));
+    let (input, _run) = loaded
+        .map_err(trace_err)?
+        .into_iter()
+        .next()
+        .expect("one trace");
+    let (specs, note) = o.specs(&input.trace.meta)?;
+    let [spec] = specs.as_slice() else {
+        return Err(config_err(
+            "policy: replay takes one policy; compare() takes several",
+        ));
+    };
+    let explain = o.explain;
+    let timeline = o.timeline;
+    let result = py.detach(|| -> Result<_, String> {
+        let mut policy = spec.config.build().map_err(|e| e.to_string())?;
+        let mut dev =
+            SimDevice::with_hints(device.clone(), input.hints.for_policy(&spec.config));
+        let mut observer = (
+            timeline.then(sim::Timeline::default),
+            OomWatch::default(),
+        );
+        let r = sim::replay_with(
+            &input.trace,
+            policy.as_mut(),
+            &mut dev,
+            &replay_options,
+            &mut observer,
+        )
+        .map_err(|e| format!("{}: {e}", input.trace.name))?;
+        let (timeline, watch) = observer;
+        let mut why = watch.explanation;
+        if let (Some(e), true) = (&mut why, explain) {
+            sim::explain::check_remedies(
+                e,
+                &input.trace,
+                &input.hints,
+                &spec.config,
+                &device,
+                &replay_options,
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        let caveats = sim::caveats(&input.trace, &spec.config, &r);
+        Ok((r, why, caveats, timeline.map(|t| t.samples)))
+    });
+    let (r, why, caveats, samples) = result.map_err(ReplayError::new_err)?;
+    let row = sim::Row {
+        trace: input.trace.name.clone(),
+        policy: spec.label.clone(),
+        capacity_bytes: device.capacity_bytes,
+        total_bytes: device.total_bytes,
+        events: input.trace.events.len() as u64,
+        summary: r.summary.clone(),
+        oom: r.oom.clone(),
+        live_allocation_count: r.live_allocation_count,
+        explanation: why,
+        caveats: caveats.clone(),
+    };
+    let oom = r.oom.as_ref();
+    let answer = ReplayAnswer {
+        record: sim::report::CompareRecord::from(&row),
+        path: input.trace.path.as_ref().map(|p| p.display().to_string()),
+        alloc_conf: spec
+            .config
+            .options::<CachingConfig>()
+            .map(CachingConfig::to_alloc_conf),
+        settings: note,
+        device_name: &device.name,
+        allocations: input.trace.alloc_count() as u64,
+        reserved_peak_event_index: r.summary.reserved_peak_event_index,
+        oom_event: oom.map(|o| input.trace.event_ref(o.event_index as usize)),
+        oom_message: oom.and_then(|o| o.message.as_deref()),
+        oom_device_free_bytes: oom.map(|o| o.device.free_bytes()),
+        oom_count: r.oom_count,
+        skipped_events: r.skipped_event_count,
+        explanation: row.explanation.as_ref().map(Explanation::of),
+        caveats: &caveats,
+        timeline_op: samples.as_ref().map(|s| s.iter().map(|s| s.op).collect()),
+        timeline_id: samples.as_ref().map(|s| s.iter().map(|s| s.id).collect()),
+        timeline_bytes: samples.as_ref().map(|s| s.iter().map(|s| s.bytes).collect()),
+    };
+    let json = serde_json::to_string(&answer).map_err(json_err)?;
+    let columns = samples.map(|s| PyBytes::new(py, &timeline_bytes(&s)));
+    Ok((json, columns))
+}
+
+/// Every trace × policy × capacity: the compare CSV's rows as JSON, and per trace the
+/// line saying which recorded settings apply.
+#[pyfunction]
+fn compare(
+    py: Python<'_>,
+    traces: &Bound<'_, PyAny>,
+    options: &str,
+) -> PyResult<(String, Vec<(String, String)>)> {
+    let o = Options::parse(options)?;
+    let sources = sources(traces)?;
+    let load = o.load()?;
+    let (model, devices) = devices(&o)?;
+    let loaded = py
+        .detach(|| load_all(&sources, &load, &model))
+        .map_err(trace_err)?;
+    let mut runs = Vec::with_capacity(loaded.len());
+    let mut notes = Vec::new();
+    for (input, _) in loaded {
+        let (specs, note) = o.specs(&input.trace.meta)?;
+        if let Some(note) = note {
+            notes.push((input.trace.name.clone(), note));
+        }
+        runs.push((input, specs));
+    }
+    let replay = o.replay();
+    let rows = py
+        .detach(|| -> Result<Vec<sim::Row>, sim::CompareError> {
+            let mut rows = Vec::new();
+            for (input, specs) in &runs {
+                rows.extend(sim::compare(
+                    std::slice::from_ref(input),
+                    specs,
+                    &devices,
+                    &replay,
+                )?);
+            }
+            Ok(rows)
+        })
+        .map_err(|e| ReplayError::new_err(e.to_string()))?;
+    let records: Vec<sim::report::CompareRecord<'_>> =
+        rows.iter().map(sim::report::CompareRecord::from).collect();
+    Ok((serde_json::to_string(&records).map_err(json_err)?, notes))
+}
+
+/// The least memory each trace × policy runs in (`allocsim fit`): the fit CSV's rows as
+/// JSON, with a column per GPU of `gpus` saying whether it fits there.
+#[pyfunction]
+fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<String> {
+    let o = Options::parse(options)?;
+    if !o.capacity.is_empty() {
+        return Err(config_err(
+            "capacity: fit searches the capacity itself; gpus= names GPUs to check",
+        ));
+    }
+    if o.continue_after_oom {
+        return Err(config_err(
+            "continue_after_oom: fit looks for the memory that has no out-of-memory",
+        ));
+    }
+    let sources = sources(traces)?;
+    let load = o.load()?;
+    let (model, _) = devices(&o)?;
+    let mut gpus: Vec<(String, SimDeviceOptions)> = Vec::new();
+    for name in &o.gpus {
+        match name.as_str() {
+            "none" => {}
+            "all" => gpus.extend(
+                DeviceProfile::builtins()
+                    .into_iter()
+                    .map(|(n, p)| (n.to_string(), p.to_options())),
+            ),
+            _ => gpus.push((name.clone(), profile(name, "gpus")?.to_options())),
+        }
+    }
+    let loaded = py
+        .detach(|| load_all(&sources, &load, &model))
+        .map_err(trace_err)?;
+    // As `allocsim fit`: the policies under the arguments' settings.
+    let (specs, _) = o.specs(&workloads::TraceMeta::default())?;
+    let replay = o.replay();
+    let results = py
+        .detach(|| -> Result<Vec<(sim::Fit, Vec<bool>)>, sim::CompareError> {
+            let mut out = Vec::new();
+            for (input, _) in &loaded {
+                for spec in &specs {
+                    let fit = sim::fit(
+                        &input.trace,
+                        &input.hints,
+                        &spec.config,
+                        &model,
+                        &replay,
+                        &sim::FitOptions::default(),
+                    )?;
+                    let on = gpus
+                        .iter()
+                        .map(|(_, d)| {
+                            sim::fits(&input.trace, &input.hints, &spec.config, d, &replay)
+                        })
+                        .collect::<Result<Vec<bool>, _>>()?;
+                    out.push((fit, on));
+                }
+            }
+            Ok(out)
+        })
+        .map_err(|e| ReplayError::new_err(e.to_string()))?;
+    let mut rows = Vec::new();
+    let mut i = 0;
+    for (input, _) in &loaded {
+        for spec in &specs {
+            let (fit, on) = &results[i];
+            i += 1;
+            let record = sim::fit::FitRecord::of(&input.trace.name, &spec.label, fit);
+            let mut row = match serde_json::to_value(&record).map_err(json_err)? {
+                serde_json::Value::Object(m) => m,
+                _ => unreachable!("a record is an object"),
+            };
+            for ((name, _), fits) in gpus.iter().zip(on) {
+                row.insert(name.clone(), serde_json::Value::Bool(*fits));
+            }
+            rows.push(row);
+        }
+    }
+    let mut columns = sim::report::columns::<sim::fit::FitRecord<'_>>();
+    columns.extend(gpus.iter().map(|(n, _)| n.clone()));
+    serde_json::to_string(&(columns, rows)).map_err(json_err)
+}
+
+/// A sweep (`allocsim sweep`), whole or one shard: its CSV as the command line writes
+/// it, the rows as JSON, and for a whole run each trace's least memory for its
+/// recommended configuration.
+#[pyfunction]
+#[pyo3(signature = (text, path, traces, options))]
+fn sweep(
+    py: Python<'_>,
+    text: &str,
+    path: PathBuf,
+    traces: Vec<PathBuf>,
+    options: &str,
+) -> PyResult<(String, String, Vec<(String, Option<u64>)>)> {
+    let o = Options::parse(options)?;
+    let shard = o
+        .shard
+        .as_deref()
+        .map(|s| sim::sweep::Shard::parse(s).map_err(|e| config_err(format!("shard: {e}"))))
+        .transpose()?;
+    let mut sweep = sim::sweep::parse(text, &path).map_err(config_err)?;
+    if !traces.is_empty() {
+        sweep.traces = traces.into_iter().map(TraceSource::File).collect();
+    }
+    let replay = o.replay();
+    let outcome = py
+        .detach(|| {
+            sim::sweep::run(
+                &sweep,
+                &sim::sweep::RunOptions {
+                    replay,
+                    shard,
+                    progress: None,
+                },
+            )
+        })
+        .map_err(|e| match e {
+            sim::sweep::RunError::NoTraces => config_err(e),
+            sim::sweep::RunError::Load(e) => trace_err(e),
+            sim::sweep::RunError::Replay(e) => ReplayError::new_err(e.to_string()),
+        })?;
+    let needs = outcome.summary.as_ref().map_or(Vec::new(), |s| {
+        s.traces
+            .iter()
+            .map(|t| {
+                (
+                    t.trace.clone(),
+                    t.needs.as_ref().and_then(|f| f.min_capacity_bytes),
+                )
+            })
+            .collect()
+    });
+    records_answer(&outcome.records).map(|(csv, json)| (csv, json, needs))
+}
+
+/// The CSV and the JSON rows of sweep records.
+fn records_answer(records: &[sim::sweep::SweepRecord]) -> PyResult<(String, String)> {
+    let mut csv = Vec::new();
+    sim::report::write_records(records.iter().cloned(), &mut csv)
+        .map_err(|e| PyRuntimeError::new_err(format!("allocsim: writing the CSV: {e}")))?;
+    let csv = String::from_utf8(csv).expect("the CSV writer writes UTF-8 from UTF-8");
+    Ok((csv, serde_json::to_string(records).map_err(json_err)?))
+}
+
+/// Joins shard CSVs (`allocsim merge`, in memory): the CSV of the whole sweep and its
+/// rows as JSON.
+#[pyfunction]
+fn merge(shards: Vec<(String, String)>) -> PyResult<(String, String)> {
+    let records = sim::sweep::merge_from(
+        shards
+            .into_iter()
+            .map(|(name, csv)| (name, Cursor::new(csv.into_bytes())))
+            .collect(),
+    )
+    .map_err(config_err)?;
+    records_answer(&records)
+}
+
+/// How many shards' worth of rows a sweep has (to split it among a cluster's tasks).
+#[pyfunction]
+#[pyo3(signature = (text, path, traces))]
+fn sweep_rows(text: &str, path: PathBuf, traces: Vec<PathBuf>) -> PyResult<u64> {
+    let mut sweep = sim::sweep::parse(text, &path).map_err(config_err)?;
+    if !traces.is_empty() {
+        sweep.traces = traces.into_iter().map(TraceSource::File).collect();
+    }
+    Ok(sweep.rows())
+}
+
+/// The registered policies: name, one line of help, and each option's key, default and
+/// meaning.
+#[pyfunction]
+fn policy_names() -> Vec<&'static str> {
+    policies::POLICIES.iter().map(|p| p.name).collect()
+}
+
+/// The built-in GPU profiles' names.
+#[pyfunction]
+fn gpu_profiles() -> Vec<&'static str> {
+    DeviceProfile::builtin_names()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("TraceError", py.get_type::<TraceError>())?;
+    m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("ReplayError", py.get_type::<ReplayError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(replay, m)?)?;
+    m.add_function(wrap_pyfunction!(compare, m)?)?;
+    m.add_function(wrap_pyfunction!(fit, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(merge, m)?)?;
+    m.add_function(wrap_pyfunction!(policy_names, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_profiles, m)?)?;
+    Ok(())
+}
