@@ -7,8 +7,8 @@ use anyhow::bail;
 use policies::caching::{CachingDefaults, MemoryLimit};
 use policies::spec::{parse_policy_list, PolicySpec};
 use sim::inputs::{LoadOptions, TraceSource};
-use sim::{AddressHints, CompareInput, DeviceProfile, ReplayOptions, SimDeviceOptions};
 use sim::recorded::{SettingFlags, Settings};
+use sim::{AddressHints, CompareInput, DeviceProfile, ReplayOptions, SimDeviceOptions};
 use workloads::{Trace, TraceMeta};
 
 use crate::flags::{DeviceArgs, InputArgs};

@@ -440,12 +440,8 @@ fn replay<'py>(
     let timeline = o.timeline;
     let result = py.detach(|| -> Result<_, String> {
         let mut policy = spec.config.build().map_err(|e| e.to_string())?;
-        let mut dev =
-            SimDevice::with_hints(device.clone(), input.hints.for_policy(&spec.config));
-        let mut observer = (
-            timeline.then(sim::Timeline::default),
-            OomWatch::default(),
-        );
+        let mut dev = SimDevice::with_hints(device.clone(), input.hints.for_policy(&spec.config));
+        let mut observer = (timeline.then(sim::Timeline::default), OomWatch::default());
         let r = sim::replay_with(
             &input.trace,
             policy.as_mut(),
@@ -477,7 +473,7 @@ fn replay<'py>(
         capacity_bytes: device.capacity_bytes,
         total_bytes: device.total_bytes,
         events: input.trace.events.len() as u64,
-        summary: r.summary.clone(),
+        summary: r.summary,
         oom: r.oom.clone(),
         live_allocation_count: r.live_allocation_count,
         explanation: why,
@@ -504,7 +500,9 @@ fn replay<'py>(
         caveats: &caveats,
         timeline_op: samples.as_ref().map(|s| s.iter().map(|s| s.op).collect()),
         timeline_id: samples.as_ref().map(|s| s.iter().map(|s| s.id).collect()),
-        timeline_bytes: samples.as_ref().map(|s| s.iter().map(|s| s.bytes).collect()),
+        timeline_bytes: samples
+            .as_ref()
+            .map(|s| s.iter().map(|s| s.bytes).collect()),
     };
     let json = serde_json::to_string(&answer).map_err(json_err)?;
     let columns = samples.map(|s| PyBytes::new(py, &timeline_bytes(&s)));
@@ -592,29 +590,31 @@ fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<Str
     let (specs, _) = o.specs(&workloads::TraceMeta::default())?;
     let replay = o.replay();
     let results = py
-        .detach(|| -> Result<Vec<(sim::Fit, Vec<bool>)>, sim::CompareError> {
-            let mut out = Vec::new();
-            for (input, _) in &loaded {
-                for spec in &specs {
-                    let fit = sim::fit(
-                        &input.trace,
-                        &input.hints,
-                        &spec.config,
-                        &model,
-                        &replay,
-                        &sim::FitOptions::default(),
-                    )?;
-                    let on = gpus
-                        .iter()
-                        .map(|(_, d)| {
-                            sim::fits(&input.trace, &input.hints, &spec.config, d, &replay)
-                        })
-                        .collect::<Result<Vec<bool>, _>>()?;
-                    out.push((fit, on));
+        .detach(
+            || -> Result<Vec<(sim::Fit, Vec<bool>)>, sim::CompareError> {
+                let mut out = Vec::new();
+                for (input, _) in &loaded {
+                    for spec in &specs {
+                        let fit = sim::fit(
+                            &input.trace,
+                            &input.hints,
+                            &spec.config,
+                            &model,
+                            &replay,
+                            &sim::FitOptions::default(),
+                        )?;
+                        let on = gpus
+                            .iter()
+                            .map(|(_, d)| {
+                                sim::fits(&input.trace, &input.hints, &spec.config, d, &replay)
+                            })
+                            .collect::<Result<Vec<bool>, _>>()?;
+                        out.push((fit, on));
+                    }
                 }
-            }
-            Ok(out)
-        })
+                Ok(out)
+            },
+        )
         .map_err(|e| ReplayError::new_err(e.to_string()))?;
     let mut rows = Vec::new();
     let mut i = 0;
@@ -638,6 +638,9 @@ fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<Str
     serde_json::to_string(&(columns, rows)).map_err(json_err)
 }
 
+/// Each trace's least total memory for its recommended configuration.
+type Needs = Vec<(String, Option<u64>)>;
+
 /// A sweep (`allocsim sweep`), whole or one shard: its CSV as the command line writes
 /// it, the rows as JSON, and for a whole run each trace's least memory for its
 /// recommended configuration.
@@ -649,7 +652,7 @@ fn sweep(
     path: PathBuf,
     traces: Vec<PathBuf>,
     options: &str,
-) -> PyResult<(String, String, Vec<(String, Option<u64>)>)> {
+) -> PyResult<(String, String, Needs)> {
     let o = Options::parse(options)?;
     let shard = o
         .shard

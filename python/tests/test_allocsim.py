@@ -278,3 +278,25 @@ def test_policies_and_profiles_are_the_registry():
     """policies() and gpu_profiles() list the command line's registered names."""
     assert allocsim.policies()[:2] == ["caching", "immediate"]
     assert "h100" in allocsim.gpu_profiles()
+
+
+def test_the_python_docs_run(monkeypatch):
+    """Every Python block of docs/python.md runs, in order, from the repository's root."""
+    pytest.importorskip("distributed")
+    text = (ROOT / "docs" / "python.md").read_text()
+    blocks = []
+    current = None
+    for line in text.splitlines():
+        if current is None and line.strip() == "```python":
+            current = []
+        elif current is not None and line.strip() == "```":
+            blocks.append("\n".join(current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    assert len(blocks) >= 7
+    monkeypatch.chdir(ROOT)
+    scope = {}
+    for block in blocks:
+        exec(compile(block, "docs/python.md", "exec"), scope)
+    assert scope["spread"].csv == scope["merged"].csv
