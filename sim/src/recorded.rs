@@ -1,5 +1,5 @@
 //! The setup a recorded PyTorch run describes, derived in one place from the run and its
-//! [`TraceMeta`](workloads::TraceMeta): the caching configuration it ran with, the
+//! [`TraceMeta`]: the caching configuration it ran with, the
 //! device it ran on, and the segment addresses it got (as hints for the simulated
 //! device). Fidelity and the CLI's loading of recorded traces both use these.
 
