@@ -227,24 +227,23 @@ fn profile(name: &str, key: &str) -> PyResult<DeviceProfile> {
     DeviceProfile::read(Path::new(name)).map_err(config_err)
 }
 
-/// A trace as Python hands it over: a path, or a pickled snapshot with a name.
-enum Source {
+/// A trace as Python hands it over: a path, or a pickled snapshot with a name. The
+/// pickle is read where Python holds it (no copy): the caller's reference keeps the
+/// immutable `bytes` alive for the call.
+enum Source<'a> {
     File(PathBuf),
-    Pickle { name: String, data: Vec<u8> },
+    Pickle { name: String, data: &'a [u8] },
 }
 
-impl Source {
-    fn of(item: &Bound<'_, PyAny>) -> PyResult<Source> {
+impl<'a> Source<'a> {
+    fn of(item: &'a Bound<'_, PyAny>) -> PyResult<Source<'a>> {
         if let Ok(t) = item.cast::<PyTuple>() {
             let name: String = t.get_item(0)?.extract()?;
-            let data = t.get_item(1)?;
-            let data = data
-                .cast::<PyBytes>()
+            let data: &'a [u8] = t
+                .get_borrowed_item(1)?
+                .extract()
                 .map_err(|_| PyValueError::new_err("allocsim: a snapshot's data must be bytes"))?;
-            return Ok(Source::Pickle {
-                name,
-                data: data.as_bytes().to_vec(),
-            });
+            return Ok(Source::Pickle { name, data });
         }
         Ok(Source::File(item.extract()?))
     }
@@ -261,7 +260,7 @@ impl Source {
 /// Loads every trace (validated, with a recorded run's addresses as hints), named for
 /// reports as the command line names them (`sim::inputs::report_names`).
 fn load_all(
-    sources: &[Source],
+    sources: &[Source<'_>],
     options: &LoadOptions,
     model: &SimDeviceOptions,
 ) -> Result<Vec<(CompareInput, Option<RecordedRun>)>, LoadError> {
@@ -294,10 +293,15 @@ fn load_all(
     Ok(out)
 }
 
-fn sources(traces: &Bound<'_, PyAny>) -> PyResult<Vec<Source>> {
+/// The traces of a list, each kept (`items`) for the sources that borrow from it.
+fn items<'py>(traces: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    traces.try_iter()?.collect()
+}
+
+fn sources<'a>(items: &'a [Bound<'_, PyAny>]) -> PyResult<Vec<Source<'a>>> {
     let mut out = Vec::new();
-    for item in traces.try_iter()? {
-        out.push(Source::of(&item?)?);
+    for item in items {
+        out.push(Source::of(item)?);
     }
     if out.is_empty() {
         return Err(config_err("traces: none given"));
@@ -518,7 +522,8 @@ fn compare(
     options: &str,
 ) -> PyResult<(String, Vec<(String, String)>)> {
     let o = Options::parse(options)?;
-    let sources = sources(traces)?;
+    let items = items(traces)?;
+    let sources = sources(&items)?;
     let load = o.load()?;
     let (model, devices) = devices(&o)?;
     let loaded = py
@@ -568,7 +573,8 @@ fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<Str
             "continue_after_oom: fit looks for the memory that has no out-of-memory",
         ));
     }
-    let sources = sources(traces)?;
+    let items = items(traces)?;
+    let sources = sources(&items)?;
     let load = o.load()?;
     let (model, _) = devices(&o)?;
     let mut gpus: Vec<(String, SimDeviceOptions)> = Vec::new();
