@@ -21,6 +21,9 @@
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
 
 use policies::caching::{CachingConfig, MemoryLimit};
 use policies::spec::PolicySpec;
@@ -144,7 +147,7 @@ impl Options {
         ReplayOptions {
             check_invariants: self.check_invariants,
             continue_after_oom: self.continue_after_oom,
-            interrupt: None,
+            interrupt: Some(&STOP),
         }
     }
 
@@ -309,6 +312,62 @@ fn sources<'a>(items: &'a [Bound<'_, PyAny>]) -> PyResult<Vec<Source<'a>>> {
     Ok(out)
 }
 
+/// Raised to stop every replay of this process at its next event: set when the main
+/// thread's Python sees Ctrl-C (`KeyboardInterrupt`, a notebook's "interrupt kernel")
+/// while a call runs; cleared when a call starts with none running.
+static STOP: AtomicBool = AtomicBool::new(false);
+/// How many calls are running.
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `f` without the GIL on a thread of its own while this thread waits for it,
+/// looking at Python's signals every 50 ms: on `KeyboardInterrupt` (or any exception a
+/// signal handler raises) the replays stop at their next event ([`STOP`]) and the
+/// exception is the call's, once the work has stopped.
+fn work<T: Send>(py: Python<'_>, f: impl FnOnce() -> T + Send) -> PyResult<T> {
+    struct Running;
+    impl Drop for Running {
+        fn drop(&mut self) {
+            RUNNING.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    if RUNNING.fetch_add(1, Ordering::SeqCst) == 0 {
+        STOP.store(false, Ordering::SeqCst);
+    }
+    let _running = Running;
+    std::thread::scope(|scope| {
+        let (tx, mut rx) = std::sync::mpsc::channel();
+        let worker = scope.spawn(move || {
+            let out = f();
+            // The receiver may be gone only if this thread's caller unwound.
+            let _ = tx.send(());
+            out
+        });
+        let mut signal = None;
+        loop {
+            // The receiver goes to the GIL-free side and back (it is not `Sync`).
+            let (done, back) = py.detach(move || (rx.recv_timeout(Duration::from_millis(50)), rx));
+            rx = back;
+            if !matches!(done, Err(RecvTimeoutError::Timeout)) {
+                break;
+            }
+            if signal.is_none() {
+                if let Err(e) = py.check_signals() {
+                    STOP.store(true, Ordering::SeqCst);
+                    signal = Some(e);
+                }
+            }
+        }
+        let out = match worker.join() {
+            Ok(out) => out,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        match signal {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    })
+}
+
 /// Why a replay ran out, for Python.
 #[derive(Serialize)]
 struct Explanation {
@@ -428,7 +487,9 @@ fn replay<'py>(
     }
     let device = devices.into_iter().next().expect("one device");
     let replay_options = o.replay();
-    let loaded = py.detach(|| load_all(std::slice::from_ref(&source), &load, &device));
+    let loaded = work(py, || {
+        load_all(std::slice::from_ref(&source), &load, &device)
+    })?;
     let (input, _run) = loaded
         .map_err(trace_err)?
         .into_iter()
@@ -442,7 +503,7 @@ fn replay<'py>(
     };
     let explain = o.explain;
     let timeline = o.timeline;
-    let result = py.detach(|| -> Result<_, String> {
+    let result = work(py, || -> Result<_, String> {
         let mut policy = spec.config.build().map_err(|e| e.to_string())?;
         let mut dev = SimDevice::with_hints(device.clone(), input.hints.for_policy(&spec.config));
         let mut observer = (timeline.then(sim::Timeline::default), OomWatch::default());
@@ -469,7 +530,7 @@ fn replay<'py>(
         }
         let caveats = sim::caveats(&input.trace, &spec.config, &r);
         Ok((r, why, caveats, timeline.map(|t| t.samples)))
-    });
+    })?;
     let (r, why, caveats, samples) = result.map_err(ReplayError::new_err)?;
     let row = sim::Row {
         trace: input.trace.name.clone(),
@@ -526,9 +587,7 @@ fn compare(
     let sources = sources(&items)?;
     let load = o.load()?;
     let (model, devices) = devices(&o)?;
-    let loaded = py
-        .detach(|| load_all(&sources, &load, &model))
-        .map_err(trace_err)?;
+    let loaded = work(py, || load_all(&sources, &load, &model))?.map_err(trace_err)?;
     let mut runs = Vec::with_capacity(loaded.len());
     let mut notes = Vec::new();
     for (input, _) in loaded {
@@ -539,20 +598,19 @@ fn compare(
         runs.push((input, specs));
     }
     let replay = o.replay();
-    let rows = py
-        .detach(|| -> Result<Vec<sim::Row>, sim::CompareError> {
-            let mut rows = Vec::new();
-            for (input, specs) in &runs {
-                rows.extend(sim::compare(
-                    std::slice::from_ref(input),
-                    specs,
-                    &devices,
-                    &replay,
-                )?);
-            }
-            Ok(rows)
-        })
-        .map_err(|e| ReplayError::new_err(e.to_string()))?;
+    let rows = work(py, || -> Result<Vec<sim::Row>, sim::CompareError> {
+        let mut rows = Vec::new();
+        for (input, specs) in &runs {
+            rows.extend(sim::compare(
+                std::slice::from_ref(input),
+                specs,
+                &devices,
+                &replay,
+            )?);
+        }
+        Ok(rows)
+    })?
+    .map_err(|e| ReplayError::new_err(e.to_string()))?;
     let records: Vec<sim::report::CompareRecord<'_>> =
         rows.iter().map(sim::report::CompareRecord::from).collect();
     Ok((serde_json::to_string(&records).map_err(json_err)?, notes))
@@ -589,39 +647,37 @@ fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<Str
             _ => gpus.push((name.clone(), profile(name, "gpus")?.to_options())),
         }
     }
-    let loaded = py
-        .detach(|| load_all(&sources, &load, &model))
-        .map_err(trace_err)?;
+    let loaded = work(py, || load_all(&sources, &load, &model))?.map_err(trace_err)?;
     // As `allocsim fit`: the policies under the arguments' settings.
     let (specs, _) = o.specs(&workloads::TraceMeta::default())?;
     let replay = o.replay();
-    let results = py
-        .detach(
-            || -> Result<Vec<(sim::Fit, Vec<bool>)>, sim::CompareError> {
-                let mut out = Vec::new();
-                for (input, _) in &loaded {
-                    for spec in &specs {
-                        let fit = sim::fit(
-                            &input.trace,
-                            &input.hints,
-                            &spec.config,
-                            &model,
-                            &replay,
-                            &sim::FitOptions::default(),
-                        )?;
-                        let on = gpus
-                            .iter()
-                            .map(|(_, d)| {
-                                sim::fits(&input.trace, &input.hints, &spec.config, d, &replay)
-                            })
-                            .collect::<Result<Vec<bool>, _>>()?;
-                        out.push((fit, on));
-                    }
+    let results = work(
+        py,
+        || -> Result<Vec<(sim::Fit, Vec<bool>)>, sim::CompareError> {
+            let mut out = Vec::new();
+            for (input, _) in &loaded {
+                for spec in &specs {
+                    let fit = sim::fit(
+                        &input.trace,
+                        &input.hints,
+                        &spec.config,
+                        &model,
+                        &replay,
+                        &sim::FitOptions::default(),
+                    )?;
+                    let on = gpus
+                        .iter()
+                        .map(|(_, d)| {
+                            sim::fits(&input.trace, &input.hints, &spec.config, d, &replay)
+                        })
+                        .collect::<Result<Vec<bool>, _>>()?;
+                    out.push((fit, on));
                 }
-                Ok(out)
-            },
-        )
-        .map_err(|e| ReplayError::new_err(e.to_string()))?;
+            }
+            Ok(out)
+        },
+    )?
+    .map_err(|e| ReplayError::new_err(e.to_string()))?;
     let mut rows = Vec::new();
     let mut i = 0;
     for (input, _) in &loaded {
@@ -670,22 +726,21 @@ fn sweep(
         sweep.traces = traces.into_iter().map(TraceSource::File).collect();
     }
     let replay = o.replay();
-    let outcome = py
-        .detach(|| {
-            sim::sweep::run(
-                &sweep,
-                &sim::sweep::RunOptions {
-                    replay,
-                    shard,
-                    progress: None,
-                },
-            )
-        })
-        .map_err(|e| match e {
-            sim::sweep::RunError::NoTraces => config_err(e),
-            sim::sweep::RunError::Load(e) => trace_err(e),
-            sim::sweep::RunError::Replay(e) => ReplayError::new_err(e.to_string()),
-        })?;
+    let outcome = work(py, || {
+        sim::sweep::run(
+            &sweep,
+            &sim::sweep::RunOptions {
+                replay,
+                shard,
+                progress: None,
+            },
+        )
+    })?
+    .map_err(|e| match e {
+        sim::sweep::RunError::NoTraces => config_err(e),
+        sim::sweep::RunError::Load(e) => trace_err(e),
+        sim::sweep::RunError::Replay(e) => ReplayError::new_err(e.to_string()),
+    })?;
     let needs = outcome.summary.as_ref().map_or(Vec::new(), |s| {
         s.traces
             .iter()

@@ -300,3 +300,24 @@ def test_the_python_docs_run(monkeypatch):
     for block in blocks:
         exec(compile(block, "docs/python.md", "exec"), scope)
     assert scope["spread"].csv == scope["merged"].csv
+
+
+def test_ctrl_c_stops_a_long_call():
+    """KeyboardInterrupt (Ctrl-C, a notebook's interrupt) stops a running comparison at its next event, and the next call runs."""
+    import _thread
+    import threading
+    import time
+
+    snap = DATA / "oracle" / "h100-torch2.11-pickles" / "gpt_train_small.pickle"
+    # 50,000 replays: over a minute uninterrupted (a debug build, two cores).
+    capacities = [3000 * 2**20 + k * 4096 for k in range(50_000)]
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    start = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            allocsim.compare(snap, "caching", capacity=capacities)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 10
+    assert allocsim.replay(DATA / "traces" / "two_streams.yaml").oom is None
