@@ -261,6 +261,9 @@ class Oom:
         self.device_free_bytes: int = d["oom_device_free_bytes"]
         self.message: Optional[str] = d["oom_message"]
         self.count: int = d["oom_count"]
+        #: The stack PyTorch recorded for that request, innermost first (``file:line
+        #: name``), when the trace is a snapshot recorded with stacks; else empty.
+        self.stack: List[str] = d.get("oom_stack") or []
         e = d.get("explanation")
         self.explanation: Optional[Dict[str, Any]] = e
         self.cause: Optional[str] = e["cause"] if e else None

@@ -439,6 +439,7 @@ struct ReplayAnswer<'a> {
     oom_message: Option<&'a str>,
     oom_device_free_bytes: Option<u64>,
     oom_count: u64,
+    oom_stack: Vec<String>,
     skipped_events: u64,
     explanation: Option<Explanation>,
     caveats: &'a [String],
@@ -503,6 +504,7 @@ fn replay<'py>(
     };
     let explain = o.explain;
     let timeline = o.timeline;
+    let o_device = o.device;
     let result = work(py, || -> Result<_, String> {
         let mut policy = spec.config.build().map_err(|e| e.to_string())?;
         let mut dev = SimDevice::with_hints(device.clone(), input.hints.for_policy(&spec.config));
@@ -560,6 +562,10 @@ fn replay<'py>(
         oom_message: oom.and_then(|o| o.message.as_deref()),
         oom_device_free_bytes: oom.map(|o| o.device.free_bytes()),
         oom_count: r.oom_count,
+        oom_stack: match oom {
+            Some(o) => stack(&source, &input.trace, o.event_index, o_device),
+            None => Vec::new(),
+        },
         skipped_events: r.skipped_event_count,
         explanation: row.explanation.as_ref().map(Explanation::of),
         caveats: &caveats,
@@ -572,6 +578,23 @@ fn replay<'py>(
     let json = serde_json::to_string(&answer).map_err(json_err)?;
     let columns = samples.map(|s| PyBytes::new(py, &timeline_bytes(&s)));
     Ok((json, columns))
+}
+
+/// The stack PyTorch recorded for event `index` of a snapshot's trace, innermost first
+/// (`workloads::snapshot::event_stack`, reading the pickle again with frames); empty
+/// for other traces.
+fn stack(source: &Source<'_>, trace: &workloads::Trace, index: u64, device: usize) -> Vec<String> {
+    match source {
+        Source::Pickle { data, .. } => {
+            workloads::snapshot::event_stack(trace, index, Cursor::new(data), device)
+        }
+        Source::File(p) => match std::fs::File::open(p) {
+            Ok(f) => {
+                workloads::snapshot::event_stack(trace, index, std::io::BufReader::new(f), device)
+            }
+            Err(_) => Vec::new(),
+        },
+    }
 }
 
 /// Every trace × policy × capacity: the compare CSV's rows as JSON, and per trace the

@@ -321,3 +321,17 @@ def test_ctrl_c_stops_a_long_call():
         timer.cancel()
     assert time.monotonic() - start < 10
     assert allocsim.replay(DATA / "traces" / "two_streams.yaml").oom is None
+
+
+def test_the_oom_gives_the_stack_pytorch_recorded():
+    """At an out-of-memory, a snapshot recorded with stacks gives the failing entry's frames, innermost first."""
+    snap = load_snapshot()
+    for i, entry in enumerate(snap["device_traces"][0]):
+        entry["frames"] = [
+            {"filename": "train.py", "line": i, "name": "step"},
+            {"filename": "main.py", "line": 3, "name": "<module>"},
+        ]
+    r = allocsim.replay(snap, capacity="64MiB")
+    assert r.oom.event == f"event {r.oom.event_index} (entry 14)"
+    assert r.oom.stack == ["train.py:14 step", "main.py:3 <module>"]
+    assert allocsim.replay(load_snapshot(), capacity="64MiB").oom.stack == []

@@ -318,33 +318,21 @@ fn stats_table(stats: &[(String, i64)]) -> String {
 }
 
 /// The stack frames PyTorch recorded for the entry of event `index`, innermost first,
-/// when the trace is a snapshot pickle that has them (read again, with frames, only
-/// now that an out-of-memory needs them); empty otherwise.
+/// when the trace is a snapshot pickle that has them (`workloads::snapshot::event_stack`);
+/// empty otherwise.
 fn frames_of(args: &ReplayArgs, trace: &Trace, index: u64) -> Vec<String> {
     if trace.meta.format != Some(workloads::Format::TorchPickle) {
         return Vec::new();
     }
-    let Some(&entry) = trace.locations.get(index as usize) else {
-        return Vec::new();
-    };
-    let options = workloads::snapshot::SnapshotOptions { keep_frames: true };
-    let Ok(run) = workloads::snapshot::read_snapshot_pickle_with(
-        &args.trace,
-        args.input.read.snapshot_device,
-        &options,
-    ) else {
-        return Vec::new();
-    };
-    let Some(frames) = run.snapshot.and_then(|s| s.frames) else {
-        return Vec::new();
-    };
-    let Some(&(_, stack)) = frames.entries.iter().find(|(e, _)| *e == entry) else {
-        return Vec::new();
-    };
-    frames
-        .stack(stack)
-        .map(|f| format!("{}:{} {}", f.filename, f.line, f.name))
-        .collect()
+    match std::fs::File::open(&args.trace) {
+        Ok(file) => workloads::snapshot::event_stack(
+            trace,
+            index,
+            std::io::BufReader::new(file),
+            args.input.read.snapshot_device,
+        ),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// The "why it ran out" section of the summary.

@@ -382,6 +382,43 @@ pub fn read_snapshot_pickle_from_with(
     read(reader, path, device, options, Limits::default())
 }
 
+/// The stack frames PyTorch recorded for the entry of event `index` of `trace`, a trace
+/// read from the snapshot pickle that `reader` reads again, this time with frames (only
+/// an out-of-memory needs them): innermost first, each `file:line name`. Empty when
+/// `trace` is not a snapshot's, the entry has no frames, or the pickle no longer reads.
+/// The command line's `replay` and the Python package show them at an out-of-memory.
+pub fn event_stack(
+    trace: &crate::Trace,
+    index: u64,
+    reader: impl io::Read,
+    device: usize,
+) -> Vec<String> {
+    if trace.meta.format != Some(Format::TorchPickle) {
+        return Vec::new();
+    }
+    let Some(&entry) = trace.locations.get(index as usize) else {
+        return Vec::new();
+    };
+    let path = trace
+        .path
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from(&trace.name));
+    let options = SnapshotOptions { keep_frames: true };
+    let Ok(run) = read_snapshot_pickle_from_with(reader, &path, device, &options) else {
+        return Vec::new();
+    };
+    let Some(frames) = run.snapshot.and_then(|s| s.frames) else {
+        return Vec::new();
+    };
+    let Some(&(_, stack)) = frames.entries.iter().find(|(e, _)| *e == entry) else {
+        return Vec::new();
+    };
+    frames
+        .stack(stack)
+        .map(|f| format!("{}:{} {}", f.filename, f.line, f.name))
+        .collect()
+}
+
 fn read(
     reader: impl io::Read,
     path: &Path,
