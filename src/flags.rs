@@ -382,37 +382,44 @@ pub struct GpusArgs {
 /// `allocsim generate`.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    /// The generator.
-    #[arg(value_enum)]
-    pub generator: GeneratorArg,
-    /// Random seed: the same seed and options give the same trace.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Number of alloc and free events before the final frees.
-    #[arg(long, default_value_t = 10_000)]
-    pub events: u64,
-    /// Size distribution.
-    #[arg(long, value_enum, default_value = "log-uniform")]
-    pub sizes: SizesArg,
-    /// Smallest request (log-uniform).
-    #[arg(long, value_name = "SIZE", default_value = "512", value_parser = size)]
-    pub min_bytes: u64,
-    /// Largest request (log-uniform).
-    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = size)]
-    pub max_bytes: u64,
-    /// Median request (log-normal).
-    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = size)]
-    pub median_bytes: u64,
-    /// Spread of ln(size) (log-normal).
-    #[arg(long, default_value_t = 2.0)]
-    pub sigma: f64,
-    /// Mean lifetime of an allocation, in events (geometric).
-    #[arg(long, default_value_t = 50.0)]
-    pub mean_lifetime: f64,
-    /// Number of streams (ids 0..N).
-    #[arg(long, default_value_t = 1)]
-    pub streams: u64,
-    /// Insert a mark every N events.
+    /// The generator (or the spec's `generate` key).
+    #[arg(value_enum, required_unless_present = "spec")]
+    pub generator: Option<GeneratorArg>,
+    /// The generator's options as a YAML spec (docs/generators.md).
+    #[arg(long, value_name = "FILE")]
+    pub spec: Option<PathBuf>,
+    /// Set one of the generator's keys over the spec's, the value in YAML (repeatable):
+    /// `--set steps=8`, `--set 'batch={uniform: [8, 32]}'`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Random seed (the spec's `seed`): the same seed and options give the same trace.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// random: number of alloc and free events before the final frees [default: 10000].
+    #[arg(long)]
+    pub events: Option<u64>,
+    /// random: size distribution [default: log-uniform].
+    #[arg(long, value_enum)]
+    pub sizes: Option<SizesArg>,
+    /// random: smallest request (log-uniform) [default: 512].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub min_bytes: Option<u64>,
+    /// random: largest request (log-uniform) [default: 256MiB].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub max_bytes: Option<u64>,
+    /// random: median request (log-normal) [default: 1MiB].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub median_bytes: Option<u64>,
+    /// random: spread of ln(size) (log-normal) [default: 2].
+    #[arg(long)]
+    pub sigma: Option<f64>,
+    /// random: mean lifetime of an allocation, in events (geometric) [default: 50].
+    #[arg(long)]
+    pub mean_lifetime: Option<f64>,
+    /// random: number of streams (ids 0..N) [default: 1].
+    #[arg(long)]
+    pub streams: Option<u64>,
+    /// random: insert a mark every N events.
     #[arg(long, value_name = "N")]
     pub mark_every: Option<u64>,
     /// Leave the allocations live at the end instead of freeing them.
@@ -431,6 +438,10 @@ pub struct GenerateArgs {
 pub enum GeneratorArg {
     /// Random sizes and lifetimes.
     Random,
+    /// A training loop: parameters, activations, gradients, optimizer state, per step.
+    Training,
+    /// A model serving batches: prefill, decode, a growing KV cache.
+    Inference,
 }
 
 /// Size distributions.

@@ -362,3 +362,115 @@ fn plot_bad_arguments_exit_2() {
         assert!(!std::path::Path::new(out).exists(), "{args:?} wrote a file");
     }
 }
+
+/// `generate training|inference` from a spec, `--set` and `--seed`: the same command
+/// gives the same bytes, the trace replays with a window per iteration, and another
+/// seed of a spec that draws gives another trace.
+#[test]
+fn generators_from_specs() {
+    let dir = TempDir::new("gen-spec");
+    let a = dir.path().join("a.csv");
+    let b = dir.path().join("b.csv");
+    let spec = "examples/generators/transformer.yaml";
+    for out in [&a, &b] {
+        let o = allocsim([
+            "generate".as_ref(),
+            "--spec".as_ref(),
+            spec.as_ref(),
+            "-o".as_ref(),
+            out.as_os_str(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let o = allocsim([
+        "replay".as_ref(),
+        a.as_os_str(),
+        "--iterations".as_ref(),
+        "--policy".as_ref(),
+        "caching".as_ref(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("iteration 5"), "{}", stdout(&o));
+    let o = allocsim([
+        "generate".as_ref(),
+        "training".as_ref(),
+        "--spec".as_ref(),
+        spec.as_ref(),
+        "--seed".as_ref(),
+        "8".as_ref(),
+        "--set".as_ref(),
+        "steps=2".as_ref(),
+        "-o".as_ref(),
+        b.as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_ne!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let y = dir.path().join("inference.yaml");
+    let o = allocsim([
+        "generate".as_ref(),
+        "inference".as_ref(),
+        "--set".as_ref(),
+        "batches=2".as_ref(),
+        "-o".as_ref(),
+        y.as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read_to_string(&y)
+        .unwrap()
+        .contains("name: \"inference-seed0\""));
+}
+
+/// A bad generator spec is one line naming the file, the line and the key, exit 2; so
+/// is a bad `--set` and a flag of another generator.
+#[test]
+fn bad_generator_specs_exit_2() {
+    let dir = TempDir::new("gen-bad");
+    let spec = dir.file(
+        "spec.yaml",
+        "generate: training\nsteps: 3\nlayers:\n  - {params: [4096x4096], activations: [4096]}\n  - {params: [4096x4096], activations: lots}\n",
+    );
+    let out = dir.path().join("t.csv");
+    let o = allocsim([
+        "generate".as_ref(),
+        "--spec".as_ref(),
+        spec.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    let (code, line) = error_line(&o);
+    assert_eq!(code, 2);
+    assert_eq!(
+        line,
+        format!(
+            "error: {}: line 5: layers: 1: activations: 'lots' is not a number of elements (N, or a shape AxB...)",
+            spec.display()
+        )
+    );
+    assert!(!out.exists());
+    let o = allocsim([
+        "generate",
+        "inference",
+        "--set",
+        "growth=triple",
+        "-o",
+        "x.csv",
+    ]);
+    assert_eq!(
+        error_line(&o),
+        (
+            2,
+            "error: on the command line: growth: 'triple' is not exact, double or {block: TOKENS}"
+                .to_string()
+        )
+    );
+    let o = allocsim(["generate", "training", "--events", "5", "-o", "x.csv"]);
+    let (code, line) = error_line(&o);
+    assert_eq!(code, 2);
+    assert!(
+        line.starts_with(
+            "error: on the command line: unknown key 'events' of the training generator (known: "
+        ),
+        "{line}"
+    );
+}

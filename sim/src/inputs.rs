@@ -8,9 +8,9 @@
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
-
+use workloads::generate::Generator;
 use workloads::validate::{validate, Severity};
-use workloads::{Format, RandomOptions, ReadError, RecordedRun, Trace};
+use workloads::{Format, ReadError, RecordedRun, Trace};
 
 use crate::compare::CompareInput;
 use crate::device::{AddressHints, SimDeviceOptions};
@@ -21,56 +21,35 @@ use crate::recorded::HintError;
 pub enum TraceSource {
     /// A trace file, in any format allocsim reads.
     File(PathBuf),
-    /// A trace made by the seeded random generator ([`workloads::generate::random`]).
-    Random(RandomOptions),
+    /// A trace made by a seeded generator ([`workloads::generate::Generator`]), of at
+    /// most [`MAX_GENERATED_EVENTS`] events.
+    Generated(Generator),
 }
+
+/// The most events a generated trace may have when it is generated to be replayed (a
+/// sweep's traces): a few lines of YAML must not ask for memory out of proportion to
+/// them (write a bigger trace with `allocsim generate` and replay the file).
+pub const MAX_GENERATED_EVENTS: u64 = 100_000_000;
 
 impl TraceSource {
     /// The name a report gives this trace when no other trace claims it: a file's stem
-    /// (`run` for `dir/run.pickle`), a generated trace's `random-seed<seed>`.
+    /// (`run` for `dir/run.pickle`), a generated trace's `<kind>-seed<seed>`.
     pub fn short_name(&self) -> String {
         match self {
             TraceSource::File(path) => path.file_stem().map_or_else(
                 || path.display().to_string(),
                 |s| s.to_string_lossy().into_owned(),
             ),
-            TraceSource::Random(o) => format!("random-seed{}", o.seed),
+            TraceSource::Generated(g) => g.name(),
         }
     }
 
     /// The longer name used when two traces share a short name: a file's path as given,
-    /// a generated trace's short name with its options (`random-seed1-events1000-...`).
+    /// a generated trace's [`Generator::long_name`] (`random-seed1-events1000-...`).
     pub fn long_name(&self) -> String {
         match self {
             TraceSource::File(path) => path.display().to_string(),
-            TraceSource::Random(o) => {
-                let sizes = match o.sizes {
-                    workloads::SizeDistribution::LogUniform {
-                        min_bytes,
-                        max_bytes,
-                    } => format!(
-                        "loguniform{}-{}",
-                        units::format_size_exact(min_bytes),
-                        units::format_size_exact(max_bytes)
-                    ),
-                    workloads::SizeDistribution::LogNormal {
-                        median_bytes,
-                        sigma,
-                    } => format!(
-                        "lognormal{}-sigma{sigma}",
-                        units::format_size_exact(median_bytes)
-                    ),
-                };
-                format!(
-                    "random-seed{}-events{}-{sizes}-lifetime{}-streams{}{}{}",
-                    o.seed,
-                    o.events,
-                    o.mean_lifetime_events,
-                    o.streams,
-                    o.mark_every.map_or(String::new(), |m| format!("-marks{m}")),
-                    if o.free_at_end { "" } else { "-live" }
-                )
-            }
+            TraceSource::Generated(g) => g.long_name(),
         }
     }
 }
@@ -114,7 +93,7 @@ pub enum LoadError {
     #[error(transparent)]
     Hints(#[from] HintError),
     /// The generator's options do not make a trace.
-    #[error("the random generator: {0}")]
+    #[error("{0}")]
     Generate(#[from] workloads::generate::InvalidOptions),
 }
 
@@ -171,8 +150,8 @@ pub fn load_with_run(
             };
             (trace, hints, run)
         }
-        TraceSource::Random(o) => (
-            workloads::generate::random(o)?,
+        TraceSource::Generated(g) => (
+            g.generate_at_most(MAX_GENERATED_EVENTS)?,
             AddressHints::default(),
             None,
         ),
@@ -297,11 +276,11 @@ mod tests {
     #[test]
     fn names_are_unique() {
         let random = |seed, events| {
-            TraceSource::Random(RandomOptions {
+            TraceSource::Generated(Generator::Random(workloads::RandomOptions {
                 seed,
                 events,
-                ..RandomOptions::default()
-            })
+                ..workloads::RandomOptions::default()
+            }))
         };
         let names = report_names(&[
             file("a/run.yaml"),

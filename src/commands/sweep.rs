@@ -37,7 +37,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<Exit> {
     let mut inputs: Vec<&Path> = vec![args.sweep.as_path()];
     inputs.extend(sweep.traces.iter().filter_map(|t| match t {
         sim::inputs::TraceSource::File(p) => Some(p.as_path()),
-        sim::inputs::TraceSource::Random(_) => None,
+        sim::inputs::TraceSource::Generated(_) => None,
     }));
     if let Some(path) = &args.output {
         output::check(

@@ -1,5 +1,7 @@
 //! Seeded trace generators, for model tests and for exploring policies on
-//! workloads nobody recorded.
+//! workloads nobody recorded: [`random`] here, the structured `training` and
+//! `inference` generators ([`TrainingSpec`], [`InferenceSpec`]), and the specs that
+//! name and configure any of them ([`spec`], [`Generator`]; `docs/generators.md`).
 //!
 //! [`random`] draws allocations with random sizes and random lifetimes:
 //!
@@ -33,6 +35,18 @@ use rand_chacha::ChaCha8Rng;
 use statrs::distribution::{ContinuousCDF, Geometric, Normal};
 
 use crate::trace::{AllocId, Event, Trace};
+
+mod dist;
+mod emit;
+mod inference;
+pub mod spec;
+mod training;
+
+pub use dist::{Dist, DistKind};
+pub use emit::Scratch;
+pub use inference::{Growth, InferenceEvents, InferenceSpec};
+pub use spec::Generator;
+pub use training::{Layer, Optimizer, TrainingEvents, TrainingSpec};
 
 /// Generated sizes are clamped to at most this many bytes (1 TiB).
 pub const MAX_GENERATED_BYTES: u64 = 1 << 40;

@@ -45,6 +45,7 @@ mod format;
 pub mod generate;
 pub mod id_map;
 pub mod ids;
+pub mod nodes;
 pub mod recorded;
 pub mod rmm;
 pub mod size;

@@ -26,7 +26,6 @@
 
 mod record;
 mod summary;
-mod yaml;
 
 use std::path::{Path, PathBuf};
 
@@ -44,12 +43,10 @@ use crate::replay::ReplayOptions;
 
 pub use record::{finish, merge, merge_from, MergeError, SweepRecord};
 pub use summary::{group_stats, summarize, GroupStats, Inert, Summary, TraceSummary};
-use yaml::{Node, Value};
+use workloads::generate::Generator;
+use workloads::nodes::{self as yaml, Node, Value};
 
-/// The most events a generated trace of a sweep may have: a few lines of YAML must not
-/// ask for memory out of proportion to them (write a bigger trace with `allocsim
-/// generate` and sweep the file).
-pub const MAX_GENERATED_EVENTS: u64 = 100_000_000;
+pub use crate::inputs::MAX_GENERATED_EVENTS;
 
 /// A sweep file that cannot be used: one line naming the file, the line and the key.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -443,22 +440,6 @@ const KEYS: &[&str] = &[
     "snapshot_device",
 ];
 
-/// The keys of a generated trace.
-const GENERATOR_KEYS: &[&str] = &[
-    "generate",
-    "seed",
-    "events",
-    "sizes",
-    "min_bytes",
-    "max_bytes",
-    "median_bytes",
-    "sigma",
-    "mean_lifetime",
-    "streams",
-    "mark_every",
-    "leave_live",
-];
-
 /// Reads a sweep file's text. `path` names it in messages; trace files and GPU profile
 /// files are taken relative to its directory, and each must exist (profiles are read).
 ///
@@ -594,7 +575,7 @@ fn parse_traces(ctx: &Ctx<'_>, key: &Node, node: &Node) -> Result<Vec<TraceSourc
                 }
                 traces.push(TraceSource::File(path));
             }
-            Value::Map(entries) => traces.extend(parse_generator(ctx, item, entries)?),
+            Value::Map(_) => traces.extend(parse_generator(ctx, item)?),
             Value::Seq(_) => {
                 return Err(ctx.at(
                     item.line,
@@ -607,127 +588,33 @@ fn parse_traces(ctx: &Ctx<'_>, key: &Node, node: &Node) -> Result<Vec<TraceSourc
     Ok(traces)
 }
 
-fn parse_generator(
-    ctx: &Ctx<'_>,
-    item: &Node,
-    entries: &[(Node, Node)],
-) -> Result<Vec<TraceSource>, SweepError> {
-    let mut options = workloads::RandomOptions::default();
-    let mut seeds = vec![0u64];
-    let mut generator = None;
-    let (mut min, mut max, mut median, mut sigma, mut sizes) = (None, None, None, None, None);
-    for (k, v) in entries {
-        let key = k.scalar().unwrap_or_default();
-        let size = |v: &Node| -> Result<u64, SweepError> {
-            let text = scalar(ctx, key, v)?;
-            workloads::size::parse_size(text)
-                .map_err(|e| ctx.at(v.line, format!("traces: {key}: {e}")))
-        };
-        let number = |v: &Node| -> Result<f64, SweepError> {
-            scalar(ctx, key, v)?
-                .parse::<f64>()
-                .ok()
-                .filter(|f| f.is_finite())
-                .ok_or_else(|| {
-                    ctx.at(
-                        v.line,
-                        format!("traces: {key}: {} is not a number", v.describe()),
-                    )
-                })
-        };
-        match key {
-            "generate" => generator = Some((scalar(ctx, key, v)?, v.line)),
-            "seed" => {
-                seeds = items(v)
-                    .into_iter()
-                    .map(|s| integer(ctx, "traces: seed", s))
-                    .collect::<Result<_, _>>()?;
-                if seeds.is_empty() {
-                    return Err(ctx.at(v.line, "traces: seed: no seeds given"));
-                }
-            }
-            "events" => {
-                options.events = integer(ctx, "traces: events", v)?;
-                if options.events > MAX_GENERATED_EVENTS {
-                    return Err(ctx.at(
-                        v.line,
-                        format!(
-                            "traces: events: {} is more than a sweep generates ({MAX_GENERATED_EVENTS}); \
-                             write the trace with `allocsim generate` and sweep the file",
-                            options.events
-                        ),
-                    ));
-                }
-            }
-            "sizes" => sizes = Some((scalar(ctx, key, v)?, v.line)),
-            "min_bytes" => min = Some(size(v)?),
-            "max_bytes" => max = Some(size(v)?),
-            "median_bytes" => median = Some(size(v)?),
-            "sigma" => sigma = Some(number(v)?),
-            "mean_lifetime" => options.mean_lifetime_events = number(v)?,
-            "streams" => options.streams = integer(ctx, "traces: streams", v)?,
-            "mark_every" => options.mark_every = Some(integer(ctx, "traces: mark_every", v)?),
-            "leave_live" => {
-                options.free_at_end = !v.plain_bool().ok_or_else(|| {
-                    ctx.at(
-                        v.line,
-                        format!("traces: leave_live: {} is not true or false", v.describe()),
-                    )
-                })?
-            }
-            _ => {
-                return Err(ctx.at(
-                    k.line,
-                    format!(
-                        "traces: unknown generator key '{key}' (known: {})",
-                        GENERATOR_KEYS.join(", ")
-                    ),
-                ))
-            }
-        }
-    }
-    match generator {
-        Some(("random", _)) => {}
-        Some((other, line)) => {
-            return Err(ctx.at(
-                line,
-                format!("traces: generate: unknown generator '{other}' (known: random)"),
-            ))
-        }
-        None => {
-            return Err(ctx.at(
-                item.line,
-                "traces: a mapping in traces is a generator and needs `generate: random`",
-            ))
-        }
-    }
-    options.sizes = match sizes {
-        None | Some(("log-uniform", _)) => workloads::SizeDistribution::LogUniform {
-            min_bytes: min.unwrap_or(512),
-            max_bytes: max.unwrap_or(256 << 20),
-        },
-        Some(("log-normal", _)) => workloads::SizeDistribution::LogNormal {
-            median_bytes: median.unwrap_or(1 << 20),
-            sigma: sigma.unwrap_or(2.0),
-        },
-        Some((other, line)) => {
+/// A generated trace, one per seed: the generator spec is read by
+/// [`workloads::generate::spec::from_node`], the one reader of generator options.
+fn parse_generator(ctx: &Ctx<'_>, item: &Node) -> Result<Vec<TraceSource>, SweepError> {
+    let (generator, seeds) = workloads::generate::spec::from_node(item)
+        .map_err(|e| ctx.at(e.line, format!("traces: {}", e.message)))?;
+    if let Generator::Random(o) = &generator {
+        if o.events > MAX_GENERATED_EVENTS {
+            let line = match &item.value {
+                Value::Map(entries) => entries
+                    .iter()
+                    .find(|(k, _)| k.scalar() == Some("events"))
+                    .map_or(item.line, |(_, v)| v.line),
+                _ => item.line,
+            };
             return Err(ctx.at(
                 line,
                 format!(
-                "traces: sizes: unknown distribution '{other}' (known: log-uniform, log-normal)"
-            ),
-            ))
+                    "traces: events: {} is more than a sweep generates ({MAX_GENERATED_EVENTS}); \
+                     write the trace with `allocsim generate` and sweep the file",
+                    o.events
+                ),
+            ));
         }
-    };
-    // The options are checked now, on an empty trace, so the message has its line.
-    workloads::generate::random(&workloads::RandomOptions {
-        events: 0,
-        ..options
-    })
-    .map_err(|e| ctx.at(item.line, format!("traces: the random generator: {e}")))?;
+    }
     Ok(seeds
         .into_iter()
-        .map(|seed| TraceSource::Random(workloads::RandomOptions { seed, ..options }))
+        .map(|seed| TraceSource::Generated(generator.with_seed(seed)))
         .collect())
 }
 

@@ -95,7 +95,7 @@ fn gpus_generators_and_the_default() {
     .unwrap();
     assert_eq!(s.traces.len(), 2);
     assert!(
-        matches!(&s.traces[1], TraceSource::Random(o) if o.seed == 2 && o.events == 100 && o.streams == 2)
+        matches!(&s.traces[1], TraceSource::Generated(workloads::generate::Generator::Random(o)) if o.seed == 2 && o.events == 100 && o.streams == 2)
     );
     let devices: Vec<&str> = s.devices.iter().map(|d| d.label.as_str()).collect();
     assert_eq!(devices, ["h100@16GiB", "l4"]);
@@ -176,7 +176,15 @@ fn errors_name_key_and_line() {
         ),
         (
             "traces:\n  - {generate: fractal}\npolicies: [caching]\n",
-            "line 2: traces: generate: unknown generator 'fractal' (known: random)",
+            "line 2: traces: generate: unknown generator 'fractal' (known: random, training, inference)",
+        ),
+        (
+            "traces:\n  - generate: training\n    steps: 2\n    layers:\n      - {params: [4096x4096], activations: [4096y]}\npolicies: [caching]\n",
+            "line 5: traces: layers: 0: activations: '4096y' is not a number of elements",
+        ),
+        (
+            "traces:\n  - generate: inference\n    batch: {uniform: [8, 2]}\npolicies: [caching]\n",
+            "line 3: traces: batch: uniform: the smallest value 8 is more than the largest 2",
         ),
         (
             "traces: [a.yaml]\npolicies: [caching]\ngpus: [h100, tpu]\n",

@@ -1,30 +1,39 @@
-//! A sweep file as a small tree of YAML nodes, each with its line, so that every
-//! message can name the key and the line it is about.
+//! A small YAML file (a sweep, a generator spec) as a tree of nodes, each with its
+//! line, so that every message can name the key and the line it is about.
 //!
 //! `serde_yaml` (which the device profiles use) gives a line only for the errors it
-//! finds itself; a sweep's errors are mostly found later (an unknown option, a value a
-//! policy does not take), so the file is read with `saphyr-parser`'s events, as the
-//! trace reader does, into nodes that keep their place.
+//! finds itself; the errors of a sweep or a generator spec are mostly found later (an
+//! unknown option, a value a policy or generator does not take), so the file is read
+//! with `saphyr-parser`'s events, as the trace reader does, into nodes that keep their
+//! place. The one reader of such files: `sim`'s sweeps and the generator specs
+//! ([`crate::generate::spec`]) both go through [`parse`].
 
 use saphyr_parser::{Event, Parser, ScalarStyle};
 
-/// Deepest nesting read: a sweep file is three or four levels deep; the bound keeps a
-/// hostile file from exhausting the stack.
+/// Deepest nesting read: a sweep file or a generator spec is three or four levels deep;
+/// the bound keeps a hostile file from exhausting the stack.
 const MAX_NESTING: usize = 32;
 
 /// A YAML node and its line (1-based).
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Node {
+pub struct Node {
+    /// The line its first token is on (1-based).
     pub line: usize,
+    /// What it holds.
     pub value: Value,
 }
 
 /// A node's value.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Value {
+pub enum Value {
     /// A scalar and whether it was plain (unquoted, untagged): only a plain scalar can
     /// be a null, a boolean or a number.
-    Scalar { text: String, plain: bool },
+    Scalar {
+        /// The text, as read (quotes and escapes resolved).
+        text: String,
+        /// Whether it was written plain.
+        plain: bool,
+    },
     /// A sequence.
     Seq(Vec<Node>),
     /// A mapping, its entries in the order written.
@@ -69,7 +78,11 @@ impl Node {
 }
 
 /// Reads one YAML document. Errors are (line, message).
-pub(crate) fn parse(text: &str) -> Result<Node, (usize, String)> {
+///
+/// # Errors
+/// Text that is not YAML, a second document, an alias, a key given twice in one
+/// mapping, nesting deeper than 32, an empty file.
+pub fn parse(text: &str) -> Result<Node, (usize, String)> {
     let mut reader = Reader {
         parser: Parser::new_from_str(text),
         line: 1,
@@ -84,7 +97,7 @@ pub(crate) fn parse(text: &str) -> Result<Node, (usize, String)> {
                 if root.is_some() {
                     return Err((
                         line,
-                        "a sweep file holds one YAML document, found a second".into(),
+                        "the file holds one YAML document, found a second".into(),
                     ));
                 }
                 root = Some(reader.node(other, line, 0)?);
@@ -128,12 +141,7 @@ impl<'a> Reader<'a> {
                 plain: style == ScalarStyle::Plain && tag.is_none(),
                 text: text.into_owned(),
             },
-            Event::Alias(_) => {
-                return Err((
-                    line,
-                    "aliases (*name) are not supported in a sweep file".into(),
-                ))
-            }
+            Event::Alias(_) => return Err((line, "aliases (*name) are not supported here".into())),
             Event::SequenceStart(..) => {
                 let mut items = Vec::new();
                 loop {
