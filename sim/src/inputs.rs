@@ -23,7 +23,7 @@ pub enum TraceSource {
     File(PathBuf),
     /// A trace made by a seeded generator ([`workloads::generate::Generator`]), of at
     /// most [`MAX_GENERATED_EVENTS`] events.
-    Generated(Generator),
+    Generated(Box<Generator>),
 }
 
 /// The most events a generated trace may have when it is generated to be replayed (a
@@ -276,11 +276,11 @@ mod tests {
     #[test]
     fn names_are_unique() {
         let random = |seed, events| {
-            TraceSource::Generated(Generator::Random(workloads::RandomOptions {
+            TraceSource::Generated(Box::new(Generator::Random(workloads::RandomOptions {
                 seed,
                 events,
                 ..workloads::RandomOptions::default()
-            }))
+            })))
         };
         let names = report_names(&[
             file("a/run.yaml"),

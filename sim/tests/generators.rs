@@ -38,7 +38,7 @@ fn generated_mlp_training_matches_the_recorded_run() {
     let text = std::fs::read_to_string(&spec_path).unwrap();
     let (generator, _) =
         workloads::generate::spec::read_spec(Some((&text, &spec_path)), None, &[]).unwrap();
-    let generated = caching_summary(TraceSource::Generated(generator));
+    let generated = caching_summary(TraceSource::Generated(Box::new(generator)));
     let recorded = caching_summary(TraceSource::File(
         root().join("tests/data/oracle/h100-torch2.11/mlp_train.json"),
     ));

@@ -614,7 +614,7 @@ fn parse_generator(ctx: &Ctx<'_>, item: &Node) -> Result<Vec<TraceSource>, Sweep
     }
     Ok(seeds
         .into_iter()
-        .map(|seed| TraceSource::Generated(generator.with_seed(seed)))
+        .map(|seed| TraceSource::Generated(Box::new(generator.with_seed(seed))))
         .collect())
 }
 

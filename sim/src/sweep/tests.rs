@@ -95,7 +95,7 @@ fn gpus_generators_and_the_default() {
     .unwrap();
     assert_eq!(s.traces.len(), 2);
     assert!(
-        matches!(&s.traces[1], TraceSource::Generated(workloads::generate::Generator::Random(o)) if o.seed == 2 && o.events == 100 && o.streams == 2)
+        matches!(&s.traces[1], TraceSource::Generated(g) if matches!(&**g, workloads::generate::Generator::Random(o) if o.seed == 2 && o.events == 100 && o.streams == 2))
     );
     let devices: Vec<&str> = s.devices.iter().map(|d| d.label.as_str()).collect();
     assert_eq!(devices, ["h100@16GiB", "l4"]);
