@@ -161,9 +161,9 @@ pub struct InputArgs {
     /// skipped) instead of refusing them.
     #[arg(long)]
     pub lenient: bool,
-    /// Ignore the segment addresses a recorded run (JSON or snapshot) got: the
-    /// simulated device's model of the driver places every segment (docs/fidelity.md,
-    /// "Addresses").
+    /// Ignore the segment addresses a recorded run (JSON or snapshot, or a YAML trace
+    /// converted from one) got: the simulated device's model of the driver places every
+    /// segment (docs/fidelity.md, "Addresses").
     #[arg(long)]
     pub no_recorded_addresses: bool,
 }
@@ -488,6 +488,10 @@ pub struct ConvertArgs {
     /// Which GPU's trace to read from a snapshot pickle that holds several.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub snapshot_device: usize,
+    /// Leave out the segment addresses a recorded run got (YAML keeps them in its
+    /// `recorded` block by default, for replays to follow).
+    #[arg(long)]
+    pub no_recorded_addresses: bool,
     /// Removed: see --snapshot-device.
     #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "", value_parser = split_device_flag)]
     pub device: Option<String>,

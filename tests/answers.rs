@@ -467,3 +467,75 @@ fn verdict_when_no_setting_helps() {
         "{text}"
     );
 }
+
+/// `convert` to YAML keeps a recorded run's segment addresses in the `recorded` block
+/// and a replay of the YAML follows them as the recording's replay does (the same
+/// timeline, which differs from the address-free one on this run);
+/// `--no-recorded-addresses` leaves them out; bad or out-of-range hints are refused
+/// with the file and line.
+#[test]
+fn yaml_carries_address_hints() {
+    let dir = TempDir::new("hints");
+    let json = "tests/data/oracle/h100-torch2.11/gpt_train_small.json";
+    let yaml = dir.path().join("g.yaml");
+    let plain = dir.path().join("plain.yaml");
+    let o = allocsim([
+        "convert".as_ref(),
+        json.as_ref(),
+        "-o".as_ref(),
+        yaml.as_os_str(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&yaml).unwrap();
+    assert!(
+        text.contains("  segments: [\"0x7fc30fe00000:2097152\", "),
+        "{}",
+        &text[..text.len().min(600)]
+    );
+    let o = allocsim([
+        "convert".as_ref(),
+        json.as_ref(),
+        "--no-recorded-addresses".as_ref(),
+        "-o".as_ref(),
+        plain.as_os_str(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!std::fs::read_to_string(&plain)
+        .unwrap()
+        .contains("segments:"));
+    let timeline = |trace: &std::path::Path, extra: &[&str]| {
+        let out = dir.path().join("t.csv");
+        let mut args: Vec<std::ffi::OsString> = vec!["replay".into(), trace.into()];
+        args.extend(extra.iter().map(|a| a.into()));
+        args.extend(["--timeline".into(), out.clone().into_os_string()]);
+        let o = allocsim(args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        std::fs::read_to_string(&out).unwrap()
+    };
+    let recorded = timeline(json.as_ref(), &[]);
+    assert_eq!(timeline(&yaml, &[]), recorded);
+    let free = timeline(json.as_ref(), &["--no-recorded-addresses"]);
+    assert_ne!(free, recorded, "this run's ties depend on the addresses");
+    assert_eq!(timeline(&yaml, &["--no-recorded-addresses"]), free);
+    assert_eq!(timeline(&plain, &[]), free);
+    for (body, want) in [
+        (
+            "recorded:\n  segments: [\"7fc2:1024\"]\nevents: []\n",
+            "line 2 column 13: not a YAML trace: recorded: segments: '7fc2:1024': expected a list of \"ADDRESS:BYTES\"",
+        ),
+        (
+            "recorded:\n  ranges: [12]\nevents: []\n",
+            "recorded: ranges: '12': expected a list of hex addresses",
+        ),
+        (
+            "recorded:\n  segments: [\"0x1000:2097152\"]\nevents:\n  - {op: alloc, id: 1, bytes: 1024}\n",
+            "bad.yaml: recorded: segments: item 1: address 0x1000 of 2097152 bytes lies outside a device's address space",
+        ),
+    ] {
+        let bad = dir.file("bad.yaml", body);
+        let o = allocsim(["replay".as_ref(), bad.as_os_str()]);
+        assert_eq!(o.status.code(), Some(2), "{body}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{body}: {}", stderr(&o));
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    }
+}

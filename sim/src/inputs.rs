@@ -146,7 +146,8 @@ pub fn load_with_run(
                     .map_err(LoadError::Read)?;
             let hints = match &run {
                 Some(run) => hints_of(run, options, model)?,
-                None => AddressHints::default(),
+                None if options.no_recorded_addresses => AddressHints::default(),
+                None => crate::recorded::trace_hints(&trace)?,
             };
             (trace, hints, run)
         }

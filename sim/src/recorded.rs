@@ -32,6 +32,23 @@ pub enum HintError {
         /// The recorded bytes.
         size: u64,
     },
+    /// An address hint a trace carries lies outside any device's address space.
+    #[error(
+        "{path}: recorded: {what}: item {item}: address {addr:#x} of {size} bytes lies outside \
+         a device's address space (2 MiB to 2^64 - 2 MiB)"
+    )]
+    TraceAddress {
+        /// The trace's file.
+        path: String,
+        /// `segments` or `ranges`.
+        what: &'static str,
+        /// The item's position in its list, from 1.
+        item: u64,
+        /// The address.
+        addr: u64,
+        /// The bytes (0 for a range).
+        size: u64,
+    },
 }
 
 /// A recorded run whose `alloc_conf` does not parse.
@@ -161,6 +178,60 @@ pub fn address_hints(run: &RecordedRun, total_bytes: u64) -> Result<AddressHints
         }
     }
     Ok(hints)
+}
+
+/// The hints a trace carries in its metadata (a YAML trace converted from a recorded
+/// run: [`workloads::TraceMeta::addresses`]); none when it carries none.
+///
+/// # Errors
+/// An address outside a device's address space (the file is damaged).
+pub fn trace_hints(trace: &workloads::Trace) -> Result<AddressHints, HintError> {
+    let Some(a) = &trace.meta.addresses else {
+        return Ok(AddressHints::default());
+    };
+    let path = || {
+        trace
+            .path
+            .as_ref()
+            .map_or_else(|| trace.name.clone(), |p| p.display().to_string())
+    };
+    let bad = |what: &'static str, item: usize, addr: u64, size: u64| HintError::TraceAddress {
+        path: path(),
+        what,
+        item: item as u64 + 1,
+        addr,
+        size,
+    };
+    for (i, &(size, addr)) in a.segments.iter().enumerate() {
+        if !AddressHints::fits(addr, size) {
+            return Err(bad("segments", i, addr, size));
+        }
+    }
+    for (i, &addr) in a.ranges.iter().enumerate() {
+        if !AddressHints::fits(addr, 0) {
+            return Err(bad("ranges", i, addr, 0));
+        }
+    }
+    Ok(AddressHints {
+        segments: a.segments.iter().copied().collect(),
+        ranges: a.ranges.iter().copied().collect(),
+    })
+}
+
+/// The hints of a recorded run in the form a trace carries them
+/// ([`workloads::TraceMeta::addresses`]), for `convert` to write.
+///
+/// # Errors
+/// As [`address_hints`].
+pub fn recorded_addresses(
+    run: &RecordedRun,
+    total_bytes: u64,
+) -> Result<workloads::RecordedAddresses, HintError> {
+    let hints = address_hints(run, total_bytes)?;
+    Ok(workloads::RecordedAddresses {
+        segments: hints.segments.into_iter().collect(),
+        ranges: hints.ranges.into_iter().collect(),
+    })
 }
 
 /// The run's `cudaMalloc`s and `cudaFree`s in order, for

@@ -50,16 +50,26 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
         trace.locations.clear();
         trace.times_us.clear();
     }
+    // The segment addresses the run got, for replays of the YAML to follow as they
+    // follow the recording's (the caching policy's best-fit ties depend on them).
+    if let Some(run) = run.as_ref().filter(|_| !args.no_recorded_addresses) {
+        let total = sim::SimDeviceOptions::default().total_bytes;
+        let a = sim::recorded::recorded_addresses(run, total)?;
+        if !a.segments.is_empty() || !a.ranges.is_empty() {
+            trace.meta.addresses = Some(a);
+        }
+    }
     let m = &trace.meta;
     let recorded = m.alloc_conf.is_some()
         || m.cap_bytes.is_some()
         || m.total_bytes.is_some()
         || m.device.is_some()
         || m.torch_version.is_some()
-        || !m.caveats.is_empty();
+        || !m.caveats.is_empty()
+        || m.addresses.is_some();
     if recorded && to != Format::Yaml {
         eprintln!(
-            "warning: {} cannot carry what {} recorded about its run (its PYTORCH_CUDA_ALLOC_CONF, memory limit, device, caveats); convert to YAML to keep it",
+            "warning: {} cannot carry what {} recorded about its run (its PYTORCH_CUDA_ALLOC_CONF, memory limit, device, caveats, segment addresses); convert to YAML to keep it",
             to.name(),
             args.input.display()
         );

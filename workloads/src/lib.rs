@@ -71,7 +71,8 @@ pub use recorded::{
 pub use snapshot::{read_snapshot_pickle, read_snapshot_pickle_from};
 pub use start::{StartBlock, StartPool, StartSegment, StartState};
 pub use trace::{
-    AllocId, Event, IdName, LocationKind, PoolId, PoolStreams, Trace, TraceMeta, OP_NAMES,
+    AllocId, Event, IdName, LocationKind, PoolId, PoolStreams, RecordedAddresses, Trace, TraceMeta,
+    OP_NAMES,
 };
 pub use validate::{has_errors, validate, IssueKind, Severity, TraceIssue};
 pub use yaml::{read_yaml, read_yaml_from, write_yaml};

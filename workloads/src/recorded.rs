@@ -785,6 +785,8 @@ pub fn read_recorded_json_from(
             device: json.device,
             torch_version: json.torch,
             caveats,
+            // A recorded run's hints come from its entries (`sim::recorded::address_hints`).
+            addresses: None,
         },
         times_us: json.events.iter().map(|e| e.4 .0).collect(),
         entries,
@@ -904,6 +906,7 @@ mod tests {
                 device: Some("NVIDIA H100".into()),
                 torch_version: Some("2.11.0".into()),
                 caveats: Vec::new(),
+                addresses: None,
             }
         );
         assert_eq!(run.meta.memory_fraction(), Some(0.25));

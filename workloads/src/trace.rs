@@ -289,6 +289,20 @@ pub struct TraceMeta {
     /// `replay`, `compare` and `fidelity` print as a warning, and that marks their
     /// numbers as not exact. Empty for traces replayed as written.
     pub caveats: Vec<String>,
+    /// Where the driver put the recorded run's segments, for a simulated device to follow:
+    /// read from a YAML trace's `recorded` block (written by `convert` from a recorded
+    /// run). Recorded runs themselves leave it empty: their hints come from their
+    /// entries (`sim::recorded::address_hints`).
+    pub addresses: Option<RecordedAddresses>,
+}
+
+/// The recorded run's segment addresses, in the order PyTorch obtained them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordedAddresses {
+    /// (bytes, address) of each `cudaMalloc`, in order.
+    pub segments: Vec<(u64, u64)>,
+    /// Base address of each expandable segment's reserved range, in order of creation.
+    pub ranges: Vec<u64>,
 }
 
 impl TraceMeta {

@@ -585,12 +585,49 @@ impl<'i, I: Iterator<Item = char> + 'i> YamlReader<'_, 'i, I> {
                         .map(|v| text(v).ok_or_else(|| bad("a list of text")))
                         .collect::<Result<_, _>>()?;
                 }
+                "segments" | "ranges" => {
+                    let what = if key == "segments" {
+                        "a list of \"ADDRESS:BYTES\" (hex address, decimal bytes)"
+                    } else {
+                        "a list of hex addresses"
+                    };
+                    let Value::List(items) = value else {
+                        return Err(bad(what));
+                    };
+                    let addresses = meta.addresses.get_or_insert_with(Default::default);
+                    for item in &items {
+                        let t = text(item).ok_or_else(|| bad(what))?;
+                        if key == "segments" {
+                            let pair = t.split_once(':').and_then(|(a, b)| {
+                                Some((parse_hex(a)?, b.parse::<u64>().ok().filter(|&b| b > 0)?))
+                            });
+                            let (addr, bytes) = pair.ok_or_else(|| {
+                                self.error_at(
+                                    vspan,
+                                    format!(
+                                        "recorded: segments: '{}': expected {what}",
+                                        shorten(&t)
+                                    ),
+                                )
+                            })?;
+                            addresses.segments.push((bytes, addr));
+                        } else {
+                            let addr = parse_hex(&t).ok_or_else(|| {
+                                self.error_at(
+                                    vspan,
+                                    format!("recorded: ranges: '{}': expected {what}", shorten(&t)),
+                                )
+                            })?;
+                            addresses.ranges.push(addr);
+                        }
+                    }
+                }
                 other => {
                     return Err(self.error_at(
                         span,
                         format!(
                             "recorded: unknown key `{}` (known: workload, alloc_conf, cap_bytes, \
-                             total_bytes, device, torch_version, caveats)",
+                             total_bytes, device, torch_version, caveats, segments, ranges)",
                             shorten(other)
                         ),
                     ))
@@ -730,6 +767,24 @@ pub fn write_yaml(trace: &Trace, mut out: impl io::Write) -> io::Result<()> {
         ),
     ]
     .into_iter()
+    .chain(m.addresses.iter().flat_map(|a| {
+        let segments: Vec<String> = a
+            .segments
+            .iter()
+            .map(|&(bytes, addr)| format!("\"{addr:#x}:{bytes}\""))
+            .collect();
+        let ranges: Vec<String> = a.ranges.iter().map(|r| format!("\"{r:#x}\"")).collect();
+        [
+            (
+                "segments",
+                (!segments.is_empty()).then(|| format!("[{}]", segments.join(", "))),
+            ),
+            (
+                "ranges",
+                (!ranges.is_empty()).then(|| format!("[{}]", ranges.join(", "))),
+            ),
+        ]
+    }))
     .filter_map(|(k, v)| v.map(|v| (k, v)))
     .collect();
     if !recorded.is_empty() {
@@ -1055,6 +1110,17 @@ fn bytes(op: &str, v: &Value) -> Result<u64, String> {
 /// A YAML double-quoted scalar that reads back as exactly `text`. Everything outside
 /// YAML's printable set, and the characters YAML parsers treat as line breaks (NEL,
 /// LS, PS) or strip (BOM), is escaped.
+/// A `0x`-prefixed hexadecimal address.
+fn parse_hex(text: &str) -> Option<u64> {
+    let digits = text
+        .strip_prefix("0x")
+        .or_else(|| text.strip_prefix("0X"))?;
+    if digits.is_empty() || digits.len() > 16 {
+        return None;
+    }
+    u64::from_str_radix(digits, 16).ok()
+}
+
 fn quote(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');
@@ -1236,6 +1302,13 @@ mod tests {
             device: Some("NVIDIA H100 80GB HBM3".into()),
             torch_version: Some("2.11.0".into()),
             caveats: vec!["one".into(), "two, with a comma".into()],
+            addresses: Some(crate::RecordedAddresses {
+                segments: vec![
+                    (2 << 20, 0x7fc3_0fe0_0000),
+                    (20 << 20, 0xffff_ffff_ffe0_0000),
+                ],
+                ranges: vec![0x7f00_0000_0000],
+            }),
         };
         let mut out = Vec::new();
         write_yaml(&t, &mut out).unwrap();
