@@ -197,7 +197,9 @@ fn names_and_conversions() {
     );
     let text = std::fs::read_to_string(&a).unwrap();
     assert!(
-        text.starts_with("name: \"gpt_train_small\"\nrecorded:\n  alloc_conf: \"\"\nevents:\n"),
+        text.starts_with(
+            "name: \"gpt_train_small\"\nrecorded:\n  alloc_conf: \"\"\n  segments: [\"0x7f38c3e00000:2097152\", "
+        ),
         "{}",
         &text[..200]
     );
