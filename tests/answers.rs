@@ -129,6 +129,12 @@ fn iterations_at_marks() {
         text.contains("steady state        2 iterations after the warm-up"),
         "{text}"
     );
+    // Every column of the iterations table has a title (the notes column had none).
+    assert!(
+        text.lines()
+            .any(|l| l.trim_end().ends_with("segment allocs  note")),
+        "{text}"
+    );
     assert!(
         text.contains("reserved peak     mean 790.00 MiB, median 790.00 MiB"),
         "{text}"

@@ -203,7 +203,7 @@ fn iterations_text(
             "reserved peak",
             "utilization",
             "segment allocs",
-            "",
+            "note",
         ],
         &[true, false, false, true, true, true, true, true, false],
     );
