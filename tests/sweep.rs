@@ -264,3 +264,29 @@ fn the_example_sweep_runs() {
     let summary = stdout(&o);
     assert_eq!(summary.matches("  recommended: ").count(), 2, "{summary}");
 }
+
+/// A sweep's traces may be any generator's spec, as `allocsim generate --spec` reads
+/// it: a training spec with two seeds and an inference spec are three traces, named
+/// by generator and seed, and run like files.
+#[test]
+fn training_and_inference_specs_in_a_sweep() {
+    let dir = TempDir::new("sweep-gen-kinds");
+    let sweep = dir.file(
+        "gen.yaml",
+        "traces:\n  - {generate: training, seed: [1, 2], steps: 2, seq_len: {uniform: [16, 64]}}\n  \
+         - {generate: inference, batches: 2, layers: 2}\n\
+         policies:\n  - caching:\n      expandable_segments: [false, true]\n",
+    );
+    let o = allocsim([
+        "sweep".as_ref(),
+        sweep.as_os_str(),
+        "--format".as_ref(),
+        "csv".as_ref(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let csv = stdout(&o);
+    assert_eq!(csv.lines().count(), 7, "{csv}");
+    for name in ["training-seed1", "training-seed2", "inference-seed0"] {
+        assert!(csv.contains(&format!(",{name},")), "{name}: {csv}");
+    }
+}

@@ -612,9 +612,30 @@ fn parse_generator(ctx: &Ctx<'_>, item: &Node) -> Result<Vec<TraceSource>, Sweep
             ));
         }
     }
-    Ok(seeds
+    // A structured generator's length follows from its draws: each seed's trace is
+    // counted as it is made (nothing kept), so a spec too long for a sweep is refused
+    // here, with its line, rather than when the sweep runs.
+    let traces: Vec<Generator> = seeds.into_iter().map(|s| generator.with_seed(s)).collect();
+    if !matches!(generator, Generator::Random(_)) {
+        for g in &traces {
+            let fits = g
+                .has_at_most(MAX_GENERATED_EVENTS)
+                .map_err(|e| ctx.at(item.line, format!("traces: {e}")))?;
+            if !fits {
+                return Err(ctx.at(
+                    item.line,
+                    format!(
+                        "traces: {} makes more than the {MAX_GENERATED_EVENTS} events a sweep \
+                         generates; write the trace with `allocsim generate` and sweep the file",
+                        g.name()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(traces
         .into_iter()
-        .map(|seed| TraceSource::Generated(Box::new(generator.with_seed(seed))))
+        .map(|g| TraceSource::Generated(Box::new(g)))
         .collect())
 }
 

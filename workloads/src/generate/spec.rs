@@ -141,6 +141,16 @@ impl Generator {
         })
     }
 
+    /// Whether the trace has at most `max_events` events: counted as they are made,
+    /// without keeping them (at most `max_events + 1` are made).
+    ///
+    /// # Errors
+    /// As [`Generator::check`].
+    pub fn has_at_most(&self, max_events: u64) -> Result<bool, InvalidOptions> {
+        let limit = usize::try_from(max_events).unwrap_or(usize::MAX);
+        Ok(self.events()?.take(limit.saturating_add(1)).count() <= limit)
+    }
+
     /// The whole trace, named [`Generator::name`].
     ///
     /// # Errors
