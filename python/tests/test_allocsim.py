@@ -335,3 +335,21 @@ def test_the_oom_gives_the_stack_pytorch_recorded():
     assert r.oom.event == f"event {r.oom.event_index} (entry 14)"
     assert r.oom.stack == ["train.py:14 step", "main.py:3 <module>"]
     assert allocsim.replay(load_snapshot(), capacity="64MiB").oom.stack == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "examples/random_small.csv",
+        "examples/rmm_log.csv",
+        "examples/training_loop.yaml",
+        "tests/data/torch/multistream.json",
+        "tests/data/torch/multistream.pickle",
+    ],
+)
+def test_every_trace_format_replays(path):
+    """A path in any format the command line reads replays, with compare's numbers."""
+    r = allocsim.replay(ROOT / path)
+    [row] = allocsim.compare(ROOT / path, "caching")
+    assert r.events > 0
+    assert {k: r.to_dict()[k] for k in row} == row
