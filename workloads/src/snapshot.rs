@@ -75,6 +75,7 @@ mod pools;
 mod replayable;
 mod schema;
 mod value_de;
+mod write;
 
 use std::fmt;
 use std::io;
@@ -86,6 +87,7 @@ use serde::Deserialize;
 pub use empty_cache::infer_empty_cache;
 pub use pools::SnapshotPools;
 pub use schema::Frame;
+pub use write::{snapshot_bytes, write_snapshot, SnapshotEncoding, SnapshotEntry, SnapshotOut};
 
 use crate::csv::file_stem;
 use crate::recorded::{Action, RecordedOom, RecordedRun, RecordedSegment};

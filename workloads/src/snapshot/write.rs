@@ -1,0 +1,411 @@
+//! Writing PyTorch memory snapshots: the dict `torch.cuda.memory._snapshot()` returns,
+//! for one device, as a pickle (what `_dump_snapshot` writes, read by
+//! pytorch.org/memory_viz and `python -m torch.cuda._memory_viz`) or as JSON (the same
+//! dict; tuples become lists).
+//!
+//! The one writer of snapshots. What is written (the keys PyTorch 2.11 writes that the
+//! viewers and this crate's reader use):
+//!
+//! - `segments`: each `{device, address, total_size, allocated_size, active_size,
+//!   requested_size, stream, segment_type, segment_pool_id, is_expandable, frames,
+//!   blocks}`, each block `{address, size, requested_size, state, frames}`; blocks tile
+//!   their segment (`_memory_viz stats` checks it).
+//! - `device_traces`: one list, device 0's entries, each `{action, addr, size, stream,
+//!   frames}` with `time_us` where known; an `oom` entry has `device_free` instead of
+//!   `addr` (as in PyTorch, where the trace entry keeps the free bytes in its address
+//!   field).
+//! - `allocator_settings`: `PYTORCH_CUDA_ALLOC_CONF` when there is one to record.
+//!
+//! The output reads back through [`super::read_snapshot_pickle_from`] (tested there).
+
+use std::io::Write;
+
+use serde::ser::{SerializeMap, SerializeSeq, Serializer};
+use serde::Serialize;
+
+use super::Frames;
+use crate::recorded::{Action, BlockState, RecordedSegment};
+
+/// A trace entry to write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotEntry {
+    /// What happened.
+    pub action: Action,
+    /// Block or segment address; for `oom`, the device's free bytes (`device_free`).
+    pub addr: u64,
+    /// Bytes: requested bytes of a block, bytes of a segment or mapping, the rounded
+    /// request of an `oom`.
+    pub size: u64,
+    /// Raw stream handle.
+    pub stream: u64,
+    /// `time_us`, where known.
+    pub time_us: Option<u64>,
+    /// Stack frames: an index into [`SnapshotOut::frames`]' stacks.
+    pub stack: Option<u32>,
+}
+
+/// A snapshot to write: one device's segments and trace.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SnapshotOut {
+    /// The segments (the allocator's state when the snapshot is taken), in address
+    /// order; `pool_id` becomes `segment_pool_id`.
+    pub segments: Vec<RecordedSegment>,
+    /// The trace, oldest first.
+    pub entries: Vec<SnapshotEntry>,
+    /// `PYTORCH_CUDA_ALLOC_CONF`, written into `allocator_settings` when `Some`.
+    pub alloc_conf: Option<String>,
+    /// The stacks [`SnapshotEntry::stack`] points into.
+    pub frames: Option<Frames>,
+}
+
+/// How a snapshot is encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotEncoding {
+    /// A pickle, as `torch.cuda.memory._dump_snapshot` writes.
+    Pickle,
+    /// The same dict as JSON.
+    Json,
+}
+
+impl SnapshotEncoding {
+    /// The encoding a file name asks for: `.pickle` or `.pkl` (pickle), `.json` (JSON);
+    /// `None` for anything else.
+    pub fn from_path(path: &std::path::Path) -> Option<SnapshotEncoding> {
+        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+        match ext.as_str() {
+            "pickle" | "pkl" => Some(SnapshotEncoding::Pickle),
+            "json" => Some(SnapshotEncoding::Json),
+            _ => None,
+        }
+    }
+}
+
+/// Writes `snapshot` to `out`.
+///
+/// # Errors
+/// I/O errors of `out`.
+pub fn write_snapshot(
+    snapshot: &SnapshotOut,
+    encoding: SnapshotEncoding,
+    out: impl Write,
+) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::with_capacity(256 << 10, out);
+    match encoding {
+        SnapshotEncoding::Pickle => {
+            serde_pickle::to_writer(&mut out, snapshot, serde_pickle::SerOptions::new()).map_err(
+                |e| match e {
+                    serde_pickle::Error::Io(e) => e,
+                    other => std::io::Error::other(other.to_string()),
+                },
+            )?
+        }
+        SnapshotEncoding::Json => serde_json::to_writer(&mut out, snapshot).map_err(|e| {
+            match e.io_error_kind() {
+                Some(kind) => std::io::Error::new(kind, e.to_string()),
+                None => std::io::Error::other(e.to_string()),
+            }
+        })?,
+    }
+    out.flush()
+}
+
+/// [`write_snapshot`] into bytes.
+pub fn snapshot_bytes(snapshot: &SnapshotOut, encoding: SnapshotEncoding) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    write_snapshot(snapshot, encoding, &mut bytes).expect("writing to memory cannot fail");
+    bytes
+}
+
+impl Serialize for SnapshotOut {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("segments", &Seq(&self.segments, SegmentOut))?;
+        let trace = Seq(&self.entries, |e| EntryOut {
+            entry: e,
+            frames: self.frames.as_ref(),
+        });
+        // A list of one trace per device (an array would be a tuple).
+        map.serialize_entry("device_traces", &OneList(trace))?;
+        let settings: Vec<(&str, &str)> = self
+            .alloc_conf
+            .as_deref()
+            .map(|c| ("PYTORCH_CUDA_ALLOC_CONF", c))
+            .into_iter()
+            .collect();
+        map.serialize_entry("allocator_settings", &Dict(&settings))?;
+        map.end()
+    }
+}
+
+/// A list serialized item by item through a view.
+struct Seq<'a, T, F>(&'a [T], F);
+
+impl<'a, T, V: Serialize, F: Fn(&'a T) -> V> Serialize for Seq<'a, T, F> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for item in self.0 {
+            seq.serialize_element(&(self.1)(item))?;
+        }
+        seq.end()
+    }
+}
+
+/// A list of one element.
+struct OneList<T>(T);
+
+impl<T: Serialize> Serialize for OneList<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(1))?;
+        seq.serialize_element(&self.0)?;
+        seq.end()
+    }
+}
+
+/// String pairs as a dict.
+struct Dict<'a>(&'a [(&'a str, &'a str)]);
+
+impl Serialize for Dict<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+/// An empty `frames` list.
+const NO_FRAMES: [u8; 0] = [];
+
+struct SegmentOut<'a>(&'a RecordedSegment);
+
+impl Serialize for SegmentOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let seg = self.0;
+        let sum = |f: &dyn Fn(&crate::recorded::RecordedBlock) -> Option<u64>| -> u64 {
+            seg.blocks.iter().filter_map(f).sum()
+        };
+        let allocated = sum(&|b| (b.state == BlockState::ActiveAllocated).then_some(b.size));
+        let active = sum(&|b| {
+            matches!(
+                b.state,
+                BlockState::ActiveAllocated | BlockState::ActivePendingFree
+            )
+            .then_some(b.size)
+        });
+        let requested = sum(&|b| {
+            (b.state == BlockState::ActiveAllocated).then_some(b.requested_size.unwrap_or(b.size))
+        });
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("device", &0u64)?;
+        map.serialize_entry("address", &seg.address)?;
+        map.serialize_entry("total_size", &seg.total_size)?;
+        map.serialize_entry("allocated_size", &allocated)?;
+        map.serialize_entry("active_size", &active)?;
+        map.serialize_entry("requested_size", &requested)?;
+        map.serialize_entry("stream", &seg.stream)?;
+        map.serialize_entry("segment_type", &seg.segment_type)?;
+        map.serialize_entry("segment_pool_id", &seg.pool_id)?;
+        map.serialize_entry("is_expandable", &seg.is_expandable)?;
+        map.serialize_entry("frames", &NO_FRAMES)?;
+        map.serialize_entry("blocks", &Seq(&seg.blocks, BlockOut))?;
+        map.end()
+    }
+}
+
+struct BlockOut<'a>(&'a crate::recorded::RecordedBlock);
+
+impl Serialize for BlockOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let b = self.0;
+        let mut map = s.serialize_map(Some(5))?;
+        map.serialize_entry("address", &b.address)?;
+        map.serialize_entry("size", &b.size)?;
+        map.serialize_entry("requested_size", &b.requested_size.unwrap_or(0))?;
+        map.serialize_entry("state", b.state.name())?;
+        map.serialize_entry("frames", &NO_FRAMES)?;
+        map.end()
+    }
+}
+
+struct EntryOut<'a> {
+    entry: &'a SnapshotEntry,
+    frames: Option<&'a Frames>,
+}
+
+impl Serialize for EntryOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let e = self.entry;
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("action", e.action.name())?;
+        if e.action == Action::Oom {
+            map.serialize_entry("device_free", &e.addr)?;
+        } else {
+            map.serialize_entry("addr", &e.addr)?;
+        }
+        map.serialize_entry("size", &e.size)?;
+        map.serialize_entry("stream", &e.stream)?;
+        if let Some(t) = e.time_us {
+            map.serialize_entry("time_us", &t)?;
+        }
+        match (e.stack, self.frames) {
+            (Some(stack), Some(frames)) => {
+                map.serialize_entry("frames", &StackOut { frames, stack })?
+            }
+            _ => map.serialize_entry("frames", &NO_FRAMES)?,
+        }
+        map.end()
+    }
+}
+
+struct StackOut<'a> {
+    frames: &'a Frames,
+    stack: u32,
+}
+
+impl Serialize for StackOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(None)?;
+        for f in self.frames.stack(self.stack) {
+            seq.serialize_element(&FrameOut(f))?;
+        }
+        seq.end()
+    }
+}
+
+struct FrameOut<'a>(&'a super::Frame);
+
+impl Serialize for FrameOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(3))?;
+        map.serialize_entry("filename", &self.0.filename)?;
+        map.serialize_entry("line", &self.0.line)?;
+        map.serialize_entry("name", &self.0.name)?;
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::recorded::RecordedBlock;
+    use crate::snapshot::{read_snapshot_pickle_from_with, Frame, SnapshotOptions};
+
+    fn entry(action: Action, addr: u64, size: u64) -> SnapshotEntry {
+        SnapshotEntry {
+            action,
+            addr,
+            size,
+            stream: 7,
+            time_us: Some(10),
+            stack: None,
+        }
+    }
+
+    fn sample() -> SnapshotOut {
+        let seg = 0x7f00_0000_0000u64;
+        SnapshotOut {
+            segments: vec![RecordedSegment {
+                address: seg,
+                total_size: 2 << 20,
+                stream: 7,
+                segment_type: "small".into(),
+                allocated_size: 512,
+                blocks: vec![
+                    RecordedBlock {
+                        address: seg,
+                        size: 512,
+                        requested_size: Some(100),
+                        state: BlockState::ActiveAllocated,
+                    },
+                    RecordedBlock {
+                        address: seg + 512,
+                        size: (2 << 20) - 512,
+                        requested_size: Some(0),
+                        state: BlockState::Inactive,
+                    },
+                ],
+                is_expandable: false,
+                pool_id: (0, 0),
+            }],
+            entries: vec![
+                entry(Action::SegmentAlloc, seg, 2 << 20),
+                SnapshotEntry {
+                    stack: Some(0),
+                    ..entry(Action::Alloc, seg, 100)
+                },
+                entry(Action::Oom, 12345, 1 << 40),
+            ],
+            alloc_conf: Some("max_split_size_mb:64".into()),
+            frames: Some(Frames {
+                frames: vec![Frame {
+                    filename: "train.py".into(),
+                    line: 3,
+                    name: "step".into(),
+                }],
+                stacks: vec![vec![0]],
+                entries: Vec::new(),
+            }),
+        }
+    }
+
+    /// A written snapshot reads back through the snapshot reader: entries (an oom's
+    /// free bytes included), segments, settings, times and frames.
+    #[test]
+    fn pickle_reads_back() {
+        let out = sample();
+        let bytes = snapshot_bytes(&out, SnapshotEncoding::Pickle);
+        let run = read_snapshot_pickle_from_with(
+            &bytes[..],
+            Path::new("x.pickle"),
+            0,
+            &SnapshotOptions { keep_frames: true },
+        )
+        .unwrap();
+        let actions: Vec<Action> = run.entries.iter().map(|e| e.action).collect();
+        assert_eq!(actions, vec![Action::SegmentAlloc, Action::Alloc, Action::Oom]);
+        assert_eq!(run.entries[1].addr, 0x7f00_0000_0000);
+        assert_eq!(run.entries[1].size, 100);
+        assert_eq!(run.entries[1].stream, 7);
+        assert_eq!(run.times_us, vec![10, 10, 10]);
+        let message = &run.oom.as_ref().unwrap().message;
+        assert!(message.contains("with 12.06 KiB free"), "{message}");
+        assert_eq!(run.segments, out.segments);
+        assert_eq!(run.meta.alloc_conf.as_deref(), Some("max_split_size_mb:64"));
+        let info = run.snapshot.unwrap();
+        let frames = info.frames.unwrap();
+        assert_eq!(frames.entries, vec![(1, 0)]);
+        assert_eq!(frames.stack(0).next().unwrap().name, "step");
+    }
+
+    /// JSON holds the same dict: the keys PyTorch writes, tuples as lists.
+    #[test]
+    fn json_is_the_same_dict() {
+        let text = String::from_utf8(snapshot_bytes(&sample(), SnapshotEncoding::Json)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["device_traces"][0][2]["device_free"], 12345);
+        assert!(v["device_traces"][0][2].get("addr").is_none());
+        assert_eq!(v["device_traces"][0][1]["frames"][0]["filename"], "train.py");
+        assert_eq!(v["segments"][0]["segment_pool_id"], serde_json::json!([0, 0]));
+        assert_eq!(v["segments"][0]["allocated_size"], 512);
+        assert_eq!(v["segments"][0]["requested_size"], 100);
+        assert_eq!(v["segments"][0]["blocks"][1]["state"], "inactive");
+        assert_eq!(
+            v["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"],
+            "max_split_size_mb:64"
+        );
+    }
+
+    /// Extensions choose the encoding; others are refused.
+    #[test]
+    fn encoding_from_extension() {
+        let e = |p: &str| SnapshotEncoding::from_path(Path::new(p));
+        assert_eq!(e("a.pickle"), Some(SnapshotEncoding::Pickle));
+        assert_eq!(e("a.PKL"), Some(SnapshotEncoding::Pickle));
+        assert_eq!(e("a.json"), Some(SnapshotEncoding::Json));
+        assert_eq!(e("a.yaml"), None);
+        assert_eq!(e("a"), None);
+    }
+}
