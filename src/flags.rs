@@ -135,6 +135,9 @@ pub enum Command {
     /// Draw a picture (SVG or PNG): memory over the run for each policy, or the
     /// segments at one moment.
     Plot(PlotArgs),
+    /// Write what a policy would have done as a PyTorch memory snapshot (pickle), for
+    /// pytorch.org/memory_viz and `python -m torch.cuda._memory_viz`.
+    Export(ExportArgs),
 }
 
 /// How traces are read.
@@ -635,4 +638,36 @@ pub enum XAxisArg {
     Events,
     /// Seconds since the first event.
     Time,
+}
+
+/// `allocsim export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The trace: YAML, CSV, a recorded run (.json), a PyTorch snapshot (.pickle) or an
+    /// RMM log.
+    pub trace: PathBuf,
+    /// The policy (generated help: see `policy_help`).
+    #[arg(
+        long,
+        short,
+        default_value = "caching",
+        help = policy_help("The policy whose decisions the snapshot shows")
+    )]
+    pub policy: String,
+    /// The snapshot: FILE.pickle (as torch.cuda.memory._dump_snapshot writes it) or
+    /// FILE.json (the same dict as JSON).
+    #[arg(long, short, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Write only the events from this one on (events count from 0): a smaller
+    /// snapshot, as PyTorch's ring buffer keeps one.
+    #[arg(long, value_name = "EVENT")]
+    pub from: Option<usize>,
+    /// Write only the events up to this one (included); the segments are the state
+    /// after it.
+    #[arg(long, value_name = "EVENT")]
+    pub to: Option<usize>,
+    #[command(flatten)]
+    pub input: InputArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }

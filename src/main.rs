@@ -196,6 +196,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Probe(a) => commands::gpu::probe(a),
         Command::Validate(a) => commands::gpu::validate(a),
         Command::Plot(a) => commands::plot::run(a),
+        Command::Export(a) => commands::export::run(a),
     }
 }
 

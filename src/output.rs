@@ -45,6 +45,8 @@ pub enum Kind {
     Trace,
     /// A picture (`.svg` or `.png`, already checked).
     Image,
+    /// A PyTorch memory snapshot (`.pickle`, `.pkl` or `.json`, already checked).
+    Snapshot,
 }
 
 /// An output a command will write, named by its flag.

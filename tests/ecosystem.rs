@@ -474,3 +474,305 @@ fn bad_generator_specs_exit_2() {
         "{line}"
     );
 }
+
+/// The summary lines of a replay that do not depend on how events are numbered.
+fn replay_numbers(args: &[&str]) -> Vec<String> {
+    let o = allocsim(args);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    stdout(&o)
+        .lines()
+        .filter(|l| {
+            [
+                "peak requested",
+                "peak allocated",
+                "peak reserved",
+                "peak charged",
+                "utilization",
+                "segments (peak)",
+                "device allocs/frees",
+                "live at end",
+            ]
+            .iter()
+            .any(|k| l.starts_with(k))
+        })
+        // The reserved peak's event number is the file's own.
+        .map(|l| l.split(", first at").next().unwrap().to_string())
+        .collect()
+}
+
+/// `export` writes what a policy did as a PyTorch snapshot that `replay` reads back to
+/// the same numbers, for every policy, and says what it wrote; the same inputs give the
+/// same bytes.
+#[test]
+fn export_replays_to_the_same_numbers() {
+    let dir = TempDir::new("export");
+    for policy in [
+        "caching",
+        "caching:expandable_segments=True",
+        "immediate",
+        "buddy",
+        "arena",
+    ] {
+        let out = dir
+            .path()
+            .join(format!("{}.pickle", policy.replace([':', '='], "_")));
+        let out = out.to_str().unwrap();
+        let o = allocsim([
+            "export",
+            "examples/training_loop.yaml",
+            "--policy",
+            policy,
+            "-o",
+            out,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(
+            stderr(&o).starts_with(&format!("wrote {out} (training_loop under ")),
+            "{}",
+            stderr(&o)
+        );
+        let original =
+            replay_numbers(&["replay", "examples/training_loop.yaml", "--policy", policy]);
+        assert_eq!(original.len(), 8, "{original:?}");
+        assert_eq!(
+            replay_numbers(&["replay", out, "--policy", policy]),
+            original,
+            "{policy}"
+        );
+        let first = std::fs::read(out).unwrap();
+        assert!(allocsim([
+            "export",
+            "examples/training_loop.yaml",
+            "--policy",
+            policy,
+            "-o",
+            out
+        ])
+        .status
+        .success());
+        assert_eq!(
+            std::fs::read(out).unwrap(),
+            first,
+            "{policy}: not deterministic"
+        );
+    }
+}
+
+/// A JSON export holds the same dict as the pickle: the keys PyTorch writes, the
+/// segments and the trace.
+#[test]
+fn export_to_json_is_the_same_dict() {
+    let dir = TempDir::new("export-json");
+    let pickle = dir.path().join("run.pickle");
+    let json = dir.path().join("run.json");
+    for out in [&pickle, &json] {
+        let o = allocsim([
+            "export".as_ref(),
+            "tests/data/torch/multistream.pickle".as_ref(),
+            "-o".as_ref(),
+            out.as_os_str(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let run = workloads::read_snapshot_pickle(&pickle, 0).unwrap();
+    let entries = v["device_traces"][0].as_array().unwrap();
+    assert_eq!(
+        entries.len(),
+        run.entries.len() - inferred_empty_caches(&run)
+    );
+    assert_eq!(v["segments"].as_array().unwrap().len(), run.segments.len());
+    for (e, seg) in v["segments"].as_array().unwrap().iter().zip(&run.segments) {
+        assert_eq!(e["address"], seg.address);
+        assert_eq!(e["total_size"], seg.total_size);
+        assert_eq!(e["blocks"].as_array().unwrap().len(), seg.blocks.len());
+    }
+    assert_eq!(entries[0]["action"], "segment_alloc");
+    assert!(
+        entries[0]["time_us"].as_u64().unwrap() > 0,
+        "times are carried over"
+    );
+}
+
+/// `empty_cache` entries the reader inferred (not in the file).
+fn inferred_empty_caches(run: &workloads::RecordedRun) -> usize {
+    run.entries
+        .iter()
+        .filter(|e| e.action == workloads::recorded::Action::EmptyCache)
+        .count()
+}
+
+/// A window holds only its events' entries and the segments after its last event;
+/// it reads back as a snapshot that starts mid-run.
+#[test]
+fn export_window_is_a_mid_run_snapshot() {
+    let dir = TempDir::new("export-window");
+    let out = dir.path().join("w.pickle");
+    let o = allocsim([
+        "export".as_ref(),
+        "examples/training_loop.yaml".as_ref(),
+        "--from".as_ref(),
+        "30".as_ref(),
+        "--to".as_ref(),
+        "50".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("events 30 to 50"), "{}", stderr(&o));
+    let run = workloads::read_snapshot_pickle(&out, 0).unwrap();
+    assert!(!run.starts_empty());
+    let o = allocsim(["replay".as_ref(), out.as_os_str()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("starts mid-run"), "{}", stdout(&o));
+}
+
+/// Stack frames of a snapshot's entries are carried over to the entries of the same
+/// requests.
+#[test]
+fn export_carries_frames_over() {
+    let dir = TempDir::new("export-frames");
+    let out = dir.path().join("f.pickle");
+    let input = "tests/data/torch/synthetic/torch215_frames.pickle";
+    let o = allocsim([
+        "export".as_ref(),
+        input.as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let options = workloads::snapshot::SnapshotOptions { keep_frames: true };
+    let read = |p: &std::path::Path| {
+        workloads::snapshot::read_snapshot_pickle_with(p, 0, &options).unwrap()
+    };
+    let (original, exported) = (read(&crate::util::root().join(input)), read(&out));
+    let frames_of = |run: &workloads::RecordedRun, action: workloads::recorded::Action| {
+        let f = run.snapshot.as_ref().unwrap().frames.as_ref().unwrap();
+        let mut out = Vec::new();
+        for &(entry, stack) in &f.entries {
+            let i = run
+                .source_indexes
+                .iter()
+                .position(|&s| s == entry)
+                .unwrap_or(entry as usize);
+            if run.entries[i].action == action {
+                out.push(
+                    f.stack(stack)
+                        .map(|fr| format!("{}:{}", fr.filename, fr.line))
+                        .collect::<Vec<_>>(),
+                );
+            }
+        }
+        out
+    };
+    let alloc = workloads::recorded::Action::Alloc;
+    let stacks = frames_of(&original, alloc);
+    assert!(!stacks.is_empty());
+    assert_eq!(frames_of(&exported, alloc), stacks);
+}
+
+/// Bad arguments are one line and exit 2: an unknown policy, a window backwards or
+/// past the trace, an output that is the input, an extension that is no snapshot's.
+#[test]
+fn export_bad_arguments_exit_2() {
+    let dir = TempDir::new("export-bad");
+    let out = dir.path().join("x.pickle");
+    let out = out.to_str().unwrap();
+    let t = "examples/training_loop.yaml";
+    let input = "tests/data/torch/multistream.pickle";
+    for (args, expected) in [
+        (vec!["export", t, "-p", "nope", "-o", out], "error: unknown policy 'nope' (known: caching, immediate, buddy, arena)".to_string()),
+        (vec!["export", t, "--from", "5", "--to", "3", "-o", out], "error: --from 5 is after --to 3: the window is events FROM to TO, both included".into()),
+        (vec!["export", t, "--to", "80", "-o", out], "error: --to 80: the trace has 80 events, numbered from 0".into()),
+        (vec!["export", input, "-o", input], format!("error: -o {input}: that is the input {input}; write to another file (allocsim never overwrites its input)")),
+        (vec!["export", t, "-o", "x.yaml"], "error: -o x.yaml: export writes a PyTorch memory snapshot: name it FILE.pickle (or .pkl), or FILE.json for the same dict as JSON".into()),
+    ] {
+        let o = allocsim(&args);
+        let (code, line) = error_line(&o);
+        assert_eq!((code, line.as_str()), (2, expected.as_str()), "{args:?}");
+    }
+    assert!(!std::path::Path::new(out).exists());
+}
+
+/// Every export, each policy's full run, a window and a run out of memory, passes the
+/// walk PyTorch's web viewer makes over a snapshot (`tools/check_export.py`: every
+/// block drawn inside a segment at every entry), when python3 is there (as the
+/// recorder's tests, `.ci/run` says when it is not).
+#[test]
+fn exports_pass_the_viewer_walk() {
+    let Ok(python) = which_python() else {
+        eprintln!("skipped: python3 not found");
+        return;
+    };
+    let dir = TempDir::new("export-viewer");
+    let mut files = Vec::new();
+    for policy in [
+        "caching",
+        "caching:expandable_segments=True",
+        "immediate",
+        "buddy",
+        "arena",
+    ] {
+        for (i, extra) in [
+            vec![],
+            vec!["--from", "20", "--to", "45"],
+            vec!["--capacity", "300MiB"],
+        ]
+        .iter()
+        .enumerate()
+        {
+            for trace in [
+                "examples/training_loop.yaml",
+                "tests/data/torch/multistream.pickle",
+                "tests/data/torch/cut/multistream__wrap100.pickle",
+            ] {
+                let out = dir.path().join(format!(
+                    "{}-{i}-{}.pickle",
+                    policy.replace([':', '='], "_"),
+                    files.len()
+                ));
+                let mut args = vec![
+                    "export",
+                    trace,
+                    "--policy",
+                    policy,
+                    "-o",
+                    out.to_str().unwrap(),
+                ];
+                args.extend(extra);
+                let o = allocsim(&args);
+                if o.status.success() {
+                    files.push(out);
+                } else {
+                    // Only a mid-run state too large for the small device may fail.
+                    assert!(
+                        stderr(&o).contains("the trace starts mid-run"),
+                        "{args:?}: {}",
+                        stderr(&o)
+                    );
+                }
+            }
+        }
+    }
+    assert!(files.len() >= 40, "{}", files.len());
+    let o = std::process::Command::new(python)
+        .arg(crate::util::root().join("tools/check_export.py"))
+        .args(&files)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(
+        stdout(&o).matches(": ok (").count(),
+        files.len(),
+        "{}",
+        stdout(&o)
+    );
+}
+
+fn which_python() -> Result<&'static str, ()> {
+    std::process::Command::new("python3")
+        .arg("--version")
+        .output()
+        .map(|_| "python3")
+        .map_err(|_| ())
+}

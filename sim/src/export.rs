@@ -207,8 +207,8 @@ impl<'t> SnapshotExport<'t> {
     fn segments_of(&self, policy: &dyn Policy) -> Vec<RecordedSegment> {
         let snapshot = policy.snapshot();
         let mut out: BTreeMap<u64, RecordedSegment> = BTreeMap::new();
-        let new_segment = |addr: u64, size: u64, stream: u64, piece: &SegmentSnapshot| {
-            RecordedSegment {
+        let new_segment =
+            |addr: u64, size: u64, stream: u64, piece: &SegmentSnapshot| RecordedSegment {
                 address: addr,
                 total_size: size,
                 stream,
@@ -217,8 +217,7 @@ impl<'t> SnapshotExport<'t> {
                 blocks: Vec::new(),
                 is_expandable: false,
                 pool_id: (0, 0),
-            }
-        };
+            };
         for piece in &snapshot {
             let a = piece.addr.0;
             let owner = self
@@ -236,16 +235,17 @@ impl<'t> SnapshotExport<'t> {
                     ..new_segment(a, piece.size_bytes, piece.stream.0, piece)
                 }),
             };
-            seg.blocks.extend(piece.blocks.iter().map(|b| RecordedBlock {
-                address: b.addr.0,
-                size: b.size_bytes,
-                requested_size: Some(b.requested_bytes),
-                state: match b.state {
-                    BlockState::Allocated => FileState::ActiveAllocated,
-                    BlockState::PendingFree => FileState::ActivePendingFree,
-                    BlockState::Free => FileState::Inactive,
-                },
-            }));
+            seg.blocks
+                .extend(piece.blocks.iter().map(|b| RecordedBlock {
+                    address: b.addr.0,
+                    size: b.size_bytes,
+                    requested_size: Some(b.requested_bytes),
+                    state: match b.state {
+                        BlockState::Allocated => FileState::ActiveAllocated,
+                        BlockState::PendingFree => FileState::ActivePendingFree,
+                        BlockState::Free => FileState::Inactive,
+                    },
+                }));
         }
         // Segments the policy's snapshot does not show a piece of are wholly free.
         for (&s, &(n, stream)) in &self.segments {

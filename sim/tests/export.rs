@@ -9,8 +9,8 @@ use policies::caching::CachingDefaults;
 use policies::PolicyConfig;
 use sim::inputs::{LoadOptions, TraceSource};
 use sim::{
-    replay_with, AddressHints, Replay, ReplayOptions, SimDevice, SimDeviceOptions,
-    SnapshotExport, Timeline,
+    replay_with, AddressHints, Replay, ReplayOptions, SimDevice, SimDeviceOptions, SnapshotExport,
+    Timeline,
 };
 use workloads::recorded::{Action, BlockState};
 use workloads::snapshot::{snapshot_bytes, SnapshotEncoding, SnapshotOut};
@@ -106,8 +106,8 @@ fn read_back(out: &SnapshotOut, name: &str) -> (Trace, AddressHints) {
     let run =
         workloads::snapshot::read_snapshot_pickle_from(&bytes[..], Path::new(name), 0).unwrap();
     let trace = run.to_trace().unwrap();
-    let hints = sim::recorded::address_hints(&run, SimDeviceOptions::default().total_bytes)
-        .unwrap();
+    let hints =
+        sim::recorded::address_hints(&run, SimDeviceOptions::default().total_bytes).unwrap();
     (trace, hints)
 }
 
@@ -151,7 +151,11 @@ fn decisions(out: &SnapshotOut, addresses: bool) -> (Vec<(String, u64, u64, u64)
         out.entries
             .iter()
             .map(|e| {
-                let a = if e.action == Action::Oom { e.addr } else { addr(e.addr) };
+                let a = if e.action == Action::Oom {
+                    e.addr
+                } else {
+                    addr(e.addr)
+                };
                 (e.action.name().to_string(), a, e.size, e.stream)
             })
             .collect(),

@@ -4,6 +4,7 @@ pub mod check;
 pub mod compare;
 pub mod convert;
 pub mod diff;
+pub mod export;
 pub mod fidelity;
 pub mod fit;
 pub mod generate;

@@ -99,12 +99,10 @@ pub fn write_snapshot(
                 },
             )?
         }
-        SnapshotEncoding::Json => serde_json::to_writer(&mut out, snapshot).map_err(|e| {
-            match e.io_error_kind() {
-                Some(kind) => std::io::Error::new(kind, e.to_string()),
-                None => std::io::Error::other(e.to_string()),
-            }
-        })?,
+        // An I/O error comes back as it was (with what the writer attached to it).
+        SnapshotEncoding::Json => {
+            serde_json::to_writer(&mut out, snapshot).map_err(std::io::Error::from)?
+        }
     }
     out.flush()
 }
@@ -365,7 +363,10 @@ mod tests {
         )
         .unwrap();
         let actions: Vec<Action> = run.entries.iter().map(|e| e.action).collect();
-        assert_eq!(actions, vec![Action::SegmentAlloc, Action::Alloc, Action::Oom]);
+        assert_eq!(
+            actions,
+            vec![Action::SegmentAlloc, Action::Alloc, Action::Oom]
+        );
         assert_eq!(run.entries[1].addr, 0x7f00_0000_0000);
         assert_eq!(run.entries[1].size, 100);
         assert_eq!(run.entries[1].stream, 7);
@@ -387,8 +388,14 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["device_traces"][0][2]["device_free"], 12345);
         assert!(v["device_traces"][0][2].get("addr").is_none());
-        assert_eq!(v["device_traces"][0][1]["frames"][0]["filename"], "train.py");
-        assert_eq!(v["segments"][0]["segment_pool_id"], serde_json::json!([0, 0]));
+        assert_eq!(
+            v["device_traces"][0][1]["frames"][0]["filename"],
+            "train.py"
+        );
+        assert_eq!(
+            v["segments"][0]["segment_pool_id"],
+            serde_json::json!([0, 0])
+        );
         assert_eq!(v["segments"][0]["allocated_size"], 512);
         assert_eq!(v["segments"][0]["requested_size"], 100);
         assert_eq!(v["segments"][0]["blocks"][1]["state"], "inactive");

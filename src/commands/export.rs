@@ -1,0 +1,140 @@
+//! `allocsim export`: a replay written as a PyTorch memory snapshot, for
+//! pytorch.org/memory_viz and `python -m torch.cuda._memory_viz`.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use sim::{SimDevice, SnapshotExport};
+use workloads::snapshot::{write_snapshot, Frames, SnapshotEncoding, SnapshotOptions};
+
+use crate::flags::ExportArgs;
+use crate::output::{self, Kind, Planned};
+use crate::{interrupt, load, Exit};
+
+pub fn run(args: ExportArgs) -> anyhow::Result<Exit> {
+    // The output's encoding and path are settled before anything is read.
+    let Some(encoding) = SnapshotEncoding::from_path(&args.output) else {
+        bail!(
+            "-o {}: export writes a PyTorch memory snapshot: name it FILE.pickle (or .pkl), or \
+             FILE.json for the same dict as JSON",
+            args.output.display()
+        );
+    };
+    let mut inputs: Vec<&Path> = vec![&args.trace];
+    inputs.extend(load::profile_file(&args.device));
+    output::check(
+        &[Planned {
+            flag: "-o",
+            path: &args.output,
+            kind: Kind::Snapshot,
+        }],
+        &inputs,
+    )?;
+    if let (Some(from), Some(to)) = (args.from, args.to) {
+        if from > to {
+            bail!(
+                "--from {from} is after --to {to}: the window is events FROM to TO, both included"
+            );
+        }
+    }
+    let setup = load::device_setup(&args.device)?;
+    if setup.capacities.len() > 1 {
+        bail!("--capacity: export takes one capacity; `allocsim compare` takes several");
+    }
+    let loaded = load::load_trace(&args.trace, &args.input, &setup.options)?;
+    let trace = &loaded.trace;
+    let n = trace.events.len();
+    for (flag, event) in [("--from", args.from), ("--to", args.to)] {
+        if let Some(event) = event.filter(|&e| e >= n) {
+            bail!("{flag} {event}: the trace has {n} events, numbered from 0");
+        }
+    }
+    let settings = load::settings(&trace.meta, &args.device);
+    let specs = load::policies(std::slice::from_ref(&args.policy), &settings.caching)?;
+    let [spec] = specs.as_slice() else {
+        bail!("--policy takes one policy; export writes one run");
+    };
+    if let Some(note) = &settings.note {
+        eprintln!("settings: {note}");
+    }
+    let frames = frames(&args, trace);
+    let mut policy = spec.config.build()?;
+    let mut device =
+        SimDevice::with_hints(setup.options.clone(), loaded.hints.for_policy(&spec.config));
+    let mut export = SnapshotExport::new(trace).window(
+        args.from.unwrap_or(0),
+        args.to.unwrap_or(n.saturating_sub(1)),
+    );
+    if let Some(frames) = &frames {
+        export = export.with_frames(frames);
+    }
+    // Ctrl-C stops the replay at its next event; nothing is written then.
+    let in_order = interrupt::in_order();
+    let r = sim::replay_with(
+        trace,
+        policy.as_mut(),
+        &mut device,
+        &setup.replay,
+        &mut export,
+    )
+    .with_context(|| format!("replaying {}", args.trace.display()))?;
+    drop(in_order);
+    let conf = spec
+        .config
+        .options::<policies::caching::CachingConfig>()
+        .map(|c| c.to_alloc_conf());
+    let snapshot = export.finish(policy.as_ref(), conf);
+    let mut caveats = sim::caveats(trace, &spec.config, &r);
+    if !trace.pools().is_empty() {
+        caveats.push(
+            "the trace uses private memory pools: the snapshot does not say which pool served \
+             each request (its segments are written with pool id (0, 0)), so a replay of it \
+             serves them from the default pools"
+                .to_string(),
+        );
+    }
+    crate::commands::replay::warn_caveats(caveats.into_iter());
+    let mut out = output::create(Some(&args.output))?;
+    write_snapshot(&snapshot, encoding, &mut out)
+        .with_context(|| format!("writing {}", args.output.display()))?;
+    out.finish()?;
+    let window = match (args.from, args.to) {
+        (None, None) => String::new(),
+        _ => format!(
+            ", events {} to {}",
+            args.from.unwrap_or(0),
+            args.to.unwrap_or(n.saturating_sub(1))
+        ),
+    };
+    let oom = match &r.oom {
+        Some(o) => format!(", out of memory at event {}", o.event_index),
+        None => String::new(),
+    };
+    eprintln!(
+        "wrote {} ({} under {}{window}: {} trace entries, {} segments{oom})",
+        args.output.display(),
+        trace.name,
+        spec.label,
+        snapshot.entries.len(),
+        snapshot.segments.len()
+    );
+    Ok(Exit::Ran)
+}
+
+/// The stack frames of a snapshot pickle's entries (read again, keeping them), to carry
+/// over into the export; `None` for other inputs or a snapshot without frames.
+fn frames(args: &ExportArgs, trace: &workloads::Trace) -> Option<Frames> {
+    if trace.meta.format != Some(workloads::Format::TorchPickle) {
+        return None;
+    }
+    let options = SnapshotOptions { keep_frames: true };
+    let run = workloads::snapshot::read_snapshot_pickle_with(
+        &args.trace,
+        args.input.read.snapshot_device,
+        &options,
+    )
+    .ok()?;
+    run.snapshot
+        .and_then(|s| s.frames)
+        .filter(|f| !f.entries.is_empty())
+}
