@@ -415,7 +415,7 @@ fn readme_examples_run() {
                 .split(' ')
                 .map(|w| {
                     let bare = !w.contains('/') && !w.contains('*');
-                    let file = [".csv", ".yaml", ".png", ".svg"]
+                    let file = [".csv", ".yaml", ".png", ".svg", ".pickle", ".json"]
                         .iter()
                         .any(|e| w.ends_with(e));
                     if bare && file && !crate::util::root().join(w).exists() {

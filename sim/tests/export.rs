@@ -253,3 +253,35 @@ fn a_window_replays_as_a_mid_run_snapshot() {
     }
     assert_eq!(checked, 8);
 }
+
+/// An export of the caching policy is a recording PyTorch's allocator could have made:
+/// the fidelity check (the caching policy against a recorded run, decision by
+/// decision) finds every export exact, with and without expandable segments.
+#[test]
+fn caching_exports_are_exact_under_fidelity() {
+    let configs = policies();
+    let caching = [&configs[0], configs.last().unwrap()];
+    for name in TRACES {
+        let (trace, hints) = load(&root().join(name));
+        for config in caching {
+            let (_, mut out) = export(&trace, &hints, config, &SimDeviceOptions::default(), None);
+            out.alloc_conf = config
+                .options::<policies::caching::CachingConfig>()
+                .map(|c| c.to_alloc_conf());
+            let bytes = snapshot_bytes(&out, SnapshotEncoding::Pickle);
+            let run = workloads::snapshot::read_snapshot_pickle_from(
+                &bytes[..],
+                Path::new("x.pickle"),
+                0,
+            )
+            .unwrap();
+            let report =
+                sim::fidelity::fidelity(&run, &sim::fidelity::FidelityOptions::default()).unwrap();
+            assert!(
+                report.row.exact,
+                "{name} under {config}: {}",
+                report.explain()
+            );
+        }
+    }
+}
