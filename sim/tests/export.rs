@@ -120,9 +120,7 @@ fn result(r: &Replay) -> String {
     s.reserved_peak_event_index = None;
     format!(
         "{s:?} oom={:?} live={} final={:?} {:?}",
-        r.oom
-            .as_ref()
-            .map(|o| (o.tried_bytes, o.policy, o.device.clone())),
+        r.oom.as_ref().map(|o| (o.tried_bytes, o.policy, o.device)),
         r.live_allocation_count,
         r.final_policy,
         r.final_device
