@@ -12,8 +12,9 @@ use crate::trace::{AllocId, Event};
 
 /// Short-lived allocations a program makes besides its tensors of record (kernels'
 /// workspaces, small results, views materialized): at each layer's pass, a burst of
-/// `count` allocations of `bytes` each, each freed `lifetime` alloc/free events later
-/// (or at the end of the phase, whichever comes first).
+/// `count` allocations of `bytes` each, each freed as the `lifetime`-th alloc/free
+/// event after its own (later by one for each other free that falls due at the same
+/// event; at the end of the phase at the latest).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scratch {
     /// How many per burst.
@@ -71,6 +72,12 @@ impl Emitter {
     /// One alloc or free was emitted: the scratch allocations whose time has come die.
     fn tick(&mut self) {
         self.count += 1;
+        self.flush();
+    }
+
+    /// Frees the scratch allocations due: `death` is the count of events after which
+    /// the free comes.
+    fn flush(&mut self) {
         while let Some(&(death, id)) = self.scratch.first() {
             if death > self.count {
                 break;
@@ -89,9 +96,12 @@ impl Emitter {
         for _ in 0..n {
             let bytes = s.bytes.sample(rng);
             let life = s.lifetime.sample(rng).max(1);
-            let death = self.count.saturating_add(1).saturating_add(life);
+            // The alloc is event `count + 1`; its free is event `count + 1 + life`,
+            // which comes after event `count + life`.
+            let death = self.count.saturating_add(life);
             let id = self.alloc(bytes, stream);
             self.scratch.insert((death, id));
+            self.flush();
         }
     }
 

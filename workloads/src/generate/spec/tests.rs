@@ -311,3 +311,36 @@ fn names() {
     assert_ne!(a.long_name(), b.long_name());
     assert!(a.long_name().starts_with("training-seed2-"));
 }
+
+/// Scratch allocations live their drawn lifetime, counted in alloc and free events
+/// (or until the end of their step): with a constant lifetime of 3, each is freed
+/// exactly three alloc/free events after its own.
+#[test]
+fn scratch_lifetimes_are_counted_in_events() {
+    let g = spec("generate: training\nsteps: 2\nscratch: {count: 1, bytes: 1000, lifetime: 3}\n")
+        .unwrap();
+    let t = g.generate().unwrap();
+    let mut born = std::collections::HashMap::new();
+    let mut n = 0u64;
+    let mut lives = Vec::new();
+    for e in &t.events {
+        match e {
+            Event::Alloc { id, size_bytes, .. } => {
+                n += 1;
+                if *size_bytes == 1000 {
+                    born.insert(*id, n);
+                }
+            }
+            Event::Free { id } => {
+                n += 1;
+                if let Some(b) = born.remove(id) {
+                    lives.push(n - b);
+                }
+            }
+            _ => {}
+        }
+    }
+    // One burst per layer's forward and backward: 3 layers × 2 passes × 2 steps.
+    assert_eq!(lives.len(), 12);
+    assert!(lives.iter().all(|&l| l == 3), "{lives:?}");
+}
