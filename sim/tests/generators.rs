@@ -92,6 +92,23 @@ fn generated_transformer_training_matches_the_recorded_run() {
     assert!(segments <= 8, "segments {segments} apart");
 }
 
+/// `examples/generators/kv_inference.yaml`, `kv_inference`'s KV cache grown a token at
+/// a time, replays with the recorded run's reserved peak and segments exactly and its
+/// allocated peak within 0.1 % (measured: −0.02 %).
+#[test]
+fn generated_kv_cache_matches_the_recorded_run() {
+    let (allocated, reserved, segments) = margins(
+        "examples/generators/kv_inference.yaml",
+        "tests/data/oracle/h100-torch2.11/kv_inference.json",
+    );
+    assert!(
+        allocated.abs() <= 0.001,
+        "allocated peak off by {allocated}"
+    );
+    assert_eq!(reserved, 0.0, "reserved peak off by {reserved}");
+    assert_eq!(segments, 0, "segments {segments} apart");
+}
+
 /// The recorded runs' own figures (PyTorch's memory_stats), which their replays match
 /// exactly (sim/tests/oracle.rs): what the margins above are measured against.
 #[test]
@@ -99,6 +116,7 @@ fn the_recorded_figures() {
     for (run, allocated, reserved, segments) in [
         ("mlp_train", 2_786_476_544, 3_323_985_920, 29),
         ("gpt_train_small", 1_986_330_624, 2_134_900_736, 44),
+        ("kv_inference", 71_991_296, 104_857_600, 14),
     ] {
         let s = caching_summary(TraceSource::File(
             root().join(format!("tests/data/oracle/h100-torch2.11/{run}.json")),
