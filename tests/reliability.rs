@@ -29,18 +29,25 @@ fn csv_input(input: &CompareInput, dir: &TempDir) -> CompareInput {
     }
 }
 
-/// Immediate, buddy and arena predict the same on a recorded run as on its conversion
-/// to CSV: recorded PyTorch addresses (here an expandable run's, whose range lies at
-/// 12 GiB, below which the simulated arena used to run out of address space) steer only
-/// the caching policy.
+/// Every registered policy but the caching one predicts the same on a recorded run as
+/// on its conversion to CSV: recorded PyTorch addresses (here expandable runs', whose
+/// range lies at 12 GiB, below which the simulated arena used to run out of address
+/// space, among them the U-Net shape of issue 14) steer only the caching policy.
 #[test]
 fn only_the_caching_policy_follows_recorded_addresses() {
     let dir = TempDir::new("hints-csv");
-    let specs = parse_policy_list("immediate,buddy,arena", &Default::default()).unwrap();
+    let others: Vec<&str> = policies::POLICIES
+        .iter()
+        .map(|e| e.name)
+        .filter(|&n| n != "caching")
+        .collect();
+    assert!(others.len() >= 3, "{others:?}");
+    let specs = parse_policy_list(&others.join(","), &Default::default()).unwrap();
     for name in [
         "tests/data/oracle/h100-torch2.11/random_stress__expandable_segments-True.json",
         "tests/data/oracle/h100-torch2.11/gpt_train_small.json",
         "tests/data/recorded/mlp_train__expandable_segments-True.json",
+        "tests/data/unseen/unet_train__expandable_segments-True__cap1642M.json",
     ] {
         let recorded = recorded_input(&root().join(name));
         let converted = csv_input(&recorded, &dir);
@@ -54,7 +61,7 @@ fn only_the_caching_policy_follows_recorded_addresses() {
         };
         let a = compare(&[recorded], &specs, &devices, &options).unwrap();
         let b = compare(&[converted], &specs, &devices, &options).unwrap();
-        assert_eq!(a.len(), 9);
+        assert_eq!(a.len(), 3 * others.len());
         for (x, y) in a.iter().zip(&b) {
             assert_eq!(
                 (&x.policy, x.capacity_bytes, &x.summary, &x.oom),
@@ -491,14 +498,17 @@ mod fuzz_findings {
     }
 }
 
-/// The arena decides the same wherever the device places its chunks (RMM's arena orders
-/// by place inside its own upstream block; a growing arena orders chunks by when it got
-/// them): top-down, bottom-up and scrambled placements give the same reserved peak,
+/// Every policy but the caching one decides the same wherever the device places its
+/// segments (RMM's arena orders by place inside its own upstream block, so a growing
+/// arena orders chunks by when it got them; the buddy policy orders its segments the
+/// same way): top-down, bottom-up and scrambled placements give the same reserved peak,
 /// OOM event and allocations, near the capacity limit too. Ordering chunks by device
 /// address made a U-Net run at 14 GiB run out of memory in simulation and not on the
-/// GPU, whose placement differs.
+/// GPU, whose placement differs; the buddy policy took the lowest address of any
+/// segment, and so differed between placements too. The caching policy is PyTorch's,
+/// which does order by address (recorded addresses steer it, see above).
 #[test]
-fn arena_decisions_do_not_depend_on_chunk_placement() {
+fn decisions_do_not_depend_on_segment_placement() {
     let trace = workloads::random(&workloads::RandomOptions {
         seed: 5,
         events: 3000,
@@ -517,41 +527,44 @@ fn arena_decisions_do_not_depend_on_chunk_placement() {
         continue_after_oom: true,
         ..ReplayOptions::default()
     };
-    for capacity in [80 * gib, 12 * gib, 9 * gib, 7 * gib] {
-        let mut results = Vec::new();
-        for placement in 0..3 {
-            let mut device = SimDeviceOptions::default().with_capacity(capacity);
-            let hints = match placement {
-                0 => sim::AddressHints::default(),
-                1 => {
-                    device.address_model = sim::AddressModel::BottomUp;
-                    sim::AddressHints::default()
-                }
-                _ => {
-                    // The first chunks (1 GiB each) at scrambled addresses.
-                    let order = [5u64, 1, 7, 3, 0, 6, 2, 4];
-                    sim::AddressHints {
-                        segments: order
-                            .iter()
-                            .map(|&k| (gib, 0x7e00_0000_0000 + k * 4 * gib))
-                            .collect(),
-                        ranges: Default::default(),
+    for entry in policies::POLICIES.iter().filter(|e| e.name != "caching") {
+        for capacity in [80 * gib, 12 * gib, 9 * gib, 7 * gib] {
+            let mut results = Vec::new();
+            for placement in 0..3 {
+                let mut device = SimDeviceOptions::default().with_capacity(capacity);
+                let hints = match placement {
+                    0 => sim::AddressHints::default(),
+                    1 => {
+                        device.address_model = sim::AddressModel::BottomUp;
+                        sim::AddressHints::default()
                     }
-                }
-            };
-            let mut policy = policies::arena::ArenaPolicy::default();
-            let mut dev = SimDevice::with_hints(device, hints);
-            let r = sim::replay(&trace, &mut policy, &mut dev, &options).unwrap();
-            results.push((r.summary, r.oom.map(|o| o.event_index), r.oom_count));
+                    _ => {
+                        // The first segments (1 GiB each) at scrambled addresses.
+                        let order = [5u64, 1, 7, 3, 0, 6, 2, 4];
+                        sim::AddressHints {
+                            segments: order
+                                .iter()
+                                .map(|&k| (gib, 0x7e00_0000_0000 + k * 4 * gib))
+                                .collect(),
+                            ranges: Default::default(),
+                        }
+                    }
+                };
+                let mut policy = entry.default_config().build().unwrap();
+                let mut dev = SimDevice::with_hints(device, hints);
+                let r = sim::replay(&trace, policy.as_mut(), &mut dev, &options).unwrap();
+                results.push((r.summary, r.oom.map(|o| o.event_index), r.oom_count));
+            }
+            let name = entry.name;
+            assert_eq!(
+                results[0], results[1],
+                "{name}: top-down vs bottom-up at {capacity}"
+            );
+            assert_eq!(
+                results[0], results[2],
+                "{name}: top-down vs scrambled at {capacity}"
+            );
         }
-        assert_eq!(
-            results[0], results[1],
-            "top-down vs bottom-up at {capacity}"
-        );
-        assert_eq!(
-            results[0], results[2],
-            "top-down vs scrambled at {capacity}"
-        );
     }
 }
 
@@ -796,5 +809,77 @@ fn validate_replays_private_pools() {
     assert_eq!(rows.len(), 6, "{text}");
     for row in &rows {
         assert_eq!(row[agrees], "true", "{text}");
+    }
+}
+
+// ---- endless input -------------------------------------------------------------------
+
+/// Runs the binary with `args`, killing it after `secs` seconds (a reader that never
+/// stops must fail the test, not hang it); the output and whether it finished.
+fn allocsim_within(args: &[&str], secs: u64) -> (std::process::Output, bool) {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .args(args)
+        .current_dir(root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let mut finished = true;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            finished = false;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    (child.wait_with_output().unwrap(), finished)
+}
+
+/// `/dev/zero` as every kind of input the CLI reads (a trace detected or forced to each
+/// format, a device profile, a sweep file) is refused on one line naming it, exit 2,
+/// after reading a bounded prefix: the RMM log, profile and sweep readers read it until
+/// memory ran out.
+#[test]
+fn dev_zero_is_refused_by_every_reader() {
+    if !Path::new("/dev/zero").exists() {
+        eprintln!("skipped: no /dev/zero");
+        return;
+    }
+    let t = "examples/training_loop.yaml";
+    let mut cases: Vec<Vec<&str>> = vec![
+        vec!["check", "/dev/zero"],
+        vec!["replay", t, "--gpu-profile", "/dev/zero"],
+        vec!["sweep", "/dev/zero"],
+    ];
+    for format in ["yaml", "csv", "json", "pickle", "rmm"] {
+        cases.push(vec!["check", "/dev/zero", "--trace-format", format]);
+    }
+    for args in cases {
+        let (o, finished) = allocsim_within(&args, 60);
+        assert!(finished, "{args:?} still reading /dev/zero after 60 s");
+        // `check` reports on stdout (the problem, then its verdict line); the others
+        // print one error line on stderr.
+        let report = if args[0] == "check" {
+            stdout(&o)
+        } else {
+            stderr(&o)
+        };
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {report}");
+        let first = report.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with("/dev/zero: ") || first.starts_with("error: /dev/zero: "),
+            "{args:?}: {report}"
+        );
+        assert_eq!(first.matches("/dev/zero").count(), 1, "{args:?}: {report}");
+        let lines = report.lines().count();
+        assert_eq!(
+            lines,
+            if args[0] == "check" { 2 } else { 1 },
+            "{args:?}: {report}"
+        );
     }
 }

@@ -11,12 +11,19 @@
 //!   min_block_bytes)` bytes; [`Allocation::block_bytes`] and the allocated bytes count
 //!   the whole block.
 //! - **Normal requests** (block ≤ `segment_bytes`) are carved from segments of exactly
-//!   `segment_bytes`. Free blocks sit in one address-ordered set per order (order `k`
-//!   holds blocks of `min_block_bytes << k`), shared by all segments. The search takes
-//!   the smallest order that has a free block and is at least the request's order, and
-//!   the lowest address within it; a larger block is split in halves down to the
-//!   request's order, the upper halves going back to the free sets. Only if no free
-//!   block fits is a new segment drawn from the device.
+//!   `segment_bytes`. Free blocks sit in one ordered set per order (order `k` holds
+//!   blocks of `min_block_bytes << k`), shared by all segments. The search takes the
+//!   smallest order that has a free block and is at least the request's order, and
+//!   within it the first block in *policy order*: the segment obtained first, then the
+//!   lowest address inside it; a larger block is split in halves down to the request's
+//!   order, the upper halves going back to the free sets. Only if no free block fits is
+//!   a new segment drawn from the device.
+//! - **Policy order, not driver order.** Segments are ordered by when they were
+//!   obtained (as if each were appended after the others), never by the address the
+//!   device gave them, so no decision depends on where the device places a segment: the
+//!   simulated device (with its address model, or recorded PyTorch addresses) and a GPU
+//!   decide the same. Ordering by device address made top-down and bottom-up placements
+//!   of one trace differ in which segment a block came from, and so in what merged.
 //! - **Merging.** On free, a block merges with its buddy (address `segment base +
 //!   (offset XOR block size)`) while the buddy is free and of the same order, up to a
 //!   whole segment.
@@ -147,6 +154,8 @@ struct BuddySegment {
     segment: Segment,
     /// Holds one oversize block of exactly its size.
     oversize: bool,
+    /// When it was obtained (0 for the first): its place in the policy's order.
+    position: u64,
 }
 
 /// What the policy records about a handed-out block, beside its lease.
@@ -162,12 +171,15 @@ pub struct BuddyPolicy {
     options: BuddyOptions,
     /// Order of a whole normal segment: `segment_bytes = min_block_bytes << max_order`.
     max_order: u32,
-    /// Free blocks of normal segments, one address-ordered set per order.
-    free_lists: Vec<BTreeSet<u64>>,
+    /// Free blocks of normal segments, one set per order, by (segment position,
+    /// address): policy order.
+    free_lists: Vec<BTreeSet<(u64, u64)>>,
     /// Free (whole) oversize segments by (size, address).
     free_oversize: BTreeSet<(u64, u64)>,
     /// Every live device segment by base address.
     segments: BTreeMap<u64, BuddySegment>,
+    /// The position the next segment gets.
+    next_position: u64,
     /// Live blocks; an allocation's `block` indexes it.
     live: Leases<Held>,
     stats: PolicyStats,
@@ -187,6 +199,7 @@ impl BuddyPolicy {
             free_lists: vec![BTreeSet::new(); max_order as usize + 1],
             free_oversize: BTreeSet::new(),
             segments: BTreeMap::new(),
+            next_position: 0,
             live: Leases::default(),
             stats: PolicyStats::default(),
         })
@@ -222,16 +235,16 @@ impl BuddyPolicy {
         base
     }
 
-    /// Takes the free block of the smallest order ≥ `order` (lowest address), splitting
-    /// it down to `order`. `None` if no free block is large enough.
+    /// Takes the free block of the smallest order ≥ `order` (first in policy order),
+    /// splitting it down to `order`. `None` if no free block is large enough.
     fn take_free(&mut self, order: u32) -> Option<u64> {
         let found = (order..=self.max_order).find(|&k| !self.free_lists[k as usize].is_empty())?;
-        let addr = self.free_lists[found as usize]
+        let (position, addr) = self.free_lists[found as usize]
             .pop_first()
             .expect("non-empty free list");
         for k in (order..found).rev() {
             let upper = addr + self.block_size(k);
-            self.free_lists[k as usize].insert(upper);
+            self.free_lists[k as usize].insert((position, upper));
         }
         Some(addr)
     }
@@ -265,9 +278,16 @@ impl BuddyPolicy {
         let base = segment.addr.0;
         self.stats.reserved_bytes += segment.size_bytes;
         self.stats.segment_count += 1;
-        let previous = self
-            .segments
-            .insert(base, BuddySegment { segment, oversize });
+        let position = self.next_position;
+        self.next_position += 1;
+        let previous = self.segments.insert(
+            base,
+            BuddySegment {
+                segment,
+                oversize,
+                position,
+            },
+        );
         assert!(
             previous.is_none(),
             "buddy: the device handed out one base address twice"
@@ -279,6 +299,7 @@ impl BuddyPolicy {
     fn release_free_segments(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
         let whole: Vec<u64> = std::mem::take(&mut self.free_lists[self.max_order as usize])
             .into_iter()
+            .map(|(_, a)| a)
             .collect();
         let oversize: Vec<u64> = std::mem::take(&mut self.free_oversize)
             .into_iter()
@@ -353,7 +374,8 @@ impl Policy for BuddyPolicy {
                 None => {
                     let segment = self.draw_segment(device, self.options.segment_bytes, size)?;
                     let base = self.add_segment(segment, false);
-                    self.free_lists[self.max_order as usize].insert(base);
+                    let position = self.segments[&base].position;
+                    self.free_lists[self.max_order as usize].insert((position, base));
                     self.take_free(order)
                         .expect("a new segment holds any normal block")
                 }
@@ -380,17 +402,18 @@ impl Policy for BuddyPolicy {
             return Ok(());
         }
         let base = self.segment_base(block.addr);
+        let position = self.segments[&base].position;
         let mut addr = block.addr;
         let mut order = self.order_of(block.block_bytes);
         while order < self.max_order {
             let buddy = base + ((addr - base) ^ self.block_size(order));
-            if !self.free_lists[order as usize].remove(&buddy) {
+            if !self.free_lists[order as usize].remove(&(position, buddy)) {
                 break;
             }
             addr = addr.min(buddy);
             order += 1;
         }
-        self.free_lists[order as usize].insert(addr);
+        self.free_lists[order as usize].insert((position, addr));
         Ok(())
     }
 
@@ -405,7 +428,7 @@ impl Policy for BuddyPolicy {
     fn snapshot(&self) -> Vec<SegmentSnapshot> {
         let mut blocks: BTreeMap<u64, BlockSnapshot> = BTreeMap::new();
         for (order, list) in self.free_lists.iter().enumerate() {
-            for &addr in list {
+            for &(_, addr) in list {
                 let size_bytes = self.block_size(order as u32);
                 blocks.insert(
                     addr,
@@ -476,12 +499,16 @@ impl Policy for BuddyPolicy {
         };
         for (order, list) in self.free_lists.iter().enumerate() {
             let size = self.block_size(order as u32);
-            for &addr in list {
+            for &(position, addr) in list {
                 let base = self.segment_base(addr);
                 let seg = &self.segments[&base];
                 assert!(
                     !seg.oversize,
                     "buddy: free-list block {addr:#x} inside an oversize segment"
+                );
+                assert_eq!(
+                    position, seg.position,
+                    "buddy: free block {addr:#x} filed under another segment's position"
                 );
                 assert_eq!(
                     (addr - base) % size,
@@ -491,7 +518,7 @@ impl Policy for BuddyPolicy {
                 if order < self.max_order as usize {
                     let buddy = base + ((addr - base) ^ size);
                     assert!(
-                        !list.contains(&buddy),
+                        !list.contains(&(position, buddy)),
                         "buddy: free buddies {addr:#x} and {buddy:#x} were not merged"
                     );
                 }

@@ -60,5 +60,32 @@ pub use fault::{FaultKind, FaultOp, FaultPlan, FaultyDevice};
 pub use fit::{fit, fits, Fit, FitOptions};
 pub use metrics::{Oom, Recorder, Sample, Summary};
 pub use observe::{DeviceOp, DeviceOpKind, Observer, Outcome, Skip, Step, Timeline};
-pub use profile::{DeviceProfile, ProfileError, ProfileProblem};
+pub use profile::{DeviceProfile, ProfileError, ProfileProblem, MAX_PROFILE_BYTES};
 pub use replay::{replay, replay_with, Replay, ReplayError, ReplayOptions};
+
+/// Reads a small text file (a device profile, a sweep file) whole, refusing one of more
+/// than `limit` bytes after reading at most `limit + 1` of it: `/dev/zero`, a FIFO that
+/// never ends or a trace passed by mistake is an error, not all of memory.
+pub(crate) fn read_small_text(
+    path: &std::path::Path,
+    limit: u64,
+    what: &str,
+) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(limit + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {limit} bytes: not {what}"),
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not valid UTF-8 text: not {what}"),
+        )
+    })
+}

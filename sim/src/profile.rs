@@ -59,14 +59,14 @@ fn default_va_chunk() -> u64 {
 /// line and column.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
-    /// The file could not be read.
-    #[error("{path}: {source}")]
+    /// The file could not be read (or is too large to be a profile). Not a `source`:
+    /// the message already says why, and a chain printed whole would say it twice.
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: String,
         /// Why.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Not YAML of a profile (bad syntax, an unknown or missing field).
     #[error("{path}: {at}not a device profile: {message}")]
@@ -99,6 +99,9 @@ pub struct ProfileProblem {
     pub problem: String,
 }
 
+/// The largest profile file read (a measured one is about 4 KiB with its comments).
+pub const MAX_PROFILE_BYTES: u64 = 1 << 20;
+
 /// The built-in profiles: measured ones first, then nominal ones by memory size.
 const BUILTIN: &[(&str, &str)] = &[
     ("h100", include_str!("../profiles/h100.yaml")),
@@ -125,10 +128,12 @@ impl DeviceProfile {
     /// inconsistent figures.
     pub fn read(path: &Path) -> Result<DeviceProfile, ProfileError> {
         let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io {
-            path: name.clone(),
-            source,
-        })?;
+        let text = crate::read_small_text(path, MAX_PROFILE_BYTES, "a device profile").map_err(
+            |error| ProfileError::Io {
+                path: name.clone(),
+                error,
+            },
+        )?;
         DeviceProfile::parse(&text, &name)
     }
 

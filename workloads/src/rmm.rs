@@ -40,12 +40,12 @@
 //! their lines.
 
 use std::collections::HashMap;
-use std::io::{self, BufRead};
+use std::io::{self, BufRead, Read};
 use std::path::Path;
 
-use crate::csv::{file_stem, shorten};
+use crate::csv::{file_stem, shorten, MAX_ROW_BYTES};
 use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
-use crate::{Format, ReadError};
+use crate::{Format, Problems, ReadError};
 
 /// The header every RMM log starts with.
 pub const RMM_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
@@ -56,18 +56,25 @@ const DAY_US: u64 = 86_400_000_000;
 /// Reads an RMM log from any reader; `path` names the source in messages and in the
 /// trace (named after its stem).
 ///
+/// Streamed: one line is held at a time, and a line longer than
+/// [`MAX_ROW_BYTES`] (a real one is under 100 bytes; `/dev/zero` has no line break) is
+/// refused where it starts; of the malformed lines the first
+/// [`crate::MAX_LISTED_PROBLEMS`] are kept and the rest counted.
+///
 /// # Errors
-/// I/O errors, a missing header, and every malformed line, each with its line.
+/// I/O errors, a missing header, a line without end, and every malformed line, each
+/// with its line.
 pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadError> {
     let mut reader = io::BufReader::new(reader);
     let mut log = Log::default();
     let mut buf = Vec::new();
     let mut line = 0u64;
-    let mut problems = Vec::new();
+    let mut problems = Problems::default();
     let mut header_seen = false;
     loop {
         buf.clear();
-        let n = reader
+        let n = (&mut reader)
+            .take(MAX_ROW_BYTES + 1)
             .read_until(b'\n', &mut buf)
             .map_err(|e| ReadError::io(path, &e))?;
         if n == 0 {
@@ -75,6 +82,15 @@ pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
         }
         line += 1;
         let at = Some(format!("line {line}"));
+        if n as u64 > MAX_ROW_BYTES {
+            return Err(ReadError::syntax(
+                path,
+                at,
+                format!(
+                    "not an RMM log: a line longer than {MAX_ROW_BYTES} bytes starts here (no line break?)"
+                ),
+            ));
+        }
         let Ok(text) = std::str::from_utf8(&buf) else {
             problems.push(ReadError::syntax(path, at, "not valid UTF-8 text"));
             continue;
@@ -109,7 +125,7 @@ pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
             format!("empty file: an RMM log starts with the header '{RMM_HEADER}'"),
         ));
     }
-    if let Some(e) = ReadError::collect(problems) {
+    if let Some(e) = problems.into_error() {
         return Err(e);
     }
     Ok(Trace {
@@ -488,6 +504,44 @@ mod tests {
                 .ends_with("(and 2 more problems in this file)"),
             "{e}"
         );
+    }
+
+    /// Endless input is refused where its line starts, without reading it whole: a line
+    /// without a break (zeros after the header, as `/dev/zero` gives, or no header at
+    /// all), and `/dev/zero` itself; a log of a million bad lines keeps the first
+    /// problems and counts the rest.
+    #[test]
+    fn endless_and_bad_input_stays_bounded() {
+        let header = format!("{RMM_HEADER}\n");
+        let zeros_after_header = header.as_bytes().chain(io::repeat(0).take(1 << 40));
+        let e = read_rmm_from(zeros_after_header, Path::new("rmm.csv"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!("rmm.csv: line 2: not an RMM log: a line longer than {MAX_ROW_BYTES} bytes starts here (no line break?)")
+        );
+        let e = read_rmm_from(io::repeat(b'x').take(1 << 40), Path::new("rmm.csv"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("rmm.csv: line 1: not an RMM log: a line longer"),
+            "{e}"
+        );
+        if Path::new("/dev/zero").exists() {
+            let zero = std::fs::File::open("/dev/zero").unwrap();
+            let e = read_rmm_from(zero, Path::new("/dev/zero"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("/dev/zero: line 1: not an RMM log"), "{e}");
+        }
+        let mut text = format!("{RMM_HEADER}\n");
+        for _ in 0..1_000_000 {
+            text.push_str("x\n");
+        }
+        let e = read(&text).unwrap_err();
+        assert_eq!(e.count(), 1_000_000);
+        assert_eq!(e.all().count(), crate::MAX_LISTED_PROBLEMS);
     }
 
     /// A missing header is refused at line 1; an empty file says what it expects.

@@ -168,16 +168,21 @@ pub struct Job {
     pub device: usize,
 }
 
+/// The largest sweep file read (one lists traces, policies and grids: kilobytes).
+pub const MAX_SWEEP_BYTES: u64 = 16 << 20;
+
 impl Sweep {
     /// Reads and parses a sweep file.
     ///
     /// # Errors
     /// An unreadable file, or [`parse`]'s errors.
     pub fn read(path: &Path) -> Result<Sweep, SweepError> {
-        let text = std::fs::read_to_string(path).map_err(|e| SweepError {
-            path: path.display().to_string(),
-            line: None,
-            message: e.to_string(),
+        let text = crate::read_small_text(path, MAX_SWEEP_BYTES, "a sweep file").map_err(|e| {
+            SweepError {
+                path: path.display().to_string(),
+                line: None,
+                message: e.to_string(),
+            }
         })?;
         parse(&text, path)
     }
