@@ -192,8 +192,11 @@ impl DeviceProfile {
         }
     }
 
-    /// Parses and checks a profile; `path` names it in messages.
-    fn parse(text: &str, path: &str) -> Result<DeviceProfile, ProfileError> {
+    /// Parses and checks a profile's text; `path` names it in messages.
+    ///
+    /// # Errors
+    /// YAML that is not a profile (with line and column), or inconsistent figures.
+    pub fn parse(text: &str, path: &str) -> Result<DeviceProfile, ProfileError> {
         let p: DeviceProfile = serde_yaml::from_str(text).map_err(|e| ProfileError::Syntax {
             path: path.to_string(),
             at: e

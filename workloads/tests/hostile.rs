@@ -1,4 +1,5 @@
-//! Hostile inputs for the text readers: endless streams, deep nesting.
+//! Hostile inputs for the text readers (YAML, CSV, recorded JSON, RMM logs): endless
+//! streams, deep nesting.
 
 use std::io::{self, Read};
 use std::path::Path;
@@ -39,6 +40,16 @@ fn endless_inputs_are_refused() {
         let e = workloads::read_csv_from(endless(byte), Path::new("zero.csv")).unwrap_err();
         assert!(e.to_string().starts_with("zero.csv"), "{e}");
         assert!(!e.to_string().contains('\n'), "{e}");
+        // The RMM log reader read a line without a break until memory ran out.
+        let e = workloads::rmm::read_rmm_from(endless(byte), Path::new("zero.log")).unwrap_err();
+        assert!(e.to_string().starts_with("zero.log: line 1"), "{e}");
+        assert!(!e.to_string().contains('\n'), "{e}");
+        let header = format!("{}\n", workloads::rmm::RMM_HEADER);
+        let after_header = io::Read::chain(header.as_bytes(), endless(byte));
+        if byte != b'\n' {
+            let e = workloads::rmm::read_rmm_from(after_header, Path::new("zero.log")).unwrap_err();
+            assert!(e.to_string().starts_with("zero.log: line 2"), "{e}");
+        }
     }
     for byte in [0u8, b'a', b'[', b'{'] {
         let e =

@@ -88,6 +88,22 @@ fn readers_use_memory_in_proportion_to_the_trace() {
         csv.len()
     );
 
+    // RMM logs: the same (a Vec of every problem before).
+    let mut rmm = format!("{}\n", workloads::rmm::RMM_HEADER).into_bytes();
+    for i in 0..n {
+        rmm.extend_from_slice(format!("1,10:00:00.{i},allocate,0x{i:x},lots,0\n").as_bytes());
+    }
+    let (read, peak) =
+        peak_during(|| workloads::rmm::read_rmm_from(&rmm[..], Path::new("bad.log")));
+    let e = read.unwrap_err();
+    assert_eq!(e.count(), n);
+    assert_eq!(e.all().count(), workloads::MAX_LISTED_PROBLEMS);
+    assert!(
+        peak < rmm.len() / 10,
+        "RMM: peak {peak} bytes for a {} byte file of bad lines",
+        rmm.len()
+    );
+
     let mut bad_yaml = b"events:\n".to_vec();
     for i in 0..n {
         bad_yaml.extend_from_slice(format!("  - {{op: alloc, id: {i}, bytes: lots}}\n").as_bytes());
