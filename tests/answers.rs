@@ -547,3 +547,44 @@ fn yaml_carries_address_hints() {
         assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
     }
 }
+
+/// `replay` of a CSV trace streams it (read, checked and replayed in one pass) and
+/// prints the summary the whole-trace path prints (`--timeline` takes that path), for
+/// every policy and with `--stats`; a trace that runs out of memory is explained as
+/// before (the explanation re-reads the whole trace).
+#[test]
+fn streamed_replay_prints_the_whole_trace_summary() {
+    let dir = TempDir::new("streamed");
+    let timeline = dir.path().join("t.csv");
+    for (policy, capacity) in [
+        ("caching", "80GiB"),
+        ("caching:expandable_segments=True", "80GiB"),
+        ("buddy", "80GiB"),
+        ("arena", "80GiB"),
+        ("caching", "1GiB"),
+    ] {
+        let args = |extra: &[&std::ffi::OsStr]| {
+            let mut a: Vec<&std::ffi::OsStr> = vec![
+                "replay".as_ref(),
+                "examples/random_small.csv".as_ref(),
+                "--policy".as_ref(),
+                policy.as_ref(),
+                "--capacity".as_ref(),
+                capacity.as_ref(),
+                "--stats".as_ref(),
+            ];
+            a.extend_from_slice(extra);
+            allocsim(a)
+        };
+        let streamed = args(&[]);
+        let whole = args(&["--timeline".as_ref(), timeline.as_os_str()]);
+        assert_eq!(streamed.status.code(), Some(0), "{}", stderr(&streamed));
+        assert_eq!(whole.status.code(), Some(0), "{}", stderr(&whole));
+        assert_eq!(stdout(&streamed), stdout(&whole), "{policy} at {capacity}");
+        assert!(
+            stdout(&streamed).contains("(line "),
+            "{}",
+            stdout(&streamed)
+        );
+    }
+}

@@ -5,16 +5,22 @@
 //! `replay`, `compare`, `fit` and `sweep` and the library's [`crate::sweep`] all load
 //! through [`load`] and [`load_all`], and name their rows with [`report_names`].
 
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 use workloads::generate::Generator;
-use workloads::validate::{validate, Severity};
+
+use policies::{Device, Policy};
+use workloads::csv::{CsvEvents, Unstreamable};
+use workloads::validate::{validate, Severity, Validator};
 use workloads::{Format, ReadError, RecordedRun, Trace};
 
 use crate::compare::CompareInput;
 use crate::device::{AddressHints, SimDeviceOptions};
+use crate::observe::Observer;
 use crate::recorded::HintError;
+use crate::replay::{Replay, ReplayError, ReplayOptions};
 
 /// Where a trace comes from.
 #[derive(Clone, Debug, PartialEq)]
@@ -264,6 +270,103 @@ pub fn report_names(sources: &[TraceSource]) -> Vec<String> {
         .collect()
 }
 
+/// What [`stream_replay`] did.
+#[derive(Debug)]
+pub enum Streamed {
+    /// The file was replayed as it was read, and validated in the same pass.
+    Replayed {
+        /// The trace without its events (name, path, metadata), for reports; event
+        /// `i` is on line [`CsvEvents::line_of`]`(i)`.
+        shell: Trace,
+        /// Events in the file.
+        events: u64,
+        /// `alloc` events in the file.
+        allocs: u64,
+        /// The replay.
+        replay: Replay,
+    },
+    /// The replay needs the whole trace, or the file has problems: read it with
+    /// [`load`], which replays the same events or reports every problem; the reason,
+    /// `None` for a file that is not CSV. The policy, device and observer given were
+    /// used, so make them afresh.
+    NeedsWholeTrace(Option<Unstreamable>),
+}
+
+/// Replays the trace file at `path` as it is read, without holding it: memory
+/// follows the live allocations, not the file's length. Only CSV traces stream (for
+/// now), and only those a row at a time tells everything about ([`CsvEvents`]);
+/// validation runs in the same pass (the rest of the file is still read and checked
+/// after an out-of-memory stops the replay). Anything else answers
+/// [`Streamed::NeedsWholeTrace`].
+///
+/// # Errors
+/// The file does not open, or the replay failed (as [`crate::replay_with`]).
+pub fn stream_replay<O: Observer + ?Sized>(
+    path: &Path,
+    options: &LoadOptions,
+    policy: &mut dyn Policy,
+    device: &mut dyn Device,
+    replay_options: &ReplayOptions,
+    observer: &mut O,
+) -> Result<Streamed, StreamError> {
+    let format = match options.format {
+        Some(f) => f,
+        None => {
+            let mut prefix = Vec::with_capacity(workloads::SNIFF_BYTES);
+            let file = std::fs::File::open(path)
+                .map_err(|e| StreamError::Read(ReadError::io(path, &e)))?;
+            std::io::Read::take(file, workloads::SNIFF_BYTES as u64)
+                .read_to_end(&mut prefix)
+                .map_err(|e| StreamError::Read(ReadError::io(path, &e)))?;
+            match workloads::detect(path, &prefix) {
+                Ok(f) => f,
+                Err(_) => return Ok(Streamed::NeedsWholeTrace(Some(Unstreamable::Problem))),
+            }
+        }
+    };
+    if format != Format::Csv {
+        return Ok(Streamed::NeedsWholeTrace(None));
+    }
+    let mut csv = CsvEvents::open(path).map_err(StreamError::Read)?;
+    let mut validator = (!options.lenient).then(|| Validator::new(None));
+    let mut checked = csv.by_ref().enumerate().map(|(index, event)| {
+        if let Some(v) = &mut validator {
+            v.step(index, &event);
+        }
+        event
+    });
+    let replay =
+        crate::replay::replay_events(None, &mut checked, policy, device, replay_options, observer);
+    // An out-of-memory (or a replay error) stops the replay, not the check of the rest
+    // of the file, whose problems come first; an interruption stops both.
+    if !matches!(replay, Err(ReplayError::Interrupted { .. })) {
+        checked.for_each(drop);
+    }
+    if let Some(why) = csv.stopped() {
+        return Ok(Streamed::NeedsWholeTrace(Some(why)));
+    }
+    if validator.is_some_and(|v| v.has_errors()) {
+        return Ok(Streamed::NeedsWholeTrace(Some(Unstreamable::Problem)));
+    }
+    Ok(Streamed::Replayed {
+        shell: csv.shell(),
+        events: csv.events_read(),
+        allocs: csv.allocs_read(),
+        replay: replay.map_err(StreamError::Replay)?,
+    })
+}
+
+/// A streamed replay that could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// The file does not read.
+    #[error(transparent)]
+    Read(ReadError),
+    /// The replay stopped (as [`crate::replay_with`]'s errors).
+    #[error(transparent)]
+    Replay(ReplayError),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,5 +439,143 @@ mod tests {
         };
         assert!(load(&source, &lenient, &SimDeviceOptions::default()).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn temp_file(name: &str, text: &str) -> (PathBuf, PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("allocsim-stream-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    fn stream(path: &Path, policy: &str, capacity: u64) -> Streamed {
+        let spec = policies::spec::parse_policy(policy, &Default::default()).unwrap();
+        let mut p = spec.config.build().unwrap();
+        let mut d = crate::SimDevice::new(SimDeviceOptions::default().with_capacity(capacity));
+        stream_replay(
+            path,
+            &LoadOptions::default(),
+            p.as_mut(),
+            &mut d,
+            &ReplayOptions::default(),
+            &mut (),
+        )
+        .unwrap()
+    }
+
+    /// A CSV trace replayed as it is read gives the replay of the whole trace, under
+    /// every policy, with its event and alloc counts, at a capacity that runs out and
+    /// one that does not.
+    #[test]
+    fn streamed_equals_whole() {
+        let trace = workloads::generate::random(&workloads::RandomOptions {
+            seed: 5,
+            events: 3000,
+            streams: 2,
+            mark_every: Some(500),
+            ..workloads::RandomOptions::default()
+        })
+        .unwrap();
+        let mut text = Vec::new();
+        workloads::write_csv(&trace, &mut text).unwrap();
+        let (dir, path) = temp_file("t.csv", std::str::from_utf8(&text).unwrap());
+        let whole = load(
+            &TraceSource::File(path.clone()),
+            &LoadOptions::default(),
+            &SimDeviceOptions::default(),
+        )
+        .unwrap();
+        for policy in [
+            "caching",
+            "caching:expandable_segments=True",
+            "immediate",
+            "buddy",
+            "arena",
+        ] {
+            for capacity in [80 << 30, 2 << 30] {
+                let spec = policies::spec::parse_policy(policy, &Default::default()).unwrap();
+                let mut p = spec.config.build().unwrap();
+                let mut d =
+                    crate::SimDevice::new(SimDeviceOptions::default().with_capacity(capacity));
+                let expected =
+                    crate::replay(&whole.trace, p.as_mut(), &mut d, &ReplayOptions::default())
+                        .unwrap();
+                let Streamed::Replayed {
+                    shell,
+                    events,
+                    allocs,
+                    replay,
+                } = stream(&path, policy, capacity)
+                else {
+                    panic!("{policy} did not stream")
+                };
+                assert_eq!(replay, expected, "{policy} at {capacity}");
+                assert_eq!(events, whole.trace.events.len() as u64);
+                assert_eq!(allocs, whole.trace.alloc_count() as u64);
+                assert_eq!(shell.name, "t");
+            }
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// What a row at a time cannot tell goes to the whole-trace reader: a YAML file,
+    /// named ids, a blank line, an allocator call, a malformed row, a validation
+    /// error (also one after an out-of-memory stopped the replay); a clean CSV streams.
+    #[test]
+    fn what_needs_the_whole_trace() {
+        let cases: [(&str, &str, Option<Unstreamable>); 7] = [
+            (
+                "a.csv",
+                "op,id,bytes,stream\nalloc,1,512,0\nfree,1,,\n",
+                None,
+            ),
+            (
+                "b.csv",
+                "op,id,bytes,stream\nalloc,w,512,0\nfree,w,,\n",
+                Some(Unstreamable::NamedId),
+            ),
+            (
+                "c.csv",
+                "op,id,bytes,stream\nalloc,1,512,0\n\nfree,1,,\n",
+                Some(Unstreamable::LineBreaks),
+            ),
+            (
+                "d.csv",
+                "op,id,bytes,stream\nreset_peak_memory_stats,,,\n",
+                Some(Unstreamable::AllocatorCall),
+            ),
+            (
+                "e.csv",
+                "op,id,bytes,stream\nalloc,1,x,0\n",
+                Some(Unstreamable::Problem),
+            ),
+            (
+                "f.csv",
+                "op,id,bytes,stream\nalloc,1,512,0\nfree,2,,\n",
+                Some(Unstreamable::Problem),
+            ),
+            (
+                "g.csv",
+                "op,id,bytes,stream\nalloc,1,4294967296,0\nfree,1,,\nfree,1,,\n",
+                Some(Unstreamable::Problem),
+            ),
+        ];
+        for (name, text, why) in cases {
+            let (dir, path) = temp_file(name, text);
+            match (stream(&path, "caching", 2 << 30), why) {
+                (Streamed::Replayed { .. }, None) => {}
+                (Streamed::NeedsWholeTrace(Some(got)), Some(why)) => assert_eq!(got, why, "{name}"),
+                (other, _) => panic!("{name}: {other:?}"),
+            }
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+        let (dir, path) = temp_file("t.yaml", "events:\n  - {op: alloc, id: 1, bytes: 512}\n");
+        assert!(matches!(
+            stream(&path, "caching", 2 << 30),
+            Streamed::NeedsWholeTrace(None)
+        ));
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

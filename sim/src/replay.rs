@@ -201,10 +201,39 @@ pub fn replay_with<O: Observer + ?Sized>(
     options: &ReplayOptions,
     observer: &mut O,
 ) -> Result<Replay, ReplayError> {
+    replay_events(
+        trace.start.as_ref(),
+        trace.events.iter(),
+        policy,
+        device,
+        options,
+        observer,
+    )
+}
+
+/// [`replay_with`] over events as they come (a trace being read, which need not be
+/// held: [`crate::inputs::stream_replay`]), from the allocator state `start` (a trace
+/// that starts mid-run) or an empty one. Events are numbered from 0 in the order they
+/// come; the engine keeps nothing per event, and its live table follows the live
+/// allocations.
+///
+/// # Errors
+/// As [`replay`].
+///
+/// # Panics
+/// As [`replay`].
+pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
+    start: Option<&StartState>,
+    events: impl IntoIterator<Item = E>,
+    policy: &mut dyn Policy,
+    device: &mut dyn Device,
+    options: &ReplayOptions,
+    observer: &mut O,
+) -> Result<Replay, ReplayError> {
     let mut live = LiveTable::default();
     let mut recorder = Recorder::new();
     let mut started_by_allocating = 0u64;
-    if let Some(start) = &trace.start {
+    if let Some(start) = start {
         let blocks = start
             .segments
             .iter()
@@ -284,7 +313,8 @@ pub fn replay_with<O: Observer + ?Sized>(
     let mut skipped = 0u64;
     let mut ignored_calls = 0u64;
     let mut before = policy.stats();
-    for (index, event) in trace.events.iter().enumerate() {
+    for (index, event) in events.into_iter().enumerate() {
+        let event: &Event = event.borrow();
         let event_index = index as u64;
         if let Some(flag) = options.interrupt {
             if flag.load(Ordering::Relaxed) {

@@ -39,6 +39,14 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     if setup.capacities.len() > 1 {
         bail!("--capacity: replay takes one capacity; `allocsim compare` takes several");
     }
+    // A CSV trace replays as it is read (memory independent of its length) when
+    // nothing asks for the whole trace: no per-event outputs, and no out-of-memory to
+    // explain (its remedies are checked by replaying the whole trace again).
+    if args.timeline.is_none() && !iterations {
+        if let Some(exit) = streamed(&args, &setup)? {
+            return Ok(exit);
+        }
+    }
     let loaded = load::load_trace(&args.trace, &args.input, &setup.options)?;
     let settings = load::settings(&loaded.trace.meta, &args.device);
     let specs = load::policies(std::slice::from_ref(&args.policy), &settings.caching)?;
@@ -87,21 +95,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         Some(e) => frames_of(&args, &loaded.trace, e.event_index),
         None => Vec::new(),
     };
-    let label = match spec.config.options::<policies::caching::CachingConfig>() {
-        Some(c) => {
-            let conf = c.to_alloc_conf();
-            let limit = match c.memory_limit {
-                policies::caching::MemoryLimit::FromConfig => String::new(),
-                limit => format!(", memory limit: {limit}"),
-            };
-            if conf.is_empty() && limit.is_empty() {
-                spec.label.clone()
-            } else {
-                format!("{} (PYTORCH_CUDA_ALLOC_CONF={conf:?}{limit})", spec.label)
-            }
-        }
-        None => spec.label.clone(),
-    };
+    let label = policy_label(spec);
     let caveats = sim::caveats(&loaded.trace, &spec.config, &r);
     warn_caveats(caveats.iter().cloned());
     // The timeline file is complete before the summary says the replay is done.
@@ -126,7 +120,17 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         eprintln!("wrote {} ({} rows)", path.display(), windows.len());
     }
     let mut out = output::create(None)?;
-    let mut text = summary(&loaded.trace, &label, device.options(), &r);
+    let mut text = summary(
+        &loaded.trace,
+        (
+            loaded.trace.events.len() as u64,
+            loaded.trace.alloc_count() as u64,
+        ),
+        &|i| loaded.trace.event_ref(i),
+        &label,
+        device.options(),
+        &r,
+    );
     // What the summary's policy line rests on, right after it: the recorded settings
     // in force, and where the trace starts.
     let mut extra = String::new();
@@ -159,6 +163,102 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     }
     out.finish()?;
     Ok(Exit::Ran)
+}
+
+/// The policy as the summary names it, with the settings that are not its defaults.
+fn policy_label(spec: &policies::spec::PolicySpec) -> String {
+    match spec.config.options::<policies::caching::CachingConfig>() {
+        Some(c) => {
+            let conf = c.to_alloc_conf();
+            let limit = match c.memory_limit {
+                policies::caching::MemoryLimit::FromConfig => String::new(),
+                limit => format!(", memory limit: {limit}"),
+            };
+            if conf.is_empty() && limit.is_empty() {
+                spec.label.clone()
+            } else {
+                format!("{} (PYTORCH_CUDA_ALLOC_CONF={conf:?}{limit})", spec.label)
+            }
+        }
+        None => spec.label.clone(),
+    }
+}
+
+/// `replay` of a CSV trace as it is read (`sim::inputs::stream_replay`): the same
+/// summary as from the whole trace, in memory that follows the live allocations.
+/// `None` when the trace needs the whole-trace path instead: not a CSV, a problem to
+/// report (the whole-trace reader lists them all), named ids or allocator calls, or
+/// an out-of-memory to explain. A policy that does not build is reported there too,
+/// so errors come in the same order either way.
+fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Option<Exit>> {
+    use sim::inputs::{StreamError, Streamed};
+    if setup.capacities.len() > 1 {
+        return Ok(None);
+    }
+    let meta = workloads::TraceMeta::of_format(workloads::Format::Csv);
+    let settings = load::settings(&meta, &args.device);
+    let Ok(specs) = load::policies(std::slice::from_ref(&args.policy), &settings.caching) else {
+        return Ok(None);
+    };
+    let [spec] = specs.as_slice() else {
+        return Ok(None);
+    };
+    let Ok(mut policy) = spec.config.build() else {
+        return Ok(None);
+    };
+    // A CSV trace records no addresses: no hints.
+    let mut device = SimDevice::new(setup.options.clone());
+    let mut watch = OomWatch::default();
+    let in_order = interrupt::in_order();
+    let streamed = sim::inputs::stream_replay(
+        &args.trace,
+        &load::load_options(&args.input),
+        policy.as_mut(),
+        &mut device,
+        &setup.replay,
+        &mut watch,
+    );
+    drop(in_order);
+    let (shell, counts, r) = match streamed {
+        Ok(Streamed::Replayed {
+            shell,
+            events,
+            allocs,
+            replay,
+        }) if watch.explanation.is_none() => (shell, (events, allocs), replay),
+        Ok(_) | Err(StreamError::Read(_)) => return Ok(None),
+        Err(StreamError::Replay(e)) => {
+            return Err(e).with_context(|| format!("replaying {}", args.trace.display()))
+        }
+    };
+    let label = policy_label(spec);
+    let caveats = sim::caveats(&shell, &spec.config, &r);
+    warn_caveats(caveats.iter().cloned());
+    let mut out = output::create(None)?;
+    let line = workloads::csv::CsvEvents::<std::fs::File>::line_of;
+    let mut text = summary(
+        &shell,
+        counts,
+        &|i| format!("event {i} (line {})", line(i)),
+        &label,
+        device.options(),
+        &r,
+    );
+    if let Some(note) = &settings.note {
+        if let Some(at) = text.find("\ndevice ") {
+            text.insert_str(at + 1, &format!("settings            {note}\n"));
+        }
+    }
+    write!(out, "{text}")?;
+    for c in &caveats {
+        writeln!(out, "not exact           {c}")?;
+    }
+    if args.stats {
+        writeln!(out)?;
+        write!(out, "{}", stats_table(&policy.detailed_stats()))?;
+    }
+    out.finish()?;
+    Ok(Some(Exit::Ran))
 }
 
 /// Iterations shown in the summary; the CSV has them all.
@@ -451,7 +551,17 @@ fn human_exact(b: u64) -> String {
 }
 
 /// The readable summary of one replay.
-pub fn summary(trace: &Trace, policy: &str, device: &sim::SimDeviceOptions, r: &Replay) -> String {
+///
+/// `counts` are the trace's events and `alloc` events, and `event_ref` names an event
+/// as [`Trace::event_ref`] does (a streamed trace holds neither).
+pub fn summary(
+    trace: &Trace,
+    counts: (u64, u64),
+    event_ref: &dyn Fn(usize) -> String,
+    policy: &str,
+    device: &sim::SimDeviceOptions,
+    r: &Replay,
+) -> String {
     let s = &r.summary;
     let mut out = String::new();
     let source = trace
@@ -461,8 +571,7 @@ pub fn summary(trace: &Trace, policy: &str, device: &sim::SimDeviceOptions, r: &
     let _ = writeln!(
         out,
         "trace               {source}: {} events, {} allocations",
-        trace.events.len(),
-        trace.alloc_count()
+        counts.0, counts.1
     );
     let _ = writeln!(out, "policy              {policy}");
     let kept = device.reserved_by_driver_bytes();
@@ -486,7 +595,7 @@ pub fn summary(trace: &Trace, policy: &str, device: &sim::SimDeviceOptions, r: &
     let _ = writeln!(out, "peak allocated      {}", bytes(s.allocated_bytes_peak));
     let at = s
         .reserved_peak_event_index
-        .map(|i| format!(", first at {}", trace.event_ref(i as usize)))
+        .map(|i| format!(", first at {}", event_ref(i as usize)))
         .unwrap_or_default();
     let _ = writeln!(
         out,
@@ -546,8 +655,7 @@ pub fn summary(trace: &Trace, policy: &str, device: &sim::SimDeviceOptions, r: &
     let _ = writeln!(
         out,
         "events replayed     {:>12}  of {}",
-        s.event_count,
-        trace.events.len()
+        s.event_count, counts.0
     );
     let _ = writeln!(
         out,

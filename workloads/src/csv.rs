@@ -885,3 +885,154 @@ mod tests {
         }
     }
 }
+
+/// Why [`CsvEvents`] stopped before the end of its file: what it does not give one
+/// event at a time. The caller then reads the whole trace with [`read_csv`], which
+/// gives the same events, or every problem of the file with its line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unstreamable {
+    /// A problem: the header, a malformed row, an I/O error, an empty file.
+    Problem,
+    /// An id that is a name (names are interned over the whole trace).
+    NamedId,
+    /// An allocator call beyond requests, frees, `empty_cache()` and marks.
+    AllocatorCall,
+    /// A row not on the line after the previous one (blank lines, line breaks inside
+    /// a label): events are numbered from their lines only when each row is one line.
+    LineBreaks,
+}
+
+/// The events of a CSV trace one at a time, as [`read_csv`] reads them, for a replay
+/// that does not hold the trace (memory independent of the file's length). It gives
+/// up ([`CsvEvents::stopped`]) at anything that needs the whole trace or a full list
+/// of problems ([`Unstreamable`]); the event numbering is the same as [`read_csv`]'s,
+/// and event `i` is on line `i + 2`.
+pub struct CsvEvents<R: io::Read> {
+    csv: ::csv::Reader<LineCounter<R>>,
+    record: ::csv::StringRecord,
+    path: std::path::PathBuf,
+    header_seen: bool,
+    events: u64,
+    allocs: u64,
+    stopped: Option<Unstreamable>,
+}
+
+impl CsvEvents<io::BufReader<std::fs::File>> {
+    /// The events of the CSV file at `path`.
+    ///
+    /// # Errors
+    /// The file does not open.
+    pub fn open(path: &Path) -> Result<Self, ReadError> {
+        let file = std::fs::File::open(path).map_err(|e| ReadError::io(path, &e))?;
+        Ok(CsvEvents::new(
+            io::BufReader::with_capacity(1 << 16, file),
+            path,
+        ))
+    }
+}
+
+impl<R: io::Read> CsvEvents<R> {
+    /// The events of the CSV trace `reader` holds; `path` names it.
+    pub fn new(reader: R, path: &Path) -> Self {
+        CsvEvents {
+            csv: ::csv::ReaderBuilder::new()
+                .has_headers(false)
+                .flexible(true)
+                .from_reader(LineCounter::new(reader)),
+            record: ::csv::StringRecord::new(),
+            path: path.to_path_buf(),
+            header_seen: false,
+            events: 0,
+            allocs: 0,
+            stopped: None,
+        }
+    }
+
+    /// Why the events stopped before the end of the file, if they did.
+    pub fn stopped(&self) -> Option<Unstreamable> {
+        self.stopped
+    }
+
+    /// Events given so far.
+    pub fn events_read(&self) -> u64 {
+        self.events
+    }
+
+    /// `alloc` events given so far.
+    pub fn allocs_read(&self) -> u64 {
+        self.allocs
+    }
+
+    /// The trace [`read_csv`] would give, without its events (name, path, metadata),
+    /// for reports; its events' places are [`CsvEvents::line_of`], which the shell
+    /// does not hold.
+    pub fn shell(&self) -> Trace {
+        Trace {
+            name: file_stem(&self.path),
+            path: Some(self.path.clone()),
+            events: Vec::new(),
+            locations: Vec::new(),
+            location_kind: LocationKind::Line,
+            meta: TraceMeta::of_format(Format::Csv),
+            id_names: Vec::new(),
+            times_us: Vec::new(),
+            start: None,
+        }
+    }
+
+    /// The line of event `index` (every row one line, after the header).
+    pub fn line_of(index: usize) -> u64 {
+        index as u64 + 2
+    }
+
+    fn stop(&mut self, why: Unstreamable) -> Option<Event> {
+        self.stopped = Some(why);
+        None
+    }
+}
+
+impl<R: io::Read> Iterator for CsvEvents<R> {
+    type Item = Event;
+
+    fn next(&mut self) -> Option<Event> {
+        if self.stopped.is_some() {
+            return None;
+        }
+        loop {
+            match self.csv.read_record(&mut self.record) {
+                Ok(true) => {}
+                Ok(false) if self.header_seen => return None,
+                Ok(false) | Err(_) => return self.stop(Unstreamable::Problem),
+            }
+            let line = self
+                .csv
+                .get_mut()
+                .line_at(self.record.position().map_or(0, |p| p.byte()));
+            if !self.header_seen {
+                if line != 1 || check_header(&self.path, line, &self.record).is_err() {
+                    return self.stop(Unstreamable::Problem);
+                }
+                self.header_seen = true;
+                continue;
+            }
+            if line != self.events + 2 {
+                return self.stop(Unstreamable::LineBreaks);
+            }
+            return match parse_row(&self.path, line, &self.record) {
+                Err(_) => self.stop(Unstreamable::Problem),
+                Ok((_, Some(IdToken::Name(_)))) => self.stop(Unstreamable::NamedId),
+                Ok((event, _)) if event.is_allocator_call() => {
+                    self.stop(Unstreamable::AllocatorCall)
+                }
+                Ok((mut event, token)) => {
+                    if let Some(IdToken::Number(n)) = token {
+                        crate::ids::set_id(&mut event, AllocId(n));
+                    }
+                    self.events += 1;
+                    self.allocs += u64::from(matches!(event, Event::Alloc { .. }));
+                    Some(event)
+                }
+            };
+        }
+    }
+}

@@ -125,7 +125,8 @@ pub fn event_id(event: &Event) -> Option<AllocId> {
     }
 }
 
-fn set_id(event: &mut Event, new: AllocId) {
+/// Sets the id of an event that names one.
+pub(crate) fn set_id(event: &mut Event, new: AllocId) {
     match event {
         Event::Alloc { id, .. } | Event::FreeRequested { id } | Event::Free { id } => *id = new,
         _ => {}
