@@ -138,6 +138,10 @@ pub enum Command {
     /// Write what a policy would have done as a PyTorch memory snapshot (pickle), for
     /// pytorch.org/memory_viz and `python -m torch.cuda._memory_viz`.
     Export(ExportArgs),
+    /// Measure replay speed: events per second of each policy on each trace (one
+    /// core, the thread's CPU time; a warm-up run, then the median and spread of
+    /// several), on two generated traces when none is given.
+    Bench(BenchArgs),
 }
 
 /// How traces are read.
@@ -265,6 +269,31 @@ pub struct CompareArgs {
     pub output: Option<PathBuf>,
     /// `table` (aligned, sizes in binary units; the default on a terminal) or `csv`
     /// (the default in a pipe or with -o).
+    #[arg(long, value_enum)]
+    pub format: Option<crate::table::OutputFormat>,
+    #[command(flatten)]
+    pub input: InputArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// `allocsim bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Traces to replay (any format); without any, the random generator's traces of
+    /// 100 000 and 1 000 000 events (seed 1, two streams).
+    pub traces: Vec<PathBuf>,
+    /// Comma-separated policies (generated help: see `policy_help`).
+    #[arg(
+        long,
+        default_value = ALL_POLICIES.as_str(),
+        help = policy_help("Comma-separated policies, e.g. `caching,caching:expandable_segments=True`")
+    )]
+    pub policies: Vec<String>,
+    /// Timed runs of each (trace, policy), after one warm-up run.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: u32,
+    /// `table` (the default on a terminal) or `csv` (the default in a pipe).
     #[arg(long, value_enum)]
     pub format: Option<crate::table::OutputFormat>,
     #[command(flatten)]

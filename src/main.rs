@@ -197,6 +197,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Validate(a) => commands::gpu::validate(a),
         Command::Plot(a) => commands::plot::run(a),
         Command::Export(a) => commands::export::run(a),
+        Command::Bench(a) => commands::bench::run(a),
     }
 }
 

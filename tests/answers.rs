@@ -588,3 +588,47 @@ fn streamed_replay_prints_the_whole_trace_summary() {
         );
     }
 }
+
+/// `bench` prints one CSV row per (trace, policy) in input order, with the run count
+/// asked, and medians inside the spread of the runs (shape only: no speed is asserted);
+/// `--runs 0` is a usage error.
+#[test]
+fn bench_rows_per_trace_and_policy() {
+    let o = allocsim([
+        "bench",
+        "examples/random_small.csv",
+        "examples/seed000.yaml",
+        "--policies",
+        "caching,buddy",
+        "--runs",
+        "2",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("trace,events,policy,runs,median_seconds,min_seconds,max_seconds,median_events_per_second,min_events_per_second,max_events_per_second")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let keys: Vec<(&str, &str, &str)> = rows.iter().map(|r| (r[0], r[2], r[3])).collect();
+    assert_eq!(
+        keys,
+        [
+            ("random_small", "caching", "2"),
+            ("random_small", "buddy", "2"),
+            ("seed000", "caching", "2"),
+            ("seed000", "buddy", "2"),
+        ]
+    );
+    for r in &rows {
+        let f = |i: usize| r[i].parse::<f64>().unwrap();
+        assert!(f(5) <= f(4) && f(4) <= f(6), "{r:?}");
+        assert!(f(7) > 0.0, "{r:?}");
+    }
+    assert_eq!(rows[0][1], "2032");
+    let o = allocsim(["bench", "--runs", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+}

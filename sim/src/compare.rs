@@ -93,8 +93,25 @@ pub fn compare(
     devices: &[SimDeviceOptions],
     options: &ReplayOptions,
 ) -> Result<Vec<Row>, CompareError> {
+    let runs: Vec<(&CompareInput, &[PolicySpec])> =
+        inputs.iter().map(|input| (input, policies)).collect();
+    compare_each(&runs, devices, options, None)
+}
+
+/// [`compare`] where each trace has its own policies (a recorded run's own settings):
+/// every (trace, policy, device) job of every trace in one parallel pool, each trace
+/// shared by its jobs, rows in input order. `progress` is called after each job.
+///
+/// # Errors
+/// As [`compare`].
+pub fn compare_each(
+    runs: &[(&CompareInput, &[PolicySpec])],
+    devices: &[SimDeviceOptions],
+    options: &ReplayOptions,
+    progress: Option<&(dyn Fn() + Sync)>,
+) -> Result<Vec<Row>, CompareError> {
     let mut jobs = Vec::new();
-    for input in inputs {
+    for &(input, policies) in runs {
         for spec in policies {
             for device in devices {
                 jobs.push((input, spec, device));
@@ -105,7 +122,13 @@ pub fn compare(
     // first in time depends on the scheduling, the error reported must not.
     let results: Vec<Result<Row, CompareError>> = jobs
         .par_iter()
-        .map(|&(input, spec, device)| run_one(input, spec, device, options))
+        .map(|&(input, spec, device)| {
+            let row = run_one(input, spec, device, options);
+            if let Some(p) = progress {
+                p();
+            }
+            row
+        })
         .collect();
     results.into_iter().collect()
 }

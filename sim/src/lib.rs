@@ -52,7 +52,7 @@ pub mod sweep;
 pub mod validation;
 
 pub use caveats::caveats;
-pub use compare::{compare, CompareError, CompareInput, Row};
+pub use compare::{compare, compare_each, CompareError, CompareInput, Row};
 pub use device::{AddressHints, AddressModel, SimDevice, SimDeviceOptions};
 pub use explain::{OomExplanation, OomWatch};
 pub use export::SnapshotExport;

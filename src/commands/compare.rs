@@ -45,15 +45,15 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     let rows = {
         // Ctrl-C stops every replay at its next event; nothing is written then.
         let _in_order = interrupt::in_order();
-        let mut rows = Vec::new();
-        for (input, specs) in &runs {
-            rows.extend(sim::compare(
-                std::slice::from_ref(input),
-                specs,
-                &setup.devices,
-                &setup.replay,
-            )?);
-        }
+        let jobs: Vec<(&sim::CompareInput, &[policies::spec::PolicySpec])> = runs
+            .iter()
+            .map(|(input, specs)| (input, specs.as_slice()))
+            .collect();
+        let steps = jobs.iter().map(|(_, s)| s.len()).sum::<usize>() * setup.devices.len();
+        let bar = crate::commands::sweep::progress_bar(steps as u64);
+        let tick = || bar.inc(1);
+        let rows = sim::compare_each(&jobs, &setup.devices, &setup.replay, Some(&tick))?;
+        bar.finish_and_clear();
         rows
     };
     crate::commands::replay::warn_caveats(rows.iter().flat_map(|r| {

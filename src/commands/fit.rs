@@ -69,9 +69,11 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
         .collect();
     // Ctrl-C stops every replay at its next event; nothing is written then.
     let in_order = interrupt::in_order();
+    let bar = crate::commands::sweep::progress_bar(jobs.len() as u64);
     let results: Vec<anyhow::Result<(Fit, Vec<bool>)>> = jobs
         .par_iter()
         .map(|&(t, p)| {
+            let _tick = Tick(&bar);
             let input = &loaded[t];
             let config = &specs[p].config;
             let fit = sim::fit(
@@ -90,6 +92,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
         })
         .collect();
     drop(in_order);
+    bar.finish_and_clear();
     let results = results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
     let names: Vec<&str> = loaded.iter().map(|i| i.trace.name.as_str()).collect();
     let format = OutputFormat::resolve(args.format, args.output.is_some());
@@ -158,4 +161,13 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
         eprintln!("wrote {} ({} rows)", path.display(), results.len());
     }
     Ok(Exit::Ran)
+}
+
+/// Advances a progress bar when a job ends, however it ends.
+struct Tick<'a>(&'a indicatif::ProgressBar);
+
+impl Drop for Tick<'_> {
+    fn drop(&mut self) {
+        self.0.inc(1);
+    }
 }

@@ -1,5 +1,6 @@
 //! One module per subcommand: thin glue over the library crates.
 
+pub mod bench;
 pub mod check;
 pub mod compare;
 pub mod convert;

@@ -65,7 +65,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     });
     let mut observer = (
         (args.timeline.as_ref().map(|_| Timeline::default()), windows),
-        OomWatch::default(),
+        (OomWatch::default(), EventSpinner::on_terminal()),
     );
     // Ctrl-C stops the replay at its next event; nothing is written then.
     let in_order = interrupt::in_order();
@@ -77,7 +77,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         &mut observer,
     )
     .with_context(|| format!("replaying {}", args.trace.display()))?;
-    let ((timeline, windows), watch) = observer;
+    let ((timeline, windows), (watch, spinner)) = observer;
+    drop(spinner);
     let windows = windows.map(|w| w.finish(r.oom.as_ref().map(|o| o.event_index)));
     let mut why = watch.explanation;
     if let Some(e) = &mut why {
@@ -165,6 +166,41 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     Ok(Exit::Ran)
 }
 
+/// Events replayed so far, on a spinner on stderr (only on a terminal: `None`
+/// otherwise), updated every 65 536 events.
+struct EventSpinner(indicatif::ProgressBar);
+
+impl EventSpinner {
+    fn on_terminal() -> Option<EventSpinner> {
+        use std::io::IsTerminal as _;
+        if !std::io::stderr().is_terminal() {
+            return None;
+        }
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} {human_pos} events replayed, {per_sec}",
+            )
+            .expect("a valid template"),
+        );
+        Some(EventSpinner(bar))
+    }
+}
+
+impl sim::Observer for EventSpinner {
+    fn after_event(&mut self, step: &sim::Step<'_>) {
+        if step.index & 0xffff == 0 {
+            self.0.set_position(step.index as u64);
+        }
+    }
+}
+
+impl Drop for EventSpinner {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
 /// The policy as the summary names it, with the settings that are not its defaults.
 fn policy_label(spec: &policies::spec::PolicySpec) -> String {
     match spec.config.options::<policies::caching::CachingConfig>() {
@@ -208,7 +244,7 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     };
     // A CSV trace records no addresses: no hints.
     let mut device = SimDevice::new(setup.options.clone());
-    let mut watch = OomWatch::default();
+    let mut observer = (OomWatch::default(), EventSpinner::on_terminal());
     let in_order = interrupt::in_order();
     let streamed = sim::inputs::stream_replay(
         &args.trace,
@@ -216,9 +252,11 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
         policy.as_mut(),
         &mut device,
         &setup.replay,
-        &mut watch,
+        &mut observer,
     );
     drop(in_order);
+    let (watch, spinner) = observer;
+    drop(spinner);
     let (shell, counts, r) = match streamed {
         Ok(Streamed::Replayed {
             shell,

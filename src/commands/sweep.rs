@@ -124,7 +124,7 @@ fn write(
 }
 
 /// A progress bar on stderr when it is a terminal, hidden otherwise.
-fn progress_bar(steps: u64) -> indicatif::ProgressBar {
+pub fn progress_bar(steps: u64) -> indicatif::ProgressBar {
     if !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
