@@ -10,6 +10,7 @@ use std::io::Write as _;
 use anyhow::Context;
 use sim::inputs::TraceSource;
 use sim::SimDevice;
+use workloads::generate::Generator;
 use workloads::RandomOptions;
 
 use crate::flags::BenchArgs;
@@ -22,12 +23,12 @@ pub fn default_sources() -> Vec<TraceSource> {
     [100_000, 1_000_000]
         .into_iter()
         .map(|events| {
-            TraceSource::Random(RandomOptions {
+            TraceSource::Generated(Box::new(Generator::Random(RandomOptions {
                 seed: 1,
                 events,
                 streams: 2,
                 ..RandomOptions::default()
-            })
+            })))
         })
         .collect()
 }

@@ -907,9 +907,18 @@ pub enum Unstreamable {
 /// up ([`CsvEvents::stopped`]) at anything that needs the whole trace or a full list
 /// of problems ([`Unstreamable`]); the event numbering is the same as [`read_csv`]'s,
 /// and event `i` is on line `i + 2`.
+///
+/// Rows are cut at line breaks and the usual ones (`alloc`, `free`,
+/// `free_requested`, `empty_cache` with numeric ids and no quotes) are parsed
+/// straight from the bytes; any other row is read by the csv crate and [`read_csv`]'s
+/// own row parser, so both readers agree on every row they both accept.
 pub struct CsvEvents<R: io::Read> {
-    csv: ::csv::Reader<LineCounter<R>>,
-    record: ::csv::StringRecord,
+    reader: R,
+    buf: Vec<u8>,
+    /// The unread bytes are `buf[start..end]`.
+    start: usize,
+    end: usize,
+    eof: bool,
     path: std::path::PathBuf,
     header_seen: bool,
     events: u64,
@@ -917,17 +926,17 @@ pub struct CsvEvents<R: io::Read> {
     stopped: Option<Unstreamable>,
 }
 
-impl CsvEvents<io::BufReader<std::fs::File>> {
+/// Bytes read at a time.
+const CHUNK: usize = 1 << 18;
+
+impl CsvEvents<std::fs::File> {
     /// The events of the CSV file at `path`.
     ///
     /// # Errors
     /// The file does not open.
     pub fn open(path: &Path) -> Result<Self, ReadError> {
         let file = std::fs::File::open(path).map_err(|e| ReadError::io(path, &e))?;
-        Ok(CsvEvents::new(
-            io::BufReader::with_capacity(1 << 16, file),
-            path,
-        ))
+        Ok(CsvEvents::new(file, path))
     }
 }
 
@@ -935,11 +944,11 @@ impl<R: io::Read> CsvEvents<R> {
     /// The events of the CSV trace `reader` holds; `path` names it.
     pub fn new(reader: R, path: &Path) -> Self {
         CsvEvents {
-            csv: ::csv::ReaderBuilder::new()
-                .has_headers(false)
-                .flexible(true)
-                .from_reader(LineCounter::new(reader)),
-            record: ::csv::StringRecord::new(),
+            reader,
+            buf: vec![0; CHUNK],
+            start: 0,
+            end: 0,
+            eof: false,
             path: path.to_path_buf(),
             header_seen: false,
             events: 0,
@@ -989,6 +998,128 @@ impl<R: io::Read> CsvEvents<R> {
         self.stopped = Some(why);
         None
     }
+
+    /// The next line (without its `\n`) as `buf[from..to]`, or `None` at the end of
+    /// the input; an I/O error or a line longer than [`MAX_ROW_BYTES`] is `Err`.
+    fn next_line(&mut self) -> Result<Option<(usize, usize)>, ()> {
+        let mut searched = 0;
+        loop {
+            let unread = &self.buf[self.start + searched..self.end];
+            if let Some(i) = memchr::memchr(b'\n', unread) {
+                let from = self.start;
+                let to = self.start + searched + i;
+                self.start = to + 1;
+                return Ok(Some((from, to)));
+            }
+            searched = self.end - self.start;
+            if self.eof {
+                if searched == 0 {
+                    return Ok(None);
+                }
+                let from = self.start;
+                self.start = self.end;
+                return Ok(Some((from, self.end)));
+            }
+            if searched as u64 > MAX_ROW_BYTES {
+                return Err(());
+            }
+            // Keep the partial line, read more behind it.
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            if self.buf.len() - self.end < CHUNK / 2 {
+                self.buf.resize(self.buf.len() + CHUNK, 0);
+            }
+            loop {
+                match self.reader.read(&mut self.buf[self.end..]) {
+                    Ok(0) => {
+                        self.eof = true;
+                        break;
+                    }
+                    Ok(n) => {
+                        self.end += n;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => return Err(()),
+                }
+            }
+        }
+    }
+
+    /// A row the fast path does not take, through the csv crate and [`parse_row`].
+    fn slow_row(&mut self, from: usize, to: usize, line: u64) -> Option<Event> {
+        let mut csv = ::csv::ReaderBuilder::new()
+            .has_headers(false)
+            .flexible(true)
+            .from_reader(&self.buf[from..to]);
+        let mut record = ::csv::StringRecord::new();
+        match csv.read_record(&mut record) {
+            Ok(true) => {}
+            _ => return self.stop(Unstreamable::Problem),
+        }
+        match parse_row(&self.path, line, &record) {
+            Err(_) => self.stop(Unstreamable::Problem),
+            Ok((_, Some(IdToken::Name(_)))) => self.stop(Unstreamable::NamedId),
+            Ok((event, _)) if event.is_allocator_call() => self.stop(Unstreamable::AllocatorCall),
+            Ok((mut event, token)) => {
+                if let Some(IdToken::Number(n)) = token {
+                    crate::ids::set_id(&mut event, AllocId(n));
+                }
+                Some(event)
+            }
+        }
+    }
+}
+
+/// A field of decimal digits as a number (as [`parse_uint`] and [`IdToken::parse`]
+/// read it), `None` for anything else.
+#[inline]
+fn digits(field: &[u8]) -> Option<u64> {
+    if field.is_empty() || field.len() > 20 {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &b in field {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(d))?;
+    }
+    Some(n)
+}
+
+/// The usual rows straight from the bytes: `alloc,<id>,<bytes>,<stream>`,
+/// `free,<id>,,` (and `free_completed`), `free_requested,<id>,,`, `empty_cache,,,`,
+/// with numbers for ids; `None` sends the row to the csv crate.
+#[inline]
+fn fast_row(row: &[u8]) -> Option<Event> {
+    let mut fields = row.splitn(5, |&b| b == b',');
+    let (op, a, b, c) = (
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+    );
+    if fields.next().is_some() {
+        return None;
+    }
+    match op {
+        b"alloc" => Some(Event::Alloc {
+            id: AllocId(digits(a)?),
+            size_bytes: digits(b)?,
+            stream: if c.is_empty() { 0 } else { digits(c)? },
+        }),
+        b"free" | b"free_completed" if b.is_empty() && c.is_empty() => Some(Event::Free {
+            id: AllocId(digits(a)?),
+        }),
+        b"free_requested" if b.is_empty() && c.is_empty() => Some(Event::FreeRequested {
+            id: AllocId(digits(a)?),
+        }),
+        b"empty_cache" if a.is_empty() && b.is_empty() && c.is_empty() => Some(Event::EmptyCache),
+        _ => None,
+    }
 }
 
 impl<R: io::Read> Iterator for CsvEvents<R> {
@@ -998,41 +1129,117 @@ impl<R: io::Read> Iterator for CsvEvents<R> {
         if self.stopped.is_some() {
             return None;
         }
-        loop {
-            match self.csv.read_record(&mut self.record) {
-                Ok(true) => {}
-                Ok(false) if self.header_seen => return None,
-                Ok(false) | Err(_) => return self.stop(Unstreamable::Problem),
+        let (from, mut to) = match self.next_line() {
+            Ok(Some(line)) => line,
+            Ok(None) if self.header_seen => return None,
+            Ok(None) | Err(()) => return self.stop(Unstreamable::Problem),
+        };
+        // "\r\n" ends a row as "\n" does; a "\r" anywhere else ends one too (for the
+        // csv crate), which shifts the line numbers.
+        if to > from && self.buf[to - 1] == b'\r' {
+            to -= 1;
+        }
+        let row = &self.buf[from..to];
+        if memchr::memchr(b'\r', row).is_some() {
+            return self.stop(Unstreamable::LineBreaks);
+        }
+        if !self.header_seen {
+            let row = row.strip_prefix("\u{feff}".as_bytes()).unwrap_or(row);
+            if row != CSV_HEADER.as_bytes() {
+                return self.stop(Unstreamable::Problem);
             }
-            let line = self
-                .csv
-                .get_mut()
-                .line_at(self.record.position().map_or(0, |p| p.byte()));
-            if !self.header_seen {
-                if line != 1 || check_header(&self.path, line, &self.record).is_err() {
-                    return self.stop(Unstreamable::Problem);
+            self.header_seen = true;
+            return self.next();
+        }
+        // A blank line is skipped by the csv crate, a quoted field may run over lines:
+        // either way the rows after it are not on line `index + 2`.
+        if row.is_empty() {
+            return self.stop(Unstreamable::LineBreaks);
+        }
+        let event = match fast_row(row) {
+            Some(event) => event,
+            None => {
+                if memchr::memchr_iter(b'"', row).count() % 2 == 1 {
+                    return self.stop(Unstreamable::LineBreaks);
                 }
-                self.header_seen = true;
-                continue;
+                let line = CsvEvents::<R>::line_of(self.events as usize);
+                self.slow_row(from, to, line)?
             }
-            if line != self.events + 2 {
-                return self.stop(Unstreamable::LineBreaks);
-            }
-            return match parse_row(&self.path, line, &self.record) {
-                Err(_) => self.stop(Unstreamable::Problem),
-                Ok((_, Some(IdToken::Name(_)))) => self.stop(Unstreamable::NamedId),
-                Ok((event, _)) if event.is_allocator_call() => {
-                    self.stop(Unstreamable::AllocatorCall)
-                }
-                Ok((mut event, token)) => {
-                    if let Some(IdToken::Number(n)) = token {
-                        crate::ids::set_id(&mut event, AllocId(n));
-                    }
-                    self.events += 1;
-                    self.allocs += u64::from(matches!(event, Event::Alloc { .. }));
-                    Some(event)
-                }
-            };
+        };
+        self.events += 1;
+        self.allocs += u64::from(matches!(event, Event::Alloc { .. }));
+        Some(event)
+    }
+}
+
+#[cfg(test)]
+mod stream_tests {
+    use super::*;
+
+    fn both(text: &str) -> (Vec<Event>, Option<Unstreamable>, Trace) {
+        let path = Path::new("t.csv");
+        let mut stream = CsvEvents::new(text.as_bytes(), path);
+        let events: Vec<Event> = stream.by_ref().collect();
+        let whole = read_csv_from(text.as_bytes(), path).unwrap();
+        (events, stream.stopped(), whole)
+    }
+
+    /// Every row the fast path takes and every one it hands to the csv crate (quoted
+    /// labels, marks, `free_completed`, zero-padded ids, empty streams, CRLF line
+    /// ends, a byte order mark) gives the events `read_csv` gives, across buffer
+    /// refills (rows past 256 KiB).
+    #[test]
+    fn streamed_events_equal_read_csv() {
+        let mut text = String::from("\u{feff}op,id,bytes,stream\r\n");
+        text += "alloc,007,512,\r\nmark,\"a, \"\"quoted\"\" label\",,\r\nfree_requested,7,,\r\n";
+        text += "free_completed,7,,\r\nempty_cache,,,\r\nmark,plain,,\r\n";
+        for i in 0..30_000u64 {
+            text += &format!("alloc,{i},{},{}\nfree,{i},,\n", 512 + i, i % 3);
+        }
+        text += "alloc,99999999999,1,0";
+        let (events, stopped, whole) = both(&text);
+        assert_eq!(stopped, None);
+        assert_eq!(events, whole.events);
+        assert_eq!(whole.locations.last(), Some(&(events.len() as u64 + 1)));
+    }
+
+    /// What a row at a time cannot tell stops the events, naming why; the rows before
+    /// are the whole reader's.
+    #[test]
+    fn stops_where_the_whole_trace_is_needed() {
+        let h = "op,id,bytes,stream\n";
+        for (rows, why) in [
+            ("alloc,1,8,0\n\nfree,1,,\n", Unstreamable::LineBreaks),
+            (
+                "alloc,1,8,0\nmark,\"two\nlines\",,\nfree,1,,\n",
+                Unstreamable::LineBreaks,
+            ),
+            (
+                "free,1,,\nalloc,1,8,0\rfree,1,,\n",
+                Unstreamable::LineBreaks,
+            ),
+            ("alloc,1,8,0\nalloc,w,8,0\n", Unstreamable::NamedId),
+            (
+                "alloc,1,8,0\ncreate_pool,1:0,,\n",
+                Unstreamable::AllocatorCall,
+            ),
+            ("alloc,1,8,0\nalloc,1,x,0\n", Unstreamable::Problem),
+            ("alloc,1,8,0\nfree,1\n", Unstreamable::Problem),
+            (
+                "alloc,1,8,0\nalloc,1,99999999999999999999,0\n",
+                Unstreamable::Problem,
+            ),
+        ] {
+            let text = format!("{h}{rows}");
+            let mut stream = CsvEvents::new(text.as_bytes(), Path::new("t.csv"));
+            let events: Vec<Event> = stream.by_ref().collect();
+            assert_eq!(stream.stopped(), Some(why), "{rows:?}");
+            assert_eq!(events.len(), 1, "{rows:?}");
+        }
+        for text in ["", "op,id,bytes\nalloc,1,8,0\n", "\nop,id,bytes,stream\n"] {
+            let mut stream = CsvEvents::new(text.as_bytes(), Path::new("t.csv"));
+            assert_eq!(stream.next(), None);
+            assert_eq!(stream.stopped(), Some(Unstreamable::Problem), "{text:?}");
         }
     }
 }
