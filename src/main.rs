@@ -14,6 +14,7 @@ mod flags;
 mod interrupt;
 mod load;
 mod output;
+mod progress;
 mod table;
 
 use std::process::ExitCode;

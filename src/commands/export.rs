@@ -75,7 +75,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<Exit> {
         policy.as_mut(),
         &mut device,
         &setup.replay,
-        &mut export,
+        &mut (&mut export, crate::progress::EventSpinner::on_terminal()),
     )
     .with_context(|| format!("replaying {}", args.trace.display()))?;
     drop(in_order);

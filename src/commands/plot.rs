@@ -109,7 +109,7 @@ fn timeline_chart(
                 policy.as_mut(),
                 &mut device,
                 &setup.replay,
-                &mut recorder,
+                &mut (&mut recorder, crate::progress::EventSpinner::on_terminal()),
             )
             .with_context(|| format!("replaying {} under {}", l.trace.name, spec.label))?;
             drop(in_order);
@@ -291,6 +291,7 @@ fn replay<O: sim::Observer>(
     observer: &mut O,
 ) -> anyhow::Result<sim::Replay> {
     let _in_order = interrupt::in_order();
-    sim::replay_with(trace, policy, device, &setup.replay, observer)
+    let mut observer = (observer, crate::progress::EventSpinner::on_terminal());
+    sim::replay_with(trace, policy, device, &setup.replay, &mut observer)
         .with_context(|| format!("replaying {}", trace.name))
 }

@@ -11,6 +11,7 @@ use workloads::Trace;
 
 use crate::flags::ReplayArgs;
 use crate::output::{self, Kind, Planned};
+use crate::progress::EventSpinner;
 use crate::{interrupt, load, Exit};
 
 pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
@@ -164,41 +165,6 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     }
     out.finish()?;
     Ok(Exit::Ran)
-}
-
-/// Events replayed so far, on a spinner on stderr (only on a terminal: `None`
-/// otherwise), updated every 65 536 events.
-struct EventSpinner(indicatif::ProgressBar);
-
-impl EventSpinner {
-    fn on_terminal() -> Option<EventSpinner> {
-        use std::io::IsTerminal as _;
-        if !std::io::stderr().is_terminal() {
-            return None;
-        }
-        let bar = indicatif::ProgressBar::new_spinner();
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} {human_pos} events replayed, {per_sec}",
-            )
-            .expect("a valid template"),
-        );
-        Some(EventSpinner(bar))
-    }
-}
-
-impl sim::Observer for EventSpinner {
-    fn after_event(&mut self, step: &sim::Step<'_>) {
-        if step.index & 0xffff == 0 {
-            self.0.set_position(step.index as u64);
-        }
-    }
-}
-
-impl Drop for EventSpinner {
-    fn drop(&mut self) {
-        self.0.finish_and_clear();
-    }
 }
 
 /// The policy as the summary names it, with the settings that are not its defaults.
