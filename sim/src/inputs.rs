@@ -150,11 +150,7 @@ pub fn load_with_run(
             let (trace, run) =
                 workloads::read_source(path, options.format, options.snapshot_device)
                     .map_err(LoadError::Read)?;
-            let hints = match &run {
-                Some(run) => hints_of(run, options, model)?,
-                None if options.no_recorded_addresses => AddressHints::default(),
-                None => crate::recorded::trace_hints(&trace)?,
-            };
+            let hints = hints_of(run.as_ref(), &trace, options, model)?;
             (trace, hints, run)
         }
         TraceSource::Generated(g) => (
@@ -180,22 +176,26 @@ pub fn load_recorded(
     model: &SimDeviceOptions,
 ) -> Result<(CompareInput, RecordedRun), LoadError> {
     let trace = run.to_trace().map_err(LoadError::Read)?;
-    let hints = hints_of(&run, options, model)?;
+    let hints = hints_of(Some(&run), &trace, options, model)?;
     check(&trace, options)?;
     Ok((CompareInput { trace, hints }, run))
 }
 
-/// Recorded runs keep the segment addresses PyTorch got, for best-fit ties (none with
-/// `no_recorded_addresses`).
+/// The segment addresses PyTorch got, for best-fit ties: a recorded run's, else those
+/// a trace converted from one carries (none with `no_recorded_addresses`).
 fn hints_of(
-    run: &RecordedRun,
+    run: Option<&RecordedRun>,
+    trace: &Trace,
     options: &LoadOptions,
     model: &SimDeviceOptions,
 ) -> Result<AddressHints, LoadError> {
     if options.no_recorded_addresses {
         return Ok(AddressHints::default());
     }
-    Ok(crate::recorded::address_hints(run, model.total_bytes)?)
+    Ok(match run {
+        Some(run) => crate::recorded::address_hints(run, model.total_bytes)?,
+        None => crate::recorded::trace_hints(trace)?,
+    })
 }
 
 /// Refuses a trace with validation errors unless `lenient`.
