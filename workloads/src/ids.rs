@@ -139,6 +139,15 @@ pub fn is_number(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// Hexadecimal digits (no prefix, no sign) as a number; `None` when empty, when any
+/// character is not a hex digit, or when the value does not fit in 64 bits.
+pub(crate) fn hex_u64(digits: &str) -> Option<u64> {
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(digits, 16).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -315,10 +315,7 @@ fn parse_hex(text: &str) -> Option<u64> {
         .strip_prefix("0x")
         .or_else(|| text.strip_prefix("0X"))
         .unwrap_or(text);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    u64::from_str_radix(digits, 16).ok()
+    crate::ids::hex_u64(digits)
 }
 
 #[cfg(test)]

@@ -1107,20 +1107,20 @@ fn bytes(op: &str, v: &Value) -> Result<u64, String> {
     }
 }
 
-/// A YAML double-quoted scalar that reads back as exactly `text`. Everything outside
-/// YAML's printable set, and the characters YAML parsers treat as line breaks (NEL,
-/// LS, PS) or strip (BOM), is escaped.
-/// A `0x`-prefixed hexadecimal address.
+/// A `0x`-prefixed hexadecimal address of at most 16 digits.
 fn parse_hex(text: &str) -> Option<u64> {
     let digits = text
         .strip_prefix("0x")
         .or_else(|| text.strip_prefix("0X"))?;
-    if digits.is_empty() || digits.len() > 16 {
+    if digits.len() > 16 {
         return None;
     }
-    u64::from_str_radix(digits, 16).ok()
+    crate::ids::hex_u64(digits)
 }
 
+/// A YAML double-quoted scalar that reads back as exactly `text`. Everything outside
+/// YAML's printable set, and the characters YAML parsers treat as line breaks (NEL,
+/// LS, PS) or strip (BOM), is escaped.
 fn quote(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');
