@@ -578,6 +578,16 @@ pub struct ProbeArgs {
     /// The CUDA device to measure (its index).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub gpu: usize,
+    /// Measure the usable memory in N processes (this one and N − 1 more, one after
+    /// the other) and write their spread as `usable_spread_bytes`: on some GPUs the
+    /// driver holds back a different amount in each process (4 MiB on the H200).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub processes: u32,
+    /// Only fill the device and print "FREE_AT_START USABLE" (one process of
+    /// --processes).
+    #[arg(long, hide = true, conflicts_with_all = ["output", "processes"])]
+    pub fill_only: bool,
 }
 
 /// `allocsim validate`.

@@ -643,6 +643,8 @@ fn allocsim_on_mock(mock: &Path, args: &[&str], envs: &[(&str, &str)]) -> std::p
         "MOCK_FAULT_EVERY",
         "MOCK_FAULT_SEED",
         "MOCK_FAULT_CODE",
+        "MOCK_HOLD_BACK_BYTES",
+        "MOCK_HOLD_BACK_COUNTER",
     ] {
         cmd.env_remove(var);
     }
@@ -682,6 +684,95 @@ fn validate_runs_any_capacity_with_a_profile() {
     let rows: Vec<&str> = text.lines().skip(1).collect();
     assert_eq!(rows.len(), 4, "{text}");
     assert!(rows[0].starts_with("training_loop,caching,5"), "{text}");
+}
+
+/// `probe --processes 3` fills the device in three processes and writes the spread of
+/// what the driver held back between them (the mock holds back 0, 1 and 2 pages more in
+/// successive processes: 4 MiB), with each process's figure as a comment; one process
+/// measures no spread and says so; nothing is left allocated in any process.
+#[test]
+fn probe_measures_the_spread_between_processes() {
+    let Some(mock) = mock_libcuda() else { return };
+    let dir = TempDir::new("probe-processes");
+    let counter = dir.path().join("count");
+    let counter = counter.to_str().unwrap();
+    let out = dir.path().join("p.yaml");
+    let o = allocsim_on_mock(
+        &mock,
+        &["probe", "--processes", "3", "-o", out.to_str().unwrap()],
+        &[("MOCK_HOLD_BACK_COUNTER", counter)],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains(CLEAN_MOCK), "{err}");
+    let count = std::fs::read_to_string(counter).unwrap();
+    assert!(count.starts_with("3 "), "{count}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("\nusable_spread_bytes: 4194304\n"), "{text}");
+    assert!(
+        text.contains("in 3 processes, this one first: 0, 2097152, 4194304\n"),
+        "{text}"
+    );
+    let profile = sim::DeviceProfile::read(&out).unwrap();
+    assert_eq!(profile.usable_spread_bytes, 4 << 20);
+    let o = allocsim_on_mock(&mock, &["probe"], &[]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!text.contains("\nusable_spread_bytes:"), "{text}");
+    assert!(text.contains("# usable_spread_bytes: not measured (one process"), "{text}");
+}
+
+/// `validate` near the limit on a driver that holds back more than the model: one page
+/// more (within the H200 profile's 4 MiB spread) is "within the driver's variation",
+/// three pages more is a disagreement, the model's own hold-back agrees; the summary
+/// counts the three and the CSV's `verdict` column says which each run is.
+#[test]
+fn validate_tells_the_driver_variation_from_disagreement() {
+    let Some(mock) = mock_libcuda() else { return };
+    let dir = TempDir::new("validate-band");
+    // 30 pages of 2 MiB, all live: the H200 model at 64 MiB free has
+    // 64 MiB - 3 276 800 usable, 30 whole pages.
+    let trace = dir.path().join("pages.yaml");
+    let mut yaml = String::from("events:\n");
+    for i in 0..30 {
+        yaml += &format!("  - {{op: alloc, id: {i}, bytes: 2097152}}\n");
+    }
+    std::fs::write(&trace, yaml).unwrap();
+    let run = |hold_back: u64| {
+        let csv = dir.path().join(format!("v{hold_back}.csv"));
+        let o = allocsim_on_mock(
+            &mock,
+            &[
+                "validate",
+                trace.to_str().unwrap(),
+                "--policies",
+                "immediate",
+                "--gpu-profile",
+                "h200",
+                "--capacity",
+                "64MiB",
+                "-o",
+                csv.to_str().unwrap(),
+            ],
+            &[("MOCK_HOLD_BACK_BYTES", &hold_back.to_string())],
+        );
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        assert!(err.contains(CLEAN_MOCK), "{err}");
+        let text = std::fs::read_to_string(&csv).unwrap();
+        (err, text.lines().nth(1).unwrap().to_string())
+    };
+    let page = 2u64 << 20;
+    let (err, row) = run(3_276_800);
+    assert!(row.ends_with(",4194304,agree"), "{row}");
+    assert!(err.contains("1 of 1 runs agree, 0 within the driver's variation, 0 disagree"), "{err}");
+    let (err, row) = run(3_276_800 + page);
+    assert!(row.ends_with(",false,,,4194304,within_variation"), "{row}");
+    assert!(err.contains("<- differs within the driver's variation (4.00 MiB between processes)"), "{err}");
+    assert!(err.contains("0 of 1 runs agree, 1 within the driver's variation, 0 disagree"), "{err}");
+    let (err, row) = run(3_276_800 + 3 * page);
+    assert!(row.ends_with(",4194304,disagree"), "{row}");
+    assert!(err.contains("0 of 1 runs agree, 0 within the driver's variation, 1 disagree"), "{err}");
 }
 
 /// A driver error injected into the mock libcuda (invalid value, launch failure; in

@@ -295,6 +295,44 @@ pub fn probe(device_index: usize) -> Result<ProbeReport, ProbeError> {
     })
 }
 
+/// One process's usable memory: what [`probe_fill`] measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HoldBack {
+    /// Free memory at start, after this process's context was created.
+    pub free_at_start_bytes: u64,
+    /// Everything that could be allocated (as [`FillProbe::usable_bytes`]).
+    pub usable_bytes: u64,
+}
+
+impl HoldBack {
+    /// Free memory this process could not allocate: free at start − usable.
+    pub fn held_back_bytes(&self) -> u64 {
+        self.free_at_start_bytes.saturating_sub(self.usable_bytes)
+    }
+}
+
+/// The part of [`probe`] that measures the usable memory, alone: opens device
+/// `device_index`, reads the free memory, makes one warm-up allocation, fills the device
+/// as [`probe`] does and frees everything. `allocsim probe --processes N` runs it in
+/// separate processes, because on some GPUs the driver holds back a different amount of
+/// the free memory in each process (the H200).
+///
+/// # Errors
+/// As [`probe`].
+pub fn probe_fill(device_index: usize) -> Result<HoldBack, ProbeError> {
+    let mut dev = CudaDevice::open(device_index)?;
+    let total = dev.info().total_bytes;
+    let free_at_start = dev.observed_free_bytes()?;
+    let warm = dev.allocate_segment(1)?;
+    dev.free_segment(warm)?;
+    let fill = fill(&mut dev, total)?;
+    dev.release_all()?;
+    Ok(HoldBack {
+        free_at_start_bytes: free_at_start,
+        usable_bytes: fill.usable_bytes,
+    })
+}
+
 /// `before - after` as a signed drop.
 fn drop_between(before: u64, after: u64) -> i64 {
     i128::from(before)

@@ -76,7 +76,8 @@ pub fn validate_one(
         .config
         .build()
         .map_err(|e| ValidateError::Policy(e.to_string()))?;
-    let mut sim_device = SimDevice::with_hints(model, input.hints.for_policy(&spec.config));
+    let mut sim_device =
+        SimDevice::with_hints(model.clone(), input.hints.for_policy(&spec.config));
     let predicted = sim::replay(&input.trace, policy.as_mut(), &mut sim_device, &options)
         .map_err(|e| fail("predicted", e))?;
 
@@ -88,6 +89,7 @@ pub fn validate_one(
     let before = policies::Device::stats(gpu);
     let observed = sim::replay(&input.trace, policy.as_mut(), gpu, &options);
     let after = policies::Device::stats(gpu);
+    let usable_spread_bytes = model.usable_spread_bytes;
     let validation = observed.map(|observed| Validation {
         trace: input.trace.name.clone(),
         policy: spec.label.clone(),
@@ -102,11 +104,30 @@ pub fn validate_one(
         device_unmap_ns_mean: gpu.unmap_ns_mean(),
         device: gpu.info().name.clone(),
         driver_version: gpu.info().driver_version,
+        usable_spread_bytes,
+        within_driver_variation: false,
     });
     // The policy's segments are plain data; the device frees the memory behind them.
     drop(policy);
     let cleanup = gpu.release_all();
-    let validation = validation.map_err(|e| fail("observed", e))?;
+    let mut validation = validation.map_err(|e| fail("observed", e))?;
     cleanup?;
+    // A run that differs near the limit: does a prediction at some capacity within the
+    // driver's variation between processes reproduce it? (Only with a capacity: without
+    // one the GPU is nowhere near its limit.)
+    if capacity_bytes.is_some() && !validation.agrees() {
+        validation.within_driver_variation = sim::boundary::within_driver_variation(
+            &input.trace,
+            &input.hints,
+            &spec.config,
+            &model,
+            &options,
+            &validation.observed,
+        )
+        .map_err(|e| match e {
+            sim::CompareError::Build { source, .. } => ValidateError::Policy(source.to_string()),
+            sim::CompareError::Replay { source, .. } => fail("predicted", source),
+        })?;
+    }
     Ok(validation)
 }

@@ -85,6 +85,11 @@ pub struct SimDeviceOptions {
     /// Granularity of the driver's address-space chunks (32 MiB measured on H100;
     /// [`AddressModel::Driver`] only).
     pub va_chunk_bytes: u64,
+    /// How much the usable memory varies from one process to the next on this card (the
+    /// driver's hold-back is not the same in every process: up to 4 MiB on the H200, 0
+    /// on the H100). A run whose outcome changes within this band of the capacity is
+    /// marginal ([`crate::boundary`]); 0 = one figure held in every process measured.
+    pub usable_spread_bytes: u64,
 }
 
 impl Default for SimDeviceOptions {
@@ -100,6 +105,7 @@ impl Default for SimDeviceOptions {
             unusable_free_bytes: 0,
             address_model: AddressModel::Driver,
             va_chunk_bytes: crate::address::DEFAULT_CHUNK_BYTES,
+            usable_spread_bytes: 0,
         }
     }
 }

@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 
 pub mod address;
+pub mod boundary;
 mod caveats;
 pub mod compare;
 mod device;
@@ -60,7 +61,9 @@ pub use fault::{FaultKind, FaultOp, FaultPlan, FaultyDevice};
 pub use fit::{fit, fits, Fit, FitOptions};
 pub use metrics::{Oom, Recorder, Sample, Summary};
 pub use observe::{DeviceOp, DeviceOpKind, Observer, Outcome, Skip, Step, Timeline};
-pub use profile::{DeviceProfile, ProfileError, ProfileProblem, MAX_PROFILE_BYTES};
+pub use profile::{
+    DeviceProfile, ProfileError, ProfileProblem, MAX_PROFILE_BYTES, MAX_USABLE_SPREAD_BYTES,
+};
 pub use replay::{replay, replay_events, replay_with, Replay, ReplayError, ReplayOptions};
 
 /// Reads a small text file (a device profile, a sweep file) whole, refusing one of more

@@ -49,7 +49,26 @@ pub struct DeviceProfile {
     /// does not say).
     #[serde(default = "default_va_chunk")]
     pub va_chunk_bytes: u64,
+    /// The spread of usable memory between processes: the largest minus the smallest
+    /// number of bytes that could be allocated from the same free memory, over several
+    /// processes (`allocsim probe --processes N`, or `tools/gpu/page_fill.py` run in
+    /// several processes). The driver's hold-back is not the same in every process on
+    /// some cards (H200: 3 276 800 bytes in some, one or two 2 MiB pages more in others,
+    /// so 4 MiB; H100: the same in eight of eight, 0). `usable_bytes` is one process's
+    /// figure, so another process may get up to this much less or more: a run whose
+    /// outcome changes within that band is marginal ([`crate::boundary`]). 0 or absent:
+    /// one figure held in every process measured, or only one process was measured.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub usable_spread_bytes: u64,
 }
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// The largest spread of usable memory a profile may give: each marginal check replays
+/// the trace once per 2 MiB page of it, so it stays small (the H200's is 4 MiB).
+pub const MAX_USABLE_SPREAD_BYTES: u64 = 64 << 20;
 
 fn default_va_chunk() -> u64 {
     crate::address::DEFAULT_CHUNK_BYTES
@@ -279,6 +298,17 @@ impl DeviceProfile {
                 ),
             );
         }
+        if self.usable_spread_bytes > MAX_USABLE_SPREAD_BYTES.min(self.usable_bytes) {
+            return bad(
+                "usable_spread_bytes",
+                format!(
+                    "{} exceeds {} (the usable memory, or 64 MiB): a spread that large is \
+                     not a driver's variation between processes",
+                    self.usable_spread_bytes,
+                    MAX_USABLE_SPREAD_BYTES.min(self.usable_bytes)
+                ),
+            );
+        }
         Ok(())
     }
 
@@ -305,6 +335,7 @@ impl DeviceProfile {
             unusable_free_bytes: self.free_at_start_bytes.saturating_sub(self.usable_bytes),
             address_model: AddressModel::Driver,
             va_chunk_bytes: self.va_chunk_bytes,
+            usable_spread_bytes: self.usable_spread_bytes,
         }
     }
 }
@@ -452,6 +483,32 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         let e = DeviceProfile::read(&dir.join("none.yaml")).unwrap_err();
         assert!(matches!(e, ProfileError::Io { .. }), "{e:?}");
+    }
+
+    /// The measured profiles carry the spread of usable memory between processes that
+    /// libcuda-only fills measured (docs/validation/2026-11-26-h200-page-fill-repeat:
+    /// H200 511 to 509 pages, 4 MiB; H100 511 in eight of eight, 0), the simulated
+    /// device carries it, and a profile that does not say has none.
+    #[test]
+    fn usable_spread_of_measured_profiles() {
+        let h200 = DeviceProfile::builtin("h200").unwrap();
+        let h100 = DeviceProfile::builtin("h100").unwrap();
+        assert_eq!(h200.usable_spread_bytes, 4 << 20);
+        assert_eq!(h200.to_options().usable_spread_bytes, 4 << 20);
+        assert_eq!(h100.usable_spread_bytes, 0);
+        assert!(include_str!("../profiles/h100.yaml").contains("\nusable_spread_bytes: 0\n"));
+        assert!(h200.to_yaml().contains("usable_spread_bytes: 4194304"));
+        let text = include_str!("../profiles/h100.yaml").replace("usable_spread_bytes: 0\n", "");
+        assert_eq!(
+            DeviceProfile::parse(&text, "p.yaml").unwrap().usable_spread_bytes,
+            0
+        );
+        let text = include_str!("../profiles/h100.yaml")
+            .replace("usable_spread_bytes: 0", "usable_spread_bytes: 67108865");
+        assert!(DeviceProfile::parse(&text, "p.yaml")
+            .unwrap_err()
+            .to_string()
+            .starts_with("p.yaml: usable_spread_bytes: 67108865 exceeds 67108864"));
     }
 
     /// A GPU's measured profile is found by the name its driver reports, with the free

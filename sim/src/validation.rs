@@ -39,6 +39,35 @@ pub struct Validation {
     pub device: String,
     /// Driver version (`cuDriverGetVersion`).
     pub driver_version: i32,
+    /// The model's spread of usable memory between processes
+    /// ([`crate::SimDeviceOptions::usable_spread_bytes`]).
+    pub usable_spread_bytes: u64,
+    /// When prediction and observation differ: whether a prediction at some capacity
+    /// within the spread reproduces the observation ([`crate::boundary::within_driver_variation`]).
+    pub within_driver_variation: bool,
+}
+
+/// How a prediction compares with its observation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Reserved peaks equal, the OOM at the same event, charged peaks within tolerance.
+    Agree,
+    /// They differ, but the boundary lies within the driver's variation between
+    /// processes: a prediction at some capacity within the spread agrees.
+    WithinDriverVariation,
+    /// They differ, and no capacity within the spread explains it.
+    Disagree,
+}
+
+impl Verdict {
+    /// The CSV value: `agree`, `within_variation` or `disagree`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Agree => "agree",
+            Verdict::WithinDriverVariation => "within_variation",
+            Verdict::Disagree => "disagree",
+        }
+    }
 }
 
 /// Charged peaks agree when they differ by at most one driver page per live segment.
@@ -66,10 +95,59 @@ impl Validation {
 
     /// Reserved peaks equal, OOM at the same event, charged peaks within tolerance.
     pub fn agrees(&self) -> bool {
-        self.predicted.summary.reserved_bytes_peak == self.observed.summary.reserved_bytes_peak
-            && self.predicted.oom.as_ref().map(|o| o.event_index)
-                == self.observed.oom.as_ref().map(|o| o.event_index)
-            && self.charged_within_tolerance()
+        crate::boundary::replays_agree(&self.predicted, &self.observed)
+    }
+
+    /// Agree, within the driver's variation, or disagree. A run within the variation
+    /// does not agree.
+    pub fn verdict(&self) -> Verdict {
+        if self.agrees() {
+            Verdict::Agree
+        } else if self.within_driver_variation {
+            Verdict::WithinDriverVariation
+        } else {
+            Verdict::Disagree
+        }
+    }
+}
+
+/// Runs per verdict, for a summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VerdictCounts {
+    /// Runs that agree.
+    pub agree: usize,
+    /// Runs that differ within the driver's variation.
+    pub within_variation: usize,
+    /// Runs that disagree.
+    pub disagree: usize,
+}
+
+impl VerdictCounts {
+    /// The counts of `rows`.
+    pub fn of(rows: &[Validation]) -> VerdictCounts {
+        let mut c = VerdictCounts::default();
+        for v in rows {
+            match v.verdict() {
+                Verdict::Agree => c.agree += 1,
+                Verdict::WithinDriverVariation => c.within_variation += 1,
+                Verdict::Disagree => c.disagree += 1,
+            }
+        }
+        c
+    }
+}
+
+impl std::fmt::Display for VerdictCounts {
+    /// "N of M runs agree, W within the driver's variation, D disagree".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} runs agree, {} within the driver's variation, {} disagree",
+            self.agree,
+            self.agree + self.within_variation + self.disagree,
+            self.within_variation,
+            self.disagree
+        )
     }
 }
 
@@ -120,6 +198,11 @@ pub struct ValidationRecord<'a> {
     pub device_map_ns_mean: String,
     /// Mean page-unmapping call time, whole nanoseconds.
     pub device_unmap_ns_mean: String,
+    /// The model's spread of usable memory between processes.
+    pub usable_spread_bytes: u64,
+    /// `agree`, `within_variation` (they differ, but a prediction within the spread
+    /// agrees) or `disagree`.
+    pub verdict: &'static str,
 }
 
 /// Nanoseconds rounded to whole ones; empty when nothing was timed.
@@ -154,6 +237,8 @@ impl<'a> From<&'a Validation> for ValidationRecord<'a> {
             agrees: v.agrees(),
             device_map_ns_mean: ns(v.device_map_ns_mean),
             device_unmap_ns_mean: ns(v.device_unmap_ns_mean),
+            usable_spread_bytes: v.usable_spread_bytes,
+            verdict: v.verdict().as_str(),
         }
     }
 }
@@ -208,13 +293,15 @@ pub fn summary_line(v: &Validation) -> String {
             ev(&v.observed)
         ));
     }
-    format!(
-        "{} / {}: {}{}",
-        v.trace,
-        v.policy,
-        parts.join("; "),
-        if v.agrees() { "" } else { "  <- differs" }
-    )
+    let mark = match v.verdict() {
+        Verdict::Agree => String::new(),
+        Verdict::WithinDriverVariation => format!(
+            "  <- differs within the driver's variation ({} between processes)",
+            workloads::size::format_size_human(v.usable_spread_bytes)
+        ),
+        Verdict::Disagree => "  <- differs".to_string(),
+    };
+    format!("{} / {}: {}{mark}", v.trace, v.policy, parts.join("; "))
 }
 
 #[cfg(test)]
@@ -264,6 +351,8 @@ mod tests {
             device_unmap_ns_mean: Some(0.5),
             device: "NVIDIA H100".into(),
             driver_version: 13000,
+            usable_spread_bytes: 0,
+            within_driver_variation: false,
         }
     }
 
@@ -278,7 +367,7 @@ mod tests {
              device_alloc_ns_mean,device_free_ns_mean,device,driver,\
              allocated_bytes_peak_predicted,allocated_bytes_peak_observed,\
              segment_count_peak_observed,charged_difference_bytes,charged_within_tolerance,\
-             agrees,device_map_ns_mean,device_unmap_ns_mean"
+             agrees,device_map_ns_mean,device_unmap_ns_mean,usable_spread_bytes,verdict"
         );
     }
 
@@ -319,8 +408,47 @@ mod tests {
         assert_eq!(
             text.lines().nth(1),
             Some(
-                "t,caching,1073741824,8,8,10,12,5,,4,1234,,NVIDIA H100,13000,0,0,1,2,true,false,,0"
+                "t,caching,1073741824,8,8,10,12,5,,4,1234,,NVIDIA H100,13000,0,0,1,2,true,false,,0,0,\
+                 disagree"
             )
+        );
+    }
+
+    /// A run that differs is "within the driver's variation" only when a prediction
+    /// within the spread reproduced it; it is never counted as agreeing, and the CSV,
+    /// the summary line and the counts say which of the three each run is.
+    #[test]
+    fn within_variation_is_not_agreement() {
+        let mib = 1u64 << 20;
+        let mut v = validation(replay(8, 0, 1, None), replay(8, 0, 1, Some(4)));
+        v.usable_spread_bytes = 4 * mib;
+        v.within_driver_variation = true;
+        assert!(!v.agrees());
+        assert_eq!(v.verdict(), Verdict::WithinDriverVariation);
+        assert!(summary_line(&v).ends_with(
+            "OOM predicted none observed event 4  <- differs within the driver's variation \
+             (4.00 MiB between processes)"
+        ));
+        let mut out = Vec::new();
+        write_validation_csv(std::slice::from_ref(&v), &mut out).unwrap();
+        let row = String::from_utf8(out).unwrap();
+        assert!(row.lines().nth(1).unwrap().ends_with(",false,,0,4194304,within_variation"), "{row}");
+        let mut off = v.clone();
+        off.within_driver_variation = false;
+        let same = validation(replay(8, 0, 1, None), replay(8, 0, 1, None));
+        assert_eq!(same.verdict(), Verdict::Agree);
+        let counts = VerdictCounts::of(&[v, off, same.clone(), same]);
+        assert_eq!(
+            counts,
+            VerdictCounts {
+                agree: 2,
+                within_variation: 1,
+                disagree: 1
+            }
+        );
+        assert_eq!(
+            counts.to_string(),
+            "2 of 4 runs agree, 1 within the driver's variation, 1 disagree"
         );
     }
 }

@@ -25,6 +25,11 @@
  *                     cuMemAddressReserve, cuMemMap, cuMemSetAccess) fails with <code>
  *                     (default 700) with probability 1/n, from a xorshift generator
  *                     seeded with <s> (default 1): the same seed fails the same calls
+ *   MOCK_HOLD_BACK_BYTES  free memory the driver never hands out: an allocation fails
+ *                     when it would leave less than this free (default 0)
+ *   MOCK_HOLD_BACK_COUNTER=<file>  a count of processes: each process that loads the
+ *                     mock reads n from the file (0 when missing), writes n + 1 and holds
+ *                     back (n mod 3) pages more, as an H200's driver varies between processes
  *   MOCK_LOG=1        print one line on stderr per virtual memory call:
  *                     `mock_libcuda call: <symbol> <bytes> -> <result>`
  *
@@ -38,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef unsigned long long u64;
 typedef int CUresult;
@@ -78,7 +84,7 @@ typedef struct {
 typedef struct { Location location; int flags; /* PROT_READWRITE = 3 */ } AccessDesc;
 
 static u64 total_bytes = 16 * GIB, context_bytes = 512 * MIB, used_bytes;
-static u64 max_alloc = ~0ull, alloc_overhead;
+static u64 max_alloc = ~0ull, alloc_overhead, hold_back;
 static int initialized, ctx_refs, log_calls;
 static char ctx_object;
 #define THE_CONTEXT ((CUcontext)&ctx_object)
@@ -115,6 +121,28 @@ __attribute__((constructor)) static void mock_setup(void) {
     max_alloc = env_u64("MOCK_MAX_ALLOC_BYTES", max_alloc);
     alloc_overhead = env_u64("MOCK_ALLOC_OVERHEAD_BYTES", 0);
     log_calls = env_u64("MOCK_LOG", 0) != 0;
+    hold_back = env_u64("MOCK_HOLD_BACK_BYTES", 0);
+    const char *counter = getenv("MOCK_HOLD_BACK_COUNTER");
+    if (counter && *counter) {
+        /* The file holds the next process's number and the last process's id: a
+         * process that loads the mock twice counts once. */
+        u64 n = 0, last = 0, me = (u64)getpid();
+        FILE *f = fopen(counter, "r");
+        if (f) {
+            if (fscanf(f, "%llu %llu", &n, &last) != 2) n = last = 0;
+            fclose(f);
+        }
+        if (last == me && n > 0) {
+            n -= 1;
+        } else {
+            f = fopen(counter, "w");
+            if (f) {
+                fprintf(f, "%llu %llu\n", n + 1, me);
+                fclose(f);
+            }
+        }
+        hold_back += (n % 3) * PAGE;
+    }
     for (const char *f = getenv("MOCK_FAIL"); f && *f && n_fails < MAX_FAIL;) {
         const char *colon = strchr(f, ':');
         if (!colon || (size_t)(colon - f) >= sizeof fails[0].symbol) break;
@@ -271,7 +299,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     { CUresult f_ = inject("cuMemAlloc_v2"); if (f_) return f_; }
     if (n == 0 || !p) return CUDA_ERROR_INVALID_VALUE;
     u64 charged = pages(n) + alloc_overhead;
-    if (n > max_alloc || used_bytes + charged > total_bytes || n_allocs == MAX_OBJ)
+    if (n > max_alloc || used_bytes + charged + hold_back > total_bytes || n_allocs == MAX_OBJ)
         return CUDA_ERROR_OUT_OF_MEMORY;
     used_bytes += charged;
     *p = next_alloc_va;
@@ -347,7 +375,7 @@ static CUresult mem_create(CUhandle *h, size_t size, const Prop *prop, u64 flags
     { CUresult f_ = inject("cuMemCreate"); if (f_) return f_; }
     if (!h || !prop_ok(prop) || flags != 0 || size == 0 || size % PAGE || n_handles == MAX_OBJ)
         return CUDA_ERROR_INVALID_VALUE;
-    if (used_bytes + size > total_bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (used_bytes + size + hold_back > total_bytes) return CUDA_ERROR_OUT_OF_MEMORY;
     used_bytes += size;
     *h = next_handle++;
     handles[n_handles].id = *h;
