@@ -973,15 +973,16 @@ fn fit_finds_the_smallest_capacity() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines[0],
-        "trace,policy,min_capacity_bytes,requested_bytes_peak,overhead_bytes,overhead_pct,monotonic,t4,a100-40gb"
+        "trace,policy,min_capacity_bytes,requested_bytes_peak,overhead_bytes,overhead_pct,monotonic,\
+         usable_spread_bytes,min_capacity_with_spread_bytes,marginal_gpus,t4,a100-40gb"
     );
     assert_eq!(
         lines[1],
-        "training_loop,caching,761266176,704643072,56623104,8.04,true,true,true"
+        "training_loop,caching,761266176,704643072,56623104,8.04,true,0,761266176,,true,true"
     );
     assert_eq!(
         lines[2],
-        "training_loop,immediate,704643072,704643072,0,0.00,true,true,true"
+        "training_loop,immediate,704643072,704643072,0,0.00,true,0,704643072,,true,true"
     );
     // The answer replays; one page less runs out.
     for (capacity, oom) in [("761266176B", false), ("759169024B", true)] {
@@ -1023,6 +1024,152 @@ fn fit_finds_the_smallest_capacity() {
 /// At an out-of-memory, `replay` says why: the failing request with its mark, the
 /// memory by cause, the segments with the most free memory, a verdict and the setting
 /// that fixes it, checked by replaying; `compare` has the same in its `oom_*` columns.
+/// On the H200 profile (usable memory varies by 4 MiB between processes), `fit` gives
+/// the smallest total and the smallest that fits with 4 MiB to spare, and names the H200
+/// as marginal where the run fits it with less; `replay` marks a run that fits with less
+/// than 4 MiB to spare as "may run out", one that runs out by less as "may fit", and
+/// says nothing 4 MiB above; on the H100 profile (no spread) nothing is marginal.
+#[test]
+fn marginal_runs_within_the_driver_variation() {
+    let fit = |profile: &str| {
+        let o = allocsim([
+            "fit",
+            "examples/training_loop.yaml",
+            "--policies",
+            "immediate",
+            "--gpu-profile",
+            profile,
+            "--format",
+            "csv",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let out = stdout(&o);
+        let row: Vec<String> = out
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .map(String::from)
+            .collect();
+        (
+            row[2].parse::<u64>().unwrap(),
+            row[7].clone(),
+            row[8].clone(),
+        )
+    };
+    let mib = 1u64 << 20;
+    let (min, spread, with_spread) = fit("h200");
+    assert_eq!(spread, (4 * mib).to_string());
+    assert_eq!(with_spread, (min + 4 * mib).to_string());
+    let (h100_min, spread, with_spread) = fit("h100");
+    assert_eq!((spread.as_str(), with_spread), ("0", h100_min.to_string()));
+    let replay = |profile: &str, total: u64| {
+        let o = allocsim([
+            "replay",
+            "examples/training_loop.yaml",
+            "--policy",
+            "immediate",
+            "--gpu-profile",
+            profile,
+            "--capacity",
+            &format!("{total}B"),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let line = |out: &str| {
+        out.lines()
+            .find(|l| l.starts_with("marginal "))
+            .map(|l| l["marginal".len()..].trim().to_string())
+    };
+    assert_eq!(
+        line(&replay("h200", min)).as_deref(),
+        Some(
+            "may run out on this card: the driver's hold-back varies by up to 4.00 MiB \
+             between processes"
+        )
+    );
+    assert_eq!(
+        line(&replay("h200", min - 2 * mib)).as_deref(),
+        Some("may fit on this card: the driver's hold-back varies by up to 4.00 MiB between processes")
+    );
+    assert_eq!(line(&replay("h200", min + 4 * mib)), None);
+    assert_eq!(line(&replay("h100", h100_min)), None);
+    // The H200 named as a GPU: fits at its full memory, clear; the CSV names no
+    // marginal GPU, the table no "may run out".
+    let o = allocsim([
+        "fit",
+        "examples/training_loop.yaml",
+        "--policies",
+        "immediate",
+        "--gpu-profile",
+        "h200",
+        "--gpus",
+        "h200",
+        "--format",
+        "table",
+    ]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        out.contains("with 4.00 MiB to spare (driver varies)"),
+        "{out}"
+    );
+    assert!(!out.contains("may run out"), "{out}");
+    // A card like the H200 with just the memory the run needs: it fits there, but only
+    // in some processes; the table names the H200 and then this one, the CSV this one.
+    let dir = TempDir::new("marginal-gpu");
+    let small = dir.path().join("small.yaml");
+    let total = min;
+    let free = total - 552_402_944;
+    let h200 = std::fs::read_to_string(root().join("sim/profiles/h200.yaml")).unwrap();
+    let text = h200
+        .replace(
+            "total_bytes: 150109880320",
+            &format!("total_bytes: {total}"),
+        )
+        .replace(
+            "free_at_start_bytes: 149557477376",
+            &format!("free_at_start_bytes: {free}"),
+        )
+        .replace(
+            "usable_bytes: 149554200576",
+            &format!("usable_bytes: {}", free - 3_276_800),
+        );
+    std::fs::write(&small, text).unwrap();
+    let gpus = format!("h200,{}", small.display());
+    let run = |format: &str| {
+        let o = allocsim([
+            "fit",
+            "examples/training_loop.yaml",
+            "--policies",
+            "immediate",
+            "--gpus",
+            &gpus,
+            "--format",
+            format,
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let table = run("table");
+    assert!(
+        table.contains(&format!(
+            "h200 (139.80 GiB); {} (1.17 GiB) fits, but may run out on this card",
+            small.display()
+        )),
+        "{table}"
+    );
+    let csv = run("csv");
+    assert!(
+        csv.lines()
+            .nth(1)
+            .unwrap()
+            .ends_with(&format!(",{},true,true", small.display())),
+        "{csv}"
+    );
+}
+
 #[test]
 fn why_it_ran_out() {
     let o = allocsim([

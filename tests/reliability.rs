@@ -719,7 +719,10 @@ fn probe_measures_the_spread_between_processes() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(!text.contains("\nusable_spread_bytes:"), "{text}");
-    assert!(text.contains("# usable_spread_bytes: not measured (one process"), "{text}");
+    assert!(
+        text.contains("# usable_spread_bytes: not measured (one process"),
+        "{text}"
+    );
 }
 
 /// `validate` near the limit on a driver that holds back more than the model: one page
@@ -765,14 +768,26 @@ fn validate_tells_the_driver_variation_from_disagreement() {
     let page = 2u64 << 20;
     let (err, row) = run(3_276_800);
     assert!(row.ends_with(",4194304,agree"), "{row}");
-    assert!(err.contains("1 of 1 runs agree, 0 within the driver's variation, 0 disagree"), "{err}");
+    assert!(
+        err.contains("1 of 1 runs agree, 0 within the driver's variation, 0 disagree"),
+        "{err}"
+    );
     let (err, row) = run(3_276_800 + page);
     assert!(row.ends_with(",false,,,4194304,within_variation"), "{row}");
-    assert!(err.contains("<- differs within the driver's variation (4.00 MiB between processes)"), "{err}");
-    assert!(err.contains("0 of 1 runs agree, 1 within the driver's variation, 0 disagree"), "{err}");
+    assert!(
+        err.contains("<- differs within the driver's variation (4.00 MiB between processes)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("0 of 1 runs agree, 1 within the driver's variation, 0 disagree"),
+        "{err}"
+    );
     let (err, row) = run(3_276_800 + 3 * page);
     assert!(row.ends_with(",4194304,disagree"), "{row}");
-    assert!(err.contains("0 of 1 runs agree, 0 within the driver's variation, 1 disagree"), "{err}");
+    assert!(
+        err.contains("0 of 1 runs agree, 0 within the driver's variation, 1 disagree"),
+        "{err}"
+    );
 }
 
 /// A driver error injected into the mock libcuda (invalid value, launch failure; in

@@ -69,8 +69,8 @@ mod validate;
 pub use device::{drop_cleanup_errors, CudaDevice, DeviceInfo, OpenError, BALLAST_GRANULE_BYTES};
 pub use interrupt::install_interrupt_flag;
 pub use probe::{
-    probe, probe_fill, FillProbe, HoldBack, PlacementCall, PlacementProbe, PlacementRecord, PlacementStep, ProbeError,
-    ProbeReport, SizeProbe, FILL_CHUNK_BYTES, FILL_MIN_CHUNK_BYTES, PLACEMENT_SCRIPT, PROBE_BATCH,
-    PROBE_SIZES,
+    probe, probe_fill, FillProbe, HoldBack, PlacementCall, PlacementProbe, PlacementRecord,
+    PlacementStep, ProbeError, ProbeReport, SizeProbe, FILL_CHUNK_BYTES, FILL_MIN_CHUNK_BYTES,
+    PLACEMENT_SCRIPT, PROBE_BATCH, PROBE_SIZES,
 };
 pub use validate::{validate_one, ValidateError};

@@ -76,8 +76,7 @@ pub fn validate_one(
         .config
         .build()
         .map_err(|e| ValidateError::Policy(e.to_string()))?;
-    let mut sim_device =
-        SimDevice::with_hints(model.clone(), input.hints.for_policy(&spec.config));
+    let mut sim_device = SimDevice::with_hints(model.clone(), input.hints.for_policy(&spec.config));
     let predicted = sim::replay(&input.trace, policy.as_mut(), &mut sim_device, &options)
         .map_err(|e| fail("predicted", e))?;
 

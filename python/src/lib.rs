@@ -676,7 +676,7 @@ fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<Str
     let replay = o.replay();
     let results = work(
         py,
-        || -> Result<Vec<(sim::Fit, Vec<bool>)>, sim::CompareError> {
+        || -> Result<Vec<(sim::Fit, Vec<(bool, bool)>)>, sim::CompareError> {
             let mut out = Vec::new();
             for (input, _) in &loaded {
                 for spec in &specs {
@@ -688,12 +688,17 @@ fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<Str
                         &replay,
                         &sim::FitOptions::default(),
                     )?;
+                    // Each GPU: whether it fits, and whether that could change in
+                    // another process (as `allocsim fit`).
+                    let (t, h, c) = (&input.trace, &input.hints, &spec.config);
                     let on = gpus
                         .iter()
                         .map(|(_, d)| {
-                            sim::fits(&input.trace, &input.hints, &spec.config, d, &replay)
+                            let ok = sim::fits(t, h, c, d, &replay)?;
+                            let m = sim::boundary::margin(t, h, c, d, &replay, ok)?;
+                            Ok((ok, m.is_marginal()))
                         })
-                        .collect::<Result<Vec<bool>, _>>()?;
+                        .collect::<Result<Vec<(bool, bool)>, sim::CompareError>>()?;
                     out.push((fit, on));
                 }
             }
@@ -707,12 +712,19 @@ fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<Str
         for spec in &specs {
             let (fit, on) = &results[i];
             i += 1;
-            let record = sim::fit::FitRecord::of(&input.trace.name, &spec.label, fit);
+            let marginal: Vec<&str> = gpus
+                .iter()
+                .zip(on)
+                .filter(|(_, &(_, m))| m)
+                .map(|((n, _), _)| n.as_str())
+                .collect();
+            let record = sim::fit::FitRecord::of(&input.trace.name, &spec.label, fit)
+                .with_marginal_gpus(&marginal);
             let mut row = match serde_json::to_value(&record).map_err(json_err)? {
                 serde_json::Value::Object(m) => m,
                 _ => unreachable!("a record is an object"),
             };
-            for ((name, _), fits) in gpus.iter().zip(on) {
+            for ((name, _), (fits, _)) in gpus.iter().zip(on) {
                 row.insert(name.clone(), serde_json::Value::Bool(*fits));
             }
             rows.push(row);

@@ -191,7 +191,7 @@ def test_fit_is_the_least_memory_that_replays():
     """fit()'s minimum replays without an out-of-memory, and one 2 MiB page less runs out."""
     path = DATA / "traces" / "seed000.yaml"
     [row] = allocsim.fit(path, "caching", gpus=["h100"])
-    assert list(row) == ["trace", "policy", "min_capacity_bytes", "requested_bytes_peak", "overhead_bytes", "overhead_pct", "monotonic", "h100"]
+    assert list(row) == ["trace", "policy", "min_capacity_bytes", "requested_bytes_peak", "overhead_bytes", "overhead_pct", "monotonic", "usable_spread_bytes", "min_capacity_with_spread_bytes", "marginal_gpus", "h100"]
     least = row["min_capacity_bytes"]
     assert row["monotonic"] is True and row["h100"] is True
     assert allocsim.replay(path, capacity=least).oom is None

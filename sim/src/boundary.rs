@@ -91,7 +91,10 @@ pub fn devices_within_band(device: &SimDeviceOptions, below: bool) -> Vec<SimDev
         .map(|k| (k * page).min(spread))
         .filter_map(|delta| {
             let capacity = if below {
-                device.capacity_bytes.checked_sub(delta).filter(|&c| c > 0)?
+                device
+                    .capacity_bytes
+                    .checked_sub(delta)
+                    .filter(|&c| c > 0)?
             } else {
                 device.capacity_bytes.checked_add(delta)?
             };
@@ -167,13 +170,14 @@ pub fn within_driver_variation(
                 source,
             })?;
             let mut dev = SimDevice::with_hints(d, hints.for_policy(config));
-            let predicted = replay(trace, policy.as_mut(), &mut dev, options).map_err(|source| {
-                CompareError::Replay {
-                    trace: trace.name.clone(),
-                    policy: label.clone(),
-                    source,
-                }
-            })?;
+            let predicted =
+                replay(trace, policy.as_mut(), &mut dev, options).map_err(|source| {
+                    CompareError::Replay {
+                        trace: trace.name.clone(),
+                        policy: label.clone(),
+                        source,
+                    }
+                })?;
             if replays_agree(&predicted, observed) {
                 return Ok(true);
             }
@@ -272,23 +276,35 @@ mod tests {
     #[test]
     fn marginal_within_the_band_only() {
         // 20 MiB needed; spread 4 MiB.
-        assert_eq!(margin_at(20, 4), Margin::Marginal {
-            fits: true,
-            spread_bytes: 4 * MIB
-        });
-        assert_eq!(margin_at(22, 4), Margin::Marginal {
-            fits: true,
-            spread_bytes: 4 * MIB
-        });
+        assert_eq!(
+            margin_at(20, 4),
+            Margin::Marginal {
+                fits: true,
+                spread_bytes: 4 * MIB
+            }
+        );
+        assert_eq!(
+            margin_at(22, 4),
+            Margin::Marginal {
+                fits: true,
+                spread_bytes: 4 * MIB
+            }
+        );
         assert_eq!(margin_at(24, 4), Margin::Clear);
-        assert_eq!(margin_at(18, 4), Margin::Marginal {
-            fits: false,
-            spread_bytes: 4 * MIB
-        });
-        assert_eq!(margin_at(16, 4), Margin::Marginal {
-            fits: false,
-            spread_bytes: 4 * MIB
-        });
+        assert_eq!(
+            margin_at(18, 4),
+            Margin::Marginal {
+                fits: false,
+                spread_bytes: 4 * MIB
+            }
+        );
+        assert_eq!(
+            margin_at(16, 4),
+            Margin::Marginal {
+                fits: false,
+                spread_bytes: 4 * MIB
+            }
+        );
         assert_eq!(margin_at(15, 4), Margin::Clear);
         assert_eq!(margin_at(20, 0), Margin::Clear);
         assert_eq!(margin_at(18, 0), Margin::Clear);

@@ -67,6 +67,17 @@ pub struct Fit {
     pub monotonic: bool,
     /// Every total tried and whether the trace fit, in increasing size.
     pub tried: Vec<(u64, bool)>,
+    /// The device's spread of usable memory between processes
+    /// ([`SimDeviceOptions::usable_spread_bytes`]).
+    pub usable_spread_bytes: u64,
+    /// The smallest total, in whole pages, at which the trace fits with the spread to
+    /// spare: it fits at every capacity down to the spread less
+    /// ([`crate::boundary::margin`] is clear), so in every process on a card whose
+    /// driver holds back up to the spread more. `min_capacity_bytes` plus the spread
+    /// rounded up to a page when fitting is monotonic; equal to it without a spread;
+    /// `None` when the trace does not fit, or no total up to 64 pages above that is
+    /// clear.
+    pub min_capacity_with_spread_bytes: Option<u64>,
 }
 
 impl Fit {
@@ -104,6 +115,14 @@ pub struct FitRecord<'a> {
     pub overhead_pct: String,
     /// Whether every size tried agreed with one threshold.
     pub monotonic: bool,
+    /// The device's spread of usable memory between processes.
+    pub usable_spread_bytes: u64,
+    /// Smallest total that fits with that spread to spare (empty if none).
+    pub min_capacity_with_spread_bytes: Option<u64>,
+    /// The `--gpus` on which the run fits or runs out with less than the GPU's spread
+    /// to spare, `;`-separated (empty when none): their columns may be wrong in another
+    /// process.
+    pub marginal_gpus: String,
 }
 
 impl<'a> FitRecord<'a> {
@@ -120,7 +139,16 @@ impl<'a> FitRecord<'a> {
                 .map(|p| format!("{p:.2}"))
                 .unwrap_or_default(),
             monotonic: fit.monotonic,
+            usable_spread_bytes: fit.usable_spread_bytes,
+            min_capacity_with_spread_bytes: fit.min_capacity_with_spread_bytes,
+            marginal_gpus: String::new(),
         }
+    }
+
+    /// The same record, naming the GPUs on which the run is marginal.
+    pub fn with_marginal_gpus(mut self, names: &[&str]) -> FitRecord<'a> {
+        self.marginal_gpus = names.join(";");
+        self
     }
 }
 
@@ -224,6 +252,8 @@ pub fn fit(
                 requested_bytes_peak,
                 monotonic: true,
                 tried: tried.into_iter().collect(),
+                usable_spread_bytes: device.usable_spread_bytes,
+                min_capacity_with_spread_bytes: None,
             });
         }
         if try_pages(hi)? {
@@ -261,13 +291,49 @@ pub fn fit(
     let first_fit = tried.iter().position(|&(_, ok)| ok);
     let monotonic = first_fit.is_none_or(|i| tried[i..].iter().all(|&(_, ok)| ok));
     let min = first_fit.map(|i| tried[i].0);
+    let with_spread = match min {
+        Some(m) => with_spread(trace, hints, config, device, replay, m, page)?,
+        None => None,
+    };
     Ok(Fit {
         min_capacity_bytes: min,
         min_usable_bytes: min.map(|m| m - kept),
         requested_bytes_peak,
         monotonic,
         tried,
+        usable_spread_bytes: device.usable_spread_bytes,
+        min_capacity_with_spread_bytes: with_spread,
     })
+}
+
+/// The smallest total from `min` plus the spread (rounded up to a page) on, at which the
+/// trace fits and its margin is clear ([`Fit::min_capacity_with_spread_bytes`]).
+fn with_spread(
+    trace: &Trace,
+    hints: &AddressHints,
+    config: &PolicyConfig,
+    device: &SimDeviceOptions,
+    replay: &ReplayOptions,
+    min: u64,
+    page: u64,
+) -> Result<Option<u64>, CompareError> {
+    let spread = device.usable_spread_bytes;
+    if spread == 0 {
+        return Ok(Some(min));
+    }
+    let first = min.saturating_add(spread.div_ceil(page).saturating_mul(page));
+    for k in 0..64u64 {
+        let total = first.saturating_add(k.saturating_mul(page));
+        let Some(d) = device.clone().with_total(total) else {
+            continue;
+        };
+        if fits(trace, hints, config, &d, replay)?
+            && !crate::boundary::margin(trace, hints, config, &d, replay, true)?.is_marginal()
+        {
+            return Ok(Some(total));
+        }
+    }
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -375,5 +441,57 @@ mod tests {
         .unwrap();
         assert_eq!(f.min_capacity_bytes, Some(128 * MIB));
         assert!(f.monotonic);
+    }
+
+    /// On a card whose usable memory varies by 4 MiB between processes, the smallest
+    /// total that fits with that to spare is the minimum plus 4 MiB: at it the run is
+    /// clear, at the minimum it is marginal; without a spread the two are equal.
+    #[test]
+    fn capacity_with_the_spread_to_spare() {
+        let t = Trace::new("t", (0..10).map(|i| alloc(i, 2 * MIB)).collect());
+        let device = SimDeviceOptions {
+            usable_spread_bytes: 3 * MIB,
+            ..SimDeviceOptions::default()
+        };
+        let f = fit(
+            &t,
+            &AddressHints::default(),
+            &config("immediate"),
+            &device,
+            &ReplayOptions::default(),
+            &FitOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(f.min_capacity_bytes, Some(20 * MIB));
+        assert_eq!(f.usable_spread_bytes, 3 * MIB);
+        assert_eq!(f.min_capacity_with_spread_bytes, Some(24 * MIB));
+        let at = |total: u64| device.clone().with_total(total).unwrap();
+        let margin = |total: u64| {
+            crate::boundary::margin(
+                &t,
+                &AddressHints::default(),
+                &config("immediate"),
+                &at(total),
+                &ReplayOptions::default(),
+                true,
+            )
+            .unwrap()
+        };
+        assert!(margin(20 * MIB).is_marginal());
+        assert!(margin(22 * MIB).is_marginal());
+        assert!(!margin(24 * MIB).is_marginal());
+        let record = FitRecord::of("t", "immediate", &f).with_marginal_gpus(&["h200", "x"]);
+        assert_eq!(record.marginal_gpus, "h200;x");
+        assert_eq!(record.min_capacity_with_spread_bytes, Some(24 * MIB));
+        let g = fit(
+            &t,
+            &AddressHints::default(),
+            &config("immediate"),
+            &SimDeviceOptions::default(),
+            &ReplayOptions::default(),
+            &FitOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(g.min_capacity_with_spread_bytes, g.min_capacity_bytes);
     }
 }

@@ -500,7 +500,9 @@ mod tests {
         assert!(h200.to_yaml().contains("usable_spread_bytes: 4194304"));
         let text = include_str!("../profiles/h100.yaml").replace("usable_spread_bytes: 0\n", "");
         assert_eq!(
-            DeviceProfile::parse(&text, "p.yaml").unwrap().usable_spread_bytes,
+            DeviceProfile::parse(&text, "p.yaml")
+                .unwrap()
+                .usable_spread_bytes,
             0
         );
         let text = include_str!("../profiles/h100.yaml")

@@ -432,7 +432,13 @@ mod tests {
         let mut out = Vec::new();
         write_validation_csv(std::slice::from_ref(&v), &mut out).unwrap();
         let row = String::from_utf8(out).unwrap();
-        assert!(row.lines().nth(1).unwrap().ends_with(",false,,0,4194304,within_variation"), "{row}");
+        assert!(
+            row.lines()
+                .nth(1)
+                .unwrap()
+                .ends_with(",false,,0,4194304,within_variation"),
+            "{row}"
+        );
         let mut off = v.clone();
         off.within_driver_variation = false;
         let same = validation(replay(8, 0, 1, None), replay(8, 0, 1, None));

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 use rayon::prelude::*;
+use sim::boundary::Margin;
 use sim::fit::FitRecord;
 use sim::{DeviceProfile, Fit, FitOptions};
 use workloads::size::format_size_human;
@@ -70,7 +71,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
     // Ctrl-C stops every replay at its next event; nothing is written then.
     let in_order = interrupt::in_order();
     let bar = crate::commands::sweep::progress_bar(jobs.len() as u64);
-    let results: Vec<anyhow::Result<(Fit, Vec<bool>)>> = jobs
+    let results: Vec<anyhow::Result<(Fit, Vec<(bool, Margin)>)>> = jobs
         .par_iter()
         .map(|&(t, p)| {
             let _tick = Tick(&bar);
@@ -84,10 +85,17 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
                 &setup.replay,
                 &FitOptions::default(),
             )?;
+            // Each GPU: whether it fits, and whether that could change in another process
+            // (the GPU's spread of usable memory between processes).
             let on = gpus
                 .iter()
-                .map(|g| sim::fits(&input.trace, &input.hints, config, &g.device, &setup.replay))
-                .collect::<Result<Vec<bool>, _>>()?;
+                .map(|g| {
+                    let (t, h) = (&input.trace, &input.hints);
+                    let ok = sim::fits(t, h, config, &g.device, &setup.replay)?;
+                    let margin = sim::boundary::margin(t, h, config, &g.device, &setup.replay, ok)?;
+                    Ok((ok, margin))
+                })
+                .collect::<Result<Vec<(bool, Margin)>, sim::CompareError>>()?;
             Ok((fit, on))
         })
         .collect();
@@ -106,38 +114,87 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
             header.extend(gpus.iter().map(|g| g.name.clone()));
             w.write_record(&header).context("writing the CSV")?;
             for (&(t, p), (fit, on)) in jobs.iter().zip(&results) {
-                w.serialize((FitRecord::of(names[t], &specs[p].label, fit), on))
-                    .context("writing the CSV")?;
+                let marginal: Vec<&str> = gpus
+                    .iter()
+                    .zip(on)
+                    .filter(|(_, (_, m))| m.is_marginal())
+                    .map(|(g, _)| g.name.as_str())
+                    .collect();
+                let fits: Vec<bool> = on.iter().map(|&(ok, _)| ok).collect();
+                let record =
+                    FitRecord::of(names[t], &specs[p].label, fit).with_marginal_gpus(&marginal);
+                w.serialize((record, fits)).context("writing the CSV")?;
             }
             w.flush().context("writing the CSV")?;
         }
         OutputFormat::Table => {
             let h = |b: Option<u64>| b.map_or("does not fit".to_string(), format_size_human);
-            let mut t = Table::new(
-                &[
-                    "trace",
-                    "policy",
-                    "min capacity",
-                    "requested peak",
-                    "overhead",
-                    "monotonic",
-                    "smallest GPU that fits",
-                ],
-                &[false, false, true, true, true, false, false],
+            // With a spread of usable memory between processes, the capacity that fits in
+            // every process (the minimum plus the spread) gets its own column.
+            let spread = setup.options.usable_spread_bytes;
+            let mut headers = vec!["trace", "policy", "min capacity"];
+            let mut right = vec![false, false, true];
+            let with_spread = format!(
+                "with {} to spare (driver varies)",
+                format_size_human(spread)
             );
+            if spread > 0 {
+                headers.push(&with_spread);
+                right.push(true);
+            }
+            headers.extend([
+                "requested peak",
+                "overhead",
+                "monotonic",
+                "smallest GPU that fits",
+            ]);
+            right.extend([true, true, false, false]);
+            let mut t = Table::new(&headers, &right);
             for (&(ti, p), (fit, on)) in jobs.iter().zip(&results) {
-                let smallest = gpus
+                // The smallest GPU the run fits on in every process; a smaller one on
+                // which it fits only in some is named after it.
+                let clear = gpus
                     .iter()
                     .zip(on)
-                    .filter(|(_, &ok)| ok)
-                    .min_by_key(|(g, _)| g.device.total_bytes)
-                    .map_or("none of those checked".to_string(), |(g, _)| {
-                        format!("{} ({})", g.name, format_size_human(g.device.total_bytes))
-                    });
-                t.row(vec![
+                    .filter(|(_, (ok, m))| *ok && !m.is_marginal())
+                    .min_by_key(|(g, _)| g.device.total_bytes);
+                let marginal = gpus
+                    .iter()
+                    .zip(on)
+                    .filter(|(g, (ok, m))| {
+                        *ok && m.is_marginal()
+                            && clear
+                                .is_none_or(|(c, _)| g.device.total_bytes < c.device.total_bytes)
+                    })
+                    .min_by_key(|(g, _)| g.device.total_bytes);
+                let mut smallest = clear.map_or("none of those checked".to_string(), |(g, _)| {
+                    format!("{} ({})", g.name, format_size_human(g.device.total_bytes))
+                });
+                if let Some((g, (_, m))) = marginal {
+                    smallest += &format!(
+                        "; {} ({}) fits, but {m}",
+                        g.name,
+                        format_size_human(g.device.total_bytes)
+                    );
+                }
+                let mut row = vec![
                     names[ti].to_string(),
                     specs[p].label.clone(),
                     h(fit.min_capacity_bytes),
+                ];
+                if spread > 0 {
+                    row.push(fit.min_capacity_with_spread_bytes.map_or_else(
+                        || {
+                            if fit.min_capacity_bytes.is_some() {
+                                "not found".to_string()
+                            } else {
+                                "does not fit".to_string()
+                            }
+                        },
+                        format_size_human,
+                    ));
+                }
+                row.extend([
                     format_size_human(fit.requested_bytes_peak),
                     match (fit.overhead_bytes(), fit.overhead_pct()) {
                         (Some(o), Some(pct)) => format!("{} ({pct:.1}%)", format_size_human(o)),
@@ -152,6 +209,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
                     .to_string(),
                     smallest,
                 ]);
+                t.row(row);
             }
             write!(out, "{}", t.render())?;
         }

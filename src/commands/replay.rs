@@ -92,6 +92,16 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
             &setup.replay,
         )?;
     }
+    // Fits (or runs out) with less than the driver's variation between processes to
+    // spare: another process may see the other outcome.
+    let margin = sim::boundary::margin(
+        &loaded.trace,
+        &loaded.hints,
+        &spec.config,
+        &setup.options,
+        &setup.replay,
+        r.oom.is_none(),
+    )?;
     drop(in_order);
     let stack = match &why {
         Some(e) => frames_of(&args, &loaded.trace, e.event_index),
@@ -146,6 +156,9 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         text.insert_str(at + 1, &extra);
     }
     write!(out, "{text}")?;
+    if margin.is_marginal() {
+        writeln!(out, "marginal            {margin}")?;
+    }
     for c in &caveats {
         writeln!(out, "not exact           {c}")?;
     }
@@ -194,7 +207,9 @@ fn policy_label(spec: &policies::spec::PolicySpec) -> String {
 /// so errors come in the same order either way.
 fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Option<Exit>> {
     use sim::inputs::{StreamError, Streamed};
-    if setup.capacities.len() > 1 {
+    // A device whose usable memory varies between processes needs the whole trace to
+    // replay again within that band (the marginal check).
+    if setup.capacities.len() > 1 || setup.options.usable_spread_bytes > 0 {
         return Ok(None);
     }
     let meta = workloads::TraceMeta::of_format(workloads::Format::Csv);
