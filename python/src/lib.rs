@@ -674,37 +674,34 @@ fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<Str
     // As `allocsim fit`: the policies under the arguments' settings.
     let (specs, _) = o.specs(&workloads::TraceMeta::default())?;
     let replay = o.replay();
-    let results = work(
-        py,
-        || -> Result<Vec<(sim::Fit, Vec<(bool, bool)>)>, sim::CompareError> {
-            let mut out = Vec::new();
-            for (input, _) in &loaded {
-                for spec in &specs {
-                    let fit = sim::fit(
-                        &input.trace,
-                        &input.hints,
-                        &spec.config,
-                        &model,
-                        &replay,
-                        &sim::FitOptions::default(),
-                    )?;
-                    // Each GPU: whether it fits, and whether that could change in
-                    // another process (as `allocsim fit`).
-                    let (t, h, c) = (&input.trace, &input.hints, &spec.config);
-                    let on = gpus
-                        .iter()
-                        .map(|(_, d)| {
-                            let ok = sim::fits(t, h, c, d, &replay)?;
-                            let m = sim::boundary::margin(t, h, c, d, &replay, ok)?;
-                            Ok((ok, m.is_marginal()))
-                        })
-                        .collect::<Result<Vec<(bool, bool)>, sim::CompareError>>()?;
-                    out.push((fit, on));
-                }
+    let results = work(py, || -> Result<Vec<FitOn>, sim::CompareError> {
+        let mut out = Vec::new();
+        for (input, _) in &loaded {
+            for spec in &specs {
+                let fit = sim::fit(
+                    &input.trace,
+                    &input.hints,
+                    &spec.config,
+                    &model,
+                    &replay,
+                    &sim::FitOptions::default(),
+                )?;
+                // Each GPU: whether it fits, and whether that could change in
+                // another process (as `allocsim fit`).
+                let (t, h, c) = (&input.trace, &input.hints, &spec.config);
+                let on = gpus
+                    .iter()
+                    .map(|(_, d)| {
+                        let ok = sim::fits(t, h, c, d, &replay)?;
+                        let m = sim::boundary::margin(t, h, c, d, &replay, ok)?;
+                        Ok((ok, m.is_marginal()))
+                    })
+                    .collect::<Result<Vec<(bool, bool)>, sim::CompareError>>()?;
+                out.push((fit, on));
             }
-            Ok(out)
-        },
-    )?
+        }
+        Ok(out)
+    })?
     .map_err(|e| ReplayError::new_err(e.to_string()))?;
     let mut rows = Vec::new();
     let mut i = 0;
@@ -734,6 +731,9 @@ fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<Str
     columns.extend(gpus.iter().map(|(n, _)| n.clone()));
     serde_json::to_string(&(columns, rows)).map_err(json_err)
 }
+
+/// A fit, and per named GPU whether the trace fits there and whether that is marginal.
+type FitOn = (sim::Fit, Vec<(bool, bool)>);
 
 /// Each trace's least total memory for its recommended configuration.
 type Needs = Vec<(String, Option<u64>)>;

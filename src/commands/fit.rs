@@ -16,6 +16,10 @@ use crate::output::{self, Kind, Planned};
 use crate::table::{OutputFormat, Table};
 use crate::{interrupt, load, Exit};
 
+/// One (trace, policy): its fit, and per `--gpus` GPU whether it fits there and its
+/// margin against the GPU's variation between processes.
+type FitResult = (Fit, Vec<(bool, Margin)>);
+
 /// A named GPU: its name and simulated device.
 struct Gpu {
     name: String,
@@ -71,7 +75,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
     // Ctrl-C stops every replay at its next event; nothing is written then.
     let in_order = interrupt::in_order();
     let bar = crate::commands::sweep::progress_bar(jobs.len() as u64);
-    let results: Vec<anyhow::Result<(Fit, Vec<(bool, Margin)>)>> = jobs
+    let results: Vec<anyhow::Result<FitResult>> = jobs
         .par_iter()
         .map(|&(t, p)| {
             let _tick = Tick(&bar);
