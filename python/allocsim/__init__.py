@@ -447,7 +447,11 @@ def fit(
     """The least GPU memory each trace × policy runs in (``allocsim fit``): bisection to
     the 2 MiB page, checked around the answer (``monotonic`` says whether every size
     tried agreed). ``gpus`` names GPU profiles (``"all"``, ``["h100", "a100-40gb"]``);
-    each adds a column saying whether the trace fits on it.
+    each adds a column saying whether the trace fits on it. Where a profile's usable
+    memory varies between processes (``usable_spread_bytes``: 4 MiB on the H200),
+    ``min_capacity_with_spread_bytes`` is the least total that fits with that to spare,
+    and ``marginal_gpus`` names the GPUs on which the answer could differ in another
+    process (``docs/metrics.md``, "The driver's variation").
     """
     if isinstance(traces, (str, os.PathLike, Mapping, bytes, bytearray, tuple)):
         traces = [traces]  # type: ignore[list-item]
