@@ -28,7 +28,7 @@ seeds() {
         yaml) echo ../examples ../tests/data/traces ;;
         csv | replay) echo ../examples ../tests/data/expected ;;
         recorded_json) echo ../tests/data/recorded ../tests/data/oracle/h100-torch2.11 ../tests/data/recorder ../tests/data/torch ;;
-        pickle) echo ../tests/data/oracle/h100-torch2.11-pickles ../tests/data/torch ;;
+        pickle) echo ../tests/data/oracle/h100-torch2.11-pickles ../tests/data/torch seeds/pickle ;;
         rmm) echo seeds/rmm ;;
         profile) echo ../sim/profiles ;;
         policies | alloc_conf) echo "seeds/$1" ;;

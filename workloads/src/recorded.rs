@@ -970,6 +970,43 @@ mod tests {
         );
     }
 
+    /// A mid-run trace whose segments or entries end past 2^64 is refused with a message
+    /// naming them, not a wrap in the rebuild (found by the long fuzz campaign of
+    /// 2026-11-26: expandable runs at the top of the address space overflowed).
+    #[test]
+    fn a_rebuild_past_the_end_of_the_address_space_is_refused() {
+        let seg = |address: u64| RecordedSegment {
+            address,
+            total_size: 2 << 20,
+            stream: 0,
+            segment_type: "large".into(),
+            allocated_size: 0,
+            blocks: Vec::new(),
+            is_expandable: true,
+            pool_id: (0, 0),
+        };
+        let mut run = RecordedRun {
+            path: "x.pickle".into(),
+            entries: vec![entry(Action::FreeCompleted, 5, 7)],
+            segments: vec![seg(u64::MAX - (1 << 20)), seg(0)],
+            ..RecordedRun::default()
+        };
+        let err = run.rebuild_start().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "x.pickle: segment at 0xffffffffffefffff: its 2097152 bytes run past the end of the \
+             64-bit address space"
+        );
+        run.segments = vec![seg(0)];
+        run.entries = vec![entry(Action::FreeCompleted, u64::MAX - 3, 7)];
+        let err = run.rebuild_start().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "x.pickle: entry 0: free_completed of 0xfffffffffffffffc: its 7 bytes run past the \
+             end of the 64-bit address space"
+        );
+    }
+
     /// `expandable_segments:True` in a format-1 JSON makes its segments expandable.
     #[test]
     fn expandable_conf_is_recognized() {

@@ -275,6 +275,39 @@ impl RecordedRun {
                 ),
             ));
         }
+        // Undoing adds addresses and sizes: everything must end below 2^64 first.
+        let past_end = |record: String, bytes: u64| {
+            ReadError::invalid(
+                &self.path,
+                Some(record),
+                format!("its {bytes} bytes run past the end of the 64-bit address space"),
+            )
+        };
+        for s in &self.segments {
+            let blocks = s.blocks.iter().map(|b| (b.address, b.size));
+            if let Some((a, n)) = std::iter::once((s.address, s.total_size))
+                .chain(blocks)
+                .find(|&(a, n)| a.checked_add(n).is_none())
+            {
+                let record = if a == s.address && n == s.total_size {
+                    format!("segment at {a:#x}")
+                } else {
+                    format!("segment at {:#x}, block at {a:#x}", s.address)
+                };
+                return Err(past_end(record, n));
+            }
+        }
+        if let Some((index, e)) =
+            (self.entries.iter().enumerate()).find(|(_, e)| e.addr.checked_add(e.size).is_none())
+        {
+            let record = format!(
+                "entry {}: {} of {:#x}",
+                self.source_index(index),
+                e.action.name(),
+                e.addr
+            );
+            return Err(past_end(record, e.size));
+        }
         let mut segs: BTreeMap<u64, Seg> = BTreeMap::new();
         let mut live: BTreeMap<u64, Live> = BTreeMap::new();
         for s in &self.segments {
