@@ -11,9 +11,9 @@
 # skipped, and says so in summary.txt, once 7 minutes have passed.
 #
 # Results in $OUT:
-#   probe.yaml                     `allocsim probe --processes 8` of this GPU: the model
+#   probe.yaml                     `allocsim probe --processes 32` of this GPU: the model
 #                                  of every set, with the spread of usable memory
-#                                  between eight processes (usable_spread_bytes)
+#                                  between 32 processes (usable_spread_bytes)
 #   full.csv (+ .log)              the traces of tests/data (recorded runs of
 #                                  oracle/h100-torch2.11 and recorded/, snapshot pickles,
 #                                  the private-pool runs of pools/ and their 2.15 pickles),
@@ -106,9 +106,10 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,memory.free,driver_version 
     --format=csv >"$OUT/nvidia-smi.csv" 2>&1 || true
 
 # ---- the model: this GPU, measured now -------------------------------------------------
-# Eight processes: the profile's usable_spread_bytes is how much the driver's hold-back
-# varied between them (4 MiB on the H200, 0 on the H100 on 2026-11-26).
-if ! timeout 180 "$A" probe --processes 8 -o "$OUT/probe.yaml" 2>"$OUT/probe.log"; then
+# 32 processes (about 0.4 s each): the profile's usable_spread_bytes is how much the
+# driver's hold-back varied between them (on 2026-11-26: 2 MiB on one H200, where
+# page_fill.py had seen 4 MiB on another; 0 on the H100).
+if ! timeout 180 "$A" probe --processes 32 -o "$OUT/probe.yaml" 2>"$OUT/probe.log"; then
     note "probe failed (exit $?): $(tail -n 1 "$OUT/probe.log")"
     exit 1
 fi
@@ -116,7 +117,7 @@ PROFILE=(--gpu-profile "$OUT/probe.yaml")
 field() { sed -n "s/^$1: //p" "$OUT/probe.yaml"; }
 UNUSABLE=$(($(field free_at_start_bytes) - $(field usable_bytes)))
 SPREAD=$(field usable_spread_bytes)
-note "probe: $(field name), free at start $(field free_at_start_bytes), usable $(field usable_bytes) (driver keeps $UNUSABLE of the free bytes; spread between 8 processes ${SPREAD:-0})"
+note "probe: $(field name), free at start $(field free_at_start_bytes), usable $(field usable_bytes) (driver keeps $UNUSABLE of the free bytes; spread between 32 processes ${SPREAD:-0})"
 
 # ---- traces -----------------------------------------------------------------------------
 "$A" generate random --seed 1 --streams 2 --events 20000 -o "$WORK/gen-s1.yaml" 2>/dev/null
