@@ -118,19 +118,48 @@ pub fn compare_each(
             }
         }
     }
+    // Longest first, each job its own task: workers take the next job of the sorted
+    // list as they come free (greedy list scheduling), so the longest replays do not
+    // start last and finish alone. Rows go back to input order below.
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by(|&a, &b| {
+        let cost = |i: usize| job_cost(jobs[i].0, jobs[i].1);
+        cost(b).total_cmp(&cost(a)).then(a.cmp(&b))
+    });
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::OnceLock<Result<Row, CompareError>>> =
+        jobs.iter().map(|_| std::sync::OnceLock::new()).collect();
+    let workers = rayon::current_num_threads().min(jobs.len());
+    (0..workers).into_par_iter().for_each(|_| loop {
+        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(&i) = order.get(k) else { break };
+        let (input, spec, device) = jobs[i];
+        let row = run_one(input, spec, device, options);
+        if let Some(p) = progress {
+            p();
+        }
+        // Each index is taken once, so each slot is set once.
+        let _ = slots[i].set(row);
+    });
     // Every result first, then the first error in input order: which replay fails
     // first in time depends on the scheduling, the error reported must not.
-    let results: Vec<Result<Row, CompareError>> = jobs
-        .par_iter()
-        .map(|&(input, spec, device)| {
-            let row = run_one(input, spec, device, options);
-            if let Some(p) = progress {
-                p();
-            }
-            row
-        })
-        .collect();
-    results.into_iter().collect()
+    slots
+        .into_iter()
+        .map(|slot| slot.into_inner().expect("every job ran"))
+        .collect()
+}
+
+/// A job's expected cost, only to order the jobs (longest first): the trace's events
+/// times the policy's relative cost per event, as `allocsim bench` measured it
+/// (docs/performance.md: `immediate` about 2.4× `caching`, `buddy` about 0.6, `arena`
+/// about the same). A wrong guess costs balance, never correctness.
+fn job_cost(input: &CompareInput, spec: &PolicySpec) -> f64 {
+    let per_event = match spec.config.kind_name() {
+        "immediate" => 2.4,
+        "buddy" => 0.6,
+        _ => 1.0,
+    };
+    input.trace.events.len() as f64 * per_event
 }
 
 /// Replays one (trace, policy, device) row: the replay, the explanation of its first
@@ -222,5 +251,55 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(e.to_string(), "t under caching: interrupted at event 0");
+    }
+
+    /// Jobs run longest first (a longer trace, `immediate` before `buddy`), yet the
+    /// rows come out in input order: trace, then policy, then device.
+    #[test]
+    fn rows_keep_input_order_whatever_runs_first() {
+        let trace = |name: &str, n: u64| {
+            let events = (0..n)
+                .flat_map(|i| {
+                    [
+                        Event::Alloc {
+                            id: AllocId(i),
+                            size_bytes: 512 << (i % 8),
+                            stream: 0,
+                        },
+                        Event::Free { id: AllocId(i) },
+                    ]
+                })
+                .collect();
+            CompareInput {
+                trace: Trace::new(name, events),
+                hints: AddressHints::default(),
+            }
+        };
+        let inputs = [trace("short", 2), trace("long", 50)];
+        let specs =
+            policies::spec::parse_policy_list("buddy,caching,immediate", &Default::default())
+                .unwrap();
+        let devices = [
+            SimDeviceOptions::default(),
+            SimDeviceOptions {
+                capacity_bytes: 1 << 30,
+                total_bytes: 1 << 30,
+                ..SimDeviceOptions::default()
+            },
+        ];
+        let rows = compare(&inputs, &specs, &devices, &ReplayOptions::default()).unwrap();
+        let got: Vec<(String, String, u64, u64)> = rows
+            .iter()
+            .map(|r| (r.trace.clone(), r.policy.clone(), r.total_bytes, r.events))
+            .collect();
+        let mut want = Vec::new();
+        for (name, events) in [("short", 4), ("long", 100)] {
+            for policy in ["buddy", "caching", "immediate"] {
+                for total in [devices[0].total_bytes, 1 << 30] {
+                    want.push((name.to_string(), policy.to_string(), total, events));
+                }
+            }
+        }
+        assert_eq!(got, want);
     }
 }
