@@ -1,14 +1,71 @@
 //! Progress on stderr for work that can run longer than a second: shown only when stderr
 //! is a terminal, so pipes, files and tests see nothing of it.
 
+use std::io::IsTerminal as _;
+
+/// Whether progress is drawn: stderr is a terminal.
+fn shown() -> bool {
+    std::io::stderr().is_terminal()
+}
+
+/// A bar of `steps` replays (jobs of `compare`, `fit`, `sweep`, `bench`) on stderr,
+/// hidden when stderr is not a terminal.
+pub fn jobs_bar(steps: u64) -> indicatif::ProgressBar {
+    if !shown() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(steps);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {pos}/{len} replays [{bar:40}] {elapsed_precise}, about {eta} left",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+/// A spinner naming what is being done (reading a trace, checking it, writing one) and
+/// for how long, for steps whose length is not known in advance; ticks on its own,
+/// cleared when dropped. `None` when stderr is not a terminal.
+pub struct Stage(indicatif::ProgressBar);
+
+impl Stage {
+    pub fn start(what: String) -> Option<Stage> {
+        if !shown() {
+            return None;
+        }
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+                .expect("a valid template"),
+        );
+        bar.set_message(what);
+        bar.enable_steady_tick(std::time::Duration::from_millis(100));
+        Some(Stage(bar))
+    }
+
+    /// The next step, on the same spinner.
+    pub fn set(this: &Option<Stage>, what: String) {
+        if let Some(stage) = this {
+            stage.0.set_message(what);
+        }
+    }
+}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
 /// Events replayed so far, on a spinner on stderr (only on a terminal: `None`
 /// otherwise), updated every 65 536 events.
 pub struct EventSpinner(indicatif::ProgressBar);
 
 impl EventSpinner {
     pub fn on_terminal() -> Option<EventSpinner> {
-        use std::io::IsTerminal as _;
-        if !std::io::stderr().is_terminal() {
+        if !shown() {
             return None;
         }
         let bar = indicatif::ProgressBar::new_spinner();

@@ -1232,3 +1232,76 @@ fn why_it_ran_out() {
         "{out}"
     );
 }
+
+/// With stderr not a terminal (a pipe here), the commands that show a spinner or bar
+/// on a terminal (check, convert, diff, generate, replay, compare) write nothing to
+/// stderr but their own lines: no progress, no cursor codes.
+#[test]
+fn no_progress_when_stderr_is_not_a_terminal() {
+    let dir = TempDir::new("cli-no-progress");
+    let out = |name: &str| dir.path().join(name).display().to_string();
+    let trace = "examples/random_small.csv";
+    let cases: Vec<(Vec<String>, String)> = vec![
+        (vec!["check".into(), trace.into()], String::new()),
+        (
+            vec!["convert".into(), trace.into(), "-o".into(), out("c.yaml")],
+            format!("wrote {} (", out("c.yaml")),
+        ),
+        (
+            vec![
+                "diff".into(),
+                trace.into(),
+                "--policies".into(),
+                "caching,buddy".into(),
+                "--format".into(),
+                "csv".into(),
+            ],
+            String::new(),
+        ),
+        (
+            vec![
+                "generate".into(),
+                "random".into(),
+                "--events".into(),
+                "1000".into(),
+                "-o".into(),
+                out("g.csv"),
+            ],
+            format!("wrote {} (", out("g.csv")),
+        ),
+        (
+            vec![
+                "replay".into(),
+                trace.into(),
+                "--policy".into(),
+                "caching".into(),
+            ],
+            String::new(),
+        ),
+        (
+            vec![
+                "compare".into(),
+                trace.into(),
+                "--policies".into(),
+                "caching,buddy".into(),
+                "--format".into(),
+                "csv".into(),
+            ],
+            String::new(),
+        ),
+    ];
+    for (args, starts) in cases {
+        let o = allocsim(&args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        let e = stderr(&o);
+        if starts.is_empty() {
+            assert!(e.is_empty(), "{args:?}: {e:?}");
+        } else {
+            assert!(
+                e.starts_with(&starts) && e.lines().count() == 1,
+                "{args:?}: {e:?}"
+            );
+        }
+        assert!(!e.contains('\x1b') && !e.contains('\r'), "{args:?}: {e:?}");
+    }
+}

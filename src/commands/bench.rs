@@ -114,7 +114,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<Exit> {
     }
     let clock = Clock::new();
     let runs = args.runs as usize;
-    let bar = crate::commands::sweep::progress_bar((jobs.len() * (runs + 1)) as u64);
+    let bar = crate::progress::jobs_bar((jobs.len() * (runs + 1)) as u64);
     let _in_order = interrupt::in_order();
     let mut measured = Vec::with_capacity(jobs.len());
     for (input, spec) in &jobs {

@@ -5,17 +5,20 @@ use std::io::Write as _;
 use workloads::validate::{validate, Severity};
 
 use crate::flags::CheckArgs;
+use crate::progress::Stage;
 use crate::Exit;
 
 pub fn run(args: CheckArgs) -> anyhow::Result<Exit> {
     let mut bad = false;
     let mut out = crate::output::create(None)?;
     for path in &args.traces {
+        let stage = Stage::start(format!("reading {}", path.display()));
         let read =
             workloads::read_source(path, args.input.trace_format, args.input.snapshot_device);
         let trace = match read {
             Ok((trace, _)) => trace,
             Err(e) => {
+                drop(stage);
                 // Unreadable: the problems the reader kept (the first hundred), then
                 // how many it found, then the next file.
                 for problem in e.all() {
@@ -36,7 +39,9 @@ pub fn run(args: CheckArgs) -> anyhow::Result<Exit> {
                 continue;
             }
         };
+        Stage::set(&stage, format!("checking {}", path.display()));
         let issues = validate(&trace);
+        drop(stage);
         let errors = issues
             .iter()
             .filter(|i| i.severity == Severity::Error)

@@ -50,7 +50,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
             .map(|(input, specs)| (input, specs.as_slice()))
             .collect();
         let steps = jobs.iter().map(|(_, s)| s.len()).sum::<usize>() * setup.devices.len();
-        let bar = crate::commands::sweep::progress_bar(steps as u64);
+        let bar = crate::progress::jobs_bar(steps as u64);
         let tick = || bar.inc(1);
         let rows = sim::compare_each(&jobs, &setup.devices, &setup.replay, Some(&tick))?;
         bar.finish_and_clear();

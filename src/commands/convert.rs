@@ -5,6 +5,7 @@ use workloads::Format;
 
 use crate::flags::ConvertArgs;
 use crate::output::{self, Kind, Planned};
+use crate::progress::Stage;
 use crate::Exit;
 
 pub fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
@@ -21,6 +22,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
         }],
         &[&args.input],
     )?;
+    let stage = Stage::start(format!("reading {}", args.input.display()));
     let (mut trace, run) = workloads::read_source(&args.input, args.format, args.snapshot_device)?;
     if let Some(start) = &trace.start {
         anyhow::bail!(
@@ -67,6 +69,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
         || m.torch_version.is_some()
         || !m.caveats.is_empty()
         || m.addresses.is_some();
+    drop(stage);
     if recorded && to != Format::Yaml {
         eprintln!(
             "warning: {} cannot carry what {} recorded about its run (its PYTORCH_CUDA_ALLOC_CONF, memory limit, device, caveats, segment addresses); convert to YAML to keep it",
@@ -74,10 +77,12 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<Exit> {
             args.input.display()
         );
     }
+    let stage = Stage::start(format!("writing {}", args.output.display()));
     let mut out = output::create(Some(&args.output))?;
     workloads::write(&trace, to, &mut out)
         .with_context(|| format!("writing {}", args.output.display()))?;
     out.finish()?;
+    drop(stage);
     eprintln!(
         "wrote {} ({} events{}{})",
         args.output.display(),

@@ -11,6 +11,7 @@ use workloads::Trace;
 
 use crate::flags::DiffArgs;
 use crate::output::{self, Kind, Planned};
+use crate::progress::Stage;
 use crate::table::{OutputFormat, Table};
 use crate::{interrupt, load, Exit};
 
@@ -48,7 +49,9 @@ pub fn run(args: DiffArgs) -> anyhow::Result<Exit> {
                 .join(", ")
         );
     }
+    let stage = Stage::start(format!("reading {}", args.trace.display()));
     let loaded = load::load_trace(&args.trace, &args.input, &setup.options)?;
+    drop(stage);
     // A recorded run under its recorded settings, unless flags replace them (as replay).
     let settings = load::settings(&loaded.trace.meta, &args.device);
     if let Some(note) = &settings.note {
@@ -72,6 +75,7 @@ pub fn run(args: DiffArgs) -> anyhow::Result<Exit> {
     };
     let d = {
         let _in_order = interrupt::in_order();
+        let _stage = Stage::start(format!("replaying under {} and {}", a.label, b.label));
         sim::diff::diff(&input, a, b, &setup.options, &setup.replay)?
     };
     let format = OutputFormat::resolve(args.format, args.output.is_some());

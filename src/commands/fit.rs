@@ -74,7 +74,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
         .collect();
     // Ctrl-C stops every replay at its next event; nothing is written then.
     let in_order = interrupt::in_order();
-    let bar = crate::commands::sweep::progress_bar(jobs.len() as u64);
+    let bar = crate::progress::jobs_bar(jobs.len() as u64);
     let results: Vec<anyhow::Result<FitResult>> = jobs
         .par_iter()
         .map(|&(t, p)| {

@@ -10,6 +10,7 @@ use workloads::Format;
 
 use crate::flags::{GenerateArgs, SizesArg};
 use crate::output::{self, Kind, Planned};
+use crate::progress::Stage;
 use crate::Exit;
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<Exit> {
@@ -82,11 +83,14 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<Exit> {
             seeds.len()
         );
     }
+    let stage = Stage::start("generating".to_string());
     let trace = generator.generate()?;
+    Stage::set(&stage, format!("writing {}", args.output.display()));
     let mut out = output::create(Some(&args.output))?;
     workloads::write(&trace, format, &mut out)
         .with_context(|| format!("writing {}", args.output.display()))?;
     out.finish()?;
+    drop(stage);
     eprintln!(
         "wrote {} ({} events)",
         args.output.display(),

@@ -2,7 +2,7 @@
 //! the runs, the ranking and the summary are the library's), with a progress bar and
 //! the summary for people.
 
-use std::io::{IsTerminal as _, Write as _};
+use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::{bail, Context};
@@ -53,7 +53,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<Exit> {
     if args.shard.is_some() && args.output.is_none() && format == OutputFormat::Table {
         bail!("--shard: a shard writes CSV for `allocsim merge`; give -o FILE.csv or --format csv");
     }
-    let bar = progress_bar(sweep::steps(&sweep, args.shard));
+    let bar = crate::progress::jobs_bar(sweep::steps(&sweep, args.shard));
     let tick = || bar.inc(1);
     let options = sweep::RunOptions {
         replay: sim::ReplayOptions {
@@ -121,22 +121,6 @@ fn write(
         }
     }
     Ok(Exit::Ran)
-}
-
-/// A progress bar on stderr when it is a terminal, hidden otherwise.
-pub fn progress_bar(steps: u64) -> indicatif::ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(steps);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} {pos}/{len} replays [{bar:40}] {elapsed_precise}, about {eta} left",
-        )
-        .expect("a valid template")
-        .progress_chars("=> "),
-    );
-    bar
 }
 
 fn h(bytes: u64) -> String {
