@@ -12,14 +12,8 @@
 # CSV conversions, validate.csv (+ .log), probe.yaml, summary.txt.
 set -uo pipefail
 
-if [ $# -ne 1 ] || [ -z "${OUT:-}" ]; then
-    echo "usage: OUT=DIR $0 PATH/TO/allocsim" >&2
-    exit 2
-fi
-A=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+. "$(dirname "$0")/common.sh"
+gpu_setup "$@"
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }

@@ -21,14 +21,8 @@
 #   summary.txt                   per export: the exit code of each step; torch's version
 set -uo pipefail
 
-if [ $# -ne 1 ] || [ -z "${OUT:-}" ]; then
-    echo "usage: OUT=DIR $0 PATH/TO/allocsim" >&2
-    exit 2
-fi
-A=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+. "$(dirname "$0")/common.sh"
+gpu_setup "$@"
 cd "$ROOT"
 mkdir -p "$OUT/exports" "$OUT/stats" "$OUT/trace" "$OUT/plots"
 SUMMARY=$OUT/summary.txt

@@ -5,7 +5,9 @@
 # Needs /usr/bin/time (GNU time) for the peak memory, and about 4 GB of disk in $TMPDIR.
 # Usage: OUT=DIR tools/gpu/compare-torch.sh PATH/TO/allocsim (a release build; needs python3 with torch and g++)
 set -uo pipefail
-A=$(readlink -f "$1"); D=$(dirname "$(readlink -f "$0")"); W=$(mktemp -d)
+. "$(dirname "$0")/common.sh"
+gpu_setup "$@"
+D=$ROOT/tools/gpu W=$(mktemp -d)
 exec > >(tee -a "$OUT/bench.txt") 2>&1
 date -u; nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c 'import torch;print("torch", torch.__version__)'

@@ -18,13 +18,8 @@
 # (one line per recording) and DIR/errors.log. About two minutes on an H100.
 set -uo pipefail
 
-if [ -z "${OUT:-}" ]; then
-    echo "usage: OUT=DIR $0" >&2
-    exit 2
-fi
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+. "$(dirname "$0")/common.sh"
+gpu_setup --no-binary "$@"
 REC=(python3 "$ROOT/tools/record_torch.py")
 LOG=$OUT/log.txt
 : >"$LOG"

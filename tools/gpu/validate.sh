@@ -40,14 +40,8 @@
 #   nvidia-smi.csv, date.txt, commit.txt, allocsim-version.txt
 set -uo pipefail
 
-if [ $# -ne 1 ] || [ -z "${OUT:-}" ]; then
-    echo "usage: OUT=DIR $0 PATH/TO/allocsim" >&2
-    exit 2
-fi
-A=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+. "$(dirname "$0")/common.sh"
+gpu_setup "$@"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cd "$ROOT"
