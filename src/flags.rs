@@ -84,6 +84,28 @@ fn policy_help(what: &str) -> String {
     )
 }
 
+/// `--policies` of the commands that replay under several policies (all of them by
+/// default): compare, bench, fit, validate, plot. `diff`'s, which takes exactly two
+/// and has no default, is its own.
+#[derive(Debug, Args)]
+pub struct PoliciesArg {
+    /// Comma-separated policies (generated help: see `policy_help`).
+    #[arg(
+        long,
+        default_value = ALL_POLICIES.as_str(),
+        help = policy_help("Comma-separated policies, e.g. `caching,caching:expandable_segments=True`")
+    )]
+    pub policies: Vec<String>,
+}
+
+impl std::ops::Deref for PoliciesArg {
+    type Target = [String];
+
+    fn deref(&self) -> &[String] {
+        &self.policies
+    }
+}
+
 /// How much GPU memory will this workload take under allocator X, where will it run
 /// out, and which allocator or configuration would fit it?
 #[derive(Debug, Parser)]
@@ -257,13 +279,8 @@ pub struct CompareArgs {
     /// Traces to replay.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
-    /// Comma-separated policies (generated help: see `policy_help`).
-    #[arg(
-        long,
-        default_value = ALL_POLICIES.as_str(),
-        help = policy_help("Comma-separated policies, e.g. `caching,caching:expandable_segments=True`")
-    )]
-    pub policies: Vec<String>,
+    #[command(flatten)]
+    pub policies: PoliciesArg,
     /// Write the CSV here instead of stdout.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
@@ -283,13 +300,8 @@ pub struct BenchArgs {
     /// Traces to replay (any format); without any, the random generator's traces of
     /// 100 000 and 1 000 000 events (seed 1, two streams).
     pub traces: Vec<PathBuf>,
-    /// Comma-separated policies (generated help: see `policy_help`).
-    #[arg(
-        long,
-        default_value = ALL_POLICIES.as_str(),
-        help = policy_help("Comma-separated policies, e.g. `caching,caching:expandable_segments=True`")
-    )]
-    pub policies: Vec<String>,
+    #[command(flatten)]
+    pub policies: PoliciesArg,
     /// Timed runs of each (trace, policy), after one warm-up run.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub runs: u32,
@@ -308,13 +320,8 @@ pub struct FitArgs {
     /// Traces to fit.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
-    /// Comma-separated policies (generated help: see `policy_help`).
-    #[arg(
-        long,
-        default_value = ALL_POLICIES.as_str(),
-        help = policy_help("Comma-separated policies, e.g. `caching,caching:expandable_segments=True`")
-    )]
-    pub policies: Vec<String>,
+    #[command(flatten)]
+    pub policies: PoliciesArg,
     /// GPUs to check (built-in names, `allocsim gpus`, or profile files), one CSV
     /// column each; `all` (the default) for every built-in one, `none` for none.
     #[arg(
@@ -596,13 +603,8 @@ pub struct ValidateArgs {
     /// Traces to replay.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
-    /// Comma-separated policies (generated help: see `policy_help`).
-    #[arg(
-        long,
-        default_value = ALL_POLICIES.as_str(),
-        help = policy_help("Comma-separated policies")
-    )]
-    pub policies: Vec<String>,
+    #[command(flatten)]
+    pub policies: PoliciesArg,
     /// Write the CSV here instead of stdout.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
@@ -638,13 +640,8 @@ pub struct PlotArgs {
     /// Traces to replay.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
-    /// Comma-separated policies (generated help: see `policy_help`).
-    #[arg(
-        long,
-        default_value = ALL_POLICIES.as_str(),
-        help = policy_help("Comma-separated policies, each one line of the chart (or one panel of a segment map)")
-    )]
-    pub policies: Vec<String>,
+    #[command(flatten)]
+    pub policies: PoliciesArg,
     /// The picture: FILE.svg or FILE.png.
     #[arg(long, short)]
     pub output: PathBuf,
