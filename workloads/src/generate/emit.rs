@@ -25,9 +25,45 @@ pub struct Scratch {
     pub lifetime: Dist,
 }
 
+/// A structured generator as phases: a setup, [`Phases::phase_count`] repeated phases
+/// (training steps, served batches), an end, each queuing its events on the emitter.
+/// [`Phases::next_event`] is their iterator's `next`: the one loop that hands out the
+/// queued events and runs the next phase when the queue is empty.
+pub(crate) trait Phases {
+    /// The generator's queue.
+    fn emitter(&mut self) -> &mut Emitter;
+    /// The repeated phases.
+    fn phase_count(&self) -> u64;
+    /// What comes before the first phase (parameters, weights).
+    fn setup(&mut self);
+    /// Phase `k` (from 0).
+    fn phase(&mut self, k: u64);
+    /// What comes after the last phase (the frees at the end).
+    fn finish(&mut self);
+
+    /// The next event, running phases until one is queued; `None` after the end.
+    fn next_event(&mut self) -> Option<Event> {
+        loop {
+            if let Some(e) = self.emitter().queue.pop_front() {
+                return Some(e);
+            }
+            let n = self.phase_count();
+            match self.emitter().phase {
+                0 => self.setup(),
+                p if p <= n => self.phase(p - 1),
+                p if p == n + 1 => self.finish(),
+                _ => return None,
+            }
+            self.emitter().phase += 1;
+        }
+    }
+}
+
 /// The event queue of a structured generator.
 pub(crate) struct Emitter {
     pub queue: VecDeque<Event>,
+    /// 0: setup not done; 1..=phases: that many phases done or queued; then the end.
+    phase: u64,
     next_id: u64,
     /// Alloc and free events emitted so far.
     count: u64,
@@ -39,6 +75,7 @@ impl Emitter {
     pub fn new() -> Emitter {
         Emitter {
             queue: VecDeque::new(),
+            phase: 0,
             next_id: 0,
             count: 0,
             scratch: BTreeSet::new(),

@@ -26,7 +26,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::dist::{Dist, DistKind};
-use super::emit::{bytes, Emitter, Scratch};
+use super::emit::{bytes, Emitter, Phases, Scratch};
 use crate::trace::Event;
 
 /// How a KV cache grows when it is full.
@@ -188,7 +188,6 @@ impl InferenceSpec {
             spec: self,
             rng: ChaCha8Rng::seed_from_u64(self.seed),
             out: Emitter::new(),
-            phase: 0,
             params: Vec::new(),
         }
     }
@@ -200,8 +199,6 @@ pub struct InferenceEvents<'a> {
     spec: &'a InferenceSpec,
     rng: ChaCha8Rng,
     out: Emitter,
-    /// 0: setup not done; 1..=batches: that many batches done or queued; then the end.
-    phase: u64,
     params: Vec<u64>,
 }
 
@@ -209,23 +206,20 @@ impl Iterator for InferenceEvents<'_> {
     type Item = Event;
 
     fn next(&mut self) -> Option<Event> {
-        loop {
-            if let Some(e) = self.out.queue.pop_front() {
-                return Some(e);
-            }
-            let batches = self.spec.batches;
-            match self.phase {
-                0 => self.setup(),
-                p if p <= batches => self.batch(p - 1),
-                p if p == batches + 1 => self.finish(),
-                _ => return None,
-            }
-            self.phase += 1;
-        }
+        self.next_event()
     }
 }
 
-impl InferenceEvents<'_> {
+/// Setup, one phase per served batch, the end.
+impl Phases for InferenceEvents<'_> {
+    fn emitter(&mut self) -> &mut Emitter {
+        &mut self.out
+    }
+
+    fn phase_count(&self) -> u64 {
+        self.spec.batches
+    }
+
     fn setup(&mut self) {
         let s = self.spec;
         let emb = self.out.alloc(bytes(s.vocab, s.hidden, s.dtype_bytes), 0);
@@ -238,7 +232,7 @@ impl InferenceEvents<'_> {
         }
     }
 
-    fn batch(&mut self, k: u64) {
+    fn phase(&mut self, k: u64) {
         let s = self.spec;
         self.out.mark(format!("batch {k}"));
         let batch = s.batch.sample(&mut self.rng).max(1);
@@ -294,6 +288,17 @@ impl InferenceEvents<'_> {
         out.drain_scratch();
     }
 
+    fn finish(&mut self) {
+        if self.spec.leave_live {
+            return;
+        }
+        for p in self.params.drain(..) {
+            self.out.free(p);
+        }
+    }
+}
+
+impl InferenceEvents<'_> {
     /// One layer's pass over `tokens` positions: its activations, a scratch burst, the
     /// activations freed in order.
     fn activations(&mut self, tokens: u64) {
@@ -306,15 +311,6 @@ impl InferenceEvents<'_> {
         self.out.scratch_burst(s.scratch.as_ref(), &mut self.rng, 0);
         for id in ids {
             self.out.free(id);
-        }
-    }
-
-    fn finish(&mut self) {
-        if self.spec.leave_live {
-            return;
-        }
-        for p in self.params.drain(..) {
-            self.out.free(p);
         }
     }
 }

@@ -33,7 +33,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::dist::Dist;
-use super::emit::{bytes, Emitter, Scratch};
+use super::emit::{bytes, Emitter, Phases, Scratch};
 use crate::trace::Event;
 
 /// A layer: its parameters and the activations its forward pass keeps for backward.
@@ -200,7 +200,6 @@ impl TrainingSpec {
             spec: self,
             rng: ChaCha8Rng::seed_from_u64(self.seed),
             out: Emitter::new(),
-            phase: 0,
             params: Vec::new(),
             state: Vec::new(),
             grads: Vec::new(),
@@ -214,8 +213,6 @@ pub struct TrainingEvents<'a> {
     spec: &'a TrainingSpec,
     rng: ChaCha8Rng,
     out: Emitter,
-    /// 0: setup not done; 1..=steps: that many steps done or queued; then the end.
-    phase: u64,
     /// Each parameter's (id, bytes), in layer order.
     params: Vec<(u64, u64)>,
     /// The optimizer's state, in allocation order.
@@ -230,23 +227,20 @@ impl Iterator for TrainingEvents<'_> {
     type Item = Event;
 
     fn next(&mut self) -> Option<Event> {
-        loop {
-            if let Some(e) = self.out.queue.pop_front() {
-                return Some(e);
-            }
-            let steps = self.spec.steps;
-            match self.phase {
-                0 => self.setup(),
-                p if p <= steps => self.step(p - 1),
-                p if p == steps + 1 => self.finish(),
-                _ => return None,
-            }
-            self.phase += 1;
-        }
+        self.next_event()
     }
 }
 
-impl TrainingEvents<'_> {
+/// Setup, one phase per training step, the end.
+impl Phases for TrainingEvents<'_> {
+    fn emitter(&mut self) -> &mut Emitter {
+        &mut self.out
+    }
+
+    fn phase_count(&self) -> u64 {
+        self.spec.steps
+    }
+
     fn setup(&mut self) {
         let s = self.spec;
         for layer in &s.layers {
@@ -259,7 +253,7 @@ impl TrainingEvents<'_> {
         self.grads = vec![None; self.params.len()];
     }
 
-    fn step(&mut self, k: u64) {
+    fn phase(&mut self, k: u64) {
         let s = self.spec;
         let out = &mut self.out;
         out.mark(format!("iteration {k}"));
