@@ -13,7 +13,8 @@
 set -uo pipefail
 
 . "$(dirname "$0")/common.sh"
-gpu_setup "$@"
+gpu_setup "PATH/TO/allocsim" 1 1 "$@"
+A=$(gpu_abs "$1")
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }

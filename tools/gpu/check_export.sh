@@ -22,7 +22,8 @@
 set -uo pipefail
 
 . "$(dirname "$0")/common.sh"
-gpu_setup "$@"
+gpu_setup "PATH/TO/allocsim" 1 1 "$@"
+A=$(gpu_abs "$1")
 cd "$ROOT"
 mkdir -p "$OUT/exports" "$OUT/stats" "$OUT/trace" "$OUT/plots"
 SUMMARY=$OUT/summary.txt

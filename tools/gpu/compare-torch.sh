@@ -6,7 +6,8 @@
 # Usage: OUT=DIR tools/gpu/compare-torch.sh PATH/TO/allocsim (a release build; needs python3 with torch and g++)
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
-gpu_setup "$@"
+gpu_setup "PATH/TO/allocsim" 1 1 "$@"
+A=$(gpu_abs "$1")
 D=$ROOT/tools/gpu W=$(mktemp -d)
 exec > >(tee -a "$OUT/bench.txt") 2>&1
 date -u; nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

@@ -25,9 +25,9 @@
 #                   DynaPipe does not have: private pools, settings, ...)
 #   summary.txt     the machine, then both tables' lines for people
 set -uo pipefail
-GPU_USAGE_EXTRA="[EVENTS...]"
 . "$(dirname "$0")/common.sh"
-gpu_setup "$@"
+gpu_setup "PATH/TO/allocsim [EVENTS...]" 1 100 "$@"
+A=$(gpu_abs "$1")
 shift
 LENGTHS=("$@")
 [ ${#LENGTHS[@]} -eq 0 ] && LENGTHS=(10000 100000 1000000 10000000)

@@ -19,7 +19,7 @@
 set -uo pipefail
 
 . "$(dirname "$0")/common.sh"
-gpu_setup --no-binary "$@"
+gpu_setup "" 0 0 "$@"
 REC=(python3 "$ROOT/tools/record_torch.py")
 LOG=$OUT/log.txt
 : >"$LOG"

@@ -41,7 +41,8 @@
 set -uo pipefail
 
 . "$(dirname "$0")/common.sh"
-gpu_setup "$@"
+gpu_setup "PATH/TO/allocsim" 1 1 "$@"
+A=$(gpu_abs "$1")
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cd "$ROOT"
