@@ -12,15 +12,10 @@
 # Results in $OUT: <target>.log (libFuzzer's output), artifacts/<target>/ (any crash,
 # timeout or out-of-memory input), summary.txt (executions, corpus size, findings).
 set -uo pipefail
-if [ $# -ne 2 ] || [ -z "${OUT:-}" ]; then
-    echo "usage: OUT=DIR $0 BIN_DIR SECONDS" >&2
-    exit 2
-fi
+. "$(dirname "$0")/common.sh"
+gpu_setup "BIN_DIR SECONDS" 2 2 "$@"
 BIN=$(cd "$1" && pwd)
 SECS=$2
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
 CORPUS=$(mktemp -d)
 cd "$ROOT/fuzz"
 seeds() {
