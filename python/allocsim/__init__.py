@@ -127,8 +127,38 @@ def _policies(value: Union[None, str, Sequence[str]]) -> List[str]:
     return list(value)
 
 
-def _options(**kw: Any) -> str:
+#: The keyword arguments that mean the same to every function that takes them, and go to
+#: the native module under their own names: each function passes its ``locals()``.
+_SETTINGS: Tuple[str, ...] = (
+    "alloc_conf",
+    "cap",
+    "memory_fraction",
+    "gpu_profile",
+    "timeline",
+    "explain",
+    "device",
+    "format",
+    "lenient",
+    "no_recorded_addresses",
+    "check_invariants",
+    "continue_after_oom",
+)
+
+
+def _options(given: Mapping[str, Any], **extra: Any) -> str:
+    """The native module's options: the settings among ``given`` (a function's
+    ``locals()``) and ``extra`` (what the function turned into another form), as JSON,
+    without those left at ``None``."""
+    kw = {k: given[k] for k in _SETTINGS if k in given}
+    kw.update(extra)
     return json.dumps({k: v for k, v in kw.items() if v is not None})
+
+
+def _trace_list(traces: Any) -> List[Any]:
+    """One trace or several, as the native module's list."""
+    if isinstance(traces, (str, os.PathLike, Mapping, bytes, bytearray, tuple)):
+        traces = [traces]
+    return [_trace_arg(t) for t in traces]
 
 
 def _utilization(row: Dict[str, Any]) -> Dict[str, Any]:
@@ -355,22 +385,7 @@ def replay(
     an out-of-memory happened and checks the settings that would avoid it (more
     replays). ``name`` names a snapshot given in memory in messages and reports.
     """
-    options = _options(
-        policies=[policy],
-        alloc_conf=alloc_conf,
-        capacity=_sizes(capacity),
-        cap=cap,
-        memory_fraction=memory_fraction,
-        gpu_profile=gpu_profile,
-        timeline=timeline,
-        explain=explain,
-        device=device,
-        format=format,
-        lenient=lenient,
-        no_recorded_addresses=no_recorded_addresses,
-        check_invariants=check_invariants,
-        continue_after_oom=continue_after_oom,
-    )
+    options = _options(locals(), policies=[policy], capacity=_sizes(capacity))
     text, numeric = _native.replay(_trace_arg(trace, name), options)
     d = json.loads(text)
     _utilization(d)
@@ -406,23 +421,8 @@ def compare(
     (trace, then policy, then capacity), with its columns. ``as_frame=True`` returns a
     pandas DataFrame instead of :class:`Rows`.
     """
-    if isinstance(traces, (str, os.PathLike, Mapping, bytes, bytearray, tuple)):
-        traces = [traces]  # type: ignore[list-item]
-    options = _options(
-        policies=_policies(policies),
-        alloc_conf=alloc_conf,
-        capacity=_sizes(capacity),
-        cap=cap,
-        memory_fraction=memory_fraction,
-        gpu_profile=gpu_profile,
-        device=device,
-        format=format,
-        lenient=lenient,
-        no_recorded_addresses=no_recorded_addresses,
-        check_invariants=check_invariants,
-        continue_after_oom=continue_after_oom,
-    )
-    text, notes = _native.compare([_trace_arg(t) for t in traces], options)  # type: ignore[union-attr]
+    options = _options(locals(), policies=_policies(policies), capacity=_sizes(capacity))
+    text, notes = _native.compare(_trace_list(traces), options)
     rows = _rows(text)
     rows.settings = dict(notes)  # type: ignore[attr-defined]
     return rows.to_pandas() if as_frame else rows
@@ -453,24 +453,10 @@ def fit(
     and ``marginal_gpus`` names the GPUs on which the answer could differ in another
     process (``docs/metrics.md``, "The driver's variation").
     """
-    if isinstance(traces, (str, os.PathLike, Mapping, bytes, bytearray, tuple)):
-        traces = [traces]  # type: ignore[list-item]
     if isinstance(gpus, str):
         gpus = [g for g in gpus.split(",") if g]
-    options = _options(
-        policies=_policies(policies),
-        gpus=list(gpus or []),
-        alloc_conf=alloc_conf,
-        cap=cap,
-        memory_fraction=memory_fraction,
-        gpu_profile=gpu_profile,
-        device=device,
-        format=format,
-        lenient=lenient,
-        no_recorded_addresses=no_recorded_addresses,
-        check_invariants=check_invariants,
-    )
-    columns, rows = json.loads(_native.fit([_trace_arg(t) for t in traces], options))  # type: ignore[union-attr]
+    options = _options(locals(), policies=_policies(policies), gpus=list(gpus or []))
+    columns, rows = json.loads(_native.fit(_trace_list(traces), options))
     out = Rows([{c: r[c] for c in columns} for r in rows], columns)
     return out.to_pandas() if as_frame else out
 
@@ -554,15 +540,14 @@ def sweep(
             raise ConfigError("shard: give client= or shard=, not both")
         n = shards or max(1, sum(client.nthreads().values()))
         n = max(1, min(n, _native.sweep_rows(text, path, paths)))
-        tasks = [
-            _options(shard=f"{k}/{n}", check_invariants=check_invariants) for k in range(1, n + 1)
-        ]
+        given = dict(locals())  # the function's (a comprehension has its own scope)
+        tasks = [_options(given, shard=f"{k}/{n}") for k in range(1, n + 1)]
         futures = client.map(_sweep_shard, [text] * n, [path] * n, [paths] * n, tasks, pure=False)
         result = merge(client.gather(futures))
     else:
         if isinstance(shard, tuple):
             shard = f"{shard[0]}/{shard[1]}"
-        result = SweepResult(*_native.sweep(text, path, paths, _options(shard=shard, check_invariants=check_invariants)))
+        result = SweepResult(*_native.sweep(text, path, paths, _options(locals(), shard=shard)))
     return result.to_pandas() if as_frame else result
 
 
