@@ -49,7 +49,7 @@ pub enum AddressModel {
     /// downward, allocations at the lowest free address of the newest chunk with room,
     /// released chunks reused from the top (see `sim/src/address.rs`). Address ranges
     /// of virtual memory (`cuMemAddressReserve`) are placed bottom-up from a low base,
-    /// one after the other, as on the H100.
+    /// one after the other in whole chunks, as on the H100.
     #[default]
     Driver,
     /// Each new region goes just below the previous one (2 MiB aligned), never reusing
@@ -372,10 +372,18 @@ impl SimDevice {
         Some(addr)
     }
 
+    /// The address space a virtual-memory range of `size` bytes takes in the driver
+    /// model: whole address-space chunks (32 MiB on the H100). Every recorded H100 run
+    /// with two expandable segments had the second this far above the first: 91 232 MiB
+    /// above a range of 91 213.875 MiB on an 80 GB card.
+    fn range_span(&self, size: u64) -> Option<u64> {
+        size.max(1).checked_next_multiple_of(self.va.chunk_bytes())
+    }
+
     /// A virtual-memory range of the driver model: right after the last one (the first
     /// at [`RANGE_START`]), or the lowest free gap when that is taken.
     fn place_range(&mut self, size: u64) -> Option<u64> {
-        let span = size.max(1).checked_next_multiple_of(2 * MIB)?;
+        let span = self.range_span(size)?;
         let addr = match self.next_range.checked_add(span) {
             Some(end) if end <= ADDRESS_END && !self.overlaps(self.next_range, span) => {
                 self.next_range
@@ -655,6 +663,10 @@ impl VirtualMemory for SimDevice {
         let addr = match self.hints.ranges.pop_front() {
             Some(a) if AddressHints::fits(a, size_bytes) && !self.overlaps(a, size_bytes) => {
                 self.regions.insert(a, size_bytes);
+                // The model goes on above the recorded ranges, as the driver would have.
+                if let Some(end) = self.range_span(size_bytes).and_then(|s| a.checked_add(s)) {
+                    self.next_range = self.next_range.max(end);
+                }
                 a
             }
             _ => {
@@ -696,9 +708,11 @@ impl VirtualMemory for SimDevice {
         let id = self.fresh_id();
         self.stats.segment_count += 1;
         self.regions.insert(addr.0, size_bytes);
-        self.next_range = self
-            .next_range
-            .max(addr.0 + size_bytes.div_ceil(2 * MIB) * 2 * MIB);
+        let end = self
+            .range_span(size_bytes)
+            .and_then(|span| addr.0.checked_add(span))
+            .unwrap_or(ADDRESS_END);
+        self.next_range = self.next_range.max(end);
         Ok(self.vm.add_range(SegmentId(id), addr, size_bytes))
     }
 

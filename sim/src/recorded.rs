@@ -12,7 +12,8 @@ use crate::device::{AddressHints, SimDeviceOptions};
 /// Why a recorded run's address hints could not be derived.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HintError {
-    /// The run's `alloc_conf` does not parse (the segment size depends on it).
+    /// The run's `alloc_conf` does not parse (a run PyTorch would have refused is not
+    /// followed).
     #[error(transparent)]
     Config(#[from] AllocConfError),
     /// A recorded segment lies outside any device's address space: the file is damaged.
@@ -132,9 +133,13 @@ pub fn run_device(run: &RecordedRun, base: &SimDeviceOptions) -> SimDeviceOption
 
 /// Recorded segment addresses, for best-fit ties: each `segment_alloc`'s (size,
 /// address), and the base of each expandable segment (the first mapping outside every
-/// known range). A range spans the device's total memory and an eighth, rounded up to
-/// the run's segment size, as PyTorch reserves it; the total is the run's, or
-/// `total_bytes` (the simulated device's) when the run does not record one.
+/// known range). A mapping belongs to a known range when it lies less than the
+/// narrowest range PyTorch reserves above its base: the small pool's, the device's total
+/// and an eighth in 2 MiB pages ([`policies::caching::expandable_range_bytes`], the one
+/// owner of that size). No device, real or simulated, places a range inside another, so
+/// the next range starts at least that far above a base, and no mapping reaches that
+/// far (a range maps at most the device's memory, from its bottom). The total is the
+/// run's, or `total_bytes` (the simulated device's) when the run does not record one.
 ///
 /// Only the caching policy follows them ([`AddressHints::for_policy`]).
 ///
@@ -142,17 +147,15 @@ pub fn run_device(run: &RecordedRun, base: &SimDeviceOptions) -> SimDeviceOption
 /// When the run's `alloc_conf` does not parse, or a segment's recorded address and size
 /// leave the address space ([`AddressHints::fits`]).
 pub fn address_hints(run: &RecordedRun, total_bytes: u64) -> Result<AddressHints, HintError> {
-    let config = run_config(run)?;
+    // The configuration decides nothing here, but a run whose settings PyTorch would
+    // refuse is refused here too rather than followed.
+    run_config(run)?;
     let total_bytes = run.meta.total_bytes.unwrap_or(total_bytes);
     let mut hints = AddressHints::default();
-    let page = config.large_segment_size_bytes.max(2 << 20);
-    // As the caching policy sizes the range: 1 1/8 of the total, in whole pages (wide
-    // arithmetic: a damaged total near 2^64 must not wrap).
-    let window = u64::try_from(
-        (u128::from(total_bytes) + u128::from(total_bytes / 8)).div_ceil(u128::from(page))
-            * u128::from(page),
-    )
-    .unwrap_or(u64::MAX);
+    let window = policies::caching::expandable_range_bytes(
+        total_bytes,
+        policies::caching::SMALL_BUFFER_BYTES,
+    );
     let mut bases: Vec<u64> = Vec::new();
     for (index, e) in run.entries.iter().enumerate() {
         if e.action.is_segment_op() && !AddressHints::fits(e.addr, e.size) {
@@ -400,6 +403,48 @@ mod tests {
         assert_eq!(address_hints(&run, 32 * gib).unwrap().ranges.len(), 2);
         run.meta.total_bytes = Some(32 * gib);
         assert_eq!(address_hints(&run, 80 * gib).unwrap().ranges.len(), 2);
+    }
+
+    /// The expandable ranges the simulated device reserves on an H100 (the small pool's
+    /// range first, 91 213.875 MiB, then the large pool's, 91 220 MiB) are two hints:
+    /// the hints measure a range as the narrowest PyTorch reserves, which no device
+    /// places another range inside (they once measured it as the large pool's, wider
+    /// than the device's spacing, and took the second range for part of the first).
+    #[test]
+    fn ranges_the_simulated_device_places_are_all_hints() {
+        use policies::caching::{expandable_range_bytes, SMALL_BUFFER_BYTES};
+        use policies::Device as _;
+        let total = 85_017_493_504;
+        let mut device = crate::SimDevice::new(SimDeviceOptions {
+            total_bytes: total,
+            capacity_bytes: total,
+            ..SimDeviceOptions::default()
+        });
+        let vm = device.virtual_memory().unwrap();
+        let small = vm
+            .reserve_range(expandable_range_bytes(total, SMALL_BUFFER_BYTES))
+            .unwrap();
+        let large = vm
+            .reserve_range(expandable_range_bytes(total, 20 << 20))
+            .unwrap();
+        let run = RecordedRun {
+            meta: TraceMeta {
+                total_bytes: Some(total),
+                ..TraceMeta::default()
+            },
+            entries: vec![
+                entry(Action::SegmentMap, small.addr.0, 2 << 20),
+                entry(Action::SegmentMap, large.addr.0, 20 << 20),
+                entry(Action::SegmentMap, large.addr.0 + (20 << 20), 20 << 20),
+                entry(Action::SegmentMap, small.addr.0 + (2 << 20), 2 << 20),
+            ],
+            ..RecordedRun::default()
+        };
+        let hints = address_hints(&run, total).unwrap();
+        assert_eq!(
+            hints.ranges.iter().copied().collect::<Vec<_>>(),
+            vec![small.addr.0, large.addr.0]
+        );
     }
 
     /// A recorded segment address near 0 or near 2^64 (a damaged file) is refused with

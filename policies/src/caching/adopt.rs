@@ -89,7 +89,7 @@ impl CachingPolicy {
             } else {
                 stats.capacity_bytes
             };
-            let range_size = page * (total + total / 8).div_ceil(page);
+            let range_size = expandable_range_bytes(total, page);
             let base = segments[runs[0]].addr.0;
             let mut pieces = Vec::new();
             let mut cursor = base;

@@ -3,6 +3,22 @@
 
 use super::*;
 
+/// The bytes of address space PyTorch reserves for one expandable segment on a device
+/// of `total_bytes` whose pages are `page_bytes`: 1 1/8 of the device's memory, in whole
+/// pages (`ExpandableSegment`'s constructor). The one owner of this rule: the policy
+/// reserves it, adopting a recorded state rebuilds it, and recorded address hints
+/// measure ranges with it. Computed wide: for a total near 2^64 the range is as large as
+/// an address can express (the largest whole number of pages), and the device refuses
+/// to reserve it (an error, as `cuMemAddressReserve`'s failure is in PyTorch), rather
+/// than wrapping to a small one.
+pub fn expandable_range_bytes(total_bytes: u64, page_bytes: u64) -> u64 {
+    let page_bytes = page_bytes.max(1);
+    let want = (u128::from(total_bytes) + u128::from(total_bytes / 8))
+        .div_ceil(u128::from(page_bytes))
+        * u128::from(page_bytes);
+    u64::try_from(want).unwrap_or(u64::MAX / page_bytes * page_bytes)
+}
+
 impl CachingPolicy {
     /// `try_allocate_expandable_block`: maps just enough pages at the lowest place that
     /// can hold the request.
@@ -82,13 +98,7 @@ impl CachingPolicy {
         } else {
             stats.capacity_bytes
         };
-        // PyTorch reserves 1 1/8 of the device's memory for each expandable segment, in
-        // whole pages. Computed wide: for a total near 2^64 the range is as large as an
-        // address can express, and the device refuses to reserve it (an error, as
-        // cuMemAddressReserve's failure is in PyTorch), rather than wrapping to a small one.
-        let want = (u128::from(total) + u128::from(total / 8)).div_ceil(u128::from(page_bytes))
-            * u128::from(page_bytes);
-        let range_bytes = u64::try_from(want).unwrap_or(u64::MAX / page_bytes * page_bytes);
+        let range_bytes = expandable_range_bytes(total, page_bytes);
         let vm = device.virtual_memory().ok_or(DeviceError::Unsupported {
             what: "virtual memory management (needed by expandable segments)",
         })?;

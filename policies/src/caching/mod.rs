@@ -64,6 +64,7 @@ pub use config::{
     MIN_BLOCK_BYTES, MIN_LARGE_ALLOC_BYTES, ROUNDUP_INTERVALS, ROUND_LARGE_BYTES,
     SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES,
 };
+pub use expandable::expandable_range_bytes;
 pub use stats::{CachingStats, PoolKind, Stat, StatArray};
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
