@@ -32,6 +32,8 @@ use serde::Serialize;
 use workloads::{Action, Checkpoint, Event, ReadError, RecordedRun, StartState};
 
 use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
+pub use crate::divergence::Misplaced;
+use crate::divergence::{Context, Places, StateBefore};
 use crate::observe::{DeviceOpKind, Observer, Step};
 use crate::recorded::{address_hints, run_config_with, run_device, AllocConfError, HintError};
 use crate::replay::{replay_with, ReplayError, ReplayOptions};
@@ -137,6 +139,10 @@ pub struct FidelityReport {
     pub oom_message_sim: Option<String>,
     /// For a what-if check, which part of the run could be compared.
     pub coverage: Option<Coverage>,
+    /// The first request the simulation placed elsewhere than PyTorch while their
+    /// segment decisions still agreed (a best-fit tie that broke the other way),
+    /// when the run is not exact.
+    pub misplaced: Option<Misplaced>,
     explain: String,
 }
 
@@ -220,6 +226,8 @@ struct Observe<'r> {
     checkpoint_at: Vec<usize>,
     checkpoints: Vec<CheckpointComparison>,
     sim_ops: Vec<SegmentOp>,
+    /// Where the simulation put its segments and requests.
+    places: Places,
 }
 
 impl Observe<'_> {
@@ -258,6 +266,7 @@ impl Observer for Observe<'_> {
 
     fn after_event(&mut self, step: &Step<'_>) {
         let owner = self.entry_of[step.index];
+        self.places.observe(owner, step);
         self.sim_ops
             .extend(step.device_ops.iter().map(|op| SegmentOp {
                 action: match op.kind {
@@ -571,8 +580,8 @@ fn check(
     let config = run_config_with(run, &options.overrides)?;
     let device_options = run_device(run, &options.device);
     let covered = coverage.as_ref().map_or(usize::MAX, |c| c.covered);
-    let mut device = SimDevice::with_hints(device_options, hints);
-    let mut policy = CachingPolicy::new(config);
+    let mut device = SimDevice::with_hints(device_options.clone(), hints.clone());
+    let mut policy = CachingPolicy::new(config.clone());
     let checkpoint_at: Vec<usize> = checkpoint_entries(run)
         .into_iter()
         .take_while(|&at| covered == usize::MAX || at < covered)
@@ -584,6 +593,7 @@ fn check(
         checkpoint_at,
         checkpoints: Vec::with_capacity(checkpoint_count),
         sim_ops: Vec::new(),
+        places: Places::default(),
     };
     let replay_options = ReplayOptions {
         check_invariants: options.check_invariants,
@@ -611,6 +621,7 @@ fn check(
     let Observe {
         checkpoints,
         sim_ops,
+        places,
         ..
     } = observe;
     let oom_event_sim = replayed
@@ -691,6 +702,62 @@ fn check(
         checkpoints_match,
         exact,
     };
+    // The first request placed elsewhere, before the segment decisions part (after
+    // that, segment numbers no longer name the same segments; past an out-of-memory
+    // error too, where the replay goes on); the simulation's state before it comes
+    // from a second replay, up to it.
+    let mut misplaced_account = String::new();
+    let torch_places = Places::recorded(run);
+    let mut misplaced = if exact {
+        None
+    } else {
+        let torch_all: Vec<(usize, SegmentOp)> = all_torch_ops
+            .iter()
+            .copied()
+            .filter(|&(_, op)| op.owner < covered)
+            .collect();
+        let parted = (0..torch_all.len().max(sim_ops.len()))
+            .find(|&k| torch_all.get(k).map(|(_, op)| op) != sim_ops.get(k))
+            .map_or(covered, |k| match torch_all.get(k) {
+                Some(&(j, _)) => j.min(sim_ops.get(k).map_or(j, |o| o.owner)),
+                None => sim_ops[k].owner,
+            });
+        crate::divergence::first_misplaced(&torch_places, &places, parted.min(covered))
+    };
+    if let Some(m) = &mut misplaced {
+        let mut before = StateBefore {
+            index: entry_of.partition_point(|&e| e < m.entry),
+            state: None,
+        };
+        let mut device = SimDevice::with_hints(device_options, hints.clone());
+        let mut policy = CachingPolicy::new(config);
+        let mut prefix = trace.clone();
+        prefix.events.truncate(before.index + 1);
+        prefix.locations.truncate(before.index + 1);
+        prefix.times_us.truncate(before.index + 1);
+        // The same replay as above, so it cannot fail where that one did not.
+        let _ = replay_with(
+            &prefix,
+            &mut policy,
+            &mut device,
+            &replay_options,
+            &mut before,
+        );
+        let hints_from = coverage
+            .as_ref()
+            .map_or_else(|| format!("{} (its own)", run.name), |c| c.requests.clone());
+        misplaced_account = crate::divergence::describe(
+            m,
+            &torch_places,
+            &places,
+            &Context {
+                run,
+                hints: &hints,
+                hints_from: &hints_from,
+                state: before.state.as_deref(),
+            },
+        );
+    }
     let mut report = FidelityReport {
         row,
         torch_ops: torch_cut,
@@ -698,6 +765,7 @@ fn check(
         checkpoints,
         oom_message_sim,
         coverage,
+        misplaced,
         explain: String::new(),
     };
     let mut notes = Vec::new();
@@ -719,6 +787,7 @@ fn check(
         first_mismatch,
         report.coverage.as_ref(),
         &notes,
+        &misplaced_account,
     );
     Ok(report)
 }
@@ -741,6 +810,18 @@ fn reserved_peak_from_trace(run: &RecordedRun, start: u64, end: usize) -> u64 {
     peak as u64
 }
 
+/// The bytes of the largest segment operation the run recorded (a segment, or a
+/// mapping of an expandable segment): what "within one segment" measures a reserved
+/// peak's difference against.
+pub fn largest_segment_bytes(run: &RecordedRun) -> u64 {
+    run.entries
+        .iter()
+        .filter(|e| e.action.is_segment_op())
+        .map(|e| e.size)
+        .max()
+        .unwrap_or(0)
+}
+
 fn describe_op(op: Option<&SegmentOp>) -> String {
     match op {
         Some(op) => format!("{} {} (for entry {})", op.action.name(), op.bytes, op.owner),
@@ -756,6 +837,7 @@ fn explain(
     first_mismatch: Option<usize>,
     coverage: Option<&Coverage>,
     notes: &[String],
+    misplaced: &str,
 ) -> String {
     let mut out = String::new();
     let row = &report.row;
@@ -776,6 +858,7 @@ fn explain(
             run.entries.len()
         );
     }
+    out += misplaced;
     if let (Some(k), Some(at)) = (first_mismatch, row.first_divergence_event) {
         let torch = report.torch_ops.get(k).map(|(_, op)| op);
         let sim = report.sim_ops.get(k);
@@ -836,10 +919,28 @@ fn explain(
         );
     }
     if row.reserved_bytes_peak_sim != row.reserved_bytes_peak_torch {
+        let (sim, torch) = (row.reserved_bytes_peak_sim, row.reserved_bytes_peak_torch);
+        let largest = largest_segment_bytes(run);
+        let d = sim.abs_diff(torch);
+        let measure = if run
+            .entries
+            .iter()
+            .any(|e| e.action.is_segment_op() && e.size == d)
+        {
+            "the bytes of one of the run's segments".to_string()
+        } else {
+            format!(
+                "{:.2} of its largest segment",
+                d as f64 / largest.max(1) as f64
+            )
+        };
         let _ = writeln!(
             out,
-            "  reserved peak: pytorch={} sim={}",
-            row.reserved_bytes_peak_torch, row.reserved_bytes_peak_sim
+            "  reserved peak: pytorch={torch} sim={sim} (sim {} PyTorch by {}, {measure}; {} one segment: the run's largest is {})",
+            if sim > torch { "above" } else { "below" },
+            units::format_size_human(d),
+            if d <= largest { "within" } else { "more than" },
+            units::format_size_human(largest),
         );
     }
     if let Some(a) = row

@@ -35,6 +35,7 @@ mod caveats;
 pub mod compare;
 mod device;
 pub mod diff;
+mod divergence;
 pub mod explain;
 pub mod export;
 pub mod fault;
