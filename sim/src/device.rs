@@ -892,7 +892,8 @@ mod tests {
     }
 
     /// The driver model puts virtual-memory ranges bottom-up from the base the H100
-    /// gave every recorded run, one after the other.
+    /// gave every recorded run, one after the other in whole 32 MiB chunks (the H100's
+    /// second range lay 91 232 MiB above a first of 91 213.875 MiB).
     #[test]
     fn driver_ranges_go_bottom_up() {
         let mut d = SimDevice::new(SimDeviceOptions::default());
@@ -901,8 +902,11 @@ mod tests {
         assert_eq!(r1.addr.0, RANGE_START);
         assert_eq!(r2.addr.0, RANGE_START + 90 * GIB);
         let r3 = d.reserve_range(GIB).unwrap();
-        assert_eq!(r3.addr.0, r2.addr.0 + GIB + 2 * MIB);
-        for r in [r1, r2, r3] {
+        assert_eq!(r3.addr.0, r2.addr.0 + GIB + 32 * MIB);
+        let r4 = d.reserve_range(95_644_811_264).unwrap();
+        let r5 = d.reserve_range(GIB).unwrap();
+        assert_eq!(r5.addr.0 - r4.addr.0, 91_232 * MIB);
+        for r in [r1, r2, r3, r4, r5] {
             d.release_range(r).unwrap();
         }
     }
