@@ -273,3 +273,125 @@ pub(crate) fn describe(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policies::{BlockSnapshot, DeviceAddr, StreamId};
+    use workloads::RecordedEntry;
+
+    const MIB: u64 = 1 << 20;
+
+    fn e(action: Action, addr: u64, size: u64) -> RecordedEntry {
+        RecordedEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+        }
+    }
+
+    /// PyTorch put two 20 MiB segments with #1 below #0 and took #1's block at entry
+    /// 5; the simulation put #0 below #1 and took #0's.
+    fn sides() -> (RecordedRun, Places, Places) {
+        let (a0, a1) = (0x7f00_0000_0000, 0x7eff_0000_0000);
+        let run = RecordedRun {
+            name: "r".into(),
+            entries: vec![
+                e(Action::SegmentAlloc, a0, 20 * MIB),
+                e(Action::Alloc, a0, 12 * MIB),
+                e(Action::SegmentAlloc, a1, 20 * MIB),
+                e(Action::Alloc, a1, 12 * MIB),
+                e(Action::Snapshot, 0, 0),
+                e(Action::Alloc, a1 + 12 * MIB, 4 * MIB),
+                e(Action::Alloc, a0 + 12 * MIB, 4 * MIB),
+            ],
+            ..RecordedRun::default()
+        };
+        let torch = Places::recorded(&run);
+        let (s0, s1) = (0x1000_0000, 0x3000_0000);
+        let mut sim = Places::default();
+        sim.segment_alloc(s0, 20 * MIB, 1);
+        sim.request(1, s0);
+        sim.segment_alloc(s1, 20 * MIB, 3);
+        sim.request(3, s1);
+        sim.request(5, s0 + 12 * MIB);
+        sim.request(6, s1 + 12 * MIB);
+        (run, torch, sim)
+    }
+
+    fn state(free0: u64, free1: u64) -> Vec<SegmentSnapshot> {
+        let seg = |addr: u64, free: u64| SegmentSnapshot {
+            addr: DeviceAddr(addr),
+            size_bytes: 20 * MIB,
+            stream: StreamId(0),
+            pool: "large",
+            blocks: vec![
+                BlockSnapshot {
+                    addr: DeviceAddr(addr),
+                    size_bytes: 12 * MIB,
+                    requested_bytes: 12 * MIB,
+                    state: BlockState::Allocated,
+                },
+                BlockSnapshot {
+                    addr: DeviceAddr(addr + 12 * MIB),
+                    size_bytes: free,
+                    requested_bytes: 0,
+                    state: BlockState::Free,
+                },
+            ],
+        };
+        vec![seg(0x1000_0000, free0), seg(0x3000_0000, free1)]
+    }
+
+    /// The first request placed in another segment is found, by segment number and
+    /// offset, and none at or after the bound (where segment numbers stop naming the
+    /// same segments).
+    #[test]
+    fn the_first_misplaced_request_is_found_before_the_bound() {
+        let (_, torch, sim) = sides();
+        let m = first_misplaced(&torch, &sim, usize::MAX).unwrap();
+        assert_eq!((m.entry, m.torch, m.sim), (5, (1, 12 * MIB), (0, 12 * MIB)));
+        assert_eq!(first_misplaced(&torch, &sim, 5), None);
+    }
+
+    /// Equal free blocks in segments that lie in the other order are a tie from
+    /// placement; blocks of different sizes are not called a tie.
+    #[test]
+    fn a_tie_is_told_from_a_different_state() {
+        let (run, torch, sim) = sides();
+        let hints = AddressHints::default();
+        let account = |st: &[SegmentSnapshot]| {
+            let mut m = first_misplaced(&torch, &sim, usize::MAX).unwrap();
+            let cx = Context {
+                run: &run,
+                hints: &hints,
+                hints_from: "r",
+                state: Some(st),
+            };
+            let text = describe(&mut m, &torch, &sim, &cx);
+            (m, text)
+        };
+        let (m, text) = account(&state(8 * MIB, 8 * MIB));
+        assert_eq!((m.tie_bytes, m.order_differs), (Some(8 * MIB), true));
+        assert!(
+            text.contains("a best-fit tie: two free blocks of 8388608 bytes"),
+            "{text}"
+        );
+        assert!(
+            text.contains("the driver put #1 below #0; the simulation put #1 above #0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("the difference comes from placement"),
+            "{text}"
+        );
+        let (m, text) = account(&state(6 * MIB, 8 * MIB));
+        assert_eq!(m.tie_bytes, None);
+        assert!(text.contains("not a tie of equal free blocks"), "{text}");
+        assert!(
+            !text.contains("the difference comes from placement"),
+            "{text}"
+        );
+    }
+}
