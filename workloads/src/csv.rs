@@ -1122,13 +1122,148 @@ fn fast_row(row: &[u8]) -> Option<Event> {
     }
 }
 
+/// Bytes that must be buffered past a row's start for [`scan_row`] to look at it: more
+/// than the longest row it takes (an op name, three fields of at most 16 digits, their
+/// separators and the line break), so everything it reads lies in the buffered bytes.
+const SCAN_AHEAD: usize = 96;
+
+/// Up to 8 bytes of `buf` from `at` as a little-endian word (0 past the end).
+#[inline]
+fn word_at(buf: &[u8], at: usize) -> u64 {
+    match buf.get(at..at + 8) {
+        Some(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
+        None => 0,
+    }
+}
+
+/// The number of leading decimal digits of the 8 bytes of `word` (little-endian:
+/// the first byte lowest), found without a branch per byte.
+#[inline]
+fn digit_run(word: u64) -> u32 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // Each byte minus b'0': a digit is 0..=9. Bytes above 9 (or "below 0", which wrap
+    // past 0x7f) get their high bit set.
+    let x = word ^ 0x3030_3030_3030_3030;
+    let over = ((x & LOW7) + 0x7676_7676_7676_7676) | x;
+    (over & HIGH).trailing_zeros() / 8
+}
+
+/// The value of the `n` (1 to 8) decimal digits at the start of `word`.
+#[inline]
+fn digits_value(word: u64, n: u32) -> u64 {
+    // The digits to the top bytes, zeros below: the same as leading '0's.
+    let mut v = (word << (8 * (8 - n))) & 0x0f0f_0f0f_0f0f_0f0f;
+    v = (v.wrapping_mul(10) + (v >> 8)) & 0x00ff_00ff_00ff_00ff;
+    v = (v.wrapping_mul(100) + (v >> 16)) & 0x0000_ffff_0000_ffff;
+    (v.wrapping_mul(10000) + (v >> 32)) & 0xffff_ffff
+}
+
+/// The decimal number of 1 to 16 digits at `buf[at..]` and the position after it, as
+/// [`digits`] reads it; `None` for no digit or more than 16 (the caller's slower path
+/// takes those).
+#[inline]
+fn scan_number(buf: &[u8], at: usize) -> Option<(u64, usize)> {
+    let first = word_at(buf, at);
+    let n = digit_run(first);
+    if n == 0 {
+        return None;
+    }
+    if n < 8 {
+        return Some((digits_value(first, n), at + n as usize));
+    }
+    let second = word_at(buf, at + 8);
+    let m = digit_run(second);
+    let high = digits_value(first, 8);
+    match m {
+        0 => Some((high, at + 8)),
+        8 => None,
+        m => Some((
+            high * 10u64.pow(m) + digits_value(second, m),
+            at + 8 + m as usize,
+        )),
+    }
+}
+
+/// The usual rows as [`fast_row`] takes them, read in one pass from `buf[at..]` up to
+/// and including the row's `\n` (which must be there): the event and the position
+/// after the row. `None` leaves the row to the line-by-line path (a `\r`, other ops,
+/// names, numbers of more than 16 digits, anything unusual). The caller guarantees
+/// [`SCAN_AHEAD`] buffered bytes from `at`.
+#[inline]
+fn scan_row(buf: &[u8], at: usize) -> Option<(Event, usize)> {
+    let head = word_at(buf, at);
+    // The op by its first bytes, then its separator.
+    const ALLOC: u64 = u64::from_le_bytes(*b"alloc,\0\0");
+    const FREE: u64 = u32::from_le_bytes(*b"free") as u64;
+    if head & 0xffff_ffff_ffff == ALLOC {
+        let (id, at) = scan_number(buf, at + 6)?;
+        (buf[at] == b',').then_some(())?;
+        let (size_bytes, at) = scan_number(buf, at + 1)?;
+        (buf[at] == b',').then_some(())?;
+        let (stream, at) = if buf[at + 1] == b'\n' {
+            (0, at + 1)
+        } else {
+            scan_number(buf, at + 1)?
+        };
+        (buf[at] == b'\n').then_some(())?;
+        return Some((
+            Event::Alloc {
+                id: AllocId(id),
+                size_bytes,
+                stream,
+            },
+            at + 1,
+        ));
+    }
+    if head & 0xffff_ffff != FREE {
+        return None;
+    }
+    let rest = &buf[at + 4..];
+    let (free, skip) = if rest.starts_with(b",") {
+        (true, 5)
+    } else if rest.starts_with(b"_completed,") {
+        (true, 15)
+    } else if rest.starts_with(b"_requested,") {
+        (false, 15)
+    } else {
+        return None;
+    };
+    let (id, at) = scan_number(buf, at + skip)?;
+    (buf.get(at..at + 3)? == b",,\n").then_some(())?;
+    let id = AllocId(id);
+    let event = if free {
+        Event::Free { id }
+    } else {
+        Event::FreeRequested { id }
+    };
+    Some((event, at + 3))
+}
+
 impl<R: io::Read> Iterator for CsvEvents<R> {
     type Item = Event;
 
+    #[inline]
     fn next(&mut self) -> Option<Event> {
         if self.stopped.is_some() {
             return None;
         }
+        if self.header_seen && self.end - self.start >= SCAN_AHEAD {
+            if let Some((event, after)) = scan_row(&self.buf, self.start) {
+                self.start = after;
+                self.events += 1;
+                self.allocs += u64::from(matches!(event, Event::Alloc { .. }));
+                return Some(event);
+            }
+        }
+        self.next_line_by_line()
+    }
+}
+
+impl<R: io::Read> CsvEvents<R> {
+    /// [`Iterator::next`] one line at a time: the line cut at its break, then the
+    /// usual rows from the bytes ([`fast_row`]) and the rest through the csv crate.
+    fn next_line_by_line(&mut self) -> Option<Event> {
         let (from, mut to) = match self.next_line() {
             Ok(Some(line)) => line,
             Ok(None) if self.header_seen => return None,
@@ -1201,6 +1336,54 @@ mod stream_tests {
         assert_eq!(stopped, None);
         assert_eq!(events, whole.events);
         assert_eq!(whole.locations.last(), Some(&(events.len() as u64 + 1)));
+    }
+
+    fn field() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => "[0-9]{1,20}",
+            1 => Just(String::new()),
+            1 => "[0-9]{0,3}[x+ :/,-][0-9]{0,3}",
+        ]
+    }
+
+    proptest::proptest! {
+        /// The one-pass row scanner gives what the line-by-line path's row parser
+        /// gives for every row it takes, ends the row at its line break, and takes
+        /// every usual row (numbers of up to 16 digits, `\n` line ends).
+        #[test]
+        fn scan_row_agrees_with_fast_row(
+            op in proptest::sample::select(vec![
+                "alloc", "free", "free_requested", "free_completed", "empty_cache",
+                "freed", "allocs", "free_", "mark", "",
+            ]),
+            fields in proptest::collection::vec(field(), 0..5),
+            crlf: bool,
+            pad in "[0-9,\n]{0,200}",
+        ) {
+            let mut row = op.to_string();
+            for f in &fields {
+                row.push(',');
+                row.push_str(f);
+            }
+            let end = if crlf { "\r\n" } else { "\n" };
+            let mut buf = format!("{row}{end}{pad}").into_bytes();
+            buf.resize(buf.len().max(SCAN_AHEAD + 8), b'7');
+            let slow = fast_row(row.as_bytes());
+            match scan_row(&buf, 0) {
+                Some((event, after)) => {
+                    proptest::prop_assert_eq!(Some(event), slow);
+                    proptest::prop_assert_eq!(after, row.len() + end.len());
+                    proptest::prop_assert!(!crlf);
+                }
+                None => {
+                    let usual = !crlf
+                        && op != "empty_cache"
+                        && fields.iter().all(|f| f.len() <= 16);
+                    proptest::prop_assert!(slow.is_none() || !usual, "{row:?} declined");
+                }
+            }
+        }
     }
 
     /// What a row at a time cannot tell stops the events, naming why; the rows before
