@@ -1683,4 +1683,127 @@ mod tests {
             "{m}"
         );
     }
+
+    // --- The entry lane (issue 12: 200 MB/s). ---
+
+    /// How many entries of device 0's trace the pickle machine's entry lane read.
+    fn lane_entries(bytes: &[u8]) -> u64 {
+        let (root, _) = pickle::read_value(bytes, Limits::default(), false).unwrap();
+        let Value::Dict(top) = root else {
+            panic!("not a dict")
+        };
+        let Some(Value::List(traces)) = top.get("device_traces") else {
+            panic!("no device_traces")
+        };
+        let per_device = traces.items.borrow();
+        let Items::Values(per_device) = &*per_device else {
+            panic!("device_traces holds records")
+        };
+        let Value::List(trace) = &per_device[0] else {
+            panic!("not a list")
+        };
+        let items = trace.items.borrow();
+        match &*items {
+            Items::Entries(store) => store.by_lane,
+            _ => 0,
+        }
+    }
+
+    /// The entry lane reads the real snapshots' entries exactly as the general machine
+    /// does (frames kept turns the lane off): same entries, segments and snapshot
+    /// information, and the lane did read most of them.
+    #[test]
+    fn entry_lane_reads_as_the_general_machine() {
+        let keep = SnapshotOptions { keep_frames: true };
+        for name in ["gpt_train_small", "random_stress", "multistream"] {
+            let path = oracle_dir().join(format!("{name}.pickle"));
+            let bytes = std::fs::read(&path).unwrap();
+            let lane = read_snapshot_pickle(&path, 0).unwrap();
+            let general = read_snapshot_pickle_with(&path, 0, &keep).unwrap();
+            assert_eq!(lane.entries, general.entries, "{name}");
+            assert_eq!(lane.segments, general.segments, "{name}");
+            assert_eq!(lane.times_us, general.times_us, "{name}");
+            let mut info = general.snapshot.clone().unwrap();
+            info.frames = None;
+            assert_eq!(lane.snapshot.as_ref(), Some(&info), "{name}");
+            let entries = lane.entries.len() as u64;
+            let by_lane = lane_entries(&bytes);
+            if entries > 2000 {
+                assert!(
+                    by_lane >= entries - 1000 - 100,
+                    "{name}: {by_lane} of {entries}"
+                );
+            }
+        }
+    }
+
+    /// An entry the lane reads names itself in errors as the general machine would,
+    /// and entries the lane cannot read (a nested value, a long string, an odd key)
+    /// hand over to the general machine mid-entry and read the same.
+    #[test]
+    fn entry_lane_hands_over_and_names_entries() {
+        let many = |bad: Option<(usize, P)>| {
+            let mut entries: Vec<P> = (0..1500)
+                .map(|i| {
+                    let addr = 0x1000 + (i as i64 / 2) * 512;
+                    if i % 2 == 0 {
+                        entry("alloc", addr, 512)
+                    } else {
+                        entry("free_completed", addr, 512)
+                    }
+                })
+                .collect();
+            if let Some((i, e)) = bad {
+                entries[i] = e;
+            }
+            snapshot(vec![entries], vec![])
+        };
+        let plain = read(&many(None), 0).unwrap();
+        assert_eq!(plain.entries.len(), 1500);
+        assert!(lane_entries(&pickle(&many(None))) >= 499);
+        // Handed over: a dict value, a long string, a float and an int key.
+        let mut odd = entry("alloc", 0x1000 + 600 * 512, 512);
+        if let P::Dict(d) = &mut odd {
+            d.insert(s("user_metadata"), dict(vec![("k", P::String("v".into()))]));
+            d.insert(s("compile_context"), P::String("x".repeat(100)));
+            d.insert(s("ratio"), P::F64(0.5));
+            d.insert(HashableValue::I64(7), P::I64(1));
+        }
+        let snap = many(Some((1200, odd)));
+        let run = read(&snap, 0).unwrap();
+        assert_eq!(run.entries, plain.entries);
+        assert!(lane_entries(&pickle(&snap)) < lane_entries(&pickle(&many(None))));
+        // Errors in lane-read entries name the entry.
+        let e = read(&many(Some((1200, entry("alloc", 1, -7)))), 0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "snap.pickle: entry 1200: 'size' is -7, expected a non-negative integer"
+        );
+        let no_addr = dict(vec![
+            ("action", P::String("alloc".into())),
+            ("size", P::I64(1)),
+        ]);
+        let e = read(&many(Some((1300, no_addr))), 0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "snap.pickle: entry 1300: the alloc entry has no 'addr'"
+        );
+        let bad_action = dict(vec![("action", P::I64(3)), ("addr", P::I64(1))]);
+        let e = read(&many(Some((1400, bad_action))), 0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "snap.pickle: entry 1400: 'action' is 3, expected a string"
+        );
+        let none_addr = dict(vec![
+            ("action", P::String("alloc".into())),
+            ("addr", P::None),
+            ("size", P::I64(1)),
+            ("stream", P::I64(0)),
+        ]);
+        let e = read(&many(Some((1100, none_addr))), 0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "snap.pickle: entry 1100: the alloc entry has no 'addr'"
+        );
+    }
 }

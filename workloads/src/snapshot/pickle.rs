@@ -91,6 +91,9 @@ pub(crate) enum Value {
     Consumed,
     /// A list of stack frames already converted: its index in the frame table.
     Stack(u32),
+    /// A trace entry the entry lane read and stored in its list already: the list's
+    /// APPENDS passes over it (see [`Machine::entry_lane`]).
+    Record,
 }
 
 impl Value {
@@ -110,6 +113,7 @@ impl Value {
             Value::Skipped => "a value that was not kept",
             Value::Consumed => "a trace entry or segment used twice",
             Value::Stack(_) => "a list of stack frames",
+            Value::Record => "a trace entry already read",
         }
     }
 
@@ -366,6 +370,8 @@ pub(crate) struct Machine<R> {
     frames: FrameTable,
     /// Offset of the opcode being run.
     at: u64,
+    /// The entry lane's keys and values (see [`Machine::entry_lane`]).
+    lane: Vec<Value>,
 }
 
 /// FNV-1a, for the interner's short strings and the frame table's keys (the default
@@ -392,6 +398,12 @@ impl Hasher for Fnv {
 }
 
 const INTERN_MAX_LEN: usize = 32;
+/// Most keys and values the entry lane holds before it hands over (an entry has
+/// about a dozen).
+const LANE_MAX: usize = 64;
+/// Bytes the entry lane wants buffered before each opcode: the longest it reads
+/// (a BINUNICODE of `INTERN_MAX_LEN` bytes).
+const LANE_LOOKAHEAD: usize = 5 + INTERN_MAX_LEN;
 const INTERN_MAX_COUNT: usize = 4096;
 
 impl<R: Read> Machine<R> {
@@ -409,6 +421,7 @@ impl<R: Read> Machine<R> {
             dict_pool: Vec::new(),
             frames: FrameTable::default(),
             at: 0,
+            lane: Vec::with_capacity(LANE_MAX),
         }
     }
 
@@ -641,6 +654,8 @@ impl<R: Read> Machine<R> {
             }
             match &mut *items {
                 Items::Values(vec) => vec.push(v),
+                // Stored by the entry lane already.
+                Items::Entries(_) if matches!(v, Value::Record) => {}
                 Items::Entries(store) => {
                     self.release(&v);
                     let stack = if self.keep_frames {
@@ -732,6 +747,10 @@ impl<R: Read> Machine<R> {
 
     fn memo_put(&mut self, key: u64) -> Result<()> {
         let v = self.top()?.clone();
+        self.memo_put_value(key, v)
+    }
+
+    fn memo_put_value(&mut self, key: u64, v: Value) -> Result<()> {
         match &v {
             Value::Dict(d) => d.memo.set(Some(key)),
             Value::List(l) => l.memo.set(Some(key)),
@@ -994,6 +1013,10 @@ impl<R: Read> Machine<R> {
                     self.push(v)?;
                 }
                 b'(' => {
+                    if let Some(list) = self.lane_list() {
+                        self.entry_lane(&list)?;
+                        continue;
+                    }
                     if self.marks.len() >= self.limits.max_marks {
                         return Err(self.bad(format!(
                             "more than {} MARKs are open at once: not a PyTorch memory snapshot",
@@ -1182,6 +1205,185 @@ impl<R: Read> Machine<R> {
                 }
             }
         }
+    }
+
+    /// Whether the MARK about to be pushed opens the items of a trace entry the entry
+    /// lane can read: the top of the stack is a new, empty dict that is the next
+    /// element of a list already holding trace entries, and every element of the
+    /// batch before it was read by the lane too (so records stay in order). Returns
+    /// that list.
+    #[inline]
+    fn lane_list(&self) -> Option<Rc<List>> {
+        if self.keep_frames {
+            return None;
+        }
+        let top = self.stack.len().checked_sub(1)?;
+        let Value::Dict(d) = &self.stack[top] else {
+            return None;
+        };
+        let &m = self.marks.last()?;
+        if m == 0 || m > top || d.sealed.get() || !d.items.borrow().is_empty() {
+            return None;
+        }
+        if top > m && !matches!(self.stack[top - 1], Value::Record) {
+            return None;
+        }
+        let Value::List(list) = &self.stack[m - 1] else {
+            return None;
+        };
+        if list.sealed.get() || !matches!(&*list.items.borrow(), Items::Entries(_)) {
+            return None;
+        }
+        Some(list.clone())
+    }
+
+    /// The entry lane: reads the items of the trace entry dict on top of the stack
+    /// (its MARK just read) straight into `list`'s records, for the opcodes a
+    /// snapshot's entries are made of (memo references, short strings and their
+    /// MEMOIZE, small ints, None and bools, FRAME) and SETITEMS, without putting the
+    /// keys and values on the stack, the dict or the list. At any other opcode it
+    /// hands over: the MARK and what it read go on the stack and the general machine
+    /// goes on from that opcode, with the same result. The dict on the stack becomes a
+    /// [`Value::Record`] and its memo slot [`Value::Consumed`], as a converted entry's.
+    fn entry_lane(&mut self, list: &List) -> Result<()> {
+        debug_assert!(self.lane.is_empty());
+        loop {
+            self.at = self.input.offset();
+            if self.lane.len() >= LANE_MAX || !self.input.fill(LANE_LOOKAHEAD)? {
+                return self.leave_lane();
+            }
+            let buf = &self.input.buf[self.input.pos..self.input.end];
+            let (v, used) = match buf[0] {
+                b'h' | b'j' => {
+                    let (key, used) = if buf[0] == b'h' {
+                        (usize::from(buf[1]), 2)
+                    } else {
+                        (
+                            u32::from_le_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize,
+                            5,
+                        )
+                    };
+                    match self.memo.get(key) {
+                        Some(
+                            v @ (Value::Str(_)
+                            | Value::Int(_)
+                            | Value::Big(_)
+                            | Value::None
+                            | Value::Bool(_)
+                            | Value::Float(_)
+                            | Value::Skipped),
+                        ) => (v.clone(), used),
+                        _ => return self.leave_lane(),
+                    }
+                }
+                b'K' => (Value::Int(i64::from(buf[1])), 2),
+                b'M' => (
+                    Value::Int(i64::from(u16::from_le_bytes([buf[1], buf[2]]))),
+                    3,
+                ),
+                b'J' => (
+                    Value::Int(i64::from(i32::from_le_bytes([
+                        buf[1], buf[2], buf[3], buf[4],
+                    ]))),
+                    5,
+                ),
+                0x8a if buf[1] <= 8 => {
+                    let n = usize::from(buf[1]);
+                    let s = &buf[2..2 + n];
+                    let v = match s.last() {
+                        None => Value::Int(0),
+                        Some(&last) => {
+                            let mut b = if last & 0x80 != 0 { [0xff; 8] } else { [0; 8] };
+                            b[..n].copy_from_slice(s);
+                            let v = u64::from_le_bytes(b);
+                            if n == 8 && last & 0x80 == 0 {
+                                int_of_u64(v)
+                            } else {
+                                Value::Int(v as i64)
+                            }
+                        }
+                    };
+                    (v, 2 + n)
+                }
+                0x8c | b'X' => {
+                    // SHORT_BINUNICODE, BINUNICODE
+                    let (n, at) = if buf[0] == 0x8c {
+                        (usize::from(buf[1]), 2)
+                    } else {
+                        (
+                            u32::from_le_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize,
+                            5,
+                        )
+                    };
+                    if n > INTERN_MAX_LEN {
+                        return self.leave_lane();
+                    }
+                    let mut short = [0u8; INTERN_MAX_LEN];
+                    short[..n].copy_from_slice(&buf[at..at + n]);
+                    let v = self.string(&short[..n]);
+                    (v, at + n)
+                }
+                b'N' => (Value::None, 1),
+                0x88 => (Value::Bool(true), 1),
+                0x89 => (Value::Bool(false), 1),
+                0x94 => {
+                    // MEMOIZE the value just read.
+                    let Some(v) = self.lane.last() else {
+                        return self.leave_lane();
+                    };
+                    let (key, v) = (self.memo.len() as u64, v.clone());
+                    self.memo_put_value(key, v)?;
+                    self.input.pos += 1;
+                    continue;
+                }
+                0x95 => {
+                    // FRAME
+                    self.input.pos += 9;
+                    continue;
+                }
+                b'u' if self.lane.len() % 2 == 0 => {
+                    self.input.pos += 1;
+                    return self.lane_record(list);
+                }
+                _ => return self.leave_lane(),
+            };
+            self.input.pos += used;
+            self.lane.push(v);
+        }
+    }
+
+    /// The entry lane's SETITEMS: the entry becomes a record of `list`.
+    fn lane_record(&mut self, list: &List) -> Result<()> {
+        if let Items::Entries(store) = &mut *list.items.borrow_mut() {
+            store.push_items(&self.lane, Ok(None));
+            store.by_lane += 1;
+        }
+        self.lane.clear();
+        let Some(top) = self.stack.last_mut() else {
+            return Err(self.bad("stack underflow"));
+        };
+        let dict = std::mem::replace(top, Value::Record);
+        self.release(&dict);
+        self.recycle(dict);
+        Ok(())
+    }
+
+    /// Leaves the entry lane: the MARK and the values read go on the stack.
+    #[cold]
+    fn leave_lane(&mut self) -> Result<()> {
+        if self.marks.len() >= self.limits.max_marks {
+            return Err(self.bad(format!(
+                "more than {} MARKs are open at once: not a PyTorch memory snapshot",
+                self.limits.max_marks
+            )));
+        }
+        self.marks.push(self.stack.len());
+        let mut lane = std::mem::take(&mut self.lane);
+        for v in lane.drain(..) {
+            self.push(v)?;
+        }
+        self.lane = lane;
+        Ok(())
     }
 
     /// REDUCE: `torch.jit._pickle.build_*list(list)` gives the list back; anything

@@ -71,25 +71,6 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
-/// A trace entry's `action`, parsed without allocating.
-struct ActionName(Action);
-
-impl<'de> Deserialize<'de> for ActionName {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ActionName, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = ActionName;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<ActionName, E> {
-                Ok(ActionName(Action::from_name(v)))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
 /// A memory pool id, `(int, int)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(crate) struct PoolId(pub u64, pub u64);
@@ -119,22 +100,110 @@ impl<'de> Deserialize<'de> for PoolId {
     }
 }
 
-/// A trace entry, as far as replaying it needs.
-#[derive(Deserialize)]
+/// A trace entry, as far as replaying it needs, read straight from its dict's items
+/// (no `serde` pass: this runs once per entry of traces of millions). A key given
+/// twice takes its last value, as Python's dict keeps it; a value `None` is the key
+/// absent.
+#[derive(Default)]
 struct RawEntry {
-    action: ActionName,
-    #[serde(default)]
-    addr: Option<Handle>,
-    #[serde(default)]
-    size: Option<Size>,
-    #[serde(default)]
-    stream: Option<Handle>,
-    #[serde(default)]
-    device_free: Option<Size>,
-    #[serde(default)]
-    time_us: Option<Handle>,
-    #[serde(default)]
+    action: Option<Action>,
+    addr: Option<u64>,
+    size: Option<u64>,
+    stream: Option<u64>,
+    device_free: Option<u64>,
+    time_us: Option<u64>,
     pool_id: Option<PoolId>,
+}
+
+/// Why `v` is not the `expected` value under `key`, worded as [`value_de`]'s
+/// `serde` errors are (so messages do not depend on which path read the entry).
+fn wrong(key: &str, v: &Value, expected: &str) -> String {
+    let what = match v {
+        Value::Huge => return format!("'{key}' is an integer that does not fit in 64 bits"),
+        Value::Object(name) => return format!("'{key}' is a Python object ({})", escape(name)),
+        Value::Consumed => {
+            return format!("'{key}' refers back to a trace entry or segment already read")
+        }
+        Value::Stack(_) => return format!("'{key}' refers back to stack frames already read"),
+        Value::Record => return format!("'{key}' is a trace entry already read"),
+        Value::List(l) => match &*l.items.borrow() {
+            Items::Values(_) => "a list".to_string(),
+            Items::Entries(_) => return format!("'{key}' is a list of trace entries"),
+            Items::Segments(_) => return format!("'{key}' is a list of segments"),
+        },
+        Value::None | Value::Skipped => "None".into(),
+        Value::Bool(_) => "a bool".into(),
+        Value::Int(i) => i.to_string(),
+        Value::Big(u) => u.to_string(),
+        Value::Float(_) => "a float".into(),
+        Value::Str(_) => "a string".into(),
+        Value::Bytes => "bytes".into(),
+        Value::Tuple(_) => "a list".into(),
+        Value::Dict(_) => "a dict".into(),
+    };
+    format!("'{key}' is {what}, expected {expected}")
+}
+
+/// An address or handle: any 64-bit pattern ([`Handle`]).
+#[inline]
+fn handle_of(key: &str, v: &Value) -> Result<u64, String> {
+    match v {
+        Value::Int(i) => Ok(*i as u64),
+        Value::Big(u) => Ok(*u),
+        other => Err(wrong(key, other, "an integer")),
+    }
+}
+
+/// A byte count ([`Size`]).
+#[inline]
+fn size_of(key: &str, v: &Value) -> Result<u64, String> {
+    match v {
+        Value::Int(i) if *i >= 0 => Ok(*i as u64),
+        Value::Big(u) => Ok(*u),
+        other => Err(wrong(key, other, "a non-negative integer")),
+    }
+}
+
+impl RawEntry {
+    /// Reads the keys replaying needs from an entry dict's flat items.
+    fn of(items: &[Value]) -> Result<RawEntry, String> {
+        let mut raw = RawEntry::default();
+        for kv in items.chunks_exact(2) {
+            let (k, v) = (&kv[0], &kv[1]);
+            let Value::Str(key) = k else {
+                // serde reads keys as field names: only strings match one.
+                continue;
+            };
+            let key = key.as_str();
+            if matches!(v, Value::None) && key != "action" {
+                // `None` is the key absent (serde's `Option`).
+                match key {
+                    "addr" => raw.addr = None,
+                    "size" => raw.size = None,
+                    "stream" => raw.stream = None,
+                    "device_free" => raw.device_free = None,
+                    "time_us" => raw.time_us = None,
+                    "pool_id" => raw.pool_id = None,
+                    _ => {}
+                }
+                continue;
+            }
+            match key {
+                "action" => match v {
+                    Value::Str(s) => raw.action = Some(Action::from_name(s)),
+                    other => return Err(wrong(key, other, "a string")),
+                },
+                "addr" => raw.addr = Some(handle_of(key, v)?),
+                "size" => raw.size = Some(size_of(key, v)?),
+                "stream" => raw.stream = Some(handle_of(key, v)?),
+                "device_free" => raw.device_free = Some(size_of(key, v)?),
+                "time_us" => raw.time_us = Some(handle_of(key, v)?),
+                "pool_id" => raw.pool_id = Some(convert::<PoolId>(v, "'pool_id'")?),
+                _ => {}
+            }
+        }
+        Ok(raw)
+    }
 }
 
 /// `user_metadata`: a string, or (in some versions) a dict of strings.
@@ -272,6 +341,9 @@ pub(crate) struct EntryStore {
     pub stacks: Vec<(u64, u32)>,
     /// The first entry that could not be read: its index and what is wrong.
     pub error: Option<(u64, String)>,
+    /// How many entries the pickle machine's entry lane read (the others went through
+    /// its general path): for tests that both paths agree.
+    pub by_lane: u64,
     len: u64,
 }
 
@@ -279,38 +351,52 @@ impl EntryStore {
     /// Converts and keeps one entry; after a bad one, only counts.
     /// `stack` is the entry's stack frames, converted (or why they could not be).
     pub(crate) fn push(&mut self, v: &Value, stack: Result<Option<u32>, String>) {
+        match v {
+            Value::Dict(dict) => self.push_items(&dict.items.borrow(), stack),
+            other => self.push_error(format!("a trace entry is a dict, found {}", other.kind())),
+        }
+    }
+
+    /// As [`EntryStore::push`], from the entry dict's items (key, value, key, value...).
+    #[inline]
+    pub(crate) fn push_items(&mut self, items: &[Value], stack: Result<Option<u32>, String>) {
         let index = self.len;
         self.len += 1;
         if self.error.is_some() {
             return;
         }
-        if let Err(message) = stack.and_then(|stack| self.convert(index, v, stack)) {
+        if let Err(message) = stack.and_then(|stack| self.convert(index, items, stack)) {
             self.error = Some((index, message));
         }
     }
 
-    fn convert(&mut self, index: u64, v: &Value, stack: Option<u32>) -> Result<(), String> {
-        let Value::Dict(dict) = v else {
-            return Err(format!("a trace entry is a dict, found {}", v.kind()));
+    /// Counts an entry that is not a dict.
+    fn push_error(&mut self, message: String) {
+        let index = self.len;
+        self.len += 1;
+        if self.error.is_none() {
+            self.error = Some((index, message));
+        }
+    }
+
+    fn convert(&mut self, index: u64, items: &[Value], stack: Option<u32>) -> Result<(), String> {
+        let raw = RawEntry::of(items)?;
+        let Some(action) = raw.action else {
+            return Err("the entry has no 'action'".into());
         };
-        let raw: RawEntry = from_value(v).map_err(|e| match e.0.strip_prefix("has no") {
-            Some(rest) => format!("the entry has no{rest}"),
-            None => e.0,
-        })?;
-        let action = raw.action.0;
         // Entries without effect on memory need no fields; the others need theirs.
         let needs = !matches!(action, Action::Other | Action::Snapshot);
         let missing = |key: &str| format!("the {} entry has no '{key}'", action.name());
         let (addr, device_free) = if action == Action::Oom {
             let free = match raw.device_free {
-                Some(f) => f.0,
+                Some(f) => f,
                 None if needs => return Err(missing("device_free")),
                 None => 0,
             };
             (0, Some(free))
         } else {
             let addr = match raw.addr {
-                Some(a) => a.0,
+                Some(a) => a,
                 None if needs => return Err(missing("addr")),
                 None => 0,
             };
@@ -318,12 +404,12 @@ impl EntryStore {
         };
         let needs_size = needs && action != Action::Annotate;
         let size = match raw.size {
-            Some(s) => s.0,
+            Some(s) => s,
             None if needs_size => return Err(missing("size")),
             None => 0,
         };
         let stream = match raw.stream {
-            Some(s) => s.0,
+            Some(s) => s,
             None if needs_size => return Err(missing("stream")),
             None => 0,
         };
@@ -337,9 +423,14 @@ impl EntryStore {
             }
         }
         if action == Action::Annotate {
-            let text = match dict.get("user_metadata") {
+            let metadata = items
+                .chunks_exact(2)
+                .rev()
+                .find(|kv| kv[0].as_str() == Some("user_metadata"))
+                .map(|kv| &kv[1]);
+            let text = match metadata {
                 Some(m) => {
-                    from_value::<Metadata>(&m)
+                    from_value::<Metadata>(m)
                         .map_err(|e| format!("'user_metadata' {e}"))?
                         .0
                 }
@@ -350,7 +441,7 @@ impl EntryStore {
         if let Some(stack) = stack {
             self.stacks.push((index, stack));
         }
-        self.times.push(raw.time_us.map_or(0, |t| t.0));
+        self.times.push(raw.time_us.unwrap_or(0));
         self.entries.push(RecordedEntry {
             action,
             addr,
