@@ -1076,7 +1076,9 @@ impl<R: Read> Machine<R> {
                         .marks
                         .pop()
                         .ok_or_else(|| self.bad("no MARK to pop to"))?;
-                    self.insert_from(at)?;
+                    if !self.setitems_record(at)? {
+                        self.insert_from(at)?;
+                    }
                 }
                 // Stack manipulation.
                 b'0' => drop(self.pop()?),
@@ -1208,24 +1210,32 @@ impl<R: Read> Machine<R> {
     }
 
     /// Whether the MARK about to be pushed opens the items of a trace entry the entry
-    /// lane can read: the top of the stack is a new, empty dict that is the next
-    /// element of a list already holding trace entries, and every element of the
-    /// batch before it was read by the lane too (so records stay in order). Returns
-    /// that list.
+    /// lane can read (see [`Machine::record_list`]); returns the entry's list.
     #[inline]
     fn lane_list(&self) -> Option<Rc<List>> {
+        let top = self.stack.len().checked_sub(1)?;
+        self.record_list(top, self.marks.last().copied())
+    }
+
+    /// Whether `stack[at]` is a trace entry that can go straight into its list's
+    /// records: a new, empty dict (its items not given yet) that is the next element
+    /// of a list already holding trace entries (the list below `mark`, the batch's
+    /// MARK), and every element of the batch before it went straight in too (so records
+    /// stay in order). Never when frames are kept (they are read from the dict).
+    /// Returns that list.
+    #[inline]
+    fn record_list(&self, at: usize, mark: Option<usize>) -> Option<Rc<List>> {
         if self.keep_frames {
             return None;
         }
-        let top = self.stack.len().checked_sub(1)?;
-        let Value::Dict(d) = &self.stack[top] else {
+        let Value::Dict(d) = self.stack.get(at)? else {
             return None;
         };
-        let &m = self.marks.last()?;
-        if m == 0 || m > top || d.sealed.get() || !d.items.borrow().is_empty() {
+        let m = mark?;
+        if m == 0 || m > at || d.sealed.get() || !d.items.borrow().is_empty() {
             return None;
         }
-        if top > m && !matches!(self.stack[top - 1], Value::Record) {
+        if at > m && !matches!(self.stack[at - 1], Value::Record) {
             return None;
         }
         let Value::List(list) = &self.stack[m - 1] else {
@@ -1235,6 +1245,31 @@ impl<R: Read> Machine<R> {
             return None;
         }
         Some(list.clone())
+    }
+
+    /// SETITEMS of `stack[at..]` into the dict at `at - 1`: when that is a trace entry
+    /// that can go straight into its list ([`Machine::record_list`]), its items are
+    /// read into a record there and the dict becomes a [`Value::Record`]. Returns
+    /// whether it did.
+    fn setitems_record(&mut self, at: usize) -> Result<bool> {
+        let Some(dict_at) = at.checked_sub(1) else {
+            return Ok(false);
+        };
+        let Some(list) = self.record_list(dict_at, self.marks.last().copied()) else {
+            return Ok(false);
+        };
+        if (self.stack.len() - at) % 2 != 0 {
+            return Ok(false);
+        }
+        if let Items::Entries(store) = &mut *list.items.borrow_mut() {
+            store.push_items(&self.stack[at..], Ok(None));
+            store.by_lane += 1;
+        }
+        self.stack.truncate(at);
+        let dict = std::mem::replace(&mut self.stack[dict_at], Value::Record);
+        self.release(&dict);
+        self.recycle(dict);
+        Ok(true)
     }
 
     /// The entry lane: reads the items of the trace entry dict on top of the stack
@@ -1249,7 +1284,10 @@ impl<R: Read> Machine<R> {
         debug_assert!(self.lane.is_empty());
         loop {
             self.at = self.input.offset();
-            if self.lane.len() >= LANE_MAX || !self.input.fill(LANE_LOOKAHEAD)? {
+            if self.lane.len() >= LANE_MAX
+                || (self.input.end - self.input.pos < LANE_LOOKAHEAD
+                    && !self.input.fill(LANE_LOOKAHEAD)?)
+            {
                 return self.leave_lane();
             }
             let buf = &self.input.buf[self.input.pos..self.input.end];
