@@ -1263,7 +1263,6 @@ impl<R: Read> Machine<R> {
         }
         if let Items::Entries(store) = &mut *list.items.borrow_mut() {
             store.push_items(&self.stack[at..], Ok(None));
-            store.by_lane += 1;
         }
         self.stack.truncate(at);
         let dict = std::mem::replace(&mut self.stack[dict_at], Value::Record);

@@ -341,8 +341,8 @@ pub(crate) struct EntryStore {
     pub stacks: Vec<(u64, u32)>,
     /// The first entry that could not be read: its index and what is wrong.
     pub error: Option<(u64, String)>,
-    /// How many entries the pickle machine's entry lane read (the others went through
-    /// its general path): for tests that both paths agree.
+    /// How many entries the pickle machine's entry lane read from start to end (the
+    /// others went, at least in part, through its general path): for tests.
     pub by_lane: u64,
     len: u64,
 }
