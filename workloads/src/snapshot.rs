@@ -3,9 +3,10 @@
 //!
 //! **A reader built for snapshots.** The pickle is run by a streaming pickle machine
 //! (the private `pickle` module, no Python needed) that reads the file in blocks and
-//! turns each trace entry and segment into a typed record (`serde`-derived structs in
-//! `schema`) as soon as its list receives it, so a snapshot never exists as a
-//! generic value tree. Stack frames, `forward_frames`, `internal_metadata` and the
+//! turns each trace entry and segment into a typed record (in `schema`: entries decoded
+//! from their keys directly, most of them without ever becoming a dict; segments
+//! through `serde`-derived structs) as soon as its list receives it, so a snapshot
+//! never exists as a generic value tree. Stack frames, `forward_frames`, `internal_metadata` and the
 //! host allocator's traces are skipped as they are read unless asked for
 //! ([`SnapshotOptions::keep_frames`]). Reading takes memory about the size of the file
 //! or less (docs/performance.md has the figures).

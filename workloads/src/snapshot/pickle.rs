@@ -9,6 +9,11 @@
 //!   entry; `blocks` or `total_size`: a segment) and converted on the spot
 //!   ([`super::schema`]); its generic form, and its memo slot, are dropped. A trace of
 //!   millions of entries is thus held as compact records, never as a value tree.
+//! - **Most entries never become dicts.** Once a list holds trace entries, the MARK
+//!   that opens the next entry's items starts the entry lane ([`Machine::entry_lane`]),
+//!   which runs the few opcodes entries are made of straight from the input buffer
+//!   into the entry's record, and hands over to the general machine at any other
+//!   opcode (the record is then made at the entry's SETITEMS).
 //! - **Values nobody reads are skipped.** A container stored under a key of
 //!   [`SKIP_KEYS`] (stack frames unless asked for, `forward_frames`,
 //!   `internal_metadata`, the host allocator's traces) and everything inside it is

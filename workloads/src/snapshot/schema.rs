@@ -1,5 +1,7 @@
-//! The records of a snapshot pickle, as `serde`-derived structs, and the stores that
-//! hold trace entries and segments converted as the pickle machine reads them.
+//! The records of a snapshot pickle (trace entries decoded from their keys directly,
+//! as they are read millions of times; segments and the rest as `serde`-derived
+//! structs), and the stores that hold trace entries and segments converted as the
+//! pickle machine reads them.
 //!
 //! The shapes follow PyTorch's `torch.cuda.memory._snapshot()` (2.1 to 2.15): a trace
 //! entry is `{action, addr | device_free (oom), size, stream, time_us, frames,
