@@ -118,48 +118,68 @@ pub fn compare_each(
             }
         }
     }
-    // Longest first, each job its own task: workers take the next job of the sorted
-    // list as they come free (greedy list scheduling), so the longest replays do not
-    // start last and finish alone. Rows go back to input order below.
+    let rows = longest_first(
+        &jobs,
+        |&(input, spec, _)| replay_cost(&input.trace, &spec.config),
+        |&(input, spec, device)| {
+            let row = run_one(input, spec, device, options);
+            if let Some(p) = progress {
+                p();
+            }
+            row
+        },
+    );
+    // Every result first, then the first error in input order: which replay fails
+    // first in time depends on the scheduling, the error reported must not.
+    rows.into_iter().collect()
+}
+
+/// Runs every job on all cores, longest first, and returns the results in input
+/// order. Each job is its own task: workers take the next job of the list sorted by
+/// `cost` (highest first; ties in input order) as they come free (greedy list
+/// scheduling), so the longest jobs do not start last and finish alone, as they may
+/// when a parallel iterator hands each thread a run of consecutive jobs. The batches
+/// of `compare` and `fit` run through it.
+pub fn longest_first<J: Sync, R: Send>(
+    jobs: &[J],
+    cost: impl Fn(&J) -> f64,
+    run: impl Fn(&J) -> R + Sync,
+) -> Vec<R> {
+    let costs: Vec<f64> = jobs.iter().map(cost).collect();
     let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by(|&a, &b| {
-        let cost = |i: usize| job_cost(jobs[i].0, jobs[i].1);
-        cost(b).total_cmp(&cost(a)).then(a.cmp(&b))
-    });
+    order.sort_by(|&a, &b| costs[b].total_cmp(&costs[a]).then(a.cmp(&b)));
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let slots: Vec<std::sync::OnceLock<Result<Row, CompareError>>> =
-        jobs.iter().map(|_| std::sync::OnceLock::new()).collect();
+    let slots: Vec<std::sync::Mutex<Option<R>>> =
+        jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
     let workers = rayon::current_num_threads().min(jobs.len());
     (0..workers).into_par_iter().for_each(|_| loop {
         let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some(&i) = order.get(k) else { break };
-        let (input, spec, device) = jobs[i];
-        let row = run_one(input, spec, device, options);
-        if let Some(p) = progress {
-            p();
-        }
-        // Each index is taken once, so each slot is set once.
-        let _ = slots[i].set(row);
+        // Each index is taken once, so each slot is set once, by one thread.
+        let r = run(&jobs[i]);
+        *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
     });
-    // Every result first, then the first error in input order: which replay fails
-    // first in time depends on the scheduling, the error reported must not.
     slots
         .into_iter()
-        .map(|slot| slot.into_inner().expect("every job ran"))
+        .map(|slot| {
+            slot.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every job ran")
+        })
         .collect()
 }
 
-/// A job's expected cost, only to order the jobs (longest first): the trace's events
+/// A replay's expected cost, only to order jobs (longest first): the trace's events
 /// times the policy's relative cost per event, as `allocsim bench` measured it
 /// (docs/performance.md: `immediate` about 2.4× `caching`, `buddy` about 0.6, `arena`
 /// about the same). A wrong guess costs balance, never correctness.
-fn job_cost(input: &CompareInput, spec: &PolicySpec) -> f64 {
-    let per_event = match spec.config.kind_name() {
+pub fn replay_cost(trace: &Trace, config: &policies::registry::PolicyConfig) -> f64 {
+    let per_event = match config.kind_name() {
         "immediate" => 2.4,
         "buddy" => 0.6,
         _ => 1.0,
     };
-    input.trace.events.len() as f64 * per_event
+    trace.events.len() as f64 * per_event
 }
 
 /// Replays one (trace, policy, device) row: the replay, the explanation of its first

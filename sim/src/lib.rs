@@ -54,7 +54,9 @@ pub mod sweep;
 pub mod validation;
 
 pub use caveats::caveats;
-pub use compare::{compare, compare_each, CompareError, CompareInput, Row};
+pub use compare::{
+    compare, compare_each, longest_first, replay_cost, CompareError, CompareInput, Row,
+};
 pub use device::{AddressHints, AddressModel, SimDevice, SimDeviceOptions};
 pub use explain::{OomExplanation, OomWatch};
 pub use export::SnapshotExport;

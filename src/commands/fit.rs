@@ -5,7 +5,6 @@ use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use rayon::prelude::*;
 use sim::boundary::Margin;
 use sim::fit::FitRecord;
 use sim::{DeviceProfile, Fit, FitOptions};
@@ -75,34 +74,33 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
     // Ctrl-C stops every replay at its next event; nothing is written then.
     let in_order = interrupt::in_order();
     let bar = crate::progress::jobs_bar(jobs.len() as u64);
-    let results: Vec<anyhow::Result<FitResult>> = jobs
-        .par_iter()
-        .map(|&(t, p)| {
-            let _tick = Tick(&bar);
-            let input = &loaded[t];
-            let config = &specs[p].config;
-            let fit = sim::fit(
-                &input.trace,
-                &input.hints,
-                config,
-                &setup.options,
-                &setup.replay,
-                &FitOptions::default(),
-            )?;
-            // Each GPU: whether it fits, and whether that could change in another process
-            // (the GPU's spread of usable memory between processes).
-            let on = gpus
-                .iter()
-                .map(|g| {
-                    let (t, h) = (&input.trace, &input.hints);
-                    let ok = sim::fits(t, h, config, &g.device, &setup.replay)?;
-                    let margin = sim::boundary::margin(t, h, config, &g.device, &setup.replay, ok)?;
-                    Ok((ok, margin))
-                })
-                .collect::<Result<Vec<(bool, Margin)>, sim::CompareError>>()?;
-            Ok((fit, on))
-        })
-        .collect();
+    // Longest first (a bisection is a dozen replays of its trace), results in input order.
+    let cost = |&(t, p): &(usize, usize)| sim::replay_cost(&loaded[t].trace, &specs[p].config);
+    let results: Vec<anyhow::Result<FitResult>> = sim::longest_first(&jobs, cost, |&(t, p)| {
+        let _tick = Tick(&bar);
+        let input = &loaded[t];
+        let config = &specs[p].config;
+        let fit = sim::fit(
+            &input.trace,
+            &input.hints,
+            config,
+            &setup.options,
+            &setup.replay,
+            &FitOptions::default(),
+        )?;
+        // Each GPU: whether it fits, and whether that could change in another process
+        // (the GPU's spread of usable memory between processes).
+        let on = gpus
+            .iter()
+            .map(|g| {
+                let (t, h) = (&input.trace, &input.hints);
+                let ok = sim::fits(t, h, config, &g.device, &setup.replay)?;
+                let margin = sim::boundary::margin(t, h, config, &g.device, &setup.replay, ok)?;
+                Ok((ok, margin))
+            })
+            .collect::<Result<Vec<(bool, Margin)>, sim::CompareError>>()?;
+        Ok((fit, on))
+    });
     drop(in_order);
     bar.finish_and_clear();
     let results = results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
