@@ -137,7 +137,8 @@ pub trait Device {
     /// If this device did not hand the segment out (a bug, not an error).
     fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError>;
 
-    /// The device's own accounting.
+    /// The device's own accounting. It changes only through the device's `&mut`
+    /// methods: the replay engine reads it again only after the policy called one.
     fn stats(&self) -> DeviceStats;
 
     /// Virtual memory management (reserve, create, map, unmap, release), if the device

@@ -233,6 +233,7 @@ pub struct OomWatch {
 }
 
 impl Observer for OomWatch {
+    #[inline]
     fn after_event(&mut self, step: &Step<'_>) {
         match (step.event, step.outcome) {
             (Event::Mark { label }, _) => {

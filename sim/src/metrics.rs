@@ -89,6 +89,7 @@ impl Recorder {
     }
 
     /// Notes the state after event `event_index`.
+    #[inline]
     pub fn observe(&mut self, event_index: u64, policy: &PolicyStats, device: &DeviceStats) {
         let s = &mut self.summary;
         s.event_count = event_index + 1;

@@ -199,6 +199,20 @@ impl Observer for Timeline {
 pub(crate) struct OpLog<'d> {
     pub(crate) device: &'d mut dyn Device,
     pub(crate) ops: Vec<DeviceOp>,
+    /// Set by every call that may change the device (its `&mut` methods): until one,
+    /// [`Device::stats`] is what it was, and the engine does not read it again.
+    pub(crate) touched: bool,
+}
+
+impl<'d> OpLog<'d> {
+    /// `device`, with nothing written down yet.
+    pub(crate) fn new(device: &'d mut dyn Device) -> OpLog<'d> {
+        OpLog {
+            device,
+            ops: Vec::new(),
+            touched: false,
+        }
+    }
 }
 
 impl OpLog<'_> {
@@ -211,6 +225,7 @@ impl OpLog<'_> {
     }
 
     fn vm(&mut self) -> Result<&mut dyn VirtualMemory, DeviceError> {
+        self.touched = true;
         self.device
             .virtual_memory()
             .ok_or(DeviceError::Unsupported {
@@ -221,6 +236,7 @@ impl OpLog<'_> {
 
 impl Device for OpLog<'_> {
     fn allocate_segment(&mut self, size_bytes: u64) -> Result<Segment, DeviceError> {
+        self.touched = true;
         let segment = self.device.allocate_segment(size_bytes)?;
         self.log(DeviceOpKind::SegmentAlloc, segment.addr.0, size_bytes);
         Ok(segment)
@@ -228,6 +244,7 @@ impl Device for OpLog<'_> {
 
     fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError> {
         let (addr, bytes) = (segment.addr.0, segment.size_bytes);
+        self.touched = true;
         self.device.free_segment(segment)?;
         self.log(DeviceOpKind::SegmentFree, addr, bytes);
         Ok(())
@@ -238,6 +255,7 @@ impl Device for OpLog<'_> {
     }
 
     fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
+        self.touched = true;
         if self.device.virtual_memory().is_some() {
             Some(self)
         } else {
@@ -246,6 +264,7 @@ impl Device for OpLog<'_> {
     }
 
     fn observed_used_bytes(&mut self) -> Option<u64> {
+        self.touched = true;
         self.device.observed_used_bytes()
     }
 }

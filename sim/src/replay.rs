@@ -304,15 +304,15 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
             check_state(&*policy, &stats, &dstats, &live, 0);
         }
     }
-    let mut device = OpLog {
-        device,
-        ops: Vec::new(),
-    };
+    let mut device = OpLog::new(device);
     let mut oom: Option<Oom> = None;
     let mut oom_count = 0u64;
     let mut skipped = 0u64;
     let mut ignored_calls = 0u64;
     let mut before = policy.stats();
+    // The device's accounting changes only through its own calls (`OpLog::touched`),
+    // which most events do not make: it is read again only after one.
+    let mut dstats = device.stats();
     for (index, event) in events.into_iter().enumerate() {
         let event: &Event = event.borrow();
         let event_index = index as u64;
@@ -486,7 +486,9 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
             }
         };
         let stats = policy.stats();
-        let dstats = device.stats();
+        if std::mem::take(&mut device.touched) {
+            dstats = device.stats();
+        }
         recorder.observe(event_index, &stats, &dstats);
         observer.after_event(&Step {
             index,

@@ -1162,7 +1162,7 @@ fn digits_value(word: u64, n: u32) -> u64 {
 /// The decimal number of 1 to 16 digits at `buf[at..]` and the position after it, as
 /// [`digits`] reads it; `None` for no digit or more than 16 (the caller's slower path
 /// takes those).
-#[inline]
+#[inline(always)]
 fn scan_number(buf: &[u8], at: usize) -> Option<(u64, usize)> {
     let first = word_at(buf, at);
     let n = digit_run(first);
