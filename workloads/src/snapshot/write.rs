@@ -16,8 +16,12 @@
 //!   field).
 //! - `allocator_settings`: `PYTORCH_CUDA_ALLOC_CONF` when there is one to record.
 //!
-//! The output reads back through [`super::read_snapshot_pickle_from`] (tested there).
+//! The pickle is written as Python's pickler writes the dict (protocol 4, a memo:
+//! each distinct string and stack frame dict once, then memo references, as PyTorch's
+//! frames are shared); the JSON through `serde`. The output reads back through
+//! [`super::read_snapshot_pickle_from`] (tested there).
 
+use std::collections::HashMap;
 use std::io::Write;
 
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
@@ -91,14 +95,13 @@ pub fn write_snapshot(
 ) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::with_capacity(256 << 10, out);
     match encoding {
-        SnapshotEncoding::Pickle => {
-            serde_pickle::to_writer(&mut out, snapshot, serde_pickle::SerOptions::new()).map_err(
-                |e| match e {
-                    serde_pickle::Error::Io(e) => e,
-                    other => std::io::Error::other(other.to_string()),
-                },
-            )?
+        SnapshotEncoding::Pickle => Pickler {
+            out: &mut out,
+            memo: 0,
+            strings: HashMap::new(),
+            frames: Vec::new(),
         }
+        .snapshot(snapshot)?,
         // An I/O error comes back as it was (with what the writer attached to it).
         SnapshotEncoding::Json => {
             serde_json::to_writer(&mut out, snapshot).map_err(std::io::Error::from)?
@@ -180,20 +183,7 @@ struct SegmentOut<'a>(&'a RecordedSegment);
 impl Serialize for SegmentOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let seg = self.0;
-        let sum = |f: &dyn Fn(&crate::recorded::RecordedBlock) -> Option<u64>| -> u64 {
-            seg.blocks.iter().filter_map(f).sum()
-        };
-        let allocated = sum(&|b| (b.state == BlockState::ActiveAllocated).then_some(b.size));
-        let active = sum(&|b| {
-            matches!(
-                b.state,
-                BlockState::ActiveAllocated | BlockState::ActivePendingFree
-            )
-            .then_some(b.size)
-        });
-        let requested = sum(&|b| {
-            (b.state == BlockState::ActiveAllocated).then_some(b.requested_size.unwrap_or(b.size))
-        });
+        let (allocated, active, requested) = segment_sizes(seg);
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("device", &0u64)?;
         map.serialize_entry("address", &seg.address)?;
@@ -281,6 +271,265 @@ impl Serialize for FrameOut<'_> {
         map.serialize_entry("name", &self.0.name)?;
         map.end()
     }
+}
+
+/// The pickle encoding of [`SnapshotOut`], written as Python's pickler writes the dict
+/// (protocol 4, lists in batches of 1000, a memo): each distinct string once, each
+/// distinct stack frame dict once (PyTorch shares them between stacks), later uses
+/// as memo references. Without the memo a snapshot's frames take a hundred times the
+/// bytes (every entry's frames written in full).
+struct Pickler<W: Write> {
+    out: W,
+    /// Memo slots used.
+    memo: u32,
+    /// Memo slot of each string written.
+    strings: HashMap<String, u32>,
+    /// Memo slot of each frame dict written, by frame index.
+    frames: Vec<Option<u32>>,
+}
+
+/// Items per APPENDS or SETITEMS, as Python's pickler batches them.
+const BATCH: usize = 1000;
+
+impl<W: Write> Pickler<W> {
+    fn op(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.out.write_all(bytes)
+    }
+
+    fn memoize(&mut self) -> std::io::Result<u32> {
+        self.op(&[0x94])?;
+        self.memo += 1;
+        Ok(self.memo - 1)
+    }
+
+    fn get(&mut self, slot: u32) -> std::io::Result<()> {
+        match u8::try_from(slot) {
+            Ok(s) => self.op(&[b'h', s]),
+            Err(_) => {
+                let b = slot.to_le_bytes();
+                self.op(&[b'j', b[0], b[1], b[2], b[3]])
+            }
+        }
+    }
+
+    fn str(&mut self, s: &str) -> std::io::Result<()> {
+        if let Some(&slot) = self.strings.get(s) {
+            return self.get(slot);
+        }
+        match u8::try_from(s.len()) {
+            Ok(n) => self.op(&[0x8c, n])?,
+            Err(_) => {
+                let n = u32::try_from(s.len()).map_err(|_| {
+                    std::io::Error::other("a string of 4 GiB or more cannot be pickled")
+                })?;
+                let b = n.to_le_bytes();
+                self.op(&[b'X', b[0], b[1], b[2], b[3]])?;
+            }
+        }
+        self.op(s.as_bytes())?;
+        let slot = self.memoize()?;
+        self.strings.insert(s.to_string(), slot);
+        Ok(())
+    }
+
+    /// An int, in the shortest form Python's pickler uses.
+    fn int(&mut self, v: u64) -> std::io::Result<()> {
+        if v < 1 << 8 {
+            self.op(&[b'K', v as u8])
+        } else if v < 1 << 16 {
+            let b = (v as u16).to_le_bytes();
+            self.op(&[b'M', b[0], b[1]])
+        } else if v < 1 << 31 {
+            let b = (v as u32).to_le_bytes();
+            self.op(&[b'J', b[0], b[1], b[2], b[3]])
+        } else {
+            // LONG1: little-endian two's complement, a zero byte on top when the
+            // highest bit is set (the value is positive).
+            let b = v.to_le_bytes();
+            let mut n = 8 - (v.leading_zeros() / 8) as usize;
+            let mut bytes = [0u8; 9];
+            bytes[..8].copy_from_slice(&b);
+            if bytes[n - 1] & 0x80 != 0 {
+                n += 1;
+            }
+            self.op(&[0x8a, n as u8])?;
+            self.op(&bytes[..n])
+        }
+    }
+
+    fn bool(&mut self, v: bool) -> std::io::Result<()> {
+        self.op(&[if v { 0x88 } else { 0x89 }])
+    }
+
+    fn key_int(&mut self, key: &str, v: u64) -> std::io::Result<()> {
+        self.str(key)?;
+        self.int(v)
+    }
+
+    fn key_str(&mut self, key: &str, v: &str) -> std::io::Result<()> {
+        self.str(key)?;
+        self.str(v)
+    }
+
+    /// A new dict, memoized, its MARK opened (close with SETITEMS, `u`).
+    fn dict(&mut self) -> std::io::Result<()> {
+        self.op(b"}")?;
+        self.memoize()?;
+        self.op(b"(")
+    }
+
+    /// A list of `items`, written by `each`, in batches.
+    fn list<T>(
+        &mut self,
+        items: impl ExactSizeIterator<Item = T>,
+        mut each: impl FnMut(&mut Self, T) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        self.op(b"]")?;
+        self.memoize()?;
+        if items.len() == 0 {
+            return Ok(());
+        }
+        let mut n = 0;
+        self.op(b"(")?;
+        for item in items {
+            if n == BATCH {
+                self.op(b"e(")?;
+                n = 0;
+            }
+            each(self, item)?;
+            n += 1;
+        }
+        self.op(b"e")
+    }
+
+    /// The empty `frames` of segments, blocks and entries without frames: an empty
+    /// tuple, as this writer has always written it (a reader keeping frames then gives
+    /// such an entry no stack).
+    fn no_frames(&mut self) -> std::io::Result<()> {
+        self.str("frames")?;
+        self.op(b")")
+    }
+
+    fn segment(&mut self, seg: &RecordedSegment) -> std::io::Result<()> {
+        let (allocated, active, requested) = segment_sizes(seg);
+        self.dict()?;
+        self.key_int("device", 0)?;
+        self.key_int("address", seg.address)?;
+        self.key_int("total_size", seg.total_size)?;
+        self.key_int("allocated_size", allocated)?;
+        self.key_int("active_size", active)?;
+        self.key_int("requested_size", requested)?;
+        self.key_int("stream", seg.stream)?;
+        self.key_str("segment_type", &seg.segment_type)?;
+        self.str("segment_pool_id")?;
+        self.int(seg.pool_id.0)?;
+        self.int(seg.pool_id.1)?;
+        self.op(&[0x86])?; // TUPLE2
+        self.memoize()?;
+        self.str("is_expandable")?;
+        self.bool(seg.is_expandable)?;
+        self.no_frames()?;
+        self.str("blocks")?;
+        self.list(seg.blocks.iter(), |p, b| {
+            p.dict()?;
+            p.key_int("address", b.address)?;
+            p.key_int("size", b.size)?;
+            p.key_int("requested_size", b.requested_size.unwrap_or(0))?;
+            p.key_str("state", b.state.name())?;
+            p.no_frames()?;
+            p.op(b"u")
+        })?;
+        self.op(b"u")
+    }
+
+    fn entry(&mut self, e: &SnapshotEntry, frames: Option<&Frames>) -> std::io::Result<()> {
+        self.dict()?;
+        self.key_str("action", e.action.name())?;
+        if e.action == Action::Oom {
+            self.key_int("device_free", e.addr)?;
+        } else {
+            self.key_int("addr", e.addr)?;
+        }
+        self.key_int("size", e.size)?;
+        self.key_int("stream", e.stream)?;
+        if let Some(t) = e.time_us {
+            self.key_int("time_us", t)?;
+        }
+        match (e.stack, frames) {
+            (Some(stack), Some(frames)) => {
+                self.str("frames")?;
+                let stack = frames
+                    .stacks
+                    .get(stack as usize)
+                    .map_or(&[][..], |s| &s[..]);
+                self.list(stack.iter(), |p, &f| p.frame(frames, f))?;
+            }
+            _ => self.no_frames()?,
+        }
+        self.op(b"u")
+    }
+
+    /// Frame `index` of `frames`: its dict the first time, a memo reference after.
+    fn frame(&mut self, frames: &Frames, index: u32) -> std::io::Result<()> {
+        let i = index as usize;
+        if self.frames.len() <= i {
+            self.frames.resize(i + 1, None);
+        }
+        if let Some(slot) = self.frames[i] {
+            return self.get(slot);
+        }
+        let Some(f) = frames.frames.get(i) else {
+            return Err(std::io::Error::other(format!(
+                "stack frame {index} is not in the snapshot's frames"
+            )));
+        };
+        self.op(b"}")?;
+        let slot = self.memoize()?;
+        self.op(b"(")?;
+        self.key_str("filename", &f.filename)?;
+        self.key_int("line", f.line)?;
+        self.key_str("name", &f.name)?;
+        self.op(b"u")?;
+        self.frames[i] = Some(slot);
+        Ok(())
+    }
+
+    fn snapshot(&mut self, s: &SnapshotOut) -> std::io::Result<()> {
+        self.op(&[0x80, 4])?; // PROTO 4
+        self.dict()?;
+        self.str("segments")?;
+        self.list(s.segments.iter(), |p, seg| p.segment(seg))?;
+        self.str("device_traces")?;
+        self.list(std::iter::once(()), |p, ()| {
+            p.list(s.entries.iter(), |p, e| p.entry(e, s.frames.as_ref()))
+        })?;
+        self.str("allocator_settings")?;
+        self.dict()?;
+        if let Some(conf) = &s.alloc_conf {
+            self.key_str("PYTORCH_CUDA_ALLOC_CONF", conf)?;
+        }
+        self.op(b"u")?;
+        self.op(b"u.")
+    }
+}
+
+/// A segment's allocated, active and requested bytes, from its blocks.
+fn segment_sizes(seg: &RecordedSegment) -> (u64, u64, u64) {
+    let sum = |f: &dyn Fn(&crate::recorded::RecordedBlock) -> Option<u64>| -> u64 {
+        seg.blocks.iter().filter_map(f).sum()
+    };
+    let allocated = sum(&|b| (b.state == BlockState::ActiveAllocated).then_some(b.size));
+    let active = sum(&|b| {
+        matches!(
+            b.state,
+            BlockState::ActiveAllocated | BlockState::ActivePendingFree
+        )
+        .then_some(b.size)
+    });
+    let requested = sum(&|b| {
+        (b.state == BlockState::ActiveAllocated).then_some(b.requested_size.unwrap_or(b.size))
+    });
+    (allocated, active, requested)
 }
 
 #[cfg(test)]
@@ -379,6 +628,71 @@ mod tests {
         let frames = info.frames.unwrap();
         assert_eq!(frames.entries, vec![(1, 0)]);
         assert_eq!(frames.stack(0).next().unwrap().name, "step");
+    }
+
+    /// The pickle writes each stack frame dict and string once and refers back to
+    /// them (a snapshot whose entries share frames stays small, as PyTorch's does),
+    /// batches long lists, and keeps every integer exact (2^31, 2^63 and 2^64 - 1 among
+    /// them); it reads back the same.
+    #[test]
+    fn pickle_shares_frames_and_keeps_integers() {
+        let mut out = sample();
+        let frames = out.frames.as_mut().unwrap();
+        frames.frames.push(Frame {
+            filename: "/a/long/path/to/the/model/definition.py".into(),
+            line: 77,
+            name: "forward".into(),
+        });
+        frames.stacks = vec![vec![0, 1], vec![1, 0]];
+        let odd = [1u64 << 31, 1 << 63, u64::MAX, 255, 256, 65535, 65536];
+        out.entries = (0..2500u64)
+            .map(|i| SnapshotEntry {
+                action: if i % 2 == 0 {
+                    Action::Alloc
+                } else {
+                    Action::FreeCompleted
+                },
+                addr: 0x1000 + (i / 2) * 4096,
+                size: odd[(i / 2) as usize % odd.len()],
+                stream: odd[(i / 3) as usize % odd.len()],
+                time_us: Some(i),
+                stack: Some((i % 2) as u32),
+            })
+            .collect();
+        let bytes = snapshot_bytes(&out, SnapshotEncoding::Pickle);
+        let text = String::from_utf8_lossy(&bytes);
+        assert_eq!(text.matches("definition.py").count(), 1);
+        assert_eq!(text.matches("forward").count(), 1);
+        assert!(bytes.len() < 2500 * 80, "{} bytes", bytes.len());
+        let run = read_snapshot_pickle_from_with(
+            &bytes[..],
+            Path::new("x.pickle"),
+            0,
+            &SnapshotOptions { keep_frames: true },
+        )
+        .unwrap();
+        let got: Vec<(u64, u64, u64)> = run
+            .entries
+            .iter()
+            .map(|e| (e.addr, e.size, e.stream))
+            .collect();
+        let want: Vec<(u64, u64, u64)> = out
+            .entries
+            .iter()
+            .map(|e| (e.addr, e.size, e.stream))
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(run.times_us, (0..2500).collect::<Vec<u64>>());
+        let frames = run.snapshot.unwrap().frames.unwrap();
+        assert_eq!(frames.entries.len(), 2500);
+        let names = |k: usize| -> Vec<String> {
+            frames
+                .stack(frames.entries[k].1)
+                .map(|f| f.name.clone())
+                .collect()
+        };
+        assert_eq!(names(0), vec!["step", "forward"]);
+        assert_eq!(names(2499), vec!["forward", "step"]);
     }
 
     /// JSON holds the same dict: the keys PyTorch writes, tuples as lists.
