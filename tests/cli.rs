@@ -1028,7 +1028,7 @@ fn fit_finds_the_smallest_capacity() {
 /// the smallest total and the smallest that fits with 4 MiB to spare, and names the H200
 /// as marginal where the run fits it with less; `replay` marks a run that fits with less
 /// than 4 MiB to spare as "may run out", one that runs out by less as "may fit", and
-/// says nothing 4 MiB above; on the H100 profile (no spread) nothing is marginal.
+/// says nothing 4 MiB above; on the H100 profile (one page of spread) the same with 2 MiB.
 #[test]
 fn marginal_runs_within_the_driver_variation() {
     let fit = |profile: &str| {
@@ -1062,7 +1062,8 @@ fn marginal_runs_within_the_driver_variation() {
     assert_eq!(spread, (4 * mib).to_string());
     assert_eq!(with_spread, (min + 4 * mib).to_string());
     let (h100_min, spread, with_spread) = fit("h100");
-    assert_eq!((spread.as_str(), with_spread), ("0", h100_min.to_string()));
+    assert_eq!(spread, (2 * mib).to_string());
+    assert_eq!(with_spread, (h100_min + 2 * mib).to_string());
     let replay = |profile: &str, total: u64| {
         let o = allocsim([
             "replay",
@@ -1094,7 +1095,14 @@ fn marginal_runs_within_the_driver_variation() {
         Some("may fit on this card: the driver's hold-back varies by up to 4.00 MiB between processes")
     );
     assert_eq!(line(&replay("h200", min + 4 * mib)), None);
-    assert_eq!(line(&replay("h100", h100_min)), None);
+    assert_eq!(
+        line(&replay("h100", h100_min)).as_deref(),
+        Some(
+            "may run out on this card: the driver's hold-back varies by up to 2.00 MiB \
+             between processes"
+        )
+    );
+    assert_eq!(line(&replay("h100", h100_min + 2 * mib)), None);
     // The H200 named as a GPU: fits at its full memory, clear; the CSV names no
     // marginal GPU, the table no "may run out".
     let o = allocsim([

@@ -486,27 +486,31 @@ mod tests {
     }
 
     /// The measured profiles carry the spread of usable memory between processes that
-    /// libcuda-only fills measured (docs/validation/2026-11-26-h200-page-fill-repeat:
-    /// H200 511 to 509 pages, 4 MiB; H100 511 in eight of eight, 0), the simulated
-    /// device carries it, and a profile that does not say has none.
+    /// fills measured (docs/validation/2026-11-26-h200-page-fill-repeat: H200 511 to
+    /// 509 pages, 4 MiB; docs/validation/2026-11-26-h100-band: an H100's 32-process probe,
+    /// one page, 2 MiB), the simulated device carries it, and a profile that does not say
+    /// has none.
     #[test]
     fn usable_spread_of_measured_profiles() {
         let h200 = DeviceProfile::builtin("h200").unwrap();
         let h100 = DeviceProfile::builtin("h100").unwrap();
         assert_eq!(h200.usable_spread_bytes, 4 << 20);
         assert_eq!(h200.to_options().usable_spread_bytes, 4 << 20);
-        assert_eq!(h100.usable_spread_bytes, 0);
-        assert!(include_str!("../profiles/h100.yaml").contains("\nusable_spread_bytes: 0\n"));
+        assert_eq!(h100.usable_spread_bytes, 2 << 20);
+        assert!(include_str!("../profiles/h100.yaml").contains("\nusable_spread_bytes: 2097152\n"));
         assert!(h200.to_yaml().contains("usable_spread_bytes: 4194304"));
-        let text = include_str!("../profiles/h100.yaml").replace("usable_spread_bytes: 0\n", "");
+        let text =
+            include_str!("../profiles/h100.yaml").replace("usable_spread_bytes: 2097152\n", "");
         assert_eq!(
             DeviceProfile::parse(&text, "p.yaml")
                 .unwrap()
                 .usable_spread_bytes,
             0
         );
-        let text = include_str!("../profiles/h100.yaml")
-            .replace("usable_spread_bytes: 0", "usable_spread_bytes: 67108865");
+        let text = include_str!("../profiles/h100.yaml").replace(
+            "usable_spread_bytes: 2097152",
+            "usable_spread_bytes: 67108865",
+        );
         assert!(DeviceProfile::parse(&text, "p.yaml")
             .unwrap_err()
             .to_string()
