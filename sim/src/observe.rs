@@ -267,11 +267,26 @@ impl Device for OpLog<'_> {
         self.touched = true;
         self.device.observed_used_bytes()
     }
+
+    /// Taking over a segment at its address is state, not one of PyTorch's operations:
+    /// forwarded, not written down.
+    fn adopt_segment(&mut self, addr: DeviceAddr, size_bytes: u64) -> Result<Segment, DeviceError> {
+        self.touched = true;
+        self.device.adopt_segment(addr, size_bytes)
+    }
 }
 
 impl VirtualMemory for OpLog<'_> {
     fn reserve_range(&mut self, size_bytes: u64) -> Result<AddressRange, DeviceError> {
         self.vm()?.reserve_range(size_bytes)
+    }
+
+    fn adopt_range(
+        &mut self,
+        addr: DeviceAddr,
+        size_bytes: u64,
+    ) -> Result<AddressRange, DeviceError> {
+        self.vm()?.adopt_range(addr, size_bytes)
     }
 
     fn create_physical(&mut self, size_bytes: u64) -> Result<PhysicalChunk, DeviceError> {
@@ -310,5 +325,30 @@ impl VirtualMemory for OpLog<'_> {
 
     fn release_range(&mut self, range: AddressRange) -> Result<(), DeviceError> {
         self.vm()?.release_range(range)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{SimDevice, SimDeviceOptions};
+
+    /// `OpLog` hands a policy the real device's adoption of recorded segments and
+    /// ranges (the trait's defaults refuse it), without writing them down as operations.
+    #[test]
+    fn adoption_reaches_the_real_device() {
+        let mut device = SimDevice::new(SimDeviceOptions::default());
+        let mut log = OpLog::new(&mut device);
+        let addr = DeviceAddr(0x7f00_0000_0000);
+        let segment = log.adopt_segment(addr, 2 << 20).expect("adopted segment");
+        assert_eq!((segment.addr, segment.size_bytes), (addr, 2 << 20));
+        let range = log
+            .virtual_memory()
+            .expect("virtual memory")
+            .adopt_range(DeviceAddr(0x7e00_0000_0000), 64 << 20)
+            .expect("adopted range");
+        assert_eq!(range.addr, DeviceAddr(0x7e00_0000_0000));
+        assert!(log.ops.is_empty());
+        assert_eq!(log.stats().reserved_bytes, 2 << 20);
     }
 }
