@@ -305,12 +305,16 @@ def test_the_python_docs_run(monkeypatch):
 def test_ctrl_c_stops_a_long_call():
     """KeyboardInterrupt (Ctrl-C, a notebook's interrupt) stops a running comparison at its next event, and the next call runs."""
     import _thread
+    import signal
     import threading
     import time
 
     snap = DATA / "oracle" / "h100-torch2.11-pickles" / "gpt_train_small.pickle"
     # 50,000 replays: over a minute uninterrupted (a debug build, two cores).
     capacities = [3000 * 2**20 + k * 4096 for k in range(50_000)]
+    # A process started in the background (a CI job, `cmd &`) inherits SIGINT ignored,
+    # and then interrupt_main does nothing: Python's own handler, as in a terminal.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, _thread.interrupt_main)
     start = time.monotonic()
     timer.start()
@@ -319,6 +323,7 @@ def test_ctrl_c_stops_a_long_call():
             allocsim.compare(snap, "caching", capacity=capacities)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - start < 10
     assert allocsim.replay(DATA / "traces" / "two_streams.yaml").oom is None
 
