@@ -4,6 +4,9 @@
 # native) on the same CSV traces, and batch scaling of `compare` over 1..16 threads.
 # Needs /usr/bin/time (GNU time) for the peak memory, and about 4 GB of disk in $TMPDIR.
 # Usage: OUT=DIR tools/gpu/compare-torch.sh PATH/TO/allocsim (a release build; needs python3 with torch and g++)
+# Everything takes longer than one 600 s device call; choose with
+#   PARTS    any of "core e2e scaling" (default all three)
+#   LENGTHS  the end-to-end trace lengths (default "100000 1000000 10000000 100000000")
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
 gpu_setup "PATH/TO/allocsim" 1 1 "$@"
@@ -17,11 +20,15 @@ g++ -O2 -std=c++17 "$D/native_replay.cpp" -I"$TORCH/include" -I/usr/local/cuda/i
   -L"$TORCH/lib" -lc10 -lc10_cuda -Wl,-rpath,"$TORCH/lib" -o "$W/native" 2>&1 | tail -5
 # The replay core alone (trace in memory), per policy: allocsim bench on its generated
 # traces (1e5 and 1e6 events; CPU time of the thread, median of 5 after a warm-up).
-"$A" bench --runs 5 --format csv
+PARTS=" ${PARTS:-core e2e scaling} "
+part() { [[ $PARTS == *" $1 "* ]]; }
+part core && "$A" bench --runs 5 --format csv
 # End to end (read, validate, replay; a CSV streams: memory follows the live
 # allocations), best of 3 by the wall clock, with the peak RSS of the best run's process.
 # PyTorch replays stop at 1e7 (1e8 from Python would take half an hour).
-for n in 100000 1000000 10000000 100000000; do
+part e2e || LENGTHS=""
+# shellcheck disable=SC2086
+for n in ${LENGTHS-100000 1000000 10000000 100000000}; do
   "$A" generate random --seed 1 --events $n -o "$W/t$n.csv" >/dev/null 2>&1
   ev=$(($(wc -l < "$W/t$n.csv") - 1))
   for p in caching immediate buddy arena; do
@@ -42,6 +49,7 @@ for n in 100000 1000000 10000000 100000000; do
   rm -f "$W/t100000000.csv"
 done
 # batch scaling: 64 jobs (16 traces x 4 policies) of 1e6 events
+part scaling || exit 0
 for s in $(seq 1 16); do "$A" generate random --seed $s --events 1000000 -o "$W/b$s.csv" >/dev/null 2>&1; done
 for th in 1 2 4 8 16; do
   s=$EPOCHREALTIME
