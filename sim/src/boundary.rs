@@ -25,10 +25,10 @@ use policies::PolicyConfig;
 use workloads::size::format_size_human;
 use workloads::Trace;
 
-use crate::compare::CompareError;
-use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
+use crate::compare::{replay_policy, CompareError};
+use crate::device::{AddressHints, SimDeviceOptions};
 use crate::fit::fits;
-use crate::replay::{replay, Replay, ReplayOptions};
+use crate::replay::{Replay, ReplayOptions};
 
 /// Where a run stands against the driver's variation between processes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,12 +137,10 @@ pub fn margin(
 /// per live segment ([`crate::validation::CHARGED_TOLERANCE_PAGE_BYTES`]).
 pub fn replays_agree(predicted: &Replay, observed: &Replay) -> bool {
     let (p, o) = (&predicted.summary, &observed.summary);
-    let segments = p.segment_count_peak.max(o.segment_count_peak).max(1);
     p.reserved_bytes_peak == o.reserved_bytes_peak
         && predicted.oom.as_ref().map(|x| x.event_index)
             == observed.oom.as_ref().map(|x| x.event_index)
-        && p.charged_bytes_peak.abs_diff(o.charged_bytes_peak)
-            <= segments * crate::validation::CHARGED_TOLERANCE_PAGE_BYTES
+        && crate::validation::charged_peaks_agree(p, o)
 }
 
 /// Whether a GPU's `observed` replay, which the prediction on `model` did not match, is
@@ -164,20 +162,7 @@ pub fn within_driver_variation(
     let label = config.to_string();
     for below in [true, false] {
         for d in devices_within_band(model, below) {
-            let mut policy = config.build().map_err(|source| CompareError::Build {
-                trace: trace.name.clone(),
-                policy: label.clone(),
-                source,
-            })?;
-            let mut dev = SimDevice::with_hints(d, hints.for_policy(config));
-            let predicted =
-                replay(trace, policy.as_mut(), &mut dev, options).map_err(|source| {
-                    CompareError::Replay {
-                        trace: trace.name.clone(),
-                        policy: label.clone(),
-                        source,
-                    }
-                })?;
+            let predicted = replay_policy(trace, hints, config, &label, &d, options, &mut ())?;
             if replays_agree(&predicted, observed) {
                 return Ok(true);
             }
@@ -189,6 +174,8 @@ pub fn within_driver_variation(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::SimDevice;
+    use crate::replay::replay;
     use workloads::{AllocId, Event};
 
     const MIB: u64 = 1 << 20;

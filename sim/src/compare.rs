@@ -6,9 +6,11 @@ use workloads::Trace;
 
 use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
 use crate::metrics::{Oom, Summary};
-use crate::replay::{replay_with, ReplayError, ReplayOptions};
+use crate::observe::Observer;
+use crate::replay::{replay_with, Replay, ReplayError, ReplayOptions};
 use policies::registry::OptionsError;
 use policies::spec::PolicySpec;
+use policies::PolicyConfig;
 
 /// A comparison that could not finish: the first (trace, policy) pair, in input order,
 /// whose policy did not build or whose replay failed for a reason other than running
@@ -182,6 +184,33 @@ pub fn replay_cost(trace: &Trace, config: &policies::registry::PolicyConfig) -> 
     trace.events.len() as f64 * per_event
 }
 
+/// Builds `config`'s policy and a fresh simulated device that follows `hints` as far as
+/// they apply to that policy, and replays `trace` on them, showing each event to
+/// `observer`. Errors name the trace and the policy as `label`.
+pub(crate) fn replay_policy<O: Observer + ?Sized>(
+    trace: &Trace,
+    hints: &AddressHints,
+    config: &PolicyConfig,
+    label: &str,
+    device: &SimDeviceOptions,
+    options: &ReplayOptions,
+    observer: &mut O,
+) -> Result<Replay, CompareError> {
+    let mut policy = config.build().map_err(|source| CompareError::Build {
+        trace: trace.name.clone(),
+        policy: label.to_string(),
+        source,
+    })?;
+    let mut dev = SimDevice::with_hints(device.clone(), hints.for_policy(config));
+    replay_with(trace, policy.as_mut(), &mut dev, options, observer).map_err(|source| {
+        CompareError::Replay {
+            trace: trace.name.clone(),
+            policy: label.to_string(),
+            source,
+        }
+    })
+}
+
 /// Replays one (trace, policy, device) row: the replay, the explanation of its first
 /// out-of-memory with the remedies checked, and its caveats.
 pub(crate) fn run_one(
@@ -190,19 +219,15 @@ pub(crate) fn run_one(
     device: &SimDeviceOptions,
     options: &ReplayOptions,
 ) -> Result<Row, CompareError> {
-    let mut policy = spec.config.build().map_err(|source| CompareError::Build {
-        trace: input.trace.name.clone(),
-        policy: spec.label.clone(),
-        source,
-    })?;
-    let mut dev = SimDevice::with_hints(device.clone(), input.hints.for_policy(&spec.config));
     let mut watch = crate::explain::OomWatch::default();
-    let r = replay_with(&input.trace, policy.as_mut(), &mut dev, options, &mut watch).map_err(
-        |source| CompareError::Replay {
-            trace: input.trace.name.clone(),
-            policy: spec.label.clone(),
-            source,
-        },
+    let r = replay_policy(
+        &input.trace,
+        &input.hints,
+        &spec.config,
+        &spec.label,
+        device,
+        options,
+        &mut watch,
     )?;
     let mut explanation = watch.explanation;
     if let Some(e) = &mut explanation {

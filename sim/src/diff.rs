@@ -20,11 +20,11 @@
 use serde::Serialize;
 use workloads::{Event, Trace};
 
-use crate::compare::{CompareError, CompareInput};
-use crate::device::{SimDevice, SimDeviceOptions};
+use crate::compare::{replay_policy, CompareError, CompareInput};
+use crate::device::SimDeviceOptions;
 use crate::metrics::{Oom, Summary};
 use crate::observe::{DeviceOpKind, Observer, Outcome, Step};
-use crate::replay::{replay_with, ReplayOptions};
+use crate::replay::ReplayOptions;
 use policies::spec::PolicySpec;
 
 /// What one replay did, event by event.
@@ -123,19 +123,15 @@ pub fn diff(
     options: &ReplayOptions,
 ) -> Result<Diff, CompareError> {
     let side = |spec: &PolicySpec| -> Result<Side, CompareError> {
-        let mut policy = spec.config.build().map_err(|source| CompareError::Build {
-            trace: input.trace.name.clone(),
-            policy: spec.label.clone(),
-            source,
-        })?;
-        let mut dev = SimDevice::with_hints(device.clone(), input.hints.for_policy(&spec.config));
         let mut trail = Trail::default();
-        let r = replay_with(&input.trace, policy.as_mut(), &mut dev, options, &mut trail).map_err(
-            |source| CompareError::Replay {
-                trace: input.trace.name.clone(),
-                policy: spec.label.clone(),
-                source,
-            },
+        let r = replay_policy(
+            &input.trace,
+            &input.hints,
+            &spec.config,
+            &spec.label,
+            device,
+            options,
+            &mut trail,
         )?;
         Ok(Side {
             label: spec.label.clone(),

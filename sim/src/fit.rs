@@ -21,9 +21,9 @@ use policies::PolicyConfig;
 use rayon::prelude::*;
 use workloads::{Event, Trace};
 
-use crate::compare::CompareError;
-use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
-use crate::replay::{replay, ReplayOptions};
+use crate::compare::{replay_policy, CompareError};
+use crate::device::{AddressHints, SimDeviceOptions};
+use crate::replay::ReplayOptions;
 
 /// How to search.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,24 +188,12 @@ pub fn fits(
     device: &SimDeviceOptions,
     options: &ReplayOptions,
 ) -> Result<bool, CompareError> {
-    let label = config.to_string();
-    let mut policy = config.build().map_err(|source| CompareError::Build {
-        trace: trace.name.clone(),
-        policy: label.clone(),
-        source,
-    })?;
-    let mut dev = SimDevice::with_hints(device.clone(), hints.for_policy(config));
     let options = ReplayOptions {
         continue_after_oom: false,
         ..options.clone()
     };
-    let r = replay(trace, policy.as_mut(), &mut dev, &options).map_err(|source| {
-        CompareError::Replay {
-            trace: trace.name.clone(),
-            policy: label,
-            source,
-        }
-    })?;
+    let label = config.to_string();
+    let r = replay_policy(trace, hints, config, &label, device, &options, &mut ())?;
     Ok(r.oom.is_none())
 }
 

@@ -73,6 +73,22 @@ impl Verdict {
 /// Charged peaks agree when they differ by at most one driver page per live segment.
 pub const CHARGED_TOLERANCE_PAGE_BYTES: u64 = 2 << 20;
 
+/// Whether two runs' charged peaks agree within one [`CHARGED_TOLERANCE_PAGE_BYTES`] per
+/// live segment at the peak (the more of the two runs').
+pub(crate) fn charged_peaks_agree(
+    predicted: &crate::metrics::Summary,
+    observed: &crate::metrics::Summary,
+) -> bool {
+    let segments = predicted
+        .segment_count_peak
+        .max(observed.segment_count_peak)
+        .max(1);
+    predicted
+        .charged_bytes_peak
+        .abs_diff(observed.charged_bytes_peak)
+        <= segments * CHARGED_TOLERANCE_PAGE_BYTES
+}
+
 impl Validation {
     /// |charged predicted − charged observed| at the peaks.
     pub fn charged_difference_bytes(&self) -> u64 {
@@ -84,13 +100,7 @@ impl Validation {
 
     /// Whether the charged peaks agree within one 2 MiB page per live segment at the peak.
     pub fn charged_within_tolerance(&self) -> bool {
-        let segments = self
-            .observed
-            .summary
-            .segment_count_peak
-            .max(self.predicted.summary.segment_count_peak)
-            .max(1);
-        self.charged_difference_bytes() <= segments * CHARGED_TOLERANCE_PAGE_BYTES
+        charged_peaks_agree(&self.predicted.summary, &self.observed.summary)
     }
 
     /// Reserved peaks equal, OOM at the same event, charged peaks within tolerance.
