@@ -1178,6 +1178,98 @@ fn marginal_runs_within_the_driver_variation() {
     );
 }
 
+/// `compare` and `sweep` mark a row whose outcome changes within the profile's spread
+/// (`margin` = `marginal` in the CSV, a note under the table) and leave the rest clear;
+/// the sweep recommends a clear row over a marginal one with a smaller peak.
+#[test]
+fn compare_and_sweep_mark_marginal_rows() {
+    let mib = 1u64 << 20;
+    let o = allocsim([
+        "fit",
+        "examples/training_loop.yaml",
+        "--policies",
+        "immediate",
+        "--gpu-profile",
+        "h200",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let min: u64 = stdout(&o)
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .nth(2)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let capacities = format!("{min}B,{}B", min + 4 * mib);
+    let compare = |format: &str| {
+        let o = allocsim([
+            "compare",
+            "examples/training_loop.yaml",
+            "--policies",
+            "immediate",
+            "--gpu-profile",
+            "h200",
+            "--capacity",
+            &capacities,
+            "--format",
+            format,
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let csv = compare("csv");
+    let margins: Vec<&str> = csv.lines().map(|l| l.rsplit(',').next().unwrap()).collect();
+    assert_eq!(margins, ["margin", "marginal", ""], "{csv}");
+    let table = compare("table");
+    let notes: Vec<&str> = table
+        .lines()
+        .filter(|l| l.starts_with("marginal: "))
+        .collect();
+    assert_eq!(notes.len(), 1, "{table}");
+    assert!(
+        notes[0].ends_with(
+            "may run out on this card: the driver's hold-back varies by up to \
+             4.00 MiB between processes"
+        ),
+        "{table}"
+    );
+    // The sweep: the smaller card fits with a smaller reserved peak (nothing is cached
+    // by `immediate`, so both peaks are equal: the smaller device would win the tie),
+    // but only in some processes; the larger one is recommended.
+    let dir = TempDir::new("marginal-sweep");
+    let sweep = dir.path().join("sweep.yaml");
+    std::fs::write(
+        &sweep,
+        format!(
+            "traces: [{}]\npolicies: [immediate]\ngpu_profile: h200\ncapacities: [{min}B, {}B]\n",
+            root().join("examples/training_loop.yaml").display(),
+            min + 4 * mib
+        ),
+    )
+    .unwrap();
+    let o = allocsim(["sweep", sweep.to_str().unwrap(), "--format", "csv"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let header: Vec<&str> = out.lines().next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    // The default (caching) rows run out on both; the immediate rows fit.
+    let pick: Vec<(&str, &str)> = rows
+        .iter()
+        .filter(|r| r[col("policy")] == "immediate")
+        .map(|r| (r[col("margin")], r[col("recommended")]))
+        .collect();
+    assert_eq!(pick, [("marginal", "false"), ("", "true")], "{out}");
+}
+
 #[test]
 fn why_it_ran_out() {
     let o = allocsim([
@@ -1229,14 +1321,14 @@ fn why_it_ran_out() {
         out.lines()
             .next()
             .unwrap()
-            .ends_with(",total_bytes,oom_cause,oom_largest_free_block_bytes,oom_fix"),
+            .ends_with(",total_bytes,oom_cause,oom_largest_free_block_bytes,oom_fix,margin"),
         "{out}"
     );
     assert!(
         out.lines()
             .nth(1)
             .unwrap()
-            .ends_with(",fragmentation,152481792,expandable_segments=True"),
+            .ends_with(",fragmentation,152481792,expandable_segments=True,"),
         "{out}"
     );
 }

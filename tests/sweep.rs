@@ -37,7 +37,7 @@ fn the_issues_sweep_runs() {
         lines.next().unwrap(),
         "combination,trace,policy,device,default,total_bytes,capacity_bytes,events,\
          requested_bytes_peak,allocated_bytes_peak,reserved_bytes_peak,charged_bytes_peak,\
-         utilization,overhead_bytes,oom_event_index,oom_requested_bytes,oom_cause,oom_fix,\
+         utilization,overhead_bytes,oom_event_index,oom_requested_bytes,oom_cause,oom_fix,margin,\
          saved_vs_default_bytes,rank,recommended"
     );
     let rows: Vec<&str> = lines.collect();

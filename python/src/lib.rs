@@ -531,9 +531,18 @@ fn replay<'py>(
             .map_err(|e| e.to_string())?;
         }
         let caveats = sim::caveats(&input.trace, &spec.config, &r);
-        Ok((r, why, caveats, timeline.map(|t| t.samples)))
+        let margin = sim::boundary::margin(
+            &input.trace,
+            &input.hints,
+            &spec.config,
+            &device,
+            &replay_options,
+            r.oom.is_none(),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok((r, why, caveats, margin, timeline.map(|t| t.samples)))
     })?;
-    let (r, why, caveats, samples) = result.map_err(ReplayError::new_err)?;
+    let (r, why, caveats, margin, samples) = result.map_err(ReplayError::new_err)?;
     let row = sim::Row {
         trace: input.trace.name.clone(),
         policy: spec.label.clone(),
@@ -545,6 +554,7 @@ fn replay<'py>(
         live_allocation_count: r.live_allocation_count,
         explanation: why,
         caveats: caveats.clone(),
+        margin,
     };
     let oom = r.oom.as_ref();
     let answer = ReplayAnswer {

@@ -77,6 +77,10 @@ pub struct Row {
     /// Why its numbers are not exact ([`crate::caveats`]); empty when nothing is known
     /// to be off.
     pub caveats: Vec<String>,
+    /// Whether the outcome (fits or runs out) could change within the device's
+    /// variation between processes ([`crate::boundary::margin`]); always clear on a
+    /// device without a spread.
+    pub margin: crate::boundary::Margin,
 }
 
 /// Replays every (trace, policy, device) combination on fresh simulated devices, in
@@ -212,7 +216,8 @@ pub(crate) fn replay_policy<O: Observer + ?Sized>(
 }
 
 /// Replays one (trace, policy, device) row: the replay, the explanation of its first
-/// out-of-memory with the remedies checked, and its caveats.
+/// out-of-memory with the remedies checked, its caveats, and its margin against the
+/// device's variation between processes.
 pub(crate) fn run_one(
     input: &CompareInput,
     spec: &PolicySpec,
@@ -241,9 +246,19 @@ pub(crate) fn run_one(
         )?;
     }
     let caveats = crate::caveats(&input.trace, &spec.config, &r);
+    // Replays the band's capacities only where the device has a spread.
+    let margin = crate::boundary::margin(
+        &input.trace,
+        &input.hints,
+        &spec.config,
+        device,
+        options,
+        r.oom.is_none(),
+    )?;
     Ok(Row {
         explanation,
         caveats,
+        margin,
         trace: input.trace.name.clone(),
         policy: spec.label.clone(),
         capacity_bytes: device.capacity_bytes,

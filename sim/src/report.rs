@@ -138,6 +138,9 @@ pub struct CompareRecord<'a> {
     pub oom_largest_free_block_bytes: Option<u64>,
     /// The setting that avoids the OOM, checked by replaying with it; empty if none.
     pub oom_fix: String,
+    /// `marginal` where the outcome could change within the device's variation between
+    /// processes; empty otherwise.
+    pub margin: &'static str,
 }
 
 impl<'a> From<&'a Row> for CompareRecord<'a> {
@@ -177,6 +180,7 @@ impl<'a> From<&'a Row> for CompareRecord<'a> {
                 .and_then(|e| e.fix())
                 .map(|f| f.setting.clone())
                 .unwrap_or_default(),
+            margin: r.margin.csv(),
         }
     }
 }
@@ -257,7 +261,7 @@ mod tests {
              charged_bytes_peak,segment_count_peak,cached_bytes_at_reserved_peak,\
              device_alloc_count,device_free_count,oom_tried_bytes,allocated_bytes_at_oom,\
              reserved_bytes_at_oom,events_replayed,live_allocations_at_end,total_bytes,\
-             oom_cause,oom_largest_free_block_bytes,oom_fix"
+             oom_cause,oom_largest_free_block_bytes,oom_fix,margin"
         );
     }
 
@@ -325,13 +329,14 @@ mod tests {
             live_allocation_count: 2,
             explanation: None,
             caveats: Vec::new(),
+            margin: crate::boundary::Margin::Clear,
         };
         let mut out = Vec::new();
         write_compare_csv(std::slice::from_ref(&row), &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text.lines().nth(1),
-            Some("\"t,1\",caching,100,3,0,1,3,0.333333,,,0,0,3,0,0,,,,3,2,100,,,")
+            Some("\"t,1\",caching,100,3,0,1,3,0.333333,,,0,0,3,0,0,,,,3,2,100,,,,")
         );
         let oom = Row {
             oom: Some(Oom {

@@ -143,5 +143,16 @@ fn table(rows: &[sim::Row]) -> String {
             }),
         ]);
     }
-    t.render()
+    let mut text = t.render();
+    // A run whose outcome could change in another process on the same card.
+    for r in rows.iter().filter(|r| r.margin.is_marginal()) {
+        text.push_str(&format!(
+            "marginal: {} under {} on {}: {}\n",
+            r.trace,
+            r.policy,
+            h(r.total_bytes),
+            r.margin
+        ));
+    }
+    text
 }

@@ -284,12 +284,16 @@ fn ranking_table(rows: &[&SweepRecord]) -> String {
                     };
                     format!("event {e}{why}")
                 }
-            },
+            } + if r.is_marginal() { " [marginal]" } else { "" },
         ]);
     }
     let mut text = String::new();
     for line in table.render().lines() {
         text += &format!("  {line}\n");
+    }
+    if rows.iter().take(SHOWN).any(|r| r.is_marginal()) {
+        text += "  [marginal]: the outcome may change in another process on the same card (the \
+                 driver's hold-back varies between processes)\n";
     }
     if rows.len() > SHOWN {
         let oom = rows.iter().filter(|r| !r.fits()).count();

@@ -10,7 +10,7 @@ use crate::compare::Row;
 use crate::report::format_ratio;
 
 /// One row of a sweep's CSV (`docs/metrics.md`): one (trace, configuration, device).
-/// The columns up to `oom_fix` are the replay's; `saved_vs_default_bytes`, `rank` and
+/// The columns up to `margin` are the replay's; `saved_vs_default_bytes`, `rank` and
 /// `recommended` are derived from all the rows ([`finish`]) and are empty (false) in a
 /// shard's CSV.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +54,9 @@ pub struct SweepRecord {
     pub oom_cause: String,
     /// The setting that avoids the OOM, checked by replaying; empty if none.
     pub oom_fix: String,
+    /// `marginal` where the outcome could change within the device's variation between
+    /// processes ([`crate::boundary::Margin`]); empty otherwise.
+    pub margin: String,
     /// The default's reserved peak − this row's, on the same trace and device (negative:
     /// it reserves more); empty when either runs out of memory.
     pub saved_vs_default_bytes: Option<i64>,
@@ -61,7 +64,9 @@ pub struct SweepRecord {
     /// by reserved peak (ties: the earlier row), from 1; empty for rows that run out.
     pub rank: Option<u64>,
     /// `true` on one row per trace: the least reserved peak among all its rows that do
-    /// not run out of memory (ties: the smaller device, the default, the earlier row).
+    /// not run out of memory, those that fit in every process on their card
+    /// ([`SweepRecord::is_marginal`] false) before the others (ties: the smaller device,
+    /// the default, the earlier row).
     pub recommended: bool,
 }
 
@@ -91,6 +96,7 @@ impl SweepRecord {
             oom_fix: explanation
                 .and_then(|e| e.fix())
                 .map_or(String::new(), |f| f.setting.clone()),
+            margin: row.margin.csv().to_string(),
             saved_vs_default_bytes: None,
             rank: None,
             recommended: false,
@@ -100,6 +106,11 @@ impl SweepRecord {
     /// Whether the row ran to the end without running out of memory.
     pub fn fits(&self) -> bool {
         self.oom_event_index.is_none()
+    }
+
+    /// Whether its outcome could change within the device's variation between processes.
+    pub fn is_marginal(&self) -> bool {
+        !self.margin.is_empty()
     }
 
     /// Allocated peak ÷ reserved peak (exact, not the six decimals of the column).
@@ -147,8 +158,10 @@ pub fn finish(records: &mut [SweepRecord]) {
         }
     }
     let mut best: BTreeMap<&str, usize> = BTreeMap::new();
+    // A row that fits in every process on its card before one that may run out.
     let order = |r: &SweepRecord| {
         (
+            r.is_marginal(),
             r.reserved_bytes_peak,
             r.total_bytes,
             !r.default,
