@@ -878,7 +878,7 @@ fn capacity_is_the_total_everywhere() {
 }
 
 /// `allocsim gpus` lists every built-in profile, measured and nominal, with its
-/// figures and source; the CSV has the documented columns.
+/// figures, its spread between processes and source; the CSV has the documented columns.
 #[test]
 fn gpus_lists_the_catalog() {
     let o = allocsim(["gpus", "--format", "csv"]);
@@ -887,10 +887,11 @@ fn gpus_lists_the_catalog() {
     let mut lines = out.lines();
     assert_eq!(
         lines.next(),
-        Some("gpu,card,total_bytes,usable_bytes,kind,source")
+        Some("gpu,card,total_bytes,usable_bytes,usable_spread_bytes,kind,source")
     );
-    assert!(out.contains("\nh100,NVIDIA H100 80GB HBM3,85017493504,84462796800,measured,"));
-    assert!(out.contains("\na100-40gb,NVIDIA A100-SXM4-40GB,42505273344,41950576640,nominal,"));
+    assert!(out.contains("\nh100,NVIDIA H100 80GB HBM3,85017493504,84462796800,2097152,measured,"));
+    assert!(out.contains("\nh200,NVIDIA H200,150109880320,149554200576,4194304,measured,"));
+    assert!(out.contains("\na100-40gb,NVIDIA A100-SXM4-40GB,42505273344,41950576640,0,nominal,"));
     for gpu in [
         "l4",
         "a10g",
@@ -906,6 +907,8 @@ fn gpus_lists_the_catalog() {
     let out = stdout(&o);
     assert!(out.starts_with("gpu "), "{out}");
     assert!(out.contains("39.59 GiB"), "{out}");
+    let h200 = out.lines().find(|l| l.starts_with("h200 ")).unwrap();
+    assert!(h200.contains(" 4.00 MiB "), "{out}");
     let o = allocsim(["replay", "examples/seed000.yaml", "--gpu-profile", "a100"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("a100-40gb"), "{}", stderr(&o));

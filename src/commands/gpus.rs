@@ -22,6 +22,9 @@ pub struct GpuRecord {
     pub total_bytes: u64,
     /// What a program can allocate: total − context − the driver's unusable tail.
     pub usable_bytes: u64,
+    /// How much the usable memory varies between processes on the card (0: not
+    /// measured, or none).
+    pub usable_spread_bytes: u64,
     /// `measured` (by `allocsim probe`) or `nominal` (published figures).
     pub kind: &'static str,
     /// Where the figures come from.
@@ -37,6 +40,7 @@ pub fn records() -> Vec<GpuRecord> {
             card: p.name.clone(),
             total_bytes: p.total_bytes,
             usable_bytes: p.usable_bytes,
+            usable_spread_bytes: p.usable_spread_bytes,
             kind: if p.nominal { "nominal" } else { "measured" },
             source: p.source(),
         })
@@ -52,8 +56,16 @@ pub fn run(args: GpusArgs) -> anyhow::Result<Exit> {
         }
         OutputFormat::Table => {
             let mut t = Table::new(
-                &["gpu", "card", "total", "usable", "kind", "source"],
-                &[false, false, true, true, false, false],
+                &[
+                    "gpu",
+                    "card",
+                    "total",
+                    "usable",
+                    "varies by",
+                    "kind",
+                    "source",
+                ],
+                &[false, false, true, true, true, false, false],
             );
             for r in &rows {
                 let source = r.source.strip_prefix("total_bytes: ").unwrap_or(&r.source);
@@ -62,6 +74,10 @@ pub fn run(args: GpusArgs) -> anyhow::Result<Exit> {
                     r.card.clone(),
                     format_size_human(r.total_bytes),
                     format_size_human(r.usable_bytes),
+                    match r.usable_spread_bytes {
+                        0 => "-".to_string(),
+                        b => format_size_human(b),
+                    },
                     r.kind.to_string(),
                     source.to_string(),
                 ]);
@@ -71,7 +87,10 @@ pub fn run(args: GpusArgs) -> anyhow::Result<Exit> {
                 out,
                 "\nnominal: total memory from published figures, context and page model \
                  assumed as measured on the H100; `allocsim probe -o card.yaml` measures a card \
-                 (`--gpu-profile card.yaml`). The figures' sources: sim/profiles/NAME.yaml."
+                 (`--gpu-profile card.yaml`). The figures' sources: sim/profiles/NAME.yaml.\n\
+                 varies by: how much the usable memory differs between processes on the card \
+                 (measured by `allocsim probe --processes N`; `-`: not measured); runs that fit \
+                 or run out by less are marked marginal."
             )?;
         }
     }
