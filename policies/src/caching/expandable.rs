@@ -46,9 +46,10 @@ impl CachingPolicy {
             }
             candidate = next;
         }
-        let b = self.block(candidate);
-        let (stream, size, addr) = (b.stream.0, b.size, b.addr);
-        self.pool_mut(owner, pool).blocks.remove(stream, size, addr);
+        self.pools[owner as usize]
+            .get_mut(pool)
+            .blocks
+            .remove(&mut self.free_nodes, candidate);
         Ok(Some(candidate))
     }
 
@@ -200,9 +201,10 @@ impl CachingPolicy {
         es.unmap(vm, begin, end)?;
         let unmapped_addr = base + begin * page;
         let unmapped_size = (end - begin) * page;
-        self.pool_mut(b.owner, b.pool)
+        self.pools[b.owner as usize]
+            .get_mut(b.pool)
             .blocks
-            .remove(b.stream.0, b.size, b.addr);
+            .remove(&mut self.free_nodes, id);
         let before_size = unmapped_addr - b.addr;
         if before_size > 0 {
             let before = self.insert_block(b.piece(b.addr, before_size, true, b.prev, id));

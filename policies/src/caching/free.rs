@@ -79,9 +79,9 @@ impl CachingPolicy {
                 self.block_mut(s_next).prev = dst;
             }
         }
-        let pool = self.pool_mut(s_owner, s_pool);
+        let pool = self.pools[s_owner as usize].get_mut(s_pool);
         if s_mapped {
-            pool.blocks.remove(s_stream, s_size, s_addr);
+            pool.blocks.remove(&mut self.free_nodes, src);
         } else {
             pool.unmapped.remove(&(s_stream, s_addr));
         }

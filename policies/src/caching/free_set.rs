@@ -8,13 +8,16 @@
 //! classes of a two-level segregated fit allocator). Classes are monotone in size, so
 //! every block of a lower class is smaller than every block of a higher one; a bitmap
 //! (one bit per class, and a summary bit per word) finds the next non-empty class in a
-//! few instructions; each class holds its blocks in a vector sorted by (size,
-//! address), usually of a few entries (an ordered map when it holds many: thousands of
-//! equal blocks freed between live ones). Positions ([`Cursor`]) walk the order
+//! few instructions. Each class is a doubly linked list of its blocks sorted by (size,
+//! address), usually of one or two blocks, whose links live in [`Nodes`], one table
+//! indexed by block id shared by every set of a policy (a block is in at most one
+//! set): a block is removed by its id without a search, and a set's own memory is a
+//! head and a length per class. A class holding many blocks (thousands of equal
+//! tensors freed between live ones) also keeps an ordered map of them, which finds
+//! where a block goes without walking the list. Positions ([`Cursor`]) walk the order
 //! forwards and backwards, as PyTorch's set iterators do.
 
 use std::collections::BTreeMap;
-use std::ops::Bound;
 
 /// Classes below this are one 512-byte unit each (up to 64 KiB).
 const EXACT_UNITS: u64 = 128;
@@ -27,7 +30,11 @@ const WORDS: usize = CLASSES.div_ceil(64);
 
 const _: () = assert!(WORDS <= 64, "one summary word covers the bitmap");
 
+/// No block (end of a list).
+const NIL: u32 = u32::MAX;
+
 /// The size class of `size`: non-decreasing in `size`.
+#[inline]
 const fn class_of(size: u64) -> usize {
     let units = size >> 9;
     if units < EXACT_UNITS {
@@ -46,180 +53,87 @@ pub(super) struct Entry {
     pub(super) id: u32,
 }
 
-impl Entry {
+/// A class list with more blocks than this also keeps an ordered map of them (a
+/// walk along the list to find a block's place would pass every smaller one); the
+/// map goes again below [`SHRINK_BELOW`].
+const GROW_ABOVE: u32 = 64;
+/// See [`GROW_ABOVE`].
+const SHRINK_BELOW: u32 = 16;
+
+/// One block's place in its class list.
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    size: u64,
+    addr: u64,
+    stream: u64,
+    prev: u32,
+    next: u32,
+    /// In a set now.
+    linked: bool,
+}
+
+impl Node {
+    const EMPTY: Node = Node {
+        size: 0,
+        addr: 0,
+        stream: 0,
+        prev: NIL,
+        next: NIL,
+        linked: false,
+    };
+
     fn key(&self) -> (u64, u64) {
         (self.size, self.addr)
     }
-}
 
-/// A bin holding more blocks than this becomes an ordered map (a vector's insertions
-/// and removals move every later entry); it goes back to a vector below
-/// [`SHRINK_BELOW`].
-const GROW_ABOVE: usize = 64;
-/// See [`GROW_ABOVE`].
-const SHRINK_BELOW: usize = 16;
-
-/// The blocks of one size class, by (size, address).
-#[derive(Debug)]
-enum Bin {
-    /// A sorted vector: the usual case, a few blocks.
-    Few(Vec<Entry>),
-    /// Many blocks of one class (thousands of equal tensors freed between live ones).
-    Many(BTreeMap<(u64, u64), u32>),
-}
-
-impl Default for Bin {
-    fn default() -> Self {
-        Bin::Few(Vec::new())
+    fn entry(&self, id: u32) -> Entry {
+        Entry {
+            size: self.size,
+            addr: self.addr,
+            id,
+        }
     }
 }
 
-impl Bin {
-    fn len(&self) -> usize {
-        match self {
-            Bin::Few(v) => v.len(),
-            Bin::Many(m) => m.len(),
-        }
+/// The list links of every block of a policy's free sets, by block id (see the
+/// module docs). Grows to the highest id inserted.
+#[derive(Debug, Default)]
+pub(super) struct Nodes {
+    nodes: Vec<Node>,
+}
+
+impl Nodes {
+    #[inline]
+    fn get(&self, id: u32) -> &Node {
+        &self.nodes[id as usize]
     }
 
-    fn insert(&mut self, entry: Entry) -> bool {
-        match self {
-            Bin::Few(v) => {
-                let i = v.partition_point(|e| e.key() < entry.key());
-                if v.get(i).is_some_and(|e| e.key() == entry.key()) {
-                    return false;
-                }
-                v.insert(i, entry);
-                if v.len() > GROW_ABOVE {
-                    *self = Bin::Many(v.iter().map(|e| (e.key(), e.id)).collect());
-                }
-                true
-            }
-            Bin::Many(m) => match m.entry(entry.key()) {
-                std::collections::btree_map::Entry::Occupied(_) => false,
-                std::collections::btree_map::Entry::Vacant(slot) => {
-                    slot.insert(entry.id);
-                    true
-                }
-            },
-        }
+    #[inline]
+    fn get_mut(&mut self, id: u32) -> &mut Node {
+        &mut self.nodes[id as usize]
+    }
+}
+
+/// The head of one class list.
+#[derive(Clone, Copy, Debug)]
+struct Class {
+    head: u32,
+    /// Blocks in the list; [`CROWDED`] set while the class keeps an ordered map.
+    len: u32,
+}
+
+/// See [`Class::len`].
+const CROWDED: u32 = 1 << 31;
+
+impl Class {
+    const EMPTY: Class = Class { head: NIL, len: 0 };
+
+    fn count(&self) -> u32 {
+        self.len & !CROWDED
     }
 
-    fn remove(&mut self, key: (u64, u64)) -> Option<Entry> {
-        let entry = match self {
-            Bin::Few(v) => {
-                let i = v.partition_point(|e| e.key() < key);
-                if v.get(i).is_some_and(|e| e.key() == key) {
-                    return Some(v.remove(i));
-                }
-                return None;
-            }
-            Bin::Many(m) => {
-                let id = m.remove(&key)?;
-                Entry {
-                    size: key.0,
-                    addr: key.1,
-                    id,
-                }
-            }
-        };
-        if let Bin::Many(m) = self {
-            if m.len() < SHRINK_BELOW {
-                let v = m
-                    .iter()
-                    .map(|(&(size, addr), &id)| Entry { size, addr, id })
-                    .collect();
-                *self = Bin::Few(v);
-            }
-        }
-        Some(entry)
-    }
-
-    fn get(&self, key: (u64, u64)) -> Option<Entry> {
-        match self {
-            Bin::Few(v) => {
-                let i = v.partition_point(|e| e.key() < key);
-                v.get(i).copied().filter(|e| e.key() == key)
-            }
-            Bin::Many(m) => m.get(&key).map(|&id| Entry {
-                size: key.0,
-                addr: key.1,
-                id,
-            }),
-        }
-    }
-
-    /// The first entry at or after `key`.
-    fn first_from(&self, key: (u64, u64)) -> Option<Entry> {
-        match self {
-            Bin::Few(v) => {
-                let i = v.partition_point(|e| e.key() < key);
-                v.get(i).copied()
-            }
-            Bin::Many(m) => {
-                m.range(key..)
-                    .next()
-                    .map(|(&(size, addr), &id)| Entry { size, addr, id })
-            }
-        }
-    }
-
-    /// The first entry after `key`.
-    fn first_after(&self, key: (u64, u64)) -> Option<Entry> {
-        match self {
-            Bin::Few(v) => {
-                let i = v.partition_point(|e| e.key() <= key);
-                v.get(i).copied()
-            }
-            Bin::Many(m) => m
-                .range((Bound::Excluded(key), Bound::Unbounded))
-                .next()
-                .map(|(&(size, addr), &id)| Entry { size, addr, id }),
-        }
-    }
-
-    /// The last entry before `key`.
-    fn last_before(&self, key: (u64, u64)) -> Option<Entry> {
-        match self {
-            Bin::Few(v) => {
-                let i = v.partition_point(|e| e.key() < key);
-                i.checked_sub(1).map(|i| v[i])
-            }
-            Bin::Many(m) => m
-                .range(..key)
-                .next_back()
-                .map(|(&(size, addr), &id)| Entry { size, addr, id }),
-        }
-    }
-
-    fn first(&self) -> Option<Entry> {
-        match self {
-            Bin::Few(v) => v.first().copied(),
-            Bin::Many(m) => m
-                .iter()
-                .next()
-                .map(|(&(size, addr), &id)| Entry { size, addr, id }),
-        }
-    }
-
-    fn last(&self) -> Option<Entry> {
-        match self {
-            Bin::Few(v) => v.last().copied(),
-            Bin::Many(m) => {
-                m.iter()
-                    .next_back()
-                    .map(|(&(size, addr), &id)| Entry { size, addr, id })
-            }
-        }
-    }
-
-    fn for_each(&self, mut f: impl FnMut(Entry)) {
-        match self {
-            Bin::Few(v) => v.iter().for_each(|&e| f(e)),
-            Bin::Many(m) => m
-                .iter()
-                .for_each(|(&(size, addr), &id)| f(Entry { size, addr, id })),
-        }
+    fn crowded(&self) -> bool {
+        self.len & CROWDED != 0
     }
 }
 
@@ -231,8 +145,10 @@ struct StreamBlocks {
     summary: u64,
     /// Bit `c` set when class `c` holds a block.
     words: [u64; WORDS],
-    /// Blocks by class; as long as the highest class used so far.
-    classes: Vec<Bin>,
+    /// Class lists; as long as the highest class used so far.
+    classes: Vec<Class>,
+    /// The ordered maps of crowded classes, by class.
+    crowded: BTreeMap<usize, BTreeMap<(u64, u64), u32>>,
 }
 
 impl StreamBlocks {
@@ -242,6 +158,7 @@ impl StreamBlocks {
             summary: 0,
             words: [0; WORDS],
             classes: Vec::new(),
+            crowded: BTreeMap::new(),
         }
     }
 
@@ -298,60 +215,224 @@ impl StreamBlocks {
         }
     }
 
-    fn insert(&mut self, entry: Entry) -> bool {
-        let class = class_of(entry.size);
+    /// The class list of `class` (empty past the classes used).
+    #[inline]
+    fn class(&self, class: usize) -> Class {
+        self.classes.get(class).copied().unwrap_or(Class::EMPTY)
+    }
+
+    /// Links `id` (its node's key set) into its class list, in order; `false` if a
+    /// block with its key is there already.
+    fn insert(&mut self, nodes: &mut Nodes, id: u32) -> bool {
+        let key = nodes.get(id).key();
+        let class = class_of(key.0);
         if self.classes.len() <= class {
-            self.classes.resize_with(class + 1, Bin::default);
+            self.classes.resize(class + 1, Class::EMPTY);
         }
-        let bin = &mut self.classes[class];
-        if !bin.insert(entry) {
-            return false;
+        let list = self.classes[class];
+        // The blocks the new one goes between.
+        let (prev, next) = if list.crowded() {
+            let map = self
+                .crowded
+                .get_mut(&class)
+                .expect("a crowded class has a map");
+            match map.entry(key) {
+                std::collections::btree_map::Entry::Occupied(_) => return false,
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert(id);
+                }
+            }
+            let prev = map.range(..key).next_back().map_or(NIL, |(_, &p)| p);
+            let next = if prev == NIL {
+                list.head
+            } else {
+                nodes.get(prev).next
+            };
+            (prev, next)
+        } else {
+            let (mut prev, mut cur) = (NIL, list.head);
+            while cur != NIL {
+                let n = nodes.get(cur);
+                if n.key() >= key {
+                    if n.key() == key {
+                        return false;
+                    }
+                    break;
+                }
+                prev = cur;
+                cur = n.next;
+            }
+            (prev, cur)
+        };
+        let node = nodes.get_mut(id);
+        node.prev = prev;
+        node.next = next;
+        node.stream = self.stream;
+        node.linked = true;
+        if prev == NIL {
+            self.classes[class].head = id;
+        } else {
+            nodes.get_mut(prev).next = id;
         }
-        if bin.len() == 1 {
+        if next != NIL {
+            nodes.get_mut(next).prev = id;
+        }
+        let list = &mut self.classes[class];
+        list.len += 1;
+        if list.count() == 1 {
             self.set_bit(class);
+        } else if list.count() > GROW_ABOVE && !list.crowded() {
+            list.len |= CROWDED;
+            let mut map = BTreeMap::new();
+            let mut cur = list.head;
+            while cur != NIL {
+                let n = nodes.get(cur);
+                map.insert(n.key(), cur);
+                cur = n.next;
+            }
+            self.crowded.insert(class, map);
         }
         true
     }
 
-    fn remove(&mut self, size: u64, addr: u64) -> Option<Entry> {
-        let class = class_of(size);
-        let bin = self.classes.get_mut(class)?;
-        let entry = bin.remove((size, addr))?;
-        if bin.len() == 0 {
+    /// Unlinks `id`, which is in this stream's lists.
+    fn remove(&mut self, nodes: &mut Nodes, id: u32) {
+        let node = *nodes.get(id);
+        let class = class_of(node.size);
+        let list = &mut self.classes[class];
+        if list.crowded() {
+            let map = self
+                .crowded
+                .get_mut(&class)
+                .expect("a crowded class has a map");
+            map.remove(&node.key());
+            if list.count() - 1 < SHRINK_BELOW {
+                list.len &= !CROWDED;
+                self.crowded.remove(&class);
+            }
+        }
+        if node.prev == NIL {
+            list.head = node.next;
+        } else {
+            nodes.get_mut(node.prev).next = node.next;
+        }
+        if node.next != NIL {
+            nodes.get_mut(node.next).prev = node.prev;
+        }
+        list.len -= 1;
+        if list.count() == 0 {
             self.clear_bit(class);
         }
-        Some(entry)
+        nodes.get_mut(id).linked = false;
     }
 
-    fn get(&self, size: u64, addr: u64) -> Option<Entry> {
-        self.classes.get(class_of(size))?.get((size, addr))
+    /// The block with this key in class list `class`.
+    fn find(&self, nodes: &Nodes, size: u64, addr: u64) -> Option<u32> {
+        let class = class_of(size);
+        let list = self.class(class);
+        if list.crowded() {
+            return self.crowded[&class].get(&(size, addr)).copied();
+        }
+        let mut cur = list.head;
+        while cur != NIL {
+            let n = nodes.get(cur);
+            if n.key() == (size, addr) {
+                return Some(cur);
+            }
+            cur = n.next;
+        }
+        None
+    }
+
+    /// The first block of class `class` at or after `key`.
+    fn first_in_class_from(&self, nodes: &Nodes, class: usize, key: (u64, u64)) -> Option<u32> {
+        let list = self.class(class);
+        if list.crowded() {
+            return self.crowded[&class].range(key..).next().map(|(_, &id)| id);
+        }
+        let mut cur = list.head;
+        while cur != NIL {
+            let n = nodes.get(cur);
+            if n.key() >= key {
+                return Some(cur);
+            }
+            cur = n.next;
+        }
+        None
+    }
+
+    /// The last block of class `class` before `key`.
+    fn last_in_class_before(&self, nodes: &Nodes, class: usize, key: (u64, u64)) -> Option<u32> {
+        let list = self.class(class);
+        if list.crowded() {
+            return self.crowded[&class]
+                .range(..key)
+                .next_back()
+                .map(|(_, &id)| id);
+        }
+        let (mut last, mut cur) = (None, list.head);
+        while cur != NIL {
+            let n = nodes.get(cur);
+            if n.key() >= key {
+                break;
+            }
+            last = Some(cur);
+            cur = n.next;
+        }
+        last
+    }
+
+    /// The last block of class `class`, which holds one.
+    fn last_of(&self, nodes: &Nodes, class: usize) -> Option<u32> {
+        let list = self.class(class);
+        if list.crowded() {
+            return self.crowded[&class].values().next_back().copied();
+        }
+        let mut cur = list.head;
+        while cur != NIL {
+            let next = nodes.get(cur).next;
+            if next == NIL {
+                return Some(cur);
+            }
+            cur = next;
+        }
+        None
     }
 
     /// The first block at or after `key`.
-    fn first_from(&self, key: (u64, u64)) -> Option<Entry> {
+    fn first_from(&self, nodes: &Nodes, key: (u64, u64)) -> Option<u32> {
         let class = class_of(key.0);
-        if let Some(e) = self.classes.get(class).and_then(|b| b.first_from(key)) {
-            return Some(e);
+        if let Some(id) = self.first_in_class_from(nodes, class, key) {
+            return Some(id);
         }
-        self.classes[self.next_class(class + 1)?].first()
-    }
-
-    /// The first block after `key`.
-    fn first_after(&self, key: (u64, u64)) -> Option<Entry> {
-        let class = class_of(key.0);
-        if let Some(e) = self.classes.get(class).and_then(|b| b.first_after(key)) {
-            return Some(e);
-        }
-        self.classes[self.next_class(class + 1)?].first()
+        Some(self.classes[self.next_class(class + 1)?].head)
     }
 
     /// The last block before `key`.
-    fn last_before(&self, key: (u64, u64)) -> Option<Entry> {
+    fn last_before(&self, nodes: &Nodes, key: (u64, u64)) -> Option<u32> {
         let class = class_of(key.0);
-        if let Some(e) = self.classes.get(class).and_then(|b| b.last_before(key)) {
-            return Some(e);
+        if let Some(id) = self.last_in_class_before(nodes, class, key) {
+            return Some(id);
         }
-        self.classes[self.prev_class(class)?].last()
+        self.last_of(nodes, self.prev_class(class)?)
+    }
+
+    /// The block after `id` (in this stream's lists).
+    fn after(&self, nodes: &Nodes, id: u32) -> Option<u32> {
+        let node = nodes.get(id);
+        if node.next != NIL {
+            return Some(node.next);
+        }
+        Some(self.classes[self.next_class(class_of(node.size) + 1)?].head)
+    }
+
+    /// The block before `id` (in this stream's lists).
+    fn before(&self, nodes: &Nodes, id: u32) -> Option<u32> {
+        let node = nodes.get(id);
+        if node.prev != NIL {
+            return Some(node.prev);
+        }
+        self.last_of(nodes, self.prev_class(class_of(node.size))?)
     }
 }
 
@@ -372,6 +453,7 @@ pub(super) struct FreeSet {
 }
 
 impl FreeSet {
+    #[inline]
     fn stream_index(&self, stream: u64) -> Result<usize, usize> {
         // Few streams: a linear scan beats a binary search.
         for (i, s) in self.streams.iter().enumerate() {
@@ -382,10 +464,10 @@ impl FreeSet {
         Err(self.streams.len())
     }
 
-    fn at(&self, stream: usize, entry: Option<Entry>) -> Option<Cursor> {
-        entry.map(|entry| Cursor {
+    fn at(&self, nodes: &Nodes, stream: usize, id: Option<u32>) -> Option<Cursor> {
+        id.map(|id| Cursor {
             stream: stream as u32,
-            entry,
+            entry: nodes.get(id).entry(id),
         })
     }
 
@@ -394,9 +476,18 @@ impl FreeSet {
         self.len
     }
 
-    /// Adds a block; `false` (and nothing changes) if a block with the same stream,
-    /// size and address is there already.
-    pub(super) fn insert(&mut self, stream: u64, size: u64, addr: u64, id: u32) -> bool {
+    /// Adds block `id` with this key; `false` (and nothing changes) if a block with
+    /// the same stream, size and address is there already. The block must be in no
+    /// set of `nodes`.
+    #[inline]
+    pub(super) fn insert(
+        &mut self,
+        nodes: &mut Nodes,
+        stream: u64,
+        size: u64,
+        addr: u64,
+        id: u32,
+    ) -> bool {
         let i = match self.stream_index(stream) {
             Ok(i) => i,
             Err(i) => {
@@ -404,67 +495,88 @@ impl FreeSet {
                 i
             }
         };
-        let added = self.streams[i].insert(Entry { size, addr, id });
+        let at = id as usize;
+        if nodes.nodes.len() <= at {
+            nodes.nodes.resize(at + 1, Node::EMPTY);
+        }
+        let node = &mut nodes.nodes[at];
+        debug_assert!(!node.linked, "block {id} is in a free set already");
+        node.size = size;
+        node.addr = addr;
+        let added = self.streams[i].insert(nodes, id);
         self.len += usize::from(added);
         added
     }
 
-    /// Removes the block with this key; its id, if it was there.
-    pub(super) fn remove(&mut self, stream: u64, size: u64, addr: u64) -> Option<u32> {
-        let s = self.stream_index(stream).ok()?;
-        let entry = self.streams[s].remove(size, addr)?;
+    /// Removes block `id` if it is in this set (a block of another set of `nodes`
+    /// must not be named); whether it was.
+    #[inline]
+    pub(super) fn remove(&mut self, nodes: &mut Nodes, id: u32) -> bool {
+        let Some(node) = nodes.nodes.get(id as usize).filter(|n| n.linked) else {
+            return false;
+        };
+        let Ok(s) = self.stream_index(node.stream) else {
+            return false;
+        };
+        self.streams[s].remove(nodes, id);
         self.len -= 1;
-        Some(entry.id)
+        true
     }
 
     /// The id of the block with this key, if it is there.
-    pub(super) fn get(&self, stream: u64, size: u64, addr: u64) -> Option<u32> {
+    pub(super) fn get(&self, nodes: &Nodes, stream: u64, size: u64, addr: u64) -> Option<u32> {
         let s = &self.streams[self.stream_index(stream).ok()?];
-        s.get(size, addr).map(|e| e.id)
+        s.find(nodes, size, addr)
     }
 
     /// The first block of `stream` at or after `(size, 0)`: the smallest block of at
     /// least `size` bytes, lowest address first.
-    pub(super) fn first_at_least(&self, stream: u64, size: u64) -> Option<Cursor> {
+    #[inline]
+    pub(super) fn first_at_least(&self, nodes: &Nodes, stream: u64, size: u64) -> Option<Cursor> {
         let si = self.stream_index(stream).ok()?;
-        self.at(si, self.streams[si].first_from((size, 0)))
+        self.at(nodes, si, self.streams[si].first_from(nodes, (size, 0)))
     }
 
     /// The last block of `stream` before `(size, 0)`: the largest block smaller than
     /// `size` bytes, highest address first.
-    pub(super) fn last_below(&self, stream: u64, size: u64) -> Option<Cursor> {
+    pub(super) fn last_below(&self, nodes: &Nodes, stream: u64, size: u64) -> Option<Cursor> {
         let si = self.stream_index(stream).ok()?;
-        self.at(si, self.streams[si].last_before((size, 0)))
+        self.at(nodes, si, self.streams[si].last_before(nodes, (size, 0)))
     }
 
     /// The block after `at` in the same stream.
-    pub(super) fn next(&self, at: Cursor) -> Option<Cursor> {
+    #[inline]
+    pub(super) fn next(&self, nodes: &Nodes, at: Cursor) -> Option<Cursor> {
         let s = at.stream as usize;
-        self.at(s, self.streams[s].first_after(at.entry.key()))
+        self.at(nodes, s, self.streams[s].after(nodes, at.entry.id))
     }
 
     /// The block before `at` in the same stream.
-    pub(super) fn prev(&self, at: Cursor) -> Option<Cursor> {
+    pub(super) fn prev(&self, nodes: &Nodes, at: Cursor) -> Option<Cursor> {
         let s = at.stream as usize;
-        self.at(s, self.streams[s].last_before(at.entry.key()))
+        self.at(nodes, s, self.streams[s].before(nodes, at.entry.id))
     }
 
     /// Removes the block at `at` (every cursor becomes stale).
-    pub(super) fn remove_at(&mut self, at: Cursor) -> Entry {
-        let entry = self.streams[at.stream as usize]
-            .remove(at.entry.size, at.entry.addr)
-            .expect("a cursor of this set");
+    #[inline]
+    pub(super) fn remove_at(&mut self, nodes: &mut Nodes, at: Cursor) -> Entry {
+        self.streams[at.stream as usize].remove(nodes, at.entry.id);
         self.len -= 1;
-        entry
+        at.entry
     }
 
     /// Every block in order, with its stream.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, Entry)> + '_ {
+    pub(super) fn iter<'a>(&'a self, nodes: &'a Nodes) -> impl Iterator<Item = (u64, Entry)> + 'a {
         let mut all = Vec::with_capacity(self.len);
         for s in &self.streams {
             let mut class = s.next_class(0);
             while let Some(c) = class {
-                s.classes[c].for_each(|e| all.push((s.stream, e)));
+                let mut cur = s.classes[c].head;
+                while cur != NIL {
+                    let n = nodes.get(cur);
+                    all.push((s.stream, n.entry(cur)));
+                    cur = n.next;
+                }
                 class = s.next_class(c + 1);
             }
         }
@@ -472,8 +584,8 @@ impl FreeSet {
     }
 
     /// The ids of every block, in order.
-    pub(super) fn ids(&self) -> Vec<u32> {
-        self.iter().map(|(_, e)| e.id).collect()
+    pub(super) fn ids(&self, nodes: &Nodes) -> Vec<u32> {
+        self.iter(nodes).map(|(_, e)| e.id).collect()
     }
 }
 
@@ -518,7 +630,7 @@ mod tests {
             (1u64..(1 << 30)).prop_map(|b| b.div_ceil(512) * 512),
             (1u64..4).prop_map(|k| k << 40),
         ];
-        // Many blocks of two sizes: bins that grow into ordered maps and shrink back.
+        // Many blocks of two sizes: classes that grow ordered maps and lose them again.
         let crowded = (0u64..2, 0u64..400).prop_map(|(z, a)| Op::Insert(0, 512 << z, a * 4096));
         prop_oneof![
             4 => (0u64..3, size.clone(), 0u64..64).prop_map(|(s, z, a)| Op::Insert(s, z, a * 512)),
@@ -535,11 +647,12 @@ mod tests {
         #[test]
         fn agrees_with_an_ordered_map(ops in proptest::collection::vec(op(), 1..600)) {
             let mut set = FreeSet::default();
+            let mut nodes = Nodes::default();
             let mut model: BTreeMap<(u64, u64, u64), u32> = BTreeMap::new();
             for (n, op) in ops.into_iter().enumerate() {
                 match op {
                     Op::Insert(s, z, a) => {
-                        let added = set.insert(s, z, a, n as u32);
+                        let added = set.insert(&mut nodes, s, z, a, n as u32);
                         let fresh = !model.contains_key(&(s, z, a));
                         prop_assert_eq!(added, fresh);
                         if fresh {
@@ -551,16 +664,18 @@ mod tests {
                             continue;
                         }
                         let key = *model.keys().nth(k % model.len()).unwrap();
-                        prop_assert_eq!(set.remove(key.0, key.1, key.2), model.remove(&key));
-                        prop_assert_eq!(set.remove(key.0, key.1, key.2), None);
+                        let id = model.remove(&key).unwrap();
+                        prop_assert!(set.remove(&mut nodes, id));
+                        prop_assert!(!set.remove(&mut nodes, id));
+                        prop_assert_eq!(set.get(&nodes, key.0, key.1, key.2), None);
                     }
                     Op::FirstAtLeast(s, z) => {
                         let mut got = Vec::new();
-                        let mut c = set.first_at_least(s, z);
+                        let mut c = set.first_at_least(&nodes, s, z);
                         while let Some(at) = c {
                             let e = at.entry;
                             got.push(((s, e.size, e.addr), e.id));
-                            c = set.next(at);
+                            c = set.next(&nodes, at);
                         }
                         let want: Vec<_> = model
                             .range((s, z, 0)..(s + 1, 0, 0))
@@ -570,11 +685,11 @@ mod tests {
                     }
                     Op::LastBelow(s, z) => {
                         let mut got = Vec::new();
-                        let mut c = set.last_below(s, z);
+                        let mut c = set.last_below(&nodes, s, z);
                         while let Some(at) = c {
                             let e = at.entry;
                             got.push(((s, e.size, e.addr), e.id));
-                            c = set.prev(at);
+                            c = set.prev(&nodes, at);
                         }
                         let want: Vec<_> = model
                             .range((s, 0, 0)..(s, z, 0))
@@ -585,9 +700,12 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(set.len(), model.len());
-                let all: Vec<_> = set.iter().map(|(s, e)| ((s, e.size, e.addr), e.id)).collect();
+                let all: Vec<_> = set.iter(&nodes).map(|(s, e)| ((s, e.size, e.addr), e.id)).collect();
                 let want: Vec<_> = model.iter().map(|(k, v)| (*k, *v)).collect();
                 prop_assert_eq!(all, want);
+                for (&(s, z, a), &id) in &model {
+                    prop_assert_eq!(set.get(&nodes, s, z, a), Some(id));
+                }
             }
         }
     }
@@ -597,27 +715,35 @@ mod tests {
     #[test]
     fn remove_at_clears_empty_classes() {
         let mut set = FreeSet::default();
-        set.insert(0, 512, 0, 1);
-        set.insert(0, 1 << 30, 0, 2);
-        let at = set.first_at_least(0, 512).unwrap();
-        assert_eq!(set.remove_at(at).id, 1);
-        let at = set.first_at_least(0, 512).unwrap();
+        let mut nodes = Nodes::default();
+        set.insert(&mut nodes, 0, 512, 0, 1);
+        set.insert(&mut nodes, 0, 1 << 30, 0, 2);
+        let at = set.first_at_least(&nodes, 0, 512).unwrap();
+        assert_eq!(set.remove_at(&mut nodes, at).id, 1);
+        let at = set.first_at_least(&nodes, 0, 512).unwrap();
         assert_eq!(at.entry.id, 2);
-        assert_eq!(set.prev(at), None);
-        assert_eq!(set.last_below(0, 1 << 30), None);
+        assert_eq!(set.prev(&nodes, at), None);
+        assert_eq!(set.last_below(&nodes, 0, 1 << 30), None);
     }
 
-    /// A bin of many equal blocks (an ordered map past GROW_ABOVE, a vector again below
-    /// SHRINK_BELOW) keeps the order of an ordered map through growth and shrinking.
+    /// A class of many equal blocks (with its ordered map past GROW_ABOVE, without it
+    /// again below SHRINK_BELOW) keeps the order of an ordered map through growth and
+    /// shrinking.
     #[test]
     fn crowded_bins_keep_the_order() {
         let mut set = FreeSet::default();
+        let mut nodes = Nodes::default();
         let mut model: BTreeMap<(u64, u64), u32> = BTreeMap::new();
-        let check = |set: &FreeSet, model: &BTreeMap<(u64, u64), u32>| {
-            let all: Vec<_> = set.iter().map(|(_, e)| ((e.size, e.addr), e.id)).collect();
+        let check = |set: &FreeSet, nodes: &Nodes, model: &BTreeMap<(u64, u64), u32>| {
+            let all: Vec<_> = set
+                .iter(nodes)
+                .map(|(_, e)| ((e.size, e.addr), e.id))
+                .collect();
             let want: Vec<_> = model.iter().map(|(k, v)| (*k, *v)).collect();
             assert_eq!(all, want);
-            let first = set.first_at_least(0, 1 << 20).map(|at| at.entry.addr);
+            let first = set
+                .first_at_least(nodes, 0, 1 << 20)
+                .map(|at| at.entry.addr);
             assert_eq!(first, model.range((1 << 20, 0)..).next().map(|(k, _)| k.1));
         };
         for i in 0..300u64 {
@@ -625,23 +751,27 @@ mod tests {
             let addr = (i * 7919) % 300 * 8192;
             let size = (1 << 20) + (i % 2) * 512;
             assert_eq!(class_of(size), class_of(1 << 20));
-            assert!(set.insert(0, size, addr, i as u32));
+            assert!(set.insert(&mut nodes, 0, size, addr, i as u32));
             model.insert((size, addr), i as u32);
         }
-        check(&set, &model);
-        assert!(!set.insert(0, 1 << 20, 0, 9), "a key is there once");
+        check(&set, &nodes, &model);
+        assert!(
+            !set.insert(&mut nodes, 0, 1 << 20, 0, 999),
+            "a key is there once"
+        );
         let keys: Vec<_> = model.keys().copied().collect();
         for (n, key) in keys.iter().enumerate() {
             if n % 3 != 0 {
-                assert_eq!(set.remove(0, key.0, key.1), model.remove(key));
+                let id = model.remove(key).unwrap();
+                assert!(set.remove(&mut nodes, id));
             }
         }
-        check(&set, &model);
+        check(&set, &nodes, &model);
         while model.len() > 3 {
-            let at = set.first_at_least(0, 1 << 20).unwrap();
-            let e = set.remove_at(at);
+            let at = set.first_at_least(&nodes, 0, 1 << 20).unwrap();
+            let e = set.remove_at(&mut nodes, at);
             assert_eq!(model.remove(&(e.size, e.addr)), Some(e.id));
-            check(&set, &model);
+            check(&set, &nodes, &model);
         }
     }
 }

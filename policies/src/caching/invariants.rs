@@ -51,7 +51,7 @@ impl CachingPolicy {
                     assert_eq!(
                         self.pool(b.owner, b.pool)
                             .blocks
-                            .get(b.stream.0, b.size, b.addr)
+                            .get(&self.free_nodes, b.stream.0, b.size, b.addr)
                             .as_ref(),
                         Some(&id),
                         "free block missing from its pool"

@@ -99,6 +99,7 @@ impl CachingPolicy {
         let max_split = self.config.max_split_size_bytes;
         let rounding = self.config.max_non_split_rounding_bytes;
         let blocks = &self.blocks;
+        let nodes = &mut self.free_nodes;
         let pool = self.pools[owner as usize].get_mut(pool_kind);
         if gc_enabled {
             pool.get_free_blocks_call_count += 1;
@@ -114,13 +115,13 @@ impl CachingPolicy {
             blk.size + next_unmapped
         };
         let set = &pool.blocks;
-        let mut at = set.first_at_least(stream.0, size)?;
+        let mut at = set.first_at_least(nodes, stream.0, size)?;
         let mut cur = at.entry.id;
         if b(cur).expandable {
             if expandable_active {
                 // Judge a block that touches unmapped space by what it can grow to.
                 while b(cur).expandable {
-                    match set.next(at) {
+                    match set.next(nodes, at) {
                         Some(n) if expandable_size(n.entry.id) < expandable_size(cur) => {
                             at = n;
                             cur = n.entry.id;
@@ -131,7 +132,7 @@ impl CachingPolicy {
             } else {
                 // Expandable segments were turned off: skip expandable blocks.
                 loop {
-                    at = set.next(at)?;
+                    at = set.next(nodes, at)?;
                     cur = at.entry.id;
                     if !b(cur).expandable {
                         break;
@@ -149,7 +150,7 @@ impl CachingPolicy {
         if size >= max_split && found.size >= size.saturating_add(rounding) {
             return None;
         }
-        pool.blocks.remove_at(at);
+        pool.blocks.remove_at(nodes, at);
         Some(cur)
     }
 
@@ -198,7 +199,9 @@ impl CachingPolicy {
             let pair = &mut self.pools[owner as usize];
             let free = pair.get_mut(pool);
             let clock = free.get_free_blocks_call_count;
-            let added = free.blocks.insert(stream, rest_size, rest_addr, id);
+            let added = free
+                .blocks
+                .insert(&mut self.free_nodes, stream, rest_size, rest_addr, id);
             debug_assert!(added, "two free blocks with one key");
             self.block_mut(id).gc_count_base = clock;
             if already_split && !expandable {

@@ -234,6 +234,8 @@ pub struct CachingPolicy {
     config: CachingConfig,
     stats: CachingStats,
     blocks: Slab<Block>,
+    /// The free sets' list links, by block id (one table for every pool's set).
+    free_nodes: free_set::Nodes,
     /// Free blocks by owner: slot 0 the default pools, then one pair per private pool
     /// ever created (slots are not reused).
     pools: Vec<PoolPair>,
@@ -290,6 +292,7 @@ impl CachingPolicy {
             config,
             stats: CachingStats::default(),
             blocks: Slab::default(),
+            free_nodes: free_set::Nodes::default(),
             pools: vec![PoolPair::default()],
             private: BTreeMap::new(),
             freeable: BTreeSet::new(),
@@ -471,7 +474,9 @@ impl CachingPolicy {
         };
         let pool = self.pools[owner as usize].get_mut(pool_kind);
         let clock = pool.get_free_blocks_call_count;
-        let added = pool.blocks.insert(stream, size, addr, id);
+        let added = pool
+            .blocks
+            .insert(&mut self.free_nodes, stream, size, addr, id);
         debug_assert!(added, "two free blocks with one key");
         self.block_mut(id).gc_count_base = clock;
     }

@@ -266,8 +266,8 @@ impl CachingPolicy {
                 let pair = &self.pools[p.slot as usize];
                 pair.small
                     .blocks
-                    .iter()
-                    .chain(pair.large.blocks.iter())
+                    .iter(&self.free_nodes)
+                    .chain(pair.large.blocks.iter(&self.free_nodes))
                     .map(|(_, e)| e.size)
                     .sum::<u64>()
             })

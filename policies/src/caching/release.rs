@@ -21,7 +21,9 @@ impl CachingPolicy {
         }
         let key_size = size.max(max_split);
         let set = &self.pool(owner, pool_kind).blocks;
-        let hit = set.first_at_least(stream.0, key_size).map(|at| at.entry.id);
+        let hit = set
+            .first_at_least(&self.free_nodes, stream.0, key_size)
+            .map(|at| at.entry.id);
         let usable = hit.filter(|&id| {
             let b = self.block(id);
             b.stream == stream && !b.expandable
@@ -34,7 +36,7 @@ impl CachingPolicy {
         // The walk goes down the stream's blocks only (PyTorch's walk stops at another
         // stream's block).
         let set = &self.pool(owner, pool_kind).blocks;
-        let mut cursor = set.last_below(stream.0, key_size);
+        let mut cursor = set.last_below(&self.free_nodes, stream.0, key_size);
         let mut total_released = 0u64;
         while let Some(at) = cursor {
             let cur = at.entry.id;
@@ -45,7 +47,10 @@ impl CachingPolicy {
             if !(total_released < key_size && cur_size >= max_split) {
                 break;
             }
-            cursor = self.pool(owner, pool_kind).blocks.prev(at);
+            cursor = self
+                .pool(owner, pool_kind)
+                .blocks
+                .prev(&self.free_nodes, at);
             if !cur_expandable {
                 total_released += cur_size;
                 self.release_block(device, cur)?;
@@ -118,7 +123,7 @@ impl CachingPolicy {
         owner: u32,
         pool_kind: PoolKind,
     ) -> Result<(), DeviceError> {
-        let ids: Vec<u32> = self.pool(owner, pool_kind).blocks.ids();
+        let ids: Vec<u32> = self.pool(owner, pool_kind).blocks.ids(&self.free_nodes);
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = self.block(id);
@@ -155,9 +160,10 @@ impl CachingPolicy {
         if b.size >= self.config.max_split_size_bytes {
             self.stats.oversize_segments.decrease(1);
         }
-        self.pool_mut(b.owner, b.pool)
+        self.pools[b.owner as usize]
+            .get_mut(b.pool)
             .blocks
-            .remove(b.stream.0, b.size, b.addr);
+            .remove(&mut self.free_nodes, id);
         self.delete_block(id);
         Ok(())
     }
@@ -177,7 +183,7 @@ impl CachingPolicy {
         let clock = self.pools[0].large.get_free_blocks_call_count;
         let mut total_age = 0u64;
         let mut freeable = 0u64;
-        for (_, entry) in self.pools[0].large.blocks.iter() {
+        for (_, entry) in self.pools[0].large.blocks.iter(&self.free_nodes) {
             let id = entry.id;
             if !self.is_split(id) {
                 total_age += clock - self.block(id).gc_count_base;
@@ -192,7 +198,7 @@ impl CachingPolicy {
         while reclaimed < target && block_freed && freeable > 0 {
             let age_threshold = total_age as f64 / freeable as f64;
             block_freed = false;
-            let ids: Vec<u32> = self.pools[0].large.blocks.ids();
+            let ids: Vec<u32> = self.pools[0].large.blocks.ids(&self.free_nodes);
             for id in ids {
                 let b = self.block(id);
                 let age = clock - b.gc_count_base;
