@@ -149,6 +149,7 @@ impl CachingPolicy {
                 }
             }
             let mapped_bytes = es.mapped_bytes;
+            self.mapped_expandables += u64::from(mapped_bytes > 0);
             self.expandables.push(Some(es));
             let slot = (self.expandables.len() - 1) as u32;
             self.total_allocated += mapped_bytes;

@@ -142,9 +142,11 @@ impl CachingPolicy {
         let vm = device.virtual_memory().ok_or(DeviceError::Unsupported {
             what: "virtual memory management (needed by expandable segments)",
         })?;
+        let was_mapped = es.mapped_bytes > 0;
         if !es.map(vm, begin, end)? {
             return Ok(false);
         }
+        self.mapped_expandables += u64::from(!was_mapped && es.mapped_bytes > 0);
         let mapped_size = (end - begin) * page;
         self.pool_mut(b.owner, b.pool)
             .unmapped
@@ -199,6 +201,7 @@ impl CachingPolicy {
             what: "virtual memory management (needed by expandable segments)",
         })?;
         es.unmap(vm, begin, end)?;
+        self.mapped_expandables -= u64::from(es.mapped_bytes == 0);
         let unmapped_addr = base + begin * page;
         let unmapped_size = (end - begin) * page;
         self.pools[b.owner as usize]
@@ -259,6 +262,7 @@ impl CachingPolicy {
         let es = self.expandables[b.segment as usize]
             .take()
             .expect("dead expandable segment");
+        self.mapped_expandables -= u64::from(es.mapped_bytes > 0);
         assert!(
             !b.mapped && b.size == es.range.size_bytes,
             "block disagrees with segment"

@@ -167,6 +167,23 @@ impl CachingPolicy {
         );
         self.check_pool_invariants();
         assert_eq!(
+            self.mapped_expandables,
+            self.expandables
+                .iter()
+                .flatten()
+                .filter(|e| e.mapped_bytes > 0)
+                .count() as u64,
+            "count of expandable segments holding memory"
+        );
+        let mut uncached = UncachedTotals::default();
+        for (_, (seg, requested)) in self.uncached.iter() {
+            uncached.add(seg.size_bytes, *requested);
+        }
+        assert_eq!(
+            self.uncached_totals, uncached,
+            "sums of uncached allocations"
+        );
+        assert_eq!(
             reserved, s.reserved_bytes.all.current,
             "reserved_bytes disagrees with the segments"
         );

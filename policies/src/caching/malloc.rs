@@ -24,7 +24,9 @@ impl CachingPolicy {
         if !self.enabled {
             return self.uncached_allocate(device, orig_size, stream);
         }
-        if self.captures.is_empty() {
+        if self.deferred.is_empty() {
+            // Nothing deferred by a capture.
+        } else if self.captures.is_empty() {
             // process_events: completed frees deferred by a capture return now.
             self.complete_deferred(None);
         } else if self.config.graph_capture_record_stream_reuse {

@@ -227,6 +227,28 @@ struct ExpandableSegment {
     mapped_bytes: u64,
 }
 
+/// Allocations made while the allocator was disabled, summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct UncachedTotals {
+    count: u64,
+    bytes: u64,
+    requested: u64,
+}
+
+impl UncachedTotals {
+    fn add(&mut self, bytes: u64, requested: u64) {
+        self.count += 1;
+        self.bytes += bytes;
+        self.requested += requested;
+    }
+
+    fn sub(&mut self, bytes: u64, requested: u64) {
+        self.count -= 1;
+        self.bytes -= bytes;
+        self.requested -= requested;
+    }
+}
+
 /// PyTorch's caching allocator for one device. See the module docs for what it models.
 #[derive(Debug)]
 pub struct CachingPolicy {
@@ -260,6 +282,8 @@ pub struct CachingPolicy {
     /// Allocations made while the allocator was disabled: one segment each, with the
     /// bytes asked for.
     uncached: Slab<(Segment, u64)>,
+    /// The allocations of `uncached`, summed (read after every event by [`Policy::stats`]).
+    uncached_totals: UncachedTotals,
     /// The last out-of-memory came from a request made while disabled.
     last_oom_uncached: bool,
     /// `max_split_size` of `memory_stats()`: the setting when the allocator was created
@@ -267,6 +291,8 @@ pub struct CachingPolicy {
     stats_max_split_size: u64,
     segments: Slab<Segment>,
     expandables: Vec<Option<ExpandableSegment>>,
+    /// Expandable segments holding memory (`mapped_bytes > 0`), counted as they change.
+    mapped_expandables: u64,
     /// Bytes held from the device, all pools (PyTorch's `total_allocated_memory`).
     total_allocated: u64,
     /// Blocks freed by the program but waiting for other streams.
@@ -303,10 +329,12 @@ impl CachingPolicy {
             capture_frees: BTreeSet::new(),
             enabled: true,
             uncached: Slab::default(),
+            uncached_totals: UncachedTotals::default(),
             last_oom_uncached: false,
             stats_max_split_size,
             segments: Slab::default(),
             expandables: Vec::new(),
+            mapped_expandables: 0,
             total_allocated: 0,
             pending: BTreeSet::new(),
             completed_early: HashSet::new(),
@@ -627,27 +655,15 @@ impl Policy for CachingPolicy {
         let s = &self.stats;
         // Allocations made while disabled are device memory the program holds, outside
         // PyTorch's statistics.
-        let (uncached_count, uncached_bytes, uncached_requested) = self
-            .uncached
-            .iter()
-            .fold((0, 0, 0), |(c, b, r), (_, (seg, req))| {
-                (c + 1, b + seg.size_bytes, r + req)
-            });
+        let u = self.uncached_totals;
         PolicyStats {
-            requested_bytes: s.requested_bytes.all.current + uncached_requested,
-            allocated_bytes: s.allocated_bytes.all.current + uncached_bytes,
-            reserved_bytes: s.reserved_bytes.all.current + uncached_bytes,
-            allocation_count: s.allocation.all.current + uncached_count,
+            requested_bytes: s.requested_bytes.all.current + u.requested,
+            allocated_bytes: s.allocated_bytes.all.current + u.bytes,
+            reserved_bytes: s.reserved_bytes.all.current + u.bytes,
+            allocation_count: s.allocation.all.current + u.count,
             // An expandable segment counts while it holds memory; one whose first
             // mapping failed is only address space (PyTorch keeps it for reuse too).
-            segment_count: s.segment.all.current
-                + uncached_count
-                + self
-                    .expandables
-                    .iter()
-                    .flatten()
-                    .filter(|e| e.mapped_bytes > 0)
-                    .count() as u64,
+            segment_count: s.segment.all.current + u.count + self.mapped_expandables,
         }
     }
 

@@ -221,6 +221,7 @@ impl CachingPolicy {
         };
         let (addr, bytes) = (segment.addr, segment.size_bytes);
         let slot = self.uncached.insert((segment, size));
+        self.uncached_totals.add(bytes, size);
         let serial = self.next_serial | UNCACHED;
         self.next_serial += 1;
         Ok(Allocation {
@@ -244,16 +245,16 @@ impl CachingPolicy {
         device: &mut dyn Device,
         allocation: Allocation,
     ) -> Result<(), DeviceError> {
-        let (segment, _) = self
+        let (segment, requested) = self
             .uncached
-            .remove(allocation.block)
-            .filter(|(s, _)| s.addr == allocation.addr)
+            .take_if(allocation.block, |(s, _)| s.addr == allocation.addr)
             .unwrap_or_else(|| {
                 panic!(
                     "allocation at {} is not live in this caching policy (freed twice, or from another policy)",
                     allocation.addr
                 )
             });
+        self.uncached_totals.sub(segment.size_bytes, requested);
         device.free_segment(segment)
     }
 

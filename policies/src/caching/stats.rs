@@ -16,6 +16,7 @@ pub struct Stat {
 
 impl Stat {
     /// `current += amount`, raising the peak.
+    #[inline]
     pub fn increase(&mut self, amount: u64) {
         self.current += amount;
         self.peak = self.peak.max(self.current);
@@ -26,6 +27,7 @@ impl Stat {
     ///
     /// # Panics
     /// If the statistic would go negative (an accounting bug).
+    #[inline]
     pub fn decrease(&mut self, amount: u64) {
         self.current = self
             .current
@@ -67,18 +69,21 @@ pub struct StatArray {
 
 impl StatArray {
     /// Increases `all` and the pool's statistic.
+    #[inline]
     pub fn increase(&mut self, pool: PoolKind, amount: u64) {
         self.all.increase(amount);
         self.pool_mut(pool).increase(amount);
     }
 
     /// Decreases `all` and the pool's statistic.
+    #[inline]
     pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
         self.all.decrease(amount);
         self.pool_mut(pool).decrease(amount);
     }
 
     /// Applies a signed change.
+    #[inline]
     pub fn change(&mut self, pool: PoolKind, delta: i64) {
         if delta > 0 {
             self.increase(pool, delta.unsigned_abs());
@@ -87,6 +92,7 @@ impl StatArray {
         }
     }
 
+    #[inline]
     fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
         match pool {
             PoolKind::Small => &mut self.small_pool,
