@@ -38,19 +38,29 @@ pub const PLACEMENT_ALIGN_BYTES: u64 = 2 << 20;
 
 #[derive(Clone, Debug)]
 struct Chunk {
+    base: u64,
     size: u64,
     /// Creation order: chunks are searched newest first.
     seq: u64,
-    /// Live placements in this chunk: address → end.
-    live: BTreeMap<u64, u64>,
+    /// Live placements as (address, end), sorted by address.
+    live: Vec<(u64, u64)>,
+    /// Bytes the live placements cover, while they do not overlap (`disjoint`): no
+    /// free run of the chunk is longer than `size - used`.
+    used: u64,
+    /// Whether the live placements are known not to overlap (recorded addresses can
+    /// put one over another); once false, `used` bounds nothing.
+    disjoint: bool,
 }
 
 impl Chunk {
-    /// The lowest `align`-aligned address in this chunk (at `base`) where `span` bytes
-    /// are free.
-    fn lowest_fit(&self, base: u64, span: u64, align: u64) -> Option<u64> {
-        let mut cur = base;
-        for (&addr, &end) in &self.live {
+    /// The lowest `align`-aligned address in this chunk where `span` bytes are free.
+    fn lowest_fit(&self, span: u64, align: u64) -> Option<u64> {
+        if self.disjoint && self.size.saturating_sub(self.used) < span {
+            // Fewer free bytes than `span`: no free run holds it.
+            return None;
+        }
+        let mut cur = self.base;
+        for &(addr, end) in &self.live {
             let start = cur.next_multiple_of(align);
             if start.checked_add(span).is_some_and(|e| e <= addr) {
                 return Some(start);
@@ -58,8 +68,44 @@ impl Chunk {
             cur = cur.max(end);
         }
         let start = cur.next_multiple_of(align);
-        (start.checked_add(span)? <= base + self.size).then_some(start)
+        (start.checked_add(span)? <= self.base + self.size).then_some(start)
     }
+
+    /// Records a placement (replacing one at the same address, as a map would).
+    fn record(&mut self, addr: u64, end: u64) {
+        let i = self.live.partition_point(|&(a, _)| a < addr);
+        if self.live.get(i).is_some_and(|&(a, _)| a == addr) {
+            self.live[i] = (addr, end);
+            self.disjoint = false;
+            return;
+        }
+        let touches_before = i > 0 && self.live[i - 1].1 > addr;
+        let touches_after = self.live.get(i).is_some_and(|&(a, _)| a < end);
+        if touches_before || touches_after {
+            self.disjoint = false;
+        }
+        self.live.insert(i, (addr, end));
+        self.used += end - addr;
+    }
+
+    /// Forgets the placement at `addr`, if there is one.
+    fn forget(&mut self, addr: u64) {
+        let i = self.live.partition_point(|&(a, _)| a < addr);
+        if self.live.get(i).is_some_and(|&(a, _)| a == addr) {
+            let (a, end) = self.live.remove(i);
+            self.used = self.used.saturating_sub(end - a);
+        }
+    }
+}
+
+/// One placement of [`VaSpace::place`] or [`VaSpace::place_at`], to release it by:
+/// its address and the chunk holding it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placed {
+    /// First byte.
+    pub addr: u64,
+    /// Slot of its chunk.
+    chunk: u32,
 }
 
 /// The driver's address space as the model sees it (see the module docs).
@@ -71,15 +117,16 @@ pub struct VaSpace {
     cursor: u64,
     /// No chunk goes below this address.
     floor: u64,
-    /// Chunks by base address.
-    chunks: BTreeMap<u64, Chunk>,
-    /// Chunk bases by creation order, newest last.
-    by_seq: BTreeMap<u64, u64>,
+    /// Chunks by slot; `None` for a free slot.
+    chunks: Vec<Option<Chunk>>,
+    free_slots: Vec<u32>,
+    /// Chunk slots by base address.
+    by_base: BTreeMap<u64, u32>,
+    /// Live chunks as (creation order, slot), oldest first.
+    by_seq: Vec<(u64, u32)>,
     next_seq: u64,
     /// Holes left by released chunks: start → end.
     holes: BTreeMap<u64, u64>,
-    /// Chunk base of every live placement.
-    owner: BTreeMap<u64, u64>,
 }
 
 impl VaSpace {
@@ -97,11 +144,12 @@ impl VaSpace {
             align: PLACEMENT_ALIGN_BYTES,
             cursor: top - top % chunk_bytes,
             floor,
-            chunks: BTreeMap::new(),
-            by_seq: BTreeMap::new(),
+            chunks: Vec::new(),
+            free_slots: Vec::new(),
+            by_base: BTreeMap::new(),
+            by_seq: Vec::new(),
             next_seq: 0,
             holes: BTreeMap::new(),
-            owner: BTreeMap::new(),
         }
     }
 
@@ -114,41 +162,70 @@ impl VaSpace {
         size.max(1).checked_next_multiple_of(self.align)
     }
 
-    fn add_chunk(&mut self, base: u64, size: u64) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.chunks.insert(
-            base,
-            Chunk {
-                size,
-                seq,
-                live: BTreeMap::new(),
-            },
-        );
-        self.by_seq.insert(seq, base);
-        self.cursor = self.cursor.min(base);
-        self.take_hole_range(base, base + size);
+    fn chunk(&self, slot: u32) -> &Chunk {
+        self.chunks[slot as usize].as_ref().expect("live chunk")
     }
 
-    fn record(&mut self, base: u64, addr: u64, end: u64) {
-        self.chunks
-            .get_mut(&base)
-            .expect("chunk of a placement")
-            .live
-            .insert(addr, end);
-        self.owner.insert(addr, base);
+    fn chunk_mut(&mut self, slot: u32) -> &mut Chunk {
+        self.chunks[slot as usize].as_mut().expect("live chunk")
+    }
+
+    fn add_chunk(&mut self, base: u64, size: u64) -> u32 {
+        if let Some(&old) = self.by_base.get(&base) {
+            // Only a recorded address can put a chunk where one starts: the new one
+            // replaces it, as the address → chunk map this model was written with did.
+            self.drop_chunk(old);
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let chunk = Chunk {
+            base,
+            size,
+            seq,
+            live: Vec::new(),
+            used: 0,
+            disjoint: true,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.chunks[s as usize] = Some(chunk);
+                s
+            }
+            None => {
+                self.chunks.push(Some(chunk));
+                u32::try_from(self.chunks.len() - 1).expect("fewer than 2^32 live chunks")
+            }
+        };
+        self.by_base.insert(base, slot);
+        self.by_seq.push((seq, slot));
+        self.cursor = self.cursor.min(base);
+        self.take_hole_range(base, base + size);
+        slot
+    }
+
+    /// Forgets a chunk (its range does not become a hole).
+    fn drop_chunk(&mut self, slot: u32) -> Chunk {
+        let chunk = self.chunks[slot as usize].take().expect("live chunk");
+        if self.by_base.get(&chunk.base) == Some(&slot) {
+            self.by_base.remove(&chunk.base);
+        }
+        let i = self.by_seq.partition_point(|&(s, _)| s < chunk.seq);
+        self.by_seq.remove(i);
+        self.free_slots.push(slot);
+        chunk
+    }
+
+    fn record(&mut self, slot: u32, addr: u64, end: u64) -> Placed {
+        self.chunk_mut(slot).record(addr, end);
+        Placed { addr, chunk: slot }
     }
 
     /// Removes `[lo, hi)` from the holes (a chunk now covers it).
     fn take_hole_range(&mut self, lo: u64, hi: u64) {
-        let overlapping: Vec<(u64, u64)> = self
-            .holes
-            .range(..hi)
-            .rev()
-            .take_while(|&(_, &e)| e > lo)
-            .map(|(&s, &e)| (s, e))
-            .collect();
-        for (s, e) in overlapping {
+        while let Some((&s, &e)) = self.holes.range(..hi).next_back() {
+            if e <= lo {
+                break;
+            }
             self.holes.remove(&s);
             if s < lo {
                 self.holes.insert(s, lo);
@@ -162,17 +239,16 @@ impl VaSpace {
     /// Where the driver would place an allocation of `size` bytes; the placement is
     /// recorded until [`VaSpace::release`]. `None` when no chunk has room and a new
     /// one would go below the floor.
-    pub fn place(&mut self, size: u64) -> Option<u64> {
+    pub fn place(&mut self, size: u64) -> Option<Placed> {
         let span = self.span(size)?;
         // Rule 2: the newest chunk with room, at its lowest free address.
-        let found = self.by_seq.values().rev().find_map(|&base| {
-            self.chunks[&base]
-                .lowest_fit(base, span, self.align)
-                .map(|addr| (base, addr))
+        let found = self.by_seq.iter().rev().find_map(|&(_, slot)| {
+            self.chunk(slot)
+                .lowest_fit(span, self.align)
+                .map(|addr| (slot, addr))
         });
-        if let Some((base, addr)) = found {
-            self.record(base, addr, addr + span);
-            return Some(addr);
+        if let Some((slot, addr)) = found {
+            return Some(self.record(slot, addr, addr + span));
         }
         // Rule 3: a new chunk, from the highest hole strictly larger than it, else
         // below everything.
@@ -183,46 +259,43 @@ impl VaSpace {
                 .checked_sub(size)
                 .filter(|&b| b >= self.floor)?,
         };
-        self.add_chunk(base, size);
-        self.record(base, base, base + span);
-        Some(base)
+        let slot = self.add_chunk(base, size);
+        Some(self.record(slot, base, base + span))
     }
 
     /// Records an allocation the driver placed at `addr` (a recorded address): inside
     /// the chunk that holds it, or in a new chunk starting there (as large as the
-    /// rules make it, short of the next chunk above).
-    pub fn place_at(&mut self, addr: u64, size: u64) {
-        let Some(span) = self.span(size) else {
-            return;
-        };
+    /// rules make it, short of the next chunk above). `None` (nothing recorded) when
+    /// its span is beyond any address.
+    pub fn place_at(&mut self, addr: u64, size: u64) -> Option<Placed> {
+        let span = self.span(size)?;
         let end = addr.saturating_add(span);
         let holder = self
-            .chunks
+            .by_base
             .range(..=addr)
             .next_back()
-            .filter(|(&b, c)| b.saturating_add(c.size) >= end)
-            .map(|(&b, _)| b);
-        if let Some(base) = holder {
-            self.record(base, addr, end);
-            return;
+            .filter(|(&b, &slot)| b.saturating_add(self.chunk(slot).size) >= end)
+            .map(|(_, &slot)| slot);
+        if let Some(slot) = holder {
+            return Some(self.record(slot, addr, end));
         }
         // Chunks the placement would overlap lose the overlap's claim: the recorded
         // address is the truth, so the model's chunk there was wrong. Shrink them.
-        let overlapping: Vec<u64> = self
-            .chunks
+        let overlapping: Vec<(u64, u32)> = self
+            .by_base
             .range(..end)
             .rev()
-            .take_while(|(&b, c)| b.saturating_add(c.size) > addr)
-            .map(|(&b, _)| b)
+            .take_while(|(&b, &slot)| b.saturating_add(self.chunk(slot).size) > addr)
+            .map(|(&b, &slot)| (b, slot))
             .collect();
-        for b in overlapping {
-            let c = &self.chunks[&b];
-            if b < addr && c.live.values().all(|&e| e <= addr) {
-                self.chunks.get_mut(&b).expect("chunk").size = addr - b;
+        for (b, slot) in overlapping {
+            let c = self.chunk_mut(slot);
+            if b < addr && c.live.iter().all(|&(_, e)| e <= addr) {
+                c.size = addr - b;
             }
         }
         let next = self
-            .chunks
+            .by_base
             .range(addr..)
             .next()
             .map_or(u64::MAX, |(&b, _)| b);
@@ -232,24 +305,22 @@ impl VaSpace {
             .min(next.saturating_sub(addr))
             .min(u64::MAX - addr)
             .max(end - addr);
-        self.add_chunk(addr, size);
-        self.record(addr, addr, end);
+        let slot = self.add_chunk(addr, size);
+        Some(self.record(slot, addr, end))
     }
 
-    /// Frees the placement at `addr`; a chunk left empty becomes a hole. Unknown
-    /// addresses are ignored.
-    pub fn release(&mut self, addr: u64) {
-        let Some(base) = self.owner.remove(&addr) else {
+    /// Frees a placement; a chunk left empty becomes a hole. A placement no longer
+    /// there is ignored.
+    pub fn release(&mut self, placed: Placed) {
+        let Some(Some(chunk)) = self.chunks.get_mut(placed.chunk as usize) else {
             return;
         };
-        let chunk = self.chunks.get_mut(&base).expect("chunk of a placement");
-        chunk.live.remove(&addr);
+        chunk.forget(placed.addr);
         if !chunk.live.is_empty() {
             return;
         }
-        let chunk = self.chunks.remove(&base).expect("chunk");
-        self.by_seq.remove(&chunk.seq);
-        let (mut lo, mut hi) = (base, base + chunk.size);
+        let chunk = self.drop_chunk(placed.chunk);
+        let (mut lo, mut hi) = (chunk.base, chunk.base + chunk.size);
         if let Some((&s, &e)) = self.holes.range(..=lo).next_back() {
             if e == lo {
                 self.holes.remove(&s);
@@ -260,6 +331,41 @@ impl VaSpace {
             hi = e;
         }
         self.holes.insert(lo, hi);
+    }
+}
+
+/// A [`VaSpace`] released by address, as a recorded run's frees name them: the
+/// placement last recorded at an address is the one its release frees.
+#[derive(Clone, Debug)]
+struct ByAddress {
+    va: VaSpace,
+    owner: BTreeMap<u64, Placed>,
+}
+
+impl ByAddress {
+    fn new(va: VaSpace) -> ByAddress {
+        ByAddress {
+            va,
+            owner: BTreeMap::new(),
+        }
+    }
+
+    fn place(&mut self, size: u64) -> Option<u64> {
+        let p = self.va.place(size)?;
+        self.owner.insert(p.addr, p);
+        Some(p.addr)
+    }
+
+    fn place_at(&mut self, addr: u64, size: u64) {
+        if let Some(p) = self.va.place_at(addr, size) {
+            self.owner.insert(p.addr, p);
+        }
+    }
+
+    fn release(&mut self, addr: u64) {
+        if let Some(p) = self.owner.remove(&addr) {
+            self.va.release(p);
+        }
     }
 }
 
@@ -303,8 +409,8 @@ pub fn check_placements(ops: &[RecordedPlacement], chunk_bytes: u64) -> Placemen
     let top = first
         .addr
         .saturating_add(first.size.next_multiple_of(chunk_bytes.max(1)));
-    let mut own = VaSpace::new(top, chunk_bytes, 0);
-    let mut forced = VaSpace::new(top, chunk_bytes, 0);
+    let mut own = ByAddress::new(VaSpace::new(top, chunk_bytes, 0));
+    let mut forced = ByAddress::new(VaSpace::new(top, chunk_bytes, 0));
     // recorded address -> (model's address, size) of live segments
     let mut live: BTreeMap<u64, u64> = BTreeMap::new();
     let mut anchored = false;
@@ -353,7 +459,7 @@ mod tests {
     const MIB: u64 = 1 << 20;
     const TOP: u64 = 0x7f00_0000_0000;
 
-    fn p(v: &mut VaSpace, size: u64) -> u64 {
+    fn p(v: &mut ByAddress, size: u64) -> u64 {
         v.place(size).expect("room")
     }
 
@@ -361,7 +467,7 @@ mod tests {
     /// wrapping around.
     #[test]
     fn the_floor_is_respected() {
-        let mut v = VaSpace::new(64 * MIB, 0, 2 * MIB);
+        let mut v = ByAddress::new(VaSpace::new(64 * MIB, 0, 2 * MIB));
         assert_eq!(v.place(20 * MIB), Some(32 * MIB));
         assert_eq!(v.place(20 * MIB), None, "would reach below 2 MiB");
         assert_eq!(
@@ -369,7 +475,7 @@ mod tests {
             Some(32 * MIB + 20 * MIB),
             "a leftover still fits"
         );
-        let mut w = VaSpace::new(u64::MAX, 0, 0);
+        let mut w = ByAddress::new(VaSpace::new(u64::MAX, 0, 0));
         assert_eq!(w.place(u64::MAX), None);
         w.place_at(u64::MAX - 4 * MIB, 64 * MIB);
     }
@@ -378,7 +484,7 @@ mod tests {
     /// chunk's bottom (the H100's 20 MiB and 64 MiB + 1 probes: gaps of 32 and 96 MiB).
     #[test]
     fn chunks_stack_downward() {
-        let mut v = VaSpace::new(TOP, 0, 0);
+        let mut v = ByAddress::new(VaSpace::new(TOP, 0, 0));
         let a = p(&mut v, 20 * MIB);
         let b = p(&mut v, 20 * MIB);
         assert_eq!(a, TOP - 32 * MIB);
@@ -393,7 +499,7 @@ mod tests {
     /// up, then the chunk before it.
     #[test]
     fn small_ones_fill_the_newest_leftover() {
-        let mut v = VaSpace::new(TOP, 0, 0);
+        let mut v = ByAddress::new(VaSpace::new(TOP, 0, 0));
         let a = p(&mut v, 124 * MIB); // chunk of 128: 4 MiB left at its top
         let b = p(&mut v, 234 * MIB); // chunk of 256: 22 MiB left
         assert_eq!(p(&mut v, 2 * MIB), b + 234 * MIB);
@@ -411,7 +517,7 @@ mod tests {
     /// over.
     #[test]
     fn holes_are_reused_from_the_top() {
-        let mut v = VaSpace::new(TOP, 0, 0);
+        let mut v = ByAddress::new(VaSpace::new(TOP, 0, 0));
         let a = p(&mut v, 128 * MIB); // chunk [a, a+128)
         let b = p(&mut v, 160 * MIB); // chunk [b, b+160)
         let _c = p(&mut v, 64 * MIB);
@@ -431,7 +537,7 @@ mod tests {
     /// from its bottom.
     #[test]
     fn a_chunk_with_a_live_placement_is_kept() {
-        let mut v = VaSpace::new(TOP, 0, 0);
+        let mut v = ByAddress::new(VaSpace::new(TOP, 0, 0));
         let big = p(&mut v, 252 * MIB); // chunk of 256, 4 MiB left
         let small = p(&mut v, 2 * MIB);
         assert_eq!(small, big + 252 * MIB);
@@ -444,7 +550,7 @@ mod tests {
     /// chunk there; the model continues from them.
     #[test]
     fn recorded_placements_are_adopted() {
-        let mut v = VaSpace::new(TOP, 0, 0);
+        let mut v = ByAddress::new(VaSpace::new(TOP, 0, 0));
         let base = 0x7e00_0000_0000;
         v.place_at(base, 124 * MIB);
         assert_eq!(p(&mut v, 2 * MIB), base + 124 * MIB, "its chunk's leftover");
@@ -453,6 +559,6 @@ mod tests {
         v.release(base);
         v.release(base + 124 * MIB);
         v.release(base + 126 * MIB);
-        assert_eq!(v.holes.len(), 1);
+        assert_eq!(v.va.holes.len(), 1);
     }
 }

@@ -19,9 +19,10 @@
 //! tensor) matched the H100 to the byte on all 18 traces measured; packing only
 //! allocations up to 1 MiB, bump-allocated in the newest page, was off by up to 20 MiB.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
-use crate::address::VaSpace;
+use crate::address::{Placed, VaSpace};
+use crate::packing::PackedPages;
 use policies::{
     AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, PageTable, PhysicalChunk, Segment,
     SegmentId, VirtualMemory,
@@ -217,19 +218,14 @@ impl AddressHints {
 
 #[derive(Debug)]
 struct LiveSegment {
-    id: u64,
+    addr: u64,
     size: u64,
     charge: u64,
-    /// Index of the packed page this allocation lives in.
-    packed_page: Option<u64>,
-}
-
-#[derive(Debug)]
-struct PackedPage {
-    base: u64,
-    /// Free holes: offset → length.
-    holes: BTreeMap<u64, u64>,
-    live: u64,
+    /// Slot of the packed page this allocation lives in.
+    packed_page: Option<u32>,
+    /// Its placement in the driver's address space ([`AddressModel::Driver`]; a packed
+    /// allocation's page holds the placement).
+    va: Option<Placed>,
 }
 
 /// The simulated device. See the module docs for the charge model.
@@ -240,16 +236,22 @@ pub struct SimDevice {
     next_low: u64,
     next_high: u64,
     next_id: u64,
-    segments: BTreeMap<u64, LiveSegment>,
-    packed: BTreeMap<u64, PackedPage>,
-    /// Every hole of every packed page by (length, page, offset): best fit, ties to the
-    /// oldest page and the lowest offset.
-    holes: BTreeSet<(u64, u64, u64)>,
-    next_page_id: u64,
+    /// Live segments by slot: a segment's id is its slot.
+    segments: Vec<Option<LiveSegment>>,
+    /// Free slots of `segments`.
+    free_segments: Vec<usize>,
+    /// The pages small allocations share, and their holes.
+    pages: PackedPages,
     vm: PageTable<()>,
     /// Every placed region (segment, packed page, address range) by address → length:
-    /// where a new region may not go.
+    /// where a new region may not go. Kept only once `regions_kept` (below).
     regions: BTreeMap<u64, u64>,
+    /// Whether `regions` is kept. Until a region is placed otherwise than by the driver
+    /// model's own rules (a recorded address, an adopted region, an address range, the
+    /// lowest-gap fallback), every live region is a placement of [`VaSpace::place`],
+    /// which never overlaps another, so nothing needs checking and `regions` is built
+    /// only when that ends ([`SimDevice::keep_regions`]).
+    regions_kept: bool,
     /// The driver's address space ([`AddressModel::Driver`]).
     va: VaSpace,
     /// Where the next virtual-memory range goes ([`AddressModel::Driver`]).
@@ -285,7 +287,11 @@ impl SimDevice {
             ..DeviceStats::default()
         };
         let va = VaSpace::new(TOP_DOWN_START, options.va_chunk_bytes, ADDRESS_FLOOR);
-        SimDevice {
+        let pages = PackedPages::new(options.page_bytes, options.small_alloc_align_bytes);
+        let driver_only = options.address_model == AddressModel::Driver
+            && hints.segments.is_empty()
+            && hints.ranges.is_empty();
+        let mut device = SimDevice {
             options,
             hints,
             va,
@@ -293,13 +299,36 @@ impl SimDevice {
             next_low: top,
             next_high: BOTTOM_UP_START,
             next_id: 1,
-            segments: BTreeMap::new(),
-            packed: BTreeMap::new(),
-            holes: BTreeSet::new(),
-            next_page_id: 0,
+            segments: Vec::new(),
+            free_segments: Vec::new(),
+            pages,
             vm: PageTable::new("SimDevice"),
             regions: BTreeMap::new(),
+            regions_kept: true,
             stats,
+        };
+        device.regions_kept = !driver_only;
+        device
+    }
+
+    /// Builds `regions` from the live regions if it is not kept yet, and keeps it from
+    /// now on. While it was not kept, every live region was placed by
+    /// [`SimDevice::place`] through [`VaSpace::place`]: a segment or a packed page,
+    /// each taking its size rounded up to 2 MiB, as `place` records it.
+    fn keep_regions(&mut self) {
+        if self.regions_kept {
+            return;
+        }
+        self.regions_kept = true;
+        let span = |size: u64| size.max(1).next_multiple_of(2 * MIB);
+        for s in self.segments.iter().flatten() {
+            if s.packed_page.is_none() {
+                self.regions.insert(s.addr, span(s.size));
+            }
+        }
+        let page = span(self.options.page_bytes);
+        for base in self.pages.bases() {
+            self.regions.insert(base, page);
         }
     }
 
@@ -311,7 +340,12 @@ impl SimDevice {
     /// Live segments and mapped chunks as (address, size), in address order; for the
     /// engine's overlap checks.
     pub fn live_regions(&self) -> Vec<(u64, u64)> {
-        let mut out: Vec<(u64, u64)> = self.segments.iter().map(|(&a, s)| (a, s.size)).collect();
+        let mut out: Vec<(u64, u64)> = self
+            .segments
+            .iter()
+            .flatten()
+            .map(|s| (s.addr, s.size))
+            .collect();
         out.extend(self.vm.mapped_regions());
         out.sort_unstable();
         out
@@ -328,22 +362,26 @@ impl SimDevice {
     /// taken or the model has run out of address space (after about 127 TiB of
     /// allocations on the top-down model, addresses are never reused), the lowest free
     /// gap is taken instead.
-    fn place(&mut self, size: u64) -> Option<u64> {
+    /// In the driver model, the placement in its address space comes with the address.
+    fn place(&mut self, size: u64) -> Option<(u64, Option<Placed>)> {
         let span = size.max(1).checked_next_multiple_of(2 * MIB)?;
         if self.options.address_model == AddressModel::Driver {
-            let addr = match self.va.place(size) {
-                Some(a) if !self.overlaps(a, span) => a,
+            let (addr, placed) = match self.va.place(size) {
+                // Not kept: nothing but the model's own placements, which never overlap.
+                Some(p) if !self.regions_kept || !self.overlaps(p.addr, span) => (p.addr, Some(p)),
                 other => {
-                    if let Some(a) = other {
-                        self.va.release(a);
+                    if let Some(p) = other {
+                        self.va.release(p);
                     }
+                    self.keep_regions();
                     let a = self.lowest_gap(span)?;
-                    self.va.place_at(a, size);
-                    a
+                    (a, self.va.place_at(a, size))
                 }
             };
-            self.regions.insert(addr, span);
-            return Some(addr);
+            if self.regions_kept {
+                self.regions.insert(addr, span);
+            }
+            return Some((addr, placed));
         }
         let next = match self.options.address_model {
             AddressModel::TopDown => self
@@ -369,7 +407,7 @@ impl SimDevice {
             _ => self.lowest_gap(span)?,
         };
         self.regions.insert(addr, span);
-        Some(addr)
+        Some((addr, None))
     }
 
     /// The address space a virtual-memory range of `size` bytes takes in the driver
@@ -383,6 +421,7 @@ impl SimDevice {
     /// A virtual-memory range of the driver model: right after the last one (the first
     /// at [`RANGE_START`]), or the lowest free gap when that is taken.
     fn place_range(&mut self, size: u64) -> Option<u64> {
+        self.keep_regions();
         let span = self.range_span(size)?;
         let addr = match self.next_range.checked_add(span) {
             Some(end) if end <= ADDRESS_END && !self.overlaps(self.next_range, span) => {
@@ -397,6 +436,7 @@ impl SimDevice {
 
     /// The lowest 2 MiB-aligned address where `span` bytes touch no placed region.
     fn lowest_gap(&self, span: u64) -> Option<u64> {
+        debug_assert!(self.regions_kept);
         let mut cursor = ADDRESS_FLOOR;
         for (&a, &len) in &self.regions {
             if cursor.checked_add(span).is_some_and(|end| end <= a) {
@@ -410,13 +450,16 @@ impl SimDevice {
             .map(|_| cursor)
     }
 
-    fn take_hint(&mut self, size: u64) -> Option<u64> {
+    fn take_hint(&mut self, size: u64) -> Option<(u64, Option<Placed>)> {
+        if self.hints.segments.is_empty() {
+            return None;
+        }
+        self.keep_regions();
         match self.hints.segments.front() {
             Some(&(s, a)) if s == size && !self.overlaps(a, size) => {
                 self.hints.segments.pop_front();
                 self.regions.insert(a, size);
-                self.va.place_at(a, size);
-                Some(a)
+                Some((a, self.va.place_at(a, size)))
             }
             Some(_) => {
                 // The simulation left the recorded path: no more hints.
@@ -429,6 +472,7 @@ impl SimDevice {
 
     /// Whether `addr..addr + size` touches a placed region.
     fn overlaps(&self, addr: u64, size: u64) -> bool {
+        debug_assert!(self.regions_kept);
         let end = addr.saturating_add(size);
         self.regions
             .range(..end)
@@ -438,40 +482,33 @@ impl SimDevice {
 
     /// Returns a packed allocation's bytes to its page, merging holes; returns the bytes
     /// released to the driver (the page, if it became empty).
-    fn unpack(&mut self, p: u64, addr: u64, size: u64) -> u64 {
-        let align = self.options.small_alloc_align_bytes.max(1);
-        let pg = self
-            .packed
-            .get_mut(&p)
-            .expect("packed page of a live allocation");
-        pg.live -= 1;
-        if pg.live == 0 {
-            for (&offset, &len) in &pg.holes {
-                self.holes.remove(&(len, p, offset));
+    fn unpack(&mut self, page: u32, addr: u64, size: u64) -> u64 {
+        match self.pages.give_back(page, addr, size) {
+            Some((base, placed)) => {
+                if self.regions_kept {
+                    self.regions.remove(&base);
+                }
+                if let Some(p) = placed {
+                    self.va.release(p);
+                }
+                self.options.page_bytes
             }
-            let base = pg.base;
-            self.packed.remove(&p);
-            self.regions.remove(&base);
-            self.va.release(base);
-            return self.options.page_bytes;
+            None => 0,
         }
-        let mut offset = addr - pg.base;
-        let mut len = size.div_ceil(align) * align;
-        if let Some((&before, &before_len)) = pg.holes.range(..offset).next_back() {
-            if before + before_len == offset {
-                pg.holes.remove(&before);
-                self.holes.remove(&(before_len, p, before));
-                offset = before;
-                len += before_len;
+    }
+
+    /// Records a live segment; its id is its slot.
+    fn insert_segment(&mut self, live: LiveSegment) -> u64 {
+        match self.free_segments.pop() {
+            Some(slot) => {
+                self.segments[slot] = Some(live);
+                slot as u64
+            }
+            None => {
+                self.segments.push(Some(live));
+                (self.segments.len() - 1) as u64
             }
         }
-        if let Some(after_len) = pg.holes.remove(&(offset + len)) {
-            self.holes.remove(&(after_len, p, offset + len));
-            len += after_len;
-        }
-        pg.holes.insert(offset, len);
-        self.holes.insert((len, p, offset));
-        0
     }
 
     fn charge_for(&self, size: u64) -> u64 {
@@ -504,68 +541,38 @@ impl Device for SimDevice {
         }
         let small = size_bytes <= self.options.small_alloc_max_bytes
             && size_bytes < self.options.page_bytes;
-        let (addr, charge, packed_page) = if small {
-            let align = self.options.small_alloc_align_bytes.max(1);
-            let len = size_bytes.div_ceil(align) * align;
-            let page = self.options.page_bytes;
-            match self.holes.range((len, 0, 0)..).next().copied() {
-                Some(hole) => {
-                    let (hole_len, p, offset) = hole;
-                    self.holes.remove(&hole);
-                    let pg = self.packed.get_mut(&p).expect("hole of a live page");
-                    pg.holes.remove(&offset);
-                    if hole_len > len {
-                        pg.holes.insert(offset + len, hole_len - len);
-                        self.holes.insert((hole_len - len, p, offset + len));
-                    }
-                    pg.live += 1;
-                    (pg.base + offset, 0, Some(p))
-                }
+        let (addr, charge, packed_page, va) = if small {
+            match self.pages.take(size_bytes) {
+                Some((p, addr)) => (addr, 0, Some(p), None),
                 None => {
+                    let page = self.options.page_bytes;
                     self.refuse(page, size_bytes)?;
-                    let base = self.place(page).ok_or(DeviceError::OutOfMemory {
+                    let (base, placed) = self.place(page).ok_or(DeviceError::OutOfMemory {
                         requested_bytes: size_bytes,
                     })?;
-                    let p = self.next_page_id;
-                    self.next_page_id += 1;
-                    let mut holes = BTreeMap::new();
-                    if page > len {
-                        holes.insert(len, page - len);
-                        self.holes.insert((page - len, p, len));
-                    }
-                    self.packed.insert(
-                        p,
-                        PackedPage {
-                            base,
-                            holes,
-                            live: 1,
-                        },
-                    );
-                    (base, page, Some(p))
+                    let p = self.pages.open(base, size_bytes, placed);
+                    (base, page, Some(p), None)
                 }
             }
         } else {
             let charge = self.charge_for(size_bytes);
             self.refuse(charge, size_bytes)?;
-            let addr = match self.take_hint(size_bytes) {
+            let (addr, placed) = match self.take_hint(size_bytes) {
                 Some(a) => a,
                 // No room in the address space: cudaMalloc fails as out of memory.
                 None => self.place(size_bytes).ok_or(DeviceError::OutOfMemory {
                     requested_bytes: size_bytes,
                 })?,
             };
-            (addr, charge, None)
+            (addr, charge, None, placed)
         };
-        let id = self.fresh_id();
-        self.segments.insert(
+        let id = self.insert_segment(LiveSegment {
             addr,
-            LiveSegment {
-                id,
-                size: size_bytes,
-                charge,
-                packed_page,
-            },
-        );
+            size: size_bytes,
+            charge,
+            packed_page,
+            va,
+        });
         let s = &mut self.stats;
         s.reserved_bytes += size_bytes;
         s.charged_bytes += charge;
@@ -579,10 +586,17 @@ impl Device for SimDevice {
     }
 
     fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError> {
-        let live = self
-            .segments
-            .remove(&segment.addr.0)
-            .filter(|l| l.id == segment.id.0 && l.size == segment.size_bytes)
+        let slot = usize::try_from(segment.id.0).ok().filter(|&s| {
+            self.segments.get(s).is_some_and(|l| {
+                l.as_ref()
+                    .is_some_and(|l| l.addr == segment.addr.0 && l.size == segment.size_bytes)
+            })
+        });
+        let live = slot
+            .and_then(|s| {
+                self.free_segments.push(s);
+                self.segments[s].take()
+            })
             .unwrap_or_else(|| {
                 panic!(
                     "SimDevice: freeing segment {:?} it did not hand out",
@@ -593,8 +607,12 @@ impl Device for SimDevice {
         // the page's last allocation.
         let released = match live.packed_page {
             None => {
-                self.regions.remove(&segment.addr.0);
-                self.va.release(segment.addr.0);
+                if self.regions_kept {
+                    self.regions.remove(&segment.addr.0);
+                }
+                if let Some(p) = live.va {
+                    self.va.release(p);
+                }
                 live.charge
             }
             Some(p) => self.unpack(p, segment.addr.0, live.size),
@@ -616,6 +634,7 @@ impl Device for SimDevice {
     }
 
     fn adopt_segment(&mut self, addr: DeviceAddr, size_bytes: u64) -> Result<Segment, DeviceError> {
+        self.keep_regions();
         if size_bytes == 0
             || !AddressHints::fits(addr.0, size_bytes)
             || self.overlaps(addr.0, size_bytes)
@@ -624,17 +643,14 @@ impl Device for SimDevice {
         }
         let charge = self.charge_for(size_bytes);
         self.refuse(charge, size_bytes)?;
-        let id = self.fresh_id();
-        self.segments.insert(
-            addr.0,
-            LiveSegment {
-                id,
-                size: size_bytes,
-                charge,
-                packed_page: None,
-            },
-        );
-        self.va.place_at(addr.0, size_bytes);
+        let va = self.va.place_at(addr.0, size_bytes);
+        let id = self.insert_segment(LiveSegment {
+            addr: addr.0,
+            size: size_bytes,
+            charge,
+            packed_page: None,
+            va,
+        });
         self.regions.insert(addr.0, size_bytes);
         let s = &mut self.stats;
         s.reserved_bytes += size_bytes;
@@ -660,6 +676,7 @@ fn overlap_error(addr: DeviceAddr, size_bytes: u64) -> DeviceError {
 
 impl VirtualMemory for SimDevice {
     fn reserve_range(&mut self, size_bytes: u64) -> Result<AddressRange, DeviceError> {
+        self.keep_regions();
         let addr = match self.hints.ranges.pop_front() {
             Some(a) if AddressHints::fits(a, size_bytes) && !self.overlaps(a, size_bytes) => {
                 self.regions.insert(a, size_bytes);
@@ -674,7 +691,7 @@ impl VirtualMemory for SimDevice {
                 let placed = if self.options.address_model == AddressModel::Driver {
                     self.place_range(size_bytes)
                 } else {
-                    self.place(size_bytes)
+                    self.place(size_bytes).map(|(a, _)| a)
                 };
                 // As cuMemAddressReserve, which PyTorch does not expect to fail: an
                 // error that stops the run, not an out-of-memory.
@@ -699,6 +716,7 @@ impl VirtualMemory for SimDevice {
         addr: DeviceAddr,
         size_bytes: u64,
     ) -> Result<AddressRange, DeviceError> {
+        self.keep_regions();
         if size_bytes == 0
             || !AddressHints::fits(addr.0, size_bytes)
             || self.overlaps(addr.0, size_bytes)
@@ -982,6 +1000,58 @@ mod tests {
         assert_eq!(d.stats().charged_bytes, 0);
         assert_eq!(d.stats().segment_count, 0);
         assert_eq!((d.stats().allocate_count, d.stats().free_count), (1, 2));
+    }
+
+    /// The regions a device builds only when a region is first placed otherwise than by
+    /// the driver model (here an address range, then an adopted segment) are those a
+    /// device keeping them from the start holds, and both place everything alike.
+    #[test]
+    fn regions_built_late_match_regions_kept_throughout() {
+        let mut late = SimDevice::new(SimDeviceOptions::default());
+        let mut kept = SimDevice::new(SimDeviceOptions::default());
+        assert!(!late.regions_kept);
+        kept.keep_regions();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut live: Vec<(Segment, Segment)> = Vec::new();
+        let mut ranges = Vec::new();
+        for step in 0..4000 {
+            if step == 1500 {
+                ranges.push((
+                    late.reserve_range(GIB).unwrap(),
+                    kept.reserve_range(GIB).unwrap(),
+                ));
+                assert!(late.regions_kept);
+                assert_eq!(late.regions, kept.regions);
+            }
+            if step == 2500 {
+                let at = DeviceAddr(0x10_0000_0000);
+                live.push((
+                    late.adopt_segment(at, 40 * MIB).unwrap(),
+                    kept.adopt_segment(at, 40 * MIB).unwrap(),
+                ));
+            }
+            if live.is_empty() || next() % 100 < 55 {
+                let size = 1 + ((next() % (64 * MIB)) >> (next() % 16));
+                let a = late.allocate_segment(size).unwrap();
+                let b = kept.allocate_segment(size).unwrap();
+                assert_eq!(a.addr, b.addr, "step {step}: {size} bytes");
+                live.push((a, b));
+            } else {
+                let i = (next() % live.len() as u64) as usize;
+                let (a, b) = live.swap_remove(i);
+                late.free_segment(a).unwrap();
+                kept.free_segment(b).unwrap();
+            }
+            assert_eq!(late.stats(), kept.stats());
+        }
+        assert_eq!(late.regions, kept.regions);
+        assert_eq!(late.live_regions(), kept.live_regions());
     }
 
     /// Stitching is expressible on the simulated device.

@@ -45,6 +45,7 @@ pub mod inputs;
 pub mod iterations;
 mod metrics;
 mod observe;
+mod packing;
 mod profile;
 pub mod recorded;
 mod replay;
