@@ -120,6 +120,8 @@ pub struct VaSpace {
     /// Chunks by slot; `None` for a free slot.
     chunks: Vec<Option<Chunk>>,
     free_slots: Vec<u32>,
+    /// Placement vectors of released chunks, kept for new chunks.
+    spare_live: Vec<Vec<(u64, u64)>>,
     /// Chunk slots by base address.
     by_base: BTreeMap<u64, u32>,
     /// Live chunks as (creation order, slot), oldest first.
@@ -146,6 +148,7 @@ impl VaSpace {
             floor,
             chunks: Vec::new(),
             free_slots: Vec::new(),
+            spare_live: Vec::new(),
             by_base: BTreeMap::new(),
             by_seq: Vec::new(),
             next_seq: 0,
@@ -182,7 +185,7 @@ impl VaSpace {
             base,
             size,
             seq,
-            live: Vec::new(),
+            live: self.spare_live.pop().unwrap_or_default(),
             used: 0,
             disjoint: true,
         };
@@ -319,8 +322,10 @@ impl VaSpace {
         if !chunk.live.is_empty() {
             return;
         }
-        let chunk = self.drop_chunk(placed.chunk);
+        let mut chunk = self.drop_chunk(placed.chunk);
         let (mut lo, mut hi) = (chunk.base, chunk.base + chunk.size);
+        chunk.live.clear();
+        self.spare_live.push(chunk.live);
         if let Some((&s, &e)) = self.holes.range(..=lo).next_back() {
             if e == lo {
                 self.holes.remove(&s);

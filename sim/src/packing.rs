@@ -87,10 +87,29 @@ impl Bin {
     }
 
     /// The first hole at or after `from` in best-fit order.
+    #[cfg(test)]
     fn first_from(&self, from: Key) -> Option<(Key, u32)> {
         match self {
             Bin::Few(v) => v.get(v.partition_point(|&(k, _)| k < from)).copied(),
             Bin::Many(m) => m.range(from..).next().map(|(&k, &s)| (k, s)),
+        }
+    }
+
+    /// Removes and returns the first hole at or after `from` in best-fit order.
+    fn take_from(&mut self, from: Key) -> Option<(Key, u32)> {
+        match self {
+            Bin::Few(v) => {
+                let i = v.partition_point(|&(k, _)| k < from);
+                (i < v.len()).then(|| v.remove(i))
+            }
+            Bin::Many(m) => {
+                let (&k, _) = m.range(from..).next()?;
+                let slot = m.remove(&k).expect("the hole just found");
+                if m.len() < SHRINK_BELOW {
+                    *self = Bin::Few(m.iter().map(|(&k, &s)| (k, s)).collect());
+                }
+                Some((k, slot))
+            }
         }
     }
 }
@@ -125,6 +144,16 @@ impl HoleIndex {
         }
     }
 
+    /// An index with no bins, for a device that has packed nothing yet.
+    fn unbuilt() -> HoleIndex {
+        HoleIndex {
+            shift: 0,
+            bins: Vec::new(),
+            bits: Vec::new(),
+            summary: Vec::new(),
+        }
+    }
+
     /// The bin of a hole of `len` bytes: non-decreasing in `len`.
     fn bin_of(&self, len: u64) -> usize {
         ((len >> self.shift) as usize).min(self.bins.len() - 1)
@@ -142,6 +171,11 @@ impl HoleIndex {
     fn remove(&mut self, key: Key) {
         let b = self.bin_of(key.0);
         self.bins[b].remove(key);
+        self.note_if_empty(b);
+    }
+
+    /// Clears the bits of bin `b` if it is empty.
+    fn note_if_empty(&mut self, b: usize) {
         if self.bins[b].is_empty() {
             self.bits[b / 64] &= !(1 << (b % 64));
             if self.bits[b / 64] == 0 {
@@ -182,6 +216,7 @@ impl HoleIndex {
 
     /// The best fit for `len` bytes: the first hole in (length, page age, offset) order
     /// at least `len` long.
+    #[cfg(test)]
     fn best_fit(&self, len: u64) -> Option<(Key, u32)> {
         let b = self.bin_of(len);
         if let Some(hit) = self.bins[b].first_from((len, 0, 0)) {
@@ -189,6 +224,23 @@ impl HoleIndex {
         }
         let next = self.next_bin_after(b)?;
         self.bins[next].first_from((0, 0, 0))
+    }
+
+    /// Removes and returns the best fit for `len` bytes ([`HoleIndex::best_fit`]).
+    fn take_best_fit(&mut self, len: u64) -> Option<(Key, u32)> {
+        if self.bins.is_empty() {
+            return None;
+        }
+        let b = self.bin_of(len);
+        let (bin, hit) = match self.bins[b].take_from((len, 0, 0)) {
+            Some(hit) => (b, hit),
+            None => {
+                let next = self.next_bin_after(b)?;
+                (next, self.bins[next].take_from((0, 0, 0))?)
+            }
+        };
+        self.note_if_empty(bin);
+        Some(hit)
     }
 }
 
@@ -214,6 +266,8 @@ pub(crate) struct PackedPages {
     /// Pages by slot; `None` for a free slot.
     pages: Vec<Option<Page>>,
     free_slots: Vec<u32>,
+    /// Hole vectors of returned pages, kept for new pages (no allocation per page).
+    spare_holes: Vec<Vec<(u64, u64)>>,
     next_seq: u64,
     index: HoleIndex,
 }
@@ -227,8 +281,9 @@ impl PackedPages {
             align,
             pages: Vec::new(),
             free_slots: Vec::new(),
+            spare_holes: Vec::new(),
             next_seq: 0,
-            index: HoleIndex::new(page_bytes, align),
+            index: HoleIndex::unbuilt(),
         }
     }
 
@@ -252,8 +307,7 @@ impl PackedPages {
     /// and its address, or `None` when no hole holds it.
     pub(crate) fn take(&mut self, size: u64) -> Option<(u32, u64)> {
         let len = self.footprint(size);
-        let ((hole_len, seq, offset), slot) = self.index.best_fit(len)?;
-        self.index.remove((hole_len, seq, offset));
+        let ((hole_len, seq, offset), slot) = self.index.take_best_fit(len)?;
         let page = self.page_mut(slot);
         let i = page.holes.partition_point(|&(o, _)| o < offset);
         debug_assert_eq!(page.holes[i], (offset, hole_len));
@@ -274,6 +328,10 @@ impl PackedPages {
     /// Opens a new page at `base` (placed as `va`) with one allocation of `size` bytes
     /// at its start; returns the page's slot.
     pub(crate) fn open(&mut self, base: u64, size: u64, va: Option<Placed>) -> u32 {
+        if self.index.bins.is_empty() {
+            // Built with the first page: devices that never pack keep no bins.
+            self.index = HoleIndex::new(self.page_bytes, self.align);
+        }
         let len = self.footprint(size);
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -281,7 +339,7 @@ impl PackedPages {
             base,
             seq,
             live: 1,
-            holes: Vec::new(),
+            holes: self.spare_holes.pop().unwrap_or_default(),
             va,
         };
         if self.page_bytes > len {
@@ -315,11 +373,13 @@ impl PackedPages {
         let page = self.page_mut(slot);
         page.live -= 1;
         if page.live == 0 {
-            let page = self.pages[slot as usize].take().expect("live page");
+            let mut page = self.pages[slot as usize].take().expect("live page");
             for &(offset, hole_len) in &page.holes {
                 self.index.remove((hole_len, page.seq, offset));
             }
             self.free_slots.push(slot);
+            page.holes.clear();
+            self.spare_holes.push(page.holes);
             return Some((page.base, page.va));
         }
         let seq = page.seq;
