@@ -13,7 +13,7 @@ use workloads::generate::Generator;
 
 use policies::{Device, Policy};
 use workloads::csv::{CsvEvents, Unstreamable};
-use workloads::validate::{validate, Severity, Validator};
+use workloads::validate::{validate, Severity};
 use workloads::{Format, ReadError, RecordedRun, Trace};
 
 use crate::compare::CompareInput;
@@ -330,24 +330,24 @@ pub fn stream_replay<O: Observer + ?Sized>(
         return Ok(Streamed::NeedsWholeTrace(None));
     }
     let mut csv = CsvEvents::open(path).map_err(StreamError::Read)?;
-    let mut validator = (!options.lenient).then(|| Validator::new(None));
-    let mut checked = csv.by_ref().enumerate().map(|(index, event)| {
-        if let Some(v) = &mut validator {
-            v.step(index, &event);
-        }
-        event
-    });
-    let replay =
-        crate::replay::replay_events(None, &mut checked, policy, device, replay_options, observer);
-    // An out-of-memory (or a replay error) stops the replay, not the check of the rest
-    // of the file, whose problems come first; an interruption stops both.
+    // Validation runs in the engine's pass, on its live table.
+    let (replay, problem) = if options.lenient {
+        let replay =
+            crate::replay::replay_events(None, &mut csv, policy, device, replay_options, observer);
+        (replay, false)
+    } else {
+        crate::replay::replay_checked(&mut csv, policy, device, replay_options, observer)
+    };
+    // An out-of-memory (or a replay error) stops the replay, not the reading of the
+    // rest of the file (checked above unless lenient), whose problems come first; an
+    // interruption stops both.
     if !matches!(replay, Err(ReplayError::Interrupted { .. })) {
-        checked.for_each(drop);
+        csv.by_ref().for_each(drop);
     }
     if let Some(why) = csv.stopped() {
         return Ok(Streamed::NeedsWholeTrace(Some(why)));
     }
-    if validator.is_some_and(|v| v.has_errors()) {
+    if problem {
         return Ok(Streamed::NeedsWholeTrace(Some(Unstreamable::Problem)));
     }
     Ok(Streamed::Replayed {

@@ -68,7 +68,9 @@ pub use observe::{DeviceOp, DeviceOpKind, Observer, Outcome, Skip, Step, Timelin
 pub use profile::{
     DeviceProfile, ProfileError, ProfileProblem, MAX_PROFILE_BYTES, MAX_USABLE_SPREAD_BYTES,
 };
-pub use replay::{replay, replay_events, replay_with, Replay, ReplayError, ReplayOptions};
+pub use replay::{
+    replay, replay_checked, replay_events, replay_with, Replay, ReplayError, ReplayOptions,
+};
 
 /// Reads a small text file (a device profile, a sweep file) whole, refusing one of more
 /// than `limit` bytes after reading at most `limit + 1` of it: `/dev/zero`, a FIFO that

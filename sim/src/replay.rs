@@ -9,6 +9,7 @@ use policies::{
     PolicyStats, PoolId, PoolStreams, Request, StreamId,
 };
 use workloads::id_map::IdMap;
+use workloads::validate::Validator;
 use workloads::{AllocId, Event, StartPool, StartState, Trace};
 
 use crate::metrics::{Oom, Recorder, Summary};
@@ -120,44 +121,190 @@ struct Live {
     free_requested: bool,
 }
 
+/// What the live table holds for an id: a live allocation, or an `alloc` that ran out
+/// of memory (or was checked only, after the replay stopped), which validation counts
+/// as live until its `free` (freeing it is no error) but the engine does not (its
+/// frees are skipped).
+enum Slot {
+    Live(Live),
+    Failed {
+        /// Whether its free was requested.
+        free_requested: bool,
+    },
+}
+
+/// What a `free_requested` finds.
+enum Requested<'a> {
+    /// A live allocation whose free was not requested yet.
+    Live(&'a mut Live),
+    /// A live allocation whose free was requested already.
+    Twice,
+    /// No live allocation (never allocated, freed, or its alloc ran out of memory).
+    NotLive,
+}
+
 /// Live allocations by id, in memory proportional to the allocations live at once
-/// ([`IdMap`]: pages of consecutive ids, no hashing for dense ids).
+/// ([`IdMap`]: pages of consecutive ids, no hashing for dense ids). The same table
+/// answers validation's questions about ids ([`workloads::validate()`]: a free of an id
+/// not live, an id allocated twice, a second `free_requested`) for a replay that
+/// checks its events as it goes ([`replay_checked`]): it keeps the ids whose alloc ran
+/// out of memory too, so that their frees are no error.
 #[derive(Default)]
 struct LiveTable {
-    live: IdMap<Live>,
+    live: IdMap<Slot>,
     /// Allocations whose id was reused while they were live (a trace problem that
     /// validation reports): the trace can never free them.
     orphans: Vec<Live>,
+    /// `Slot::Failed` entries in `live`.
+    failed: usize,
+    /// Whether validation finds an error in the events seen so far (allocations of 0
+    /// bytes and the id errors; pool calls are [`Checks::pools`]' part).
+    problem: bool,
 }
 
 impl LiveTable {
+    /// An `alloc` of `id` served.
     #[inline]
     fn insert(&mut self, id: AllocId, allocation: Allocation) {
+        self.insert_requested(id, allocation, false);
+    }
+
+    /// A live allocation of `id`, its free requested or not (a trace that starts
+    /// mid-run).
+    #[inline]
+    fn insert_requested(&mut self, id: AllocId, allocation: Allocation, free_requested: bool) {
         let live = Live {
             allocation,
-            free_requested: false,
+            free_requested,
         };
-        if let Some(old) = self.live.insert(id, live) {
-            self.orphans.push(old);
+        match self.live.insert(id, Slot::Live(live)) {
+            None => {}
+            Some(Slot::Live(old)) => {
+                self.orphans.push(old);
+                self.problem = true;
+            }
+            Some(Slot::Failed { .. }) => {
+                self.failed -= 1;
+                self.problem = true;
+            }
         }
     }
 
-    #[inline]
-    fn get_mut(&mut self, id: AllocId) -> Option<&mut Live> {
-        self.live.get_mut(id)
+    /// An `alloc` of `id` that ran out of memory: validation sees the id live. A live
+    /// allocation of the same id (an error) stays the engine's.
+    #[cold]
+    fn insert_failed(&mut self, id: AllocId) {
+        match self.live.get_mut(id) {
+            None => {
+                self.live.insert(
+                    id,
+                    Slot::Failed {
+                        free_requested: false,
+                    },
+                );
+                self.failed += 1;
+            }
+            Some(Slot::Live(_)) => self.problem = true,
+            Some(Slot::Failed { free_requested }) => {
+                *free_requested = false;
+                self.problem = true;
+            }
+        }
     }
 
+    /// A `free_requested` of `id`.
+    #[inline]
+    fn request_free(&mut self, id: AllocId) -> Requested<'_> {
+        match self.live.get_mut(id) {
+            Some(Slot::Live(l)) if !l.free_requested => Requested::Live(l),
+            Some(Slot::Live(_)) => {
+                self.problem = true;
+                Requested::Twice
+            }
+            Some(Slot::Failed { free_requested }) => {
+                self.problem |= *free_requested;
+                *free_requested = true;
+                Requested::NotLive
+            }
+            None => {
+                self.problem = true;
+                Requested::NotLive
+            }
+        }
+    }
+
+    /// A `free` of `id`: its live allocation, if it has one.
     #[inline]
     fn remove(&mut self, id: AllocId) -> Option<Live> {
-        self.live.remove(id)
+        match self.live.remove(id) {
+            Some(Slot::Live(l)) => Some(l),
+            Some(Slot::Failed { .. }) => {
+                self.failed -= 1;
+                None
+            }
+            None => {
+                self.problem = true;
+                None
+            }
+        }
+    }
+
+    /// An event after the replay stopped, checked only (as validation does).
+    fn check_only(&mut self, event: &Event) {
+        match *event {
+            Event::Alloc { id, size_bytes, .. } => {
+                self.problem |= size_bytes == 0;
+                let failed = Slot::Failed {
+                    free_requested: false,
+                };
+                match self.live.insert(id, failed) {
+                    None => self.failed += 1,
+                    Some(Slot::Live(_)) => {
+                        self.failed += 1;
+                        self.problem = true;
+                    }
+                    Some(Slot::Failed { .. }) => self.problem = true,
+                }
+            }
+            Event::Free { id } => {
+                self.remove(id);
+            }
+            Event::FreeRequested { id } => {
+                if let Requested::Live(l) = self.request_free(id) {
+                    l.free_requested = true;
+                }
+            }
+            _ => {}
+        }
     }
 
     fn iter(&self) -> impl Iterator<Item = &Live> {
-        self.live.iter().map(|(_, l)| l).chain(self.orphans.iter())
+        self.live
+            .iter()
+            .filter_map(|(_, s)| match s {
+                Slot::Live(l) => Some(l),
+                Slot::Failed { .. } => None,
+            })
+            .chain(self.orphans.iter())
     }
 
     fn len(&self) -> u64 {
-        (self.live.len() + self.orphans.len()) as u64
+        (self.live.len() - self.failed + self.orphans.len()) as u64
+    }
+}
+
+/// Validation's checks run by the engine as it replays ([`replay_checked`]): the ids
+/// and sizes by the live table, the private-pool calls by a [`Validator`] that sees
+/// only those.
+struct Checks {
+    pools: Validator,
+}
+
+impl Checks {
+    /// Sees an event that is neither an `alloc` nor a free.
+    #[cold]
+    fn other(&mut self, index: usize, event: &Event) {
+        self.pools.step(index, event);
     }
 }
 
@@ -231,6 +378,86 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
     observer: &mut O,
 ) -> Result<Replay, ReplayError> {
     let mut live = LiveTable::default();
+    let mut events = events.into_iter();
+    run(
+        start,
+        &mut events,
+        policy,
+        device,
+        options,
+        observer,
+        &mut live,
+        None,
+    )
+}
+
+/// [`replay_events`] from an empty allocator, checking the events as it goes as
+/// [`workloads::validate()`] does: the `bool` is whether validation finds an error in
+/// them (a warning is no error). The check shares the engine's live table (no second
+/// table of live ids): an id whose `alloc` ran out of memory stays in it, so that its
+/// free is no error. After a stop (an out-of-memory without `continue_after_oom`, a
+/// replay error) the rest of the events are still checked; an interruption stops both.
+///
+/// # Errors
+/// As [`replay`] (in the result; the check's answer comes either way).
+///
+/// # Panics
+/// As [`replay`].
+pub fn replay_checked<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
+    events: impl IntoIterator<Item = E>,
+    policy: &mut dyn Policy,
+    device: &mut dyn Device,
+    options: &ReplayOptions,
+    observer: &mut O,
+) -> (Result<Replay, ReplayError>, bool) {
+    let mut live = LiveTable::default();
+    let mut checks = Checks {
+        pools: Validator::new(None),
+    };
+    let mut events = events.into_iter();
+    let result = run(
+        None,
+        &mut events,
+        policy,
+        device,
+        options,
+        observer,
+        &mut live,
+        Some(&mut checks),
+    );
+    let first = match &result {
+        Ok(r) => r.summary.event_count as usize,
+        Err(ReplayError::Interrupted { .. }) => return (result, false),
+        Err(e) => e.event_index() as usize + 1,
+    };
+    for (index, event) in (first..).zip(events) {
+        let event = event.borrow();
+        match event {
+            Event::Alloc { .. } | Event::Free { .. } | Event::FreeRequested { .. } => {
+                live.check_only(event);
+            }
+            _ => checks.other(index, event),
+        }
+    }
+    let problem = live.problem || checks.pools.has_errors();
+    (result, problem)
+}
+
+/// The engine: [`replay_events`] over `events` with the live table `live`, also
+/// checking private-pool calls with `checks` where given (the live table checks the
+/// ids). Events after a stop are left in `events`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
+    start: Option<&StartState>,
+    events: &mut impl Iterator<Item = E>,
+    policy: &mut dyn Policy,
+    device: &mut dyn Device,
+    options: &ReplayOptions,
+    observer: &mut O,
+    live: &mut LiveTable,
+    mut checks: Option<&mut Checks>,
+) -> Result<Replay, ReplayError> {
     let mut recorder = Recorder::new();
     let mut started_by_allocating = 0u64;
     if let Some(start) = start {
@@ -241,12 +468,7 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
         match policy.adopt(device, &adopt_segments(start)) {
             Ok(allocations) => {
                 for ((block, _), allocation) in blocks.zip(allocations) {
-                    live.insert(block.id, allocation);
-                    if block.pending_free {
-                        if let Some(l) = live.get_mut(block.id) {
-                            l.free_requested = true;
-                        }
-                    }
+                    live.insert_requested(block.id, allocation, block.pending_free);
                 }
             }
             // A policy that cannot take over PyTorch's state starts by allocating the
@@ -288,12 +510,7 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
                                 error: AdoptError::Device(error),
                             })?;
                     }
-                    live.insert(block.id, allocation);
-                    if block.pending_free {
-                        if let Some(l) = live.get_mut(block.id) {
-                            l.free_requested = true;
-                        }
-                    }
+                    live.insert_requested(block.id, allocation, block.pending_free);
                 }
             }
             Err(error) => return Err(ReplayError::Start { error }),
@@ -301,7 +518,7 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
         let (stats, dstats) = (policy.stats(), device.stats());
         recorder.observe_start(&stats, &dstats);
         if options.check_invariants {
-            check_state(&*policy, &stats, &dstats, &live, 0);
+            check_state(&*policy, &stats, &dstats, live, 0);
         }
     }
     let mut device = OpLog::new(device);
@@ -313,7 +530,7 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
     // The device's accounting changes only through its own calls (`OpLog::touched`),
     // which most events do not make: it is read again only after one.
     let mut dstats = device.stats();
-    for (index, event) in events.into_iter().enumerate() {
+    for (index, event) in events.enumerate() {
         let event: &Event = event.borrow();
         let event_index = index as u64;
         if let Some(flag) = options.interrupt {
@@ -335,6 +552,7 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
                     size_bytes,
                     stream: StreamId(stream),
                 };
+                live.problem |= size_bytes == 0;
                 match policy.allocate(&mut device, request) {
                     Ok(a) => {
                         let outcome = Outcome::Allocated {
@@ -351,6 +569,7 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
                         stats,
                     }) => {
                         oom_count += 1;
+                        live.insert_failed(id);
                         if options.check_invariants {
                             check_oom(&stats, &policy.stats(), &before, event_index);
                         }
@@ -374,25 +593,29 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
                         skipped += 1;
                         Outcome::Skipped(Skip::ZeroSize)
                     }
-                    Err(AllocError::Device(e)) => return Err(device_error(e)),
+                    Err(AllocError::Device(e)) => {
+                        live.insert_failed(id);
+                        return Err(device_error(e));
+                    }
                     Err(error) => {
+                        live.insert_failed(id);
                         return Err(ReplayError::Policy {
                             event_index,
                             error: Box::new(error),
-                        })
+                        });
                     }
                 }
             }
-            Event::FreeRequested { id } => match live.get_mut(id) {
-                None => {
+            Event::FreeRequested { id } => match live.request_free(id) {
+                Requested::NotLive => {
                     skipped += 1;
                     Outcome::Skipped(Skip::NotLive)
                 }
-                Some(l) if l.free_requested => {
+                Requested::Twice => {
                     skipped += 1;
                     Outcome::Skipped(Skip::AlreadyRequested)
                 }
-                Some(l) => {
+                Requested::Live(l) => {
                     policy
                         .free_requested(&mut device, &l.allocation)
                         .map_err(device_error)?;
@@ -422,6 +645,9 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
             }
             Event::Mark { .. } => Outcome::Marked,
             _ => {
+                if let Some(c) = checks.as_deref_mut() {
+                    c.other(index, event);
+                }
                 let streams;
                 let call = match *event {
                     Event::CreatePool {
@@ -503,7 +729,7 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
             break;
         }
         if options.check_invariants {
-            check_state(&*policy, &stats, &dstats, &live, event_index);
+            check_state(&*policy, &stats, &dstats, live, event_index);
         }
         before = stats;
     }
@@ -701,6 +927,7 @@ mod tests {
     use crate::observe::{DeviceOp, DeviceOpKind};
     use policies::caching::CachingPolicy;
     use policies::immediate::ImmediatePolicy;
+    use workloads::validate::validate;
 
     const GIB: u64 = 1 << 30;
 
@@ -1147,5 +1374,124 @@ mod tests {
         let r = replay(&t, &mut CachingPolicy::default(), &mut d, &checked()).unwrap();
         assert_eq!(r.live_allocation_count, 1);
         assert_eq!(r.skipped_event_count, 0);
+    }
+
+    /// The trace `events` with the event `at` changed by `mutation` (0: none; 1: the
+    /// alloc removed; 2: a free repeated; 3: a `free_requested` before each third free;
+    /// 4: a `free_requested` repeated; 5: a `free_requested` of an id never allocated;
+    /// 6: an alloc of 0 bytes; 7: an alloc of an id live then; 8: a free of an id
+    /// never allocated).
+    fn mutated(events: &[Event], mutation: usize, at: usize) -> Vec<Event> {
+        let mut out = Vec::new();
+        let mut frees = 0;
+        let mut live = Vec::new();
+        for (i, e) in events.iter().enumerate() {
+            let here = i == at;
+            match (e, mutation) {
+                (&Event::Alloc { .. }, 1) if here => continue,
+                (&Event::Alloc { id, stream, .. }, 6) if here => {
+                    out.push(Event::Alloc {
+                        id,
+                        size_bytes: 0,
+                        stream,
+                    });
+                    continue;
+                }
+                (
+                    &Event::Alloc {
+                        size_bytes, stream, ..
+                    },
+                    7,
+                ) if here && !live.is_empty() => {
+                    out.push(Event::Alloc {
+                        id: live[0],
+                        size_bytes,
+                        stream,
+                    });
+                    continue;
+                }
+                (&Event::Free { id }, 2) if here => out.push(Event::Free { id }),
+                (&Event::Free { id }, 3 | 4) => {
+                    frees += 1;
+                    if frees % 3 == 0 || (mutation == 4 && here) {
+                        out.push(Event::FreeRequested { id });
+                        if mutation == 4 && here {
+                            out.push(Event::FreeRequested { id });
+                        }
+                    }
+                }
+                (_, 5) if here => out.push(Event::FreeRequested {
+                    id: AllocId(u64::MAX - 1),
+                }),
+                (_, 8) if here => out.push(free(1 << 40)),
+                _ => {}
+            }
+            match *e {
+                Event::Alloc { id, .. } => live.push(id),
+                Event::Free { id } => live.retain(|&l| l != id),
+                _ => {}
+            }
+            out.push(e.clone());
+        }
+        out
+    }
+
+    /// A replay that checks its events on the engine's live table finds an error
+    /// exactly where validation does (bad frees and `free_requested`s, zero sizes, an
+    /// id allocated twice; frees of allocations that ran out of memory are none),
+    /// before and after an out-of-memory, stopping there or going on, and replays as
+    /// the unchecked engine does.
+    #[test]
+    fn checked_replay_agrees_with_validation() {
+        let trace = workloads::generate::random(&workloads::RandomOptions {
+            seed: 11,
+            events: 600,
+            streams: 2,
+            ..workloads::RandomOptions::default()
+        })
+        .unwrap();
+        let mut found = [false; 2];
+        let mut ooms = 0;
+        for mutation in 0..9 {
+            for at in [3, 100, 290, 450, 590] {
+                let events = mutated(&trace.events, mutation, at);
+                let expected = validate(&Trace::new("t", events.clone()))
+                    .iter()
+                    .any(|i| i.severity == workloads::validate::Severity::Error);
+                found[usize::from(expected)] = true;
+                for capacity in [80 * GIB, GIB / 2, GIB / 4] {
+                    for continue_after_oom in [false, true] {
+                        let options = ReplayOptions {
+                            continue_after_oom,
+                            ..ReplayOptions::default()
+                        };
+                        let device =
+                            || SimDevice::new(SimDeviceOptions::default().with_capacity(capacity));
+                        let unchecked = replay_events(
+                            None,
+                            &events,
+                            &mut CachingPolicy::default(),
+                            &mut device(),
+                            &options,
+                            &mut (),
+                        )
+                        .unwrap();
+                        let (checked, problem) = replay_checked(
+                            &events,
+                            &mut CachingPolicy::default(),
+                            &mut device(),
+                            &options,
+                            &mut (),
+                        );
+                        let case = format!("mutation {mutation} at {at}, {capacity} bytes, continue {continue_after_oom}");
+                        assert_eq!(problem, expected, "{case}");
+                        ooms += u64::from(unchecked.oom.is_some());
+                        assert_eq!(checked.unwrap(), unchecked, "{case}");
+                    }
+                }
+            }
+        }
+        assert_eq!(found, [true, true]);
+        assert!(ooms > 0);
     }
 }
