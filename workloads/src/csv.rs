@@ -1159,6 +1159,9 @@ fn digits_value(word: u64, n: u32) -> u64 {
     (v.wrapping_mul(10000) + (v >> 32)) & 0xffff_ffff
 }
 
+/// 10 to the power of the index, for the second word's digits.
+const POW10: [u64; 8] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000];
+
 /// The decimal number of 1 to 16 digits at `buf[at..]` and the position after it, as
 /// [`digits`] reads it; `None` for no digit or more than 16 (the caller's slower path
 /// takes those).
@@ -1179,7 +1182,7 @@ fn scan_number(buf: &[u8], at: usize) -> Option<(u64, usize)> {
         0 => Some((high, at + 8)),
         8 => None,
         m => Some((
-            high * 10u64.pow(m) + digits_value(second, m),
+            high * POW10[m as usize] + digits_value(second, m),
             at + 8 + m as usize,
         )),
     }
