@@ -85,6 +85,10 @@ impl sim::Observer for EventSpinner {
             self.0.set_position(step.index as u64);
         }
     }
+
+    fn needs_stats_every_event(&self) -> bool {
+        false
+    }
 }
 
 impl Drop for EventSpinner {

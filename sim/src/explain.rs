@@ -268,6 +268,11 @@ impl Observer for OomWatch {
             _ => {}
         }
     }
+
+    /// The policy's figures are read at an out-of-memory only.
+    fn needs_stats_every_event(&self) -> bool {
+        false
+    }
 }
 
 /// The explanation of `request` failing on `policy` as it is now, `device_free_bytes`

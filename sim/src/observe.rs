@@ -108,7 +108,9 @@ pub struct Step<'a> {
     pub outcome: Outcome,
     /// The device operations the event caused, in order (usually none).
     pub device_ops: &'a [DeviceOp],
-    /// Policy accounting after the event.
+    /// Policy accounting after the event (for an observer that does not need it
+    /// after every event, [`Observer::needs_stats_every_event`], after a free it may
+    /// be that of an earlier event).
     pub policy_stats: &'a PolicyStats,
     /// Device accounting after the event.
     pub device_stats: &'a DeviceStats,
@@ -125,46 +127,78 @@ pub trait Observer {
 
     /// After each replayed event, the out-of-memory that stops a replay included.
     fn after_event(&mut self, _step: &Step<'_>) {}
+
+    /// Whether [`Step::policy_stats`] must be read after every event. An observer
+    /// that reads it only at an out-of-memory, or never, says `false`: the engine then
+    /// reads [`Policy::stats`] again only after an event that may raise it (anything
+    /// but a free, a `free_requested`, a skipped event or a mark that made no device
+    /// call: those only lower the figures, so the peaks stay exact), and such a step
+    /// shows the last state read.
+    fn needs_stats_every_event(&self) -> bool {
+        true
+    }
 }
 
 /// The observer that watches nothing ([`crate::replay`]).
-impl Observer for () {}
+impl Observer for () {
+    fn needs_stats_every_event(&self) -> bool {
+        false
+    }
+}
 
 impl<O: Observer + ?Sized> Observer for &mut O {
+    #[inline]
     fn before_event(&mut self, index: usize, event: &Event, policy: &dyn Policy) {
         (**self).before_event(index, event, policy);
     }
 
+    #[inline]
     fn after_event(&mut self, step: &Step<'_>) {
         (**self).after_event(step);
+    }
+
+    fn needs_stats_every_event(&self) -> bool {
+        (**self).needs_stats_every_event()
     }
 }
 
 /// An observer that may be absent.
 impl<O: Observer> Observer for Option<O> {
+    #[inline]
     fn before_event(&mut self, index: usize, event: &Event, policy: &dyn Policy) {
         if let Some(o) = self {
             o.before_event(index, event, policy);
         }
     }
 
+    #[inline]
     fn after_event(&mut self, step: &Step<'_>) {
         if let Some(o) = self {
             o.after_event(step);
         }
     }
+
+    fn needs_stats_every_event(&self) -> bool {
+        self.as_ref().is_some_and(O::needs_stats_every_event)
+    }
 }
 
 /// Two observers at once, the first called first.
 impl<A: Observer, B: Observer> Observer for (A, B) {
+    #[inline]
     fn before_event(&mut self, index: usize, event: &Event, policy: &dyn Policy) {
         self.0.before_event(index, event, policy);
         self.1.before_event(index, event, policy);
     }
 
+    #[inline]
     fn after_event(&mut self, step: &Step<'_>) {
         self.0.after_event(step);
         self.1.after_event(step);
+    }
+
+    fn needs_stats_every_event(&self) -> bool {
+        self.0.needs_stats_every_event() || self.1.needs_stats_every_event()
     }
 }
 

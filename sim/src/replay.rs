@@ -528,8 +528,13 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
     let mut ignored_calls = 0u64;
     let mut before = policy.stats();
     // The device's accounting changes only through its own calls (`OpLog::touched`),
-    // which most events do not make: it is read again only after one.
+    // which most events do not make: it is read again only after one. The policy's
+    // is read after every event where the observer or the checks need it, else only
+    // after events that may raise it (frees only lower it: the peaks stay exact; the
+    // checks hold every policy to that).
     let mut dstats = device.stats();
+    let stats_every_event = options.check_invariants || observer.needs_stats_every_event();
+    let mut stats = before;
     for (index, event) in events.enumerate() {
         let event: &Event = event.borrow();
         let event_index = index as u64;
@@ -711,9 +716,20 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
                 }
             }
         };
-        let stats = policy.stats();
-        if std::mem::take(&mut device.touched) {
+        let touched = std::mem::take(&mut device.touched);
+        if touched {
             dstats = device.stats();
+        }
+        let lowers_only = !touched
+            && matches!(
+                outcome,
+                Outcome::Freed { .. }
+                    | Outcome::FreeRequested { .. }
+                    | Outcome::Skipped(_)
+                    | Outcome::Marked
+            );
+        if stats_every_event || !lowers_only {
+            stats = policy.stats();
         }
         recorder.observe(event_index, &stats, &dstats);
         observer.after_event(&Step {
@@ -729,9 +745,12 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
             break;
         }
         if options.check_invariants {
+            if lowers_only {
+                check_lowered(&before, &stats, event_index);
+            }
             check_state(&*policy, &stats, &dstats, live, event_index);
+            before = stats;
         }
-        before = stats;
     }
     Ok(Replay {
         summary: recorder.finish(),
@@ -777,6 +796,23 @@ fn adopt_segments(start: &StartState) -> Vec<AdoptSegment> {
                 .collect(),
         })
         .collect()
+}
+
+/// After a free, a `free_requested`, a skipped event or a mark that made no device
+/// call: no figure a peak is taken of went up (the engine reads the policy's figures
+/// after such events only when an observer or these checks ask).
+fn check_lowered(before: &PolicyStats, after: &PolicyStats, event_index: u64) {
+    let raised = [
+        ("requested", before.requested_bytes, after.requested_bytes),
+        ("allocated", before.allocated_bytes, after.allocated_bytes),
+        ("reserved", before.reserved_bytes, after.reserved_bytes),
+        ("segment count", before.segment_count, after.segment_count),
+    ]
+    .into_iter()
+    .find(|&(_, b, a)| a > b);
+    if let Some((what, b, a)) = raised {
+        panic!("{what} went up from {b} to {a} at event {event_index}, which only frees");
+    }
 }
 
 /// At an out-of-memory: the state the policy reported is the state after, and the
@@ -924,7 +960,7 @@ fn pending_bytes(live: &LiveTable) -> u64 {
 mod tests {
     use super::*;
     use crate::device::{SimDevice, SimDeviceOptions};
-    use crate::observe::{DeviceOp, DeviceOpKind};
+    use crate::observe::{DeviceOp, DeviceOpKind, Timeline};
     use policies::caching::CachingPolicy;
     use policies::immediate::ImmediatePolicy;
     use workloads::validate::validate;
@@ -1340,6 +1376,121 @@ mod tests {
         let t = Trace::new("t", vec![alloc(0, GIB), alloc(1, 8 * GIB)]);
         let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(4 * GIB));
         let _ = replay(&t, &mut lying(false, true), &mut d, &checked());
+    }
+
+    /// A policy whose figures go up at a free that makes no device call.
+    #[derive(Default)]
+    struct RaisesOnFree {
+        inner: CachingPolicy,
+        frees: u64,
+    }
+
+    impl Policy for RaisesOnFree {
+        fn name(&self) -> &str {
+            "raises-on-free"
+        }
+
+        fn allocate(
+            &mut self,
+            device: &mut dyn Device,
+            request: Request,
+        ) -> Result<Allocation, AllocError> {
+            self.inner.allocate(device, request)
+        }
+
+        fn free(
+            &mut self,
+            device: &mut dyn Device,
+            allocation: Allocation,
+        ) -> Result<(), DeviceError> {
+            self.frees += 1;
+            self.inner.free(device, allocation)
+        }
+
+        fn empty_cache(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
+            self.inner.empty_cache(device)
+        }
+
+        fn stats(&self) -> PolicyStats {
+            let mut s = self.inner.stats();
+            s.segment_count += self.frees;
+            s
+        }
+
+        fn snapshot(&self) -> Vec<policies::SegmentSnapshot> {
+            self.inner.snapshot()
+        }
+
+        fn check_invariants(&self) {
+            self.inner.check_invariants();
+        }
+    }
+
+    /// The engine's checks catch a free that raises a figure (the engine reads the
+    /// figures after frees only where an observer or the checks ask, so a peak would
+    /// be missed).
+    #[test]
+    #[should_panic(expected = "segment count went up from 1 to 2 at event 1, which only frees")]
+    fn checks_catch_a_free_that_raises_a_figure() {
+        let t = Trace::new("t", vec![alloc(0, 100), free(0)]);
+        let mut d = SimDevice::new(SimDeviceOptions::default());
+        let _ = replay(&t, &mut RaisesOnFree::default(), &mut d, &checked());
+    }
+
+    /// Unchecked and unobserved, the engine reads the figures after a free only where
+    /// the free called the device: a figure raised at a free is not seen, so the
+    /// contract the checks hold policies to is what keeps the peaks exact; an observer
+    /// that needs every event's figures sees them.
+    #[test]
+    fn figures_after_frees_are_read_where_needed() {
+        let t = Trace::new("t", vec![alloc(0, 100), free(0), alloc(1, 100)]);
+        let unobserved = replay(
+            &t,
+            &mut RaisesOnFree::default(),
+            &mut SimDevice::new(SimDeviceOptions::default()),
+            &ReplayOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(unobserved.summary.segment_count_peak, 2, "read at event 2");
+        let mut timeline = Timeline::default();
+        replay_with(
+            &t,
+            &mut RaisesOnFree::default(),
+            &mut SimDevice::new(SimDeviceOptions::default()),
+            &ReplayOptions::default(),
+            &mut timeline,
+        )
+        .unwrap();
+        let counts: Vec<u64> = timeline
+            .samples
+            .iter()
+            .map(|s| s.policy.segment_count)
+            .collect();
+        assert_eq!(counts, [1, 2, 2]);
+        let mut oom_watch = crate::OomWatch::default();
+        let mut seen = Vec::new();
+        struct Seen<'a>(&'a mut Vec<u64>);
+        impl Observer for Seen<'_> {
+            fn after_event(&mut self, step: &Step<'_>) {
+                self.0.push(step.policy_stats.segment_count);
+            }
+            fn needs_stats_every_event(&self) -> bool {
+                false
+            }
+        }
+        replay_with(
+            &t,
+            &mut RaisesOnFree::default(),
+            &mut SimDevice::new(SimDeviceOptions::default()),
+            &ReplayOptions::default(),
+            &mut (&mut oom_watch, Seen(&mut seen)),
+        )
+        .unwrap();
+        assert_eq!(
+            seen,
+            [1, 1, 2],
+            "the free's step shows the figures read before it"
+        );
     }
 
     /// Without checks the same lying policy replays (the checks are what caught it).
