@@ -5,6 +5,7 @@ use super::*;
 impl CachingPolicy {
     /// The program freed the block: allocated bytes drop, the block waits (`Pending`)
     /// until it returns to its pool.
+    #[inline]
     pub(super) fn mark_free_requested(&mut self, id: u32) {
         let max_split = self.config.max_split_size_bytes;
         let block = self.block_mut(id);
@@ -54,6 +55,7 @@ impl CachingPolicy {
     }
 
     /// `try_merge_blocks`: absorbs a free neighbour; returns its size, or 0.
+    #[inline]
     pub(super) fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
         if src == NIL {
             return 0;

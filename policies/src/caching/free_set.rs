@@ -223,7 +223,7 @@ impl StreamBlocks {
 
     /// Links `id` (its node's key set) into its class list, in order; `false` if a
     /// block with its key is there already.
-    #[inline]
+    #[inline(always)]
     fn insert(&mut self, nodes: &mut Nodes, id: u32) -> bool {
         let size = nodes.get(id).size;
         let class = class_of(size);
@@ -319,7 +319,7 @@ impl StreamBlocks {
     }
 
     /// Unlinks `id`, which is in this stream's lists.
-    #[inline]
+    #[inline(always)]
     fn remove(&mut self, nodes: &mut Nodes, id: u32) {
         let node = *nodes.get(id);
         let class = class_of(node.size);
@@ -378,7 +378,7 @@ impl StreamBlocks {
     }
 
     /// The first block of class `class` at or after `key`.
-    #[inline]
+    #[inline(always)]
     fn first_in_class_from(&self, nodes: &Nodes, class: usize, key: (u64, u64)) -> Option<u32> {
         let list = self.class(class);
         if list.crowded() {
@@ -440,7 +440,7 @@ impl StreamBlocks {
     }
 
     /// The first block at or after `key`.
-    #[inline]
+    #[inline(always)]
     fn first_from(&self, nodes: &Nodes, key: (u64, u64)) -> Option<u32> {
         let class = class_of(key.0);
         if let Some(id) = self.first_in_class_from(nodes, class, key) {
@@ -520,7 +520,7 @@ impl FreeSet {
     /// Adds block `id` with this key; `false` (and nothing changes) if a block with
     /// the same stream, size and address is there already. The block must be in no
     /// set of `nodes`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn insert(
         &mut self,
         nodes: &mut Nodes,
@@ -551,7 +551,7 @@ impl FreeSet {
 
     /// Removes block `id` if it is in this set (a block of another set of `nodes`
     /// must not be named); whether it was.
-    #[inline]
+    #[inline(always)]
     pub(super) fn remove(&mut self, nodes: &mut Nodes, id: u32) -> bool {
         let Some(node) = nodes.nodes.get(id as usize).filter(|n| n.linked) else {
             return false;
@@ -572,7 +572,7 @@ impl FreeSet {
 
     /// The first block of `stream` at or after `(size, 0)`: the smallest block of at
     /// least `size` bytes, lowest address first.
-    #[inline]
+    #[inline(always)]
     pub(super) fn first_at_least(&self, nodes: &Nodes, stream: u64, size: u64) -> Option<Cursor> {
         let si = self.stream_index(stream).ok()?;
         self.at(nodes, si, self.streams[si].first_from(nodes, (size, 0)))
@@ -599,7 +599,7 @@ impl FreeSet {
     }
 
     /// Removes the block at `at` (every cursor becomes stale).
-    #[inline]
+    #[inline(always)]
     pub(super) fn remove_at(&mut self, nodes: &mut Nodes, at: Cursor) -> Entry {
         self.streams[at.stream as usize].remove(nodes, at.entry.id);
         self.len -= 1;
