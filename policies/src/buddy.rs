@@ -163,6 +163,126 @@ struct BuddySegment {
 struct Held {
     /// The block is an oversize segment of its own.
     oversize: bool,
+    /// Its segment's position (see [`BuddySegment::position`]).
+    position: u64,
+}
+
+/// Above this many blocks an [`OrderSet`] moves from its sorted vector to an ordered set;
+/// back below [`OrderSet::SHRINK`].
+const VEC_MAX: usize = 32;
+
+/// The free blocks of one order, by (segment position, address): policy order, the
+/// smallest first. A vector sorted in *descending* order while they are few (the
+/// smallest is popped from its end, a lookup scans a few entries), an ordered set when
+/// they are many; the same set either way, so the same block is taken.
+#[derive(Debug, Default)]
+struct OrderSet {
+    few: Vec<(u64, u64)>,
+    many: BTreeSet<(u64, u64)>,
+}
+
+impl OrderSet {
+    /// Below this many blocks a set in `many` goes back to `few`.
+    const SHRINK: usize = VEC_MAX / 2;
+
+    fn is_empty(&self) -> bool {
+        self.few.is_empty() && self.many.is_empty()
+    }
+
+    /// Takes the smallest key.
+    #[inline]
+    fn pop_first(&mut self) -> Option<(u64, u64)> {
+        if self.many.is_empty() {
+            return self.few.pop();
+        }
+        let first = self.many.pop_first();
+        self.maybe_shrink();
+        first
+    }
+
+    #[inline]
+    fn insert(&mut self, key: (u64, u64)) {
+        if self.many.is_empty() {
+            if self.few.len() < VEC_MAX {
+                // Descending: the first entry smaller than `key` is where it goes.
+                let at = self
+                    .few
+                    .iter()
+                    .position(|&k| k < key)
+                    .unwrap_or(self.few.len());
+                debug_assert!(
+                    at == 0 || self.few[at - 1] != key,
+                    "buddy: free block twice"
+                );
+                self.few.insert(at, key);
+                return;
+            }
+            self.many.extend(self.few.drain(..));
+        }
+        self.many.insert(key);
+    }
+
+    /// Removes `key`; whether it was there.
+    #[inline]
+    fn remove(&mut self, key: (u64, u64)) -> bool {
+        if self.many.is_empty() {
+            // Most lookups are for a block near the smallest: scan from the end.
+            match self.few.iter().rposition(|&k| k == key) {
+                Some(at) => {
+                    self.few.remove(at);
+                    true
+                }
+                None => false,
+            }
+        } else {
+            let removed = self.many.remove(&key);
+            self.maybe_shrink();
+            removed
+        }
+    }
+
+    fn maybe_shrink(&mut self) {
+        if !self.many.is_empty() && self.many.len() < Self::SHRINK {
+            self.few
+                .extend(std::mem::take(&mut self.many).into_iter().rev());
+        }
+    }
+
+    fn contains(&self, key: (u64, u64)) -> bool {
+        self.few.contains(&key) || self.many.contains(&key)
+    }
+
+    /// The keys, smallest first.
+    fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.few.iter().rev().chain(self.many.iter()).copied()
+    }
+
+    /// Takes every key out, smallest first.
+    fn take_all(&mut self) -> Vec<(u64, u64)> {
+        let mut all: Vec<(u64, u64)> = std::mem::take(&mut self.many).into_iter().collect();
+        all.extend(std::mem::take(&mut self.few).into_iter().rev());
+        all
+    }
+
+    /// Panics unless the representation is sorted and in one of its two forms.
+    fn check(&self) {
+        assert!(
+            self.few.is_empty() || self.many.is_empty(),
+            "buddy: a free list in both forms"
+        );
+        assert!(
+            self.few.len() <= VEC_MAX,
+            "buddy: a short free list too long"
+        );
+        assert!(
+            self.few.windows(2).all(|w| w[0] > w[1]),
+            "buddy: a short free list out of order"
+        );
+        assert!(
+            self.many.is_empty() || self.many.len() >= Self::SHRINK,
+            "buddy: a long free list too short"
+        );
+    }
 }
 
 /// Binary buddy allocator. See the module docs.
@@ -173,11 +293,16 @@ pub struct BuddyPolicy {
     max_order: u32,
     /// Free blocks of normal segments, one set per order, by (segment position,
     /// address): policy order.
-    free_lists: Vec<BTreeSet<(u64, u64)>>,
+    free_lists: Vec<OrderSet>,
+    /// Bit `k` set when order `k`'s free list is not empty (at most 41 orders).
+    nonempty: u64,
     /// Free (whole) oversize segments by (size, address).
     free_oversize: BTreeSet<(u64, u64)>,
     /// Every live device segment by base address.
     segments: BTreeMap<u64, BuddySegment>,
+    /// (position, base address) of every live normal segment, by position: a freed
+    /// block's segment found by its lease's position.
+    bases: Vec<(u64, u64)>,
     /// The position the next segment gets.
     next_position: u64,
     /// Live blocks; an allocation's `block` indexes it.
@@ -196,9 +321,11 @@ impl BuddyPolicy {
         Ok(BuddyPolicy {
             options,
             max_order,
-            free_lists: vec![BTreeSet::new(); max_order as usize + 1],
+            free_lists: (0..=max_order).map(|_| OrderSet::default()).collect(),
+            nonempty: 0,
             free_oversize: BTreeSet::new(),
             segments: BTreeMap::new(),
+            bases: Vec::new(),
             next_position: 0,
             live: Leases::default(),
             stats: PolicyStats::default(),
@@ -221,8 +348,18 @@ impl BuddyPolicy {
         self.options.min_block_bytes << order
     }
 
+    /// The order of a block size (both it and the minimum block are powers of two).
     fn order_of(&self, block_bytes: u64) -> u32 {
-        (block_bytes / self.options.min_block_bytes).trailing_zeros()
+        block_bytes.trailing_zeros() - self.options.min_block_bytes.trailing_zeros()
+    }
+
+    /// Base address of the live normal segment at `position`.
+    #[inline]
+    fn base_at(&self, position: u64) -> u64 {
+        let at = self.bases.partition_point(|&(p, _)| p < position);
+        let (p, base) = self.bases[at];
+        debug_assert_eq!(p, position, "buddy: no live segment at a block's position");
+        base
     }
 
     /// Base address of the segment holding `addr`.
@@ -235,18 +372,33 @@ impl BuddyPolicy {
         base
     }
 
+    /// Files a free block of order `order` under its segment's position.
+    #[inline]
+    fn push_free(&mut self, order: u32, position: u64, addr: u64) {
+        self.free_lists[order as usize].insert((position, addr));
+        self.nonempty |= 1 << order;
+    }
+
     /// Takes the free block of the smallest order ≥ `order` (first in policy order),
-    /// splitting it down to `order`. `None` if no free block is large enough.
-    fn take_free(&mut self, order: u32) -> Option<u64> {
-        let found = (order..=self.max_order).find(|&k| !self.free_lists[k as usize].is_empty())?;
-        let (position, addr) = self.free_lists[found as usize]
-            .pop_first()
-            .expect("non-empty free list");
+    /// splitting it down to `order`: its segment's (base, position) and address. `None`
+    /// if no free block is large enough.
+    #[inline]
+    fn take_free(&mut self, order: u32) -> Option<(u64, u64)> {
+        let found = (self.nonempty >> order).trailing_zeros();
+        if found == 64 {
+            return None;
+        }
+        let found = order + found;
+        let list = &mut self.free_lists[found as usize];
+        let (position, addr) = list.pop_first().expect("non-empty free list");
+        if list.is_empty() {
+            self.nonempty &= !(1 << found);
+        }
         for k in (order..found).rev() {
             let upper = addr + self.block_size(k);
-            self.free_lists[k as usize].insert((position, upper));
+            self.push_free(k, position, upper);
         }
-        Some(addr)
+        Some((position, addr))
     }
 
     /// Asks the device for a segment; on out of memory releases every wholly free
@@ -274,7 +426,8 @@ impl BuddyPolicy {
         }
     }
 
-    fn add_segment(&mut self, segment: Segment, oversize: bool) -> u64 {
+    /// Files a new segment; its base and position.
+    fn add_segment(&mut self, segment: Segment, oversize: bool) -> (u64, u64) {
         let base = segment.addr.0;
         self.stats.reserved_bytes += segment.size_bytes;
         self.stats.segment_count += 1;
@@ -292,15 +445,21 @@ impl BuddyPolicy {
             previous.is_none(),
             "buddy: the device handed out one base address twice"
         );
-        base
+        if !oversize {
+            // Positions only grow: pushing keeps `bases` sorted.
+            self.bases.push((position, base));
+        }
+        (base, position)
     }
 
     /// Returns every wholly free segment, normal and oversize, to the device.
     fn release_free_segments(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
-        let whole: Vec<u64> = std::mem::take(&mut self.free_lists[self.max_order as usize])
+        let whole: Vec<u64> = self.free_lists[self.max_order as usize]
+            .take_all()
             .into_iter()
             .map(|(_, a)| a)
             .collect();
+        self.nonempty &= !(1 << self.max_order);
         let oversize: Vec<u64> = std::mem::take(&mut self.free_oversize)
             .into_iter()
             .map(|(_, a)| a)
@@ -310,6 +469,13 @@ impl BuddyPolicy {
                 .segments
                 .remove(&base)
                 .expect("buddy: free segment not in the segment table");
+            if !entry.oversize {
+                let at = self
+                    .bases
+                    .binary_search(&(entry.position, base))
+                    .expect("buddy: normal segment without its base entry");
+                self.bases.remove(at);
+            }
             self.stats.reserved_bytes -= entry.segment.size_bytes;
             self.stats.segment_count -= 1;
             device.free_segment(entry.segment)?;
@@ -351,42 +517,43 @@ impl Policy for BuddyPolicy {
         }
         let block_bytes = self.block_bytes_for(size);
         let oversize = block_bytes > self.options.segment_bytes;
-        let addr = if oversize {
+        let (addr, held) = if oversize {
             let cached = self
                 .free_oversize
                 .range((block_bytes, 0)..=(block_bytes, u64::MAX))
                 .next()
                 .copied();
-            match cached {
+            let (base, position) = match cached {
                 Some(key) => {
                     self.free_oversize.remove(&key);
-                    key.1
+                    (key.1, self.segments[&key.1].position)
                 }
                 None => {
                     let segment = self.draw_segment(device, block_bytes, size)?;
                     self.add_segment(segment, true)
                 }
-            }
+            };
+            (base, Held { oversize, position })
         } else {
             let order = self.order_of(block_bytes);
-            match self.take_free(order) {
-                Some(addr) => addr,
+            let (position, addr) = match self.take_free(order) {
+                Some(found) => found,
                 None => {
                     let segment = self.draw_segment(device, self.options.segment_bytes, size)?;
-                    let base = self.add_segment(segment, false);
-                    let position = self.segments[&base].position;
-                    self.free_lists[self.max_order as usize].insert((position, base));
+                    let (base, position) = self.add_segment(segment, false);
+                    self.push_free(self.max_order, position, base);
                     self.take_free(order)
                         .expect("a new segment holds any normal block")
                 }
-            }
+            };
+            (addr, Held { oversize, position })
         };
         Ok(self.live.issue(
             addr,
             size,
             block_bytes,
             request.stream,
-            Held { oversize },
+            held,
             &mut self.stats,
         ))
     }
@@ -401,19 +568,23 @@ impl Policy for BuddyPolicy {
             self.free_oversize.insert((block.block_bytes, block.addr));
             return Ok(());
         }
-        let base = self.segment_base(block.addr);
-        let position = self.segments[&base].position;
+        let position = block.detail.position;
+        let base = self.base_at(position);
         let mut addr = block.addr;
         let mut order = self.order_of(block.block_bytes);
-        while order < self.max_order {
+        while order < self.max_order && self.nonempty & (1 << order) != 0 {
             let buddy = base + ((addr - base) ^ self.block_size(order));
-            if !self.free_lists[order as usize].remove(&(position, buddy)) {
+            let list = &mut self.free_lists[order as usize];
+            if !list.remove((position, buddy)) {
                 break;
+            }
+            if list.is_empty() {
+                self.nonempty &= !(1 << order);
             }
             addr = addr.min(buddy);
             order += 1;
         }
-        self.free_lists[order as usize].insert((position, addr));
+        self.push_free(order, position, addr);
         Ok(())
     }
 
@@ -428,7 +599,7 @@ impl Policy for BuddyPolicy {
     fn snapshot(&self) -> Vec<SegmentSnapshot> {
         let mut blocks: BTreeMap<u64, BlockSnapshot> = BTreeMap::new();
         for (order, list) in self.free_lists.iter().enumerate() {
-            for &(_, addr) in list {
+            for (_, addr) in list.iter() {
                 let size_bytes = self.block_size(order as u32);
                 blocks.insert(
                     addr,
@@ -498,8 +669,14 @@ impl Policy for BuddyPolicy {
             );
         };
         for (order, list) in self.free_lists.iter().enumerate() {
+            list.check();
+            assert_eq!(
+                self.nonempty & (1 << order) != 0,
+                !list.is_empty(),
+                "buddy: the non-empty bit of order {order} is wrong"
+            );
             let size = self.block_size(order as u32);
-            for &(position, addr) in list {
+            for (position, addr) in list.iter() {
                 let base = self.segment_base(addr);
                 let seg = &self.segments[&base];
                 assert!(
@@ -518,7 +695,7 @@ impl Policy for BuddyPolicy {
                 if order < self.max_order as usize {
                     let buddy = base + ((addr - base) ^ size);
                     assert!(
-                        !list.contains(&(position, buddy)),
+                        !list.contains((position, buddy)),
                         "buddy: free buddies {addr:#x} and {buddy:#x} were not merged"
                     );
                 }
@@ -549,6 +726,10 @@ impl Policy for BuddyPolicy {
                 seg.oversize, b.detail.oversize,
                 "buddy: live block in the wrong kind of segment"
             );
+            assert_eq!(
+                seg.position, b.detail.position,
+                "buddy: live block filed under another segment's position"
+            );
             if b.detail.oversize {
                 assert_eq!(
                     (base, seg.segment.size_bytes),
@@ -564,6 +745,17 @@ impl Policy for BuddyPolicy {
             }
             add(b.addr, b.block_bytes, false);
         }
+        let mut bases: Vec<(u64, u64)> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| !s.oversize)
+            .map(|(&base, s)| (s.position, base))
+            .collect();
+        bases.sort_unstable();
+        assert_eq!(
+            self.bases, bases,
+            "buddy: the base table disagrees with the normal segments"
+        );
         let mut reserved = 0u64;
         for (&base, s) in &self.segments {
             assert_eq!(
@@ -952,7 +1144,81 @@ mod tests {
         ]
     }
 
+    #[derive(Clone, Debug)]
+    enum SetOp {
+        Insert(u64, u64),
+        Remove(u64, u64),
+        PopFirst,
+    }
+
+    fn set_op() -> impl Strategy<Value = SetOp> {
+        prop_oneof![
+            4 => (0u64..3, 0u64..64).prop_map(|(p, a)| SetOp::Insert(p, a)),
+            2 => (0u64..3, 0u64..64).prop_map(|(p, a)| SetOp::Remove(p, a)),
+            1 => Just(SetOp::PopFirst),
+        ]
+    }
+
+    /// Freeing every other of 200 blocks leaves 100 free blocks of one order (a free list
+    /// in its ordered-set form); they are reused lowest address first, and merge back.
+    #[test]
+    fn many_free_blocks_of_one_order() {
+        let mut d = TestDevice::unbounded();
+        let mut p = BuddyPolicy::new(BuddyOptions {
+            min_block_bytes: 512,
+            segment_bytes: 128 << 10,
+        })
+        .unwrap();
+        let blocks: Vec<_> = (0..200)
+            .map(|_| p.allocate(&mut d, req(512)).unwrap())
+            .collect();
+        let base = d.live_segments()[0].0;
+        let mut kept = Vec::new();
+        for (i, a) in blocks.into_iter().enumerate() {
+            if i % 2 == 0 {
+                p.free(&mut d, a).unwrap();
+            } else {
+                kept.push(a);
+            }
+        }
+        assert!(p.free_lists[0].many.len() >= 100, "the long form is in use");
+        check_against_device(&p, &d);
+        for i in 0..100 {
+            let a = p.allocate(&mut d, req(300)).unwrap();
+            assert_eq!(a.addr.0 - base, 1024 * i, "lowest free address first");
+            kept.push(a);
+            check_against_device(&p, &d);
+        }
+        for a in kept {
+            p.free(&mut d, a).unwrap();
+        }
+        check_against_device(&p, &d);
+        assert_eq!(layout(&p, 0), vec![(0, 128 << 10, BlockState::Free)]);
+    }
+
     proptest! {
+        /// A free list answers as an ordered set of (position, address) does, in both of
+        /// its forms and across the moves between them.
+        #[test]
+        fn order_set_is_an_ordered_set(ops in prop::collection::vec(set_op(), 1..400)) {
+            let mut set = OrderSet::default();
+            let mut model = BTreeSet::new();
+            for op in ops {
+                match op {
+                    SetOp::Insert(p, a) => {
+                        if model.insert((p, a)) {
+                            set.insert((p, a));
+                        }
+                    }
+                    SetOp::Remove(p, a) => prop_assert_eq!(set.remove((p, a)), model.remove(&(p, a))),
+                    SetOp::PopFirst => prop_assert_eq!(set.pop_first(), model.pop_first()),
+                }
+                set.check();
+                prop_assert_eq!(set.is_empty(), model.is_empty());
+                prop_assert_eq!(set.iter().collect::<Vec<_>>(), model.iter().copied().collect::<Vec<_>>());
+            }
+        }
+
         /// Random alloc/free/empty_cache runs on a small device keep every invariant, and
         /// an OOM never changes live allocations.
         #[test]

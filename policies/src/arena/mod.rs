@@ -92,6 +92,7 @@ use crate::policy::{
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
 };
 use crate::registry::OptionsError;
+use crate::slab::Slab;
 use free_list::FreeList;
 
 /// Every allocation size is rounded up to a multiple of this (RMM's
@@ -208,6 +209,8 @@ impl ArenaOptions {
 /// One device segment of the global arena.
 #[derive(Debug)]
 struct Chunk {
+    /// When it was obtained (0 for the first): its place in the arena's order.
+    position: u64,
     segment: Segment,
     free: FreeList,
 }
@@ -216,12 +219,31 @@ struct Chunk {
 /// obtained in) and the device address.
 type Place = (u64, u64);
 
+/// One superblock: where it is, which arena holds it, its free ranges.
+#[derive(Debug)]
+struct Superblock {
+    place: Place,
+    /// The stream whose arena holds it, or `None` for an orphan (given back to the
+    /// global arena with live blocks under memory pressure).
+    holder: Option<StreamId>,
+    free: FreeList,
+}
+
+/// One stream's arena: its superblocks (slots of [`ArenaPolicy::superblocks`]) in arena
+/// order.
+#[derive(Debug)]
+struct StreamArena {
+    stream: StreamId,
+    superblocks: Vec<(Place, u32)>,
+}
+
 /// What the policy records about a handed-out block, beside its lease.
 #[derive(Debug)]
 struct Held {
-    /// The superblock (of the lease's stream arena) holding it; `None` for a
-    /// global-arena block.
-    superblock: Option<Place>,
+    /// The slot of the superblock holding it; `None` for a global-arena block.
+    superblock: Option<u32>,
+    /// The position of the chunk holding it.
+    position: u64,
 }
 
 /// A handed-out block.
@@ -232,18 +254,15 @@ type LiveBlock = Lease<Held>;
 pub struct ArenaPolicy {
     options: ArenaOptions,
     /// The global arena: chunks by position (the order they were obtained in).
-    chunks: BTreeMap<u64, Chunk>,
-    /// Each chunk's position by its base address.
-    positions: BTreeMap<u64, u64>,
+    chunks: Vec<Chunk>,
     /// The position the next chunk gets.
     next_position: u64,
-    /// Per-stream arenas: superblock place → its free list. No empty arena is kept.
-    arenas: BTreeMap<StreamId, BTreeMap<Place, FreeList>>,
-    /// Non-empty superblocks given back to the global arena under memory pressure.
-    orphans: BTreeMap<Place, FreeList>,
-    /// Where each superblock is: the stream whose arena holds it, or `None` for an
-    /// orphan.
-    holder: BTreeMap<Place, Option<StreamId>>,
+    /// Every superblock held by a stream arena or orphaned, by slot.
+    superblocks: Slab<Superblock>,
+    /// Per-stream arenas, by stream. No empty arena is kept.
+    arenas: Vec<StreamArena>,
+    /// Orphan superblocks by place (arena order): their slots.
+    orphans: BTreeMap<Place, u32>,
     /// Live blocks; an allocation's `block` indexes it.
     live: Leases<Held>,
     stats: PolicyStats,
@@ -258,12 +277,11 @@ impl ArenaPolicy {
         options.validate()?;
         Ok(ArenaPolicy {
             options,
-            chunks: BTreeMap::new(),
-            positions: BTreeMap::new(),
+            chunks: Vec::new(),
             next_position: 0,
-            arenas: BTreeMap::new(),
+            superblocks: Slab::default(),
+            arenas: Vec::new(),
             orphans: BTreeMap::new(),
-            holder: BTreeMap::new(),
             live: Leases::default(),
             stats: PolicyStats::default(),
         })
@@ -287,22 +305,19 @@ impl ArenaPolicy {
     }
 
     /// First fit over the global arena in arena order, without growing.
+    #[inline]
     fn global_first_fit(&mut self, bytes: u64) -> Option<Place> {
         self.chunks
             .iter_mut()
-            .find_map(|(&position, c)| c.free.first_fit(bytes).map(|a| (position, a)))
+            .find_map(|c| c.free.first_fit(bytes).map(|a| (c.position, a)))
     }
 
     /// The first place (arena order) of a chunk range that holds `bytes`, without
     /// carving it.
     fn global_peek(&self, bytes: u64) -> Option<Place> {
-        self.chunks.iter().find_map(|(&position, c)| {
-            c.free
-                .ranges
-                .iter()
-                .find(|(_, &len)| len >= bytes)
-                .map(|(&a, _)| (position, a))
-        })
+        self.chunks
+            .iter()
+            .find_map(|c| c.free.peek(bytes).map(|a| (c.position, a)))
     }
 
     /// First fit over the global arena; grows by a chunk if nothing fits. `None` when
@@ -324,6 +339,36 @@ impl ArenaPolicy {
         ))
     }
 
+    /// The index of `stream`'s arena in `arenas`, or where it would go.
+    #[inline]
+    fn arena_index(&self, stream: StreamId) -> Result<usize, usize> {
+        self.arenas.binary_search_by_key(&stream, |a| a.stream)
+    }
+
+    /// Gives the superblock in `slot` (at `place`) to `stream`'s arena.
+    fn hand_to(&mut self, stream: StreamId, place: Place, slot: u32) {
+        self.superblocks
+            .get_mut(slot)
+            .expect("arena: a superblock slot without its superblock")
+            .holder = Some(stream);
+        let i = match self.arena_index(stream) {
+            Ok(i) => i,
+            Err(i) => {
+                self.arenas.insert(
+                    i,
+                    StreamArena {
+                        stream,
+                        superblocks: Vec::new(),
+                    },
+                );
+                i
+            }
+        };
+        let superblocks = &mut self.arenas[i].superblocks;
+        let at = superblocks.partition_point(|&(p, _)| p < place);
+        superblocks.insert(at, (place, slot));
+    }
+
     /// A superblock for `stream` holding a free range of `bytes`: the first orphan that
     /// fits or the first chunk range that holds a new superblock, whichever comes first
     /// in arena order; else a new superblock from a new chunk. `None` when the device
@@ -333,69 +378,107 @@ impl ArenaPolicy {
         device: &mut dyn Device,
         stream: StreamId,
         bytes: u64,
-    ) -> Result<Option<Place>, DeviceError> {
+    ) -> Result<Option<u32>, DeviceError> {
         let superblock_bytes = self.options.superblock_bytes;
-        let orphan = self
-            .orphans
-            .iter()
-            .find(|(_, free)| free.fits(bytes))
-            .map(|(&place, _)| place);
+        let orphan = self.orphans.iter().find(|(_, &slot)| {
+            self.superblocks
+                .get(slot)
+                .expect("arena: an orphan slot without its superblock")
+                .free
+                .fits(bytes)
+        });
+        let orphan = orphan.map(|(&place, &slot)| (place, slot));
         let fresh = self.global_peek(superblock_bytes);
         let place = match (orphan, fresh) {
-            (Some(o), Some(f)) if o < f => {
-                let free = self.orphans.remove(&o).expect("found above");
-                self.arenas.entry(stream).or_default().insert(o, free);
-                self.holder.insert(o, Some(stream));
-                return Ok(Some(o));
+            (Some((o, slot)), Some(f)) if o < f => {
+                self.orphans.remove(&o);
+                self.hand_to(stream, o, slot);
+                return Ok(Some(slot));
             }
-            (Some(o), None) => {
-                let free = self.orphans.remove(&o).expect("found above");
-                self.arenas.entry(stream).or_default().insert(o, free);
-                self.holder.insert(o, Some(stream));
-                return Ok(Some(o));
+            (Some((o, slot)), None) => {
+                self.orphans.remove(&o);
+                self.hand_to(stream, o, slot);
+                return Ok(Some(slot));
             }
             _ => match self.global_allocate(device, superblock_bytes)? {
                 Some(place) => place,
                 None => return Ok(None),
             },
         };
-        self.arenas
-            .entry(stream)
-            .or_default()
-            .insert(place, FreeList::whole(place.1, superblock_bytes));
-        self.holder.insert(place, Some(stream));
-        Ok(Some(place))
+        let slot = self.superblocks.insert(Superblock {
+            place,
+            holder: None,
+            free: FreeList::whole(place.1, superblock_bytes),
+        });
+        self.hand_to(stream, place, slot);
+        Ok(Some(slot))
     }
 
     /// One attempt at a block of `bytes` for `stream` (large: the global arena; small:
     /// the stream's superblocks, then a superblock acquired): the block's address and
-    /// superblock, or `None` when the device refuses a chunk.
+    /// its superblock's slot and chunk position, or `None` when the device refuses a
+    /// chunk.
+    #[inline]
     fn try_allocate(
         &mut self,
         device: &mut dyn Device,
         stream: StreamId,
         bytes: u64,
-    ) -> Result<Option<(u64, Option<Place>)>, DeviceError> {
+    ) -> Result<Option<(u64, Held)>, DeviceError> {
         if bytes > self.options.threshold_bytes {
-            return Ok(self.global_allocate(device, bytes)?.map(|p| (p.1, None)));
+            return Ok(self
+                .global_allocate(device, bytes)?
+                .map(|(position, addr)| {
+                    (
+                        addr,
+                        Held {
+                            superblock: None,
+                            position,
+                        },
+                    )
+                }));
         }
-        let found = self.arenas.get_mut(&stream).and_then(|sbs| {
-            sbs.iter_mut()
-                .find_map(|(&sb, free)| free.first_fit(bytes).map(|a| (a, sb)))
-        });
-        if let Some((addr, sb)) = found {
-            return Ok(Some((addr, Some(sb))));
+        if let Ok(i) = self.arena_index(stream) {
+            let superblocks = &mut self.superblocks;
+            for &((position, _), slot) in &self.arenas[i].superblocks {
+                let sb = superblocks
+                    .get_mut(slot)
+                    .expect("arena: a stream arena names an empty slot");
+                if let Some(addr) = sb.free.first_fit(bytes) {
+                    let held = Held {
+                        superblock: Some(slot),
+                        position,
+                    };
+                    return Ok(Some((addr, held)));
+                }
+            }
         }
-        let Some(sb) = self.acquire_superblock(device, stream, bytes)? else {
+        let Some(slot) = self.acquire_superblock(device, stream, bytes)? else {
             return Ok(None);
         };
-        let addr = self
-            .arenas
-            .get_mut(&stream)
-            .and_then(|sbs| sbs.get_mut(&sb))
-            .and_then(|free| free.first_fit(bytes))
+        let sb = self
+            .superblocks
+            .get_mut(slot)
+            .expect("an acquired superblock is in its slot");
+        let addr = sb
+            .free
+            .first_fit(bytes)
             .expect("an acquired superblock fits the request");
-        Ok(Some((addr, Some(sb))))
+        let held = Held {
+            superblock: Some(slot),
+            position: sb.place.0,
+        };
+        Ok(Some((addr, held)))
+    }
+
+    /// Takes the superblock in `slot` out of the table and gives its range back to the
+    /// global arena.
+    fn dissolve(&mut self, slot: u32) {
+        let sb = self
+            .superblocks
+            .remove(slot)
+            .expect("arena: dissolving an empty slot");
+        self.global_free(sb.place.0, sb.place.1, self.options.superblock_bytes);
     }
 
     /// RMM's `defragment()`: every stream arena gives all its superblocks to the global
@@ -403,14 +486,17 @@ impl ArenaPolicy {
     /// wholly free chunk goes back to the device.
     fn defragment(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
         let superblock_bytes = self.options.superblock_bytes;
-        for (_, superblocks) in std::mem::take(&mut self.arenas) {
-            for (place, free) in superblocks {
-                if free.is_whole(place.1, superblock_bytes) {
-                    self.holder.remove(&place);
-                    self.global_free(place.1, superblock_bytes);
+        for arena in std::mem::take(&mut self.arenas) {
+            for (place, slot) in arena.superblocks {
+                let sb = self
+                    .superblocks
+                    .get_mut(slot)
+                    .expect("arena: a stream arena names an empty slot");
+                if sb.free.is_whole(place.1, superblock_bytes) {
+                    self.dissolve(slot);
                 } else {
-                    self.holder.insert(place, None);
-                    self.orphans.insert(place, free);
+                    sb.holder = None;
+                    self.orphans.insert(place, slot);
                 }
             }
         }
@@ -426,32 +512,36 @@ impl ArenaPolicy {
             Err(e) => return Err(e),
         };
         let base = segment.addr.0;
+        assert!(
+            self.chunks.iter().all(|c| c.segment.addr.0 != base),
+            "arena: the device handed out one base address twice"
+        );
         let free = FreeList::whole(base, segment.size_bytes);
         self.stats.reserved_bytes += segment.size_bytes;
         self.stats.segment_count += 1;
         let position = self.next_position;
         self.next_position += 1;
-        assert!(
-            self.positions.insert(base, position).is_none(),
-            "arena: the device handed out one base address twice"
-        );
-        self.chunks.insert(position, Chunk { segment, free });
+        // Positions only grow: pushing keeps the chunks in arena order.
+        self.chunks.push(Chunk {
+            position,
+            segment,
+            free,
+        });
         Ok(true)
     }
 
-    /// Returns a range to the global arena.
-    fn global_free(&mut self, addr: u64, len: u64) {
-        let (_, &position) = self
-            .positions
-            .range(..=addr)
-            .next_back()
-            .expect("arena: freed range below every chunk");
+    /// Returns a range to the global arena: the chunk at `position`.
+    #[inline]
+    fn global_free(&mut self, position: u64, addr: u64, len: u64) {
+        let i = self.chunks.partition_point(|c| c.position < position);
         let chunk = self
             .chunks
-            .get_mut(&position)
-            .expect("arena: a chunk's position without its chunk");
+            .get_mut(i)
+            .filter(|c| c.position == position)
+            .expect("arena: freed range of no chunk");
         assert!(
-            addr + len <= chunk.segment.addr.0 + chunk.segment.size_bytes,
+            addr >= chunk.segment.addr.0
+                && addr + len <= chunk.segment.addr.0 + chunk.segment.size_bytes,
             "arena: freed range {addr:#x} leaves its chunk"
         );
         chunk.free.insert(addr, len);
@@ -461,35 +551,37 @@ impl ArenaPolicy {
     /// device.
     fn release_cached(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
         let superblock_bytes = self.options.superblock_bytes;
-        for (stream, mut superblocks) in std::mem::take(&mut self.arenas) {
-            let empty: Vec<Place> = superblocks
-                .iter()
-                .filter(|(&(_, addr), free)| free.is_whole(addr, superblock_bytes))
-                .map(|(&place, _)| place)
-                .collect();
-            for place in empty {
-                superblocks.remove(&place);
-                self.holder.remove(&place);
-                self.global_free(place.1, superblock_bytes);
+        for mut arena in std::mem::take(&mut self.arenas) {
+            let mut kept = Vec::with_capacity(arena.superblocks.len());
+            for (place, slot) in arena.superblocks {
+                let sb = self
+                    .superblocks
+                    .get(slot)
+                    .expect("arena: a stream arena names an empty slot");
+                if sb.free.is_whole(place.1, superblock_bytes) {
+                    self.dissolve(slot);
+                } else {
+                    kept.push((place, slot));
+                }
             }
-            if !superblocks.is_empty() {
-                self.arenas.insert(stream, superblocks);
+            if !kept.is_empty() {
+                arena.superblocks = kept;
+                self.arenas.push(arena);
             }
         }
         self.release_free_chunks(device)
     }
 
-    /// Every wholly free chunk back to the device.
+    /// Every wholly free chunk back to the device, in arena order.
     fn release_free_chunks(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
-        let whole: Vec<u64> = self
-            .chunks
-            .iter()
-            .filter(|(_, c)| c.free.is_whole(c.segment.addr.0, c.segment.size_bytes))
-            .map(|(&position, _)| position)
-            .collect();
-        for position in whole {
-            let chunk = self.chunks.remove(&position).expect("listed above");
-            self.positions.remove(&chunk.segment.addr.0);
+        let mut i = 0;
+        while i < self.chunks.len() {
+            let c = &self.chunks[i];
+            if !c.free.is_whole(c.segment.addr.0, c.segment.size_bytes) {
+                i += 1;
+                continue;
+            }
+            let chunk = self.chunks.remove(i);
             self.stats.reserved_bytes -= chunk.segment.size_bytes;
             self.stats.segment_count -= 1;
             device.free_segment(chunk.segment)?;
@@ -551,7 +643,7 @@ impl Policy for ArenaPolicy {
                 self.try_allocate(device, stream, bytes)?
             }
         };
-        let Some((addr, superblock)) = found else {
+        let Some((addr, held)) = found else {
             let needed = if bytes > self.options.threshold_bytes {
                 bytes
             } else {
@@ -563,14 +655,9 @@ impl Policy for ArenaPolicy {
                 stats: self.stats,
             });
         };
-        Ok(self.live.issue(
-            addr,
-            size,
-            bytes,
-            stream,
-            Held { superblock },
-            &mut self.stats,
-        ))
+        Ok(self
+            .live
+            .issue(addr, size, bytes, stream, held, &mut self.stats))
     }
 
     fn free(
@@ -579,31 +666,23 @@ impl Policy for ArenaPolicy {
         allocation: Allocation,
     ) -> Result<(), DeviceError> {
         let block = self.live.retire(&allocation, "arena", &mut self.stats);
-        let Some(sb) = block.detail.superblock else {
-            self.global_free(block.addr, block.block_bytes);
+        let Some(slot) = block.detail.superblock else {
+            self.global_free(block.detail.position, block.addr, block.block_bytes);
             return Ok(());
         };
-        // Back to whichever arena holds the superblock now.
-        match self.holder.get(&sb).copied() {
-            Some(Some(stream)) => self
-                .arenas
-                .get_mut(&stream)
-                .and_then(|sbs| sbs.get_mut(&sb))
-                .expect("arena: a superblock's holder does not hold it")
-                .insert(block.addr, block.block_bytes),
-            Some(None) => {
-                let free = self
-                    .orphans
-                    .get_mut(&sb)
-                    .expect("arena: an orphan superblock missing");
-                free.insert(block.addr, block.block_bytes);
-                if free.is_whole(sb.1, self.options.superblock_bytes) {
-                    self.orphans.remove(&sb);
-                    self.holder.remove(&sb);
-                    self.global_free(sb.1, self.options.superblock_bytes);
-                }
-            }
-            None => panic!("arena: a live block's superblock {:#x} is gone", sb.1),
+        // Back to whichever arena holds the superblock now (its free list is the same
+        // either way); an orphan that becomes empty coalesces into its chunk.
+        let sb = self
+            .superblocks
+            .get_mut(slot)
+            .expect("arena: a live block's superblock is gone");
+        sb.free.insert(block.addr, block.block_bytes);
+        if sb.holder.is_none() && sb.free.is_whole(sb.place.1, self.options.superblock_bytes) {
+            let place = sb.place;
+            self.orphans
+                .remove(&place)
+                .expect("arena: an orphan superblock missing");
+            self.dissolve(slot);
         }
         Ok(())
     }
@@ -620,17 +699,9 @@ impl Policy for ArenaPolicy {
         let superblock_bytes = self.options.superblock_bytes;
         let live: BTreeMap<u64, &LiveBlock> = self.live.values().map(|b| (b.addr, b)).collect();
         let superblocks: BTreeMap<u64, (StreamId, &FreeList)> = self
-            .arenas
-            .iter()
-            .flat_map(|(&stream, sbs)| {
-                sbs.iter()
-                    .map(move |(&(_, addr), free)| (addr, (stream, free)))
-            })
-            .chain(
-                self.orphans
-                    .iter()
-                    .map(|(&(_, addr), free)| (addr, (StreamId(0), free))),
-            )
+            .superblocks
+            .values()
+            .map(|sb| (sb.place.1, (sb.holder.unwrap_or(StreamId(0)), &sb.free)))
             .collect();
         let free_block = |addr: u64, size_bytes: u64| BlockSnapshot {
             addr: DeviceAddr(addr),
@@ -653,12 +724,14 @@ impl Policy for ArenaPolicy {
         };
         let mut out = Vec::new();
         // Snapshots list segments in address order.
-        for (&base, position) in &self.positions {
-            let chunk = &self.chunks[position];
+        let mut chunks: Vec<&Chunk> = self.chunks.iter().collect();
+        chunks.sort_unstable_by_key(|c| c.segment.addr.0);
+        for chunk in chunks {
+            let base = chunk.segment.addr.0;
             let end = base + chunk.segment.size_bytes;
             // The chunk's pieces in address order: global blocks, or a superblock.
             let mut pieces: BTreeMap<u64, Option<BlockSnapshot>> = BTreeMap::new();
-            for (&addr, &len) in &chunk.free.ranges {
+            for &(addr, len) in &chunk.free.ranges {
                 pieces.insert(addr, Some(free_block(addr, len)));
             }
             for (_, b) in live
@@ -683,7 +756,7 @@ impl Policy for ArenaPolicy {
                         let mut blocks: BTreeMap<u64, BlockSnapshot> = free
                             .ranges
                             .iter()
-                            .map(|(&a, &len)| (a, free_block(a, len)))
+                            .map(|&(a, len)| (a, free_block(a, len)))
                             .collect();
                         for (_, b) in live.range(addr..sb_end) {
                             blocks.insert(b.addr, live_block(b));
@@ -706,7 +779,7 @@ impl Policy for ArenaPolicy {
     fn check_invariants(&self) {
         let o = &self.options;
         // Live blocks, split by where they live.
-        let mut global_live: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut global_live: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
         let mut small_live: BTreeMap<u64, BTreeMap<u64, u64>> = BTreeMap::new();
         let (requested, allocated, count) = self.live.check("arena");
         for b in self.live.values() {
@@ -716,26 +789,24 @@ impl Policy for ArenaPolicy {
                 "arena: block not the 256-rounded request"
             );
             match b.detail.superblock {
-                Some(sb) => {
+                Some(slot) => {
                     assert!(
                         b.block_bytes <= o.threshold_bytes,
                         "arena: large block in a superblock"
                     );
-                    let held = match self.holder.get(&sb) {
-                        Some(Some(stream)) => self
-                            .arenas
-                            .get(stream)
-                            .is_some_and(|sbs| sbs.contains_key(&sb)),
-                        Some(None) => self.orphans.contains_key(&sb),
-                        None => false,
-                    };
-                    assert!(
-                        held,
-                        "arena: block {:#x} names a superblock no arena holds",
+                    let sb = self.superblocks.get(slot).unwrap_or_else(|| {
+                        panic!(
+                            "arena: block {:#x} names a superblock no arena holds",
+                            b.addr
+                        )
+                    });
+                    assert_eq!(
+                        sb.place.0, b.detail.position,
+                        "arena: block {:#x} filed under another chunk than its superblock",
                         b.addr
                     );
                     small_live
-                        .entry(sb.1)
+                        .entry(sb.place.1)
                         .or_default()
                         .insert(b.addr, b.block_bytes);
                 }
@@ -745,94 +816,135 @@ impl Policy for ArenaPolicy {
                         "arena: small block in the global arena"
                     );
                     assert!(
-                        global_live.insert(b.addr, b.block_bytes).is_none(),
+                        global_live
+                            .insert(b.addr, (b.block_bytes, b.detail.position))
+                            .is_none(),
                         "arena: two global blocks at one address"
                     );
                 }
             }
         }
-        // Superblocks: their free ranges and small blocks tile them.
-        let mut owner: BTreeMap<u64, StreamId> = BTreeMap::new();
-        let orphans = self
-            .orphans
-            .iter()
-            .map(|(&place, free)| (None, place, free));
-        for sbs in self.arenas.values() {
-            assert!(!sbs.is_empty(), "arena: empty stream arena kept");
+        // Where each superblock is: its arena's list or the orphans, as it records.
+        self.superblocks.check("arena superblocks");
+        assert!(
+            self.arenas.windows(2).all(|w| w[0].stream < w[1].stream),
+            "arena: stream arenas out of order"
+        );
+        let mut listed = 0usize;
+        for arena in &self.arenas {
+            assert!(
+                !arena.superblocks.is_empty(),
+                "arena: empty stream arena kept"
+            );
+            assert!(
+                arena.superblocks.windows(2).all(|w| w[0].0 < w[1].0),
+                "arena: a stream's superblocks out of arena order"
+            );
+            for &(place, slot) in &arena.superblocks {
+                let sb = self
+                    .superblocks
+                    .get(slot)
+                    .expect("arena: a stream arena names an empty slot");
+                assert!(
+                    sb.place == place && sb.holder == Some(arena.stream),
+                    "arena: superblock {:#x} held elsewhere than recorded",
+                    place.1
+                );
+                listed += 1;
+            }
         }
-        let held = self.arenas.iter().flat_map(|(&stream, sbs)| {
-            sbs.iter()
-                .map(move |(&place, free)| (Some(stream), place, free))
-        });
+        for (&place, &slot) in &self.orphans {
+            let sb = self
+                .superblocks
+                .get(slot)
+                .expect("arena: an orphan slot without its superblock");
+            assert!(
+                sb.place == place && sb.holder.is_none(),
+                "arena: superblock {:#x} held elsewhere than recorded",
+                place.1
+            );
+            assert!(
+                !sb.free.is_whole(place.1, o.superblock_bytes),
+                "arena: an empty orphan superblock at {:#x}",
+                place.1
+            );
+            listed += 1;
+        }
         assert_eq!(
-            self.holder.len(),
-            self.orphans.len() + self.arenas.values().map(BTreeMap::len).sum::<usize>(),
+            listed,
+            self.superblocks.values().count(),
             "arena: superblock holders"
         );
-        for (holder, (position, sb), free) in held.chain(orphans) {
-            assert_eq!(
-                self.holder.get(&(position, sb)),
-                Some(&holder),
-                "arena: superblock {sb:#x} held elsewhere than recorded"
+        // Superblocks: their free ranges and small blocks tile them.
+        let mut owner: BTreeMap<u64, u64> = BTreeMap::new();
+        for sb in self.superblocks.values() {
+            let (position, addr) = sb.place;
+            let chunk = self
+                .chunks
+                .iter()
+                .find(|c| c.position == position)
+                .expect("arena: superblock of no chunk");
+            let (base, len) = (chunk.segment.addr.0, chunk.segment.size_bytes);
+            assert!(
+                addr >= base && addr + o.superblock_bytes <= base + len,
+                "arena: superblock {addr:#x} outside the chunk of its place"
             );
-            if holder.is_none() {
+            assert!(
+                owner.insert(addr, position).is_none(),
+                "arena: superblock {addr:#x} owned by two streams"
+            );
+            sb.free.check(addr, addr + o.superblock_bytes, "superblock");
+            let mut pieces = small_live.remove(&addr).unwrap_or_default();
+            for &(a, len) in &sb.free.ranges {
                 assert!(
-                    !free.is_whole(sb, o.superblock_bytes),
-                    "arena: an empty orphan superblock at {sb:#x}"
+                    pieces.insert(a, len).is_none(),
+                    "arena: free range over a live block at {a:#x}"
                 );
             }
-            let stream = holder.unwrap_or(StreamId(0));
-            {
-                let chunk = self
-                    .chunks
-                    .get(&position)
-                    .expect("arena: superblock of no chunk");
-                let (base, len) = (chunk.segment.addr.0, chunk.segment.size_bytes);
-                assert!(
-                    sb >= base && sb + o.superblock_bytes <= base + len,
-                    "arena: superblock {sb:#x} outside the chunk of its place"
-                );
-                assert!(
-                    owner.insert(sb, stream).is_none(),
-                    "arena: superblock {sb:#x} owned by two streams"
-                );
-                free.check(sb, sb + o.superblock_bytes, "superblock");
-                let mut pieces = small_live.get(&sb).cloned().unwrap_or_default();
-                for (&a, &len) in &free.ranges {
-                    assert!(
-                        pieces.insert(a, len).is_none(),
-                        "arena: free range over a live block at {a:#x}"
-                    );
-                }
-                assert_tiles(&pieces, sb, sb + o.superblock_bytes, "superblock");
-            }
+            assert_tiles(&pieces, addr, addr + o.superblock_bytes, "superblock");
         }
+        assert!(
+            small_live.is_empty(),
+            "arena: a small block outside every superblock"
+        );
         // Chunks: free ranges, global blocks and superblocks tile them.
         let mut reserved = 0u64;
         let mut placed = 0usize;
-        assert_eq!(self.positions.len(), self.chunks.len(), "arena: positions");
-        for (&position, chunk) in &self.chunks {
+        assert!(
+            self.chunks
+                .windows(2)
+                .all(|w| w[0].position < w[1].position),
+            "arena: chunks out of arena order"
+        );
+        let mut bases: Vec<u64> = self.chunks.iter().map(|c| c.segment.addr.0).collect();
+        bases.sort_unstable();
+        assert!(
+            bases.windows(2).all(|w| w[0] < w[1]),
+            "arena: two chunks at one base address"
+        );
+        for chunk in &self.chunks {
+            let position = chunk.position;
             let base = chunk.segment.addr.0;
-            assert_eq!(
-                self.positions.get(&base),
-                Some(&position),
-                "arena: chunk filed under the wrong position"
-            );
             assert!(
                 position < self.next_position,
                 "arena: position from the future"
             );
             let end = base + chunk.segment.size_bytes;
             chunk.free.check(base, end, "chunk");
-            let mut pieces: BTreeMap<u64, u64> = chunk.free.ranges.clone();
-            for (&a, &len) in global_live.range(base..end) {
+            let mut pieces: BTreeMap<u64, u64> = chunk.free.ranges.iter().copied().collect();
+            for (&a, &(len, at)) in global_live.range(base..end) {
+                assert_eq!(
+                    at, position,
+                    "arena: global block {a:#x} filed under another chunk"
+                );
                 assert!(
                     pieces.insert(a, len).is_none(),
                     "arena: global block over a free range at {a:#x}"
                 );
                 placed += 1;
             }
-            for (&sb, _) in owner.range(base..end) {
+            for (&sb, &at) in owner.range(base..end) {
+                assert_eq!(at, position, "arena: superblock {sb:#x} in another chunk");
                 assert!(
                     pieces.insert(sb, o.superblock_bytes).is_none(),
                     "arena: superblock over another piece at {sb:#x}"
