@@ -246,7 +246,7 @@ impl CachingPolicy {
         let key = (blk.stream.0, blk.addr);
         self.pool_mut(b.owner, b.pool).unmapped.insert(key, id);
         self.total_allocated -= unmapped_size;
-        self.count_pool_segment(b.owner, false);
+        self.count_pool_segment(b.owner, false, true);
         self.stats.reserved_bytes.decrease(b.pool, unmapped_size);
         self.stats.num_device_free += 1;
         Ok(())

@@ -265,7 +265,7 @@ impl CachingPolicy {
             let found =
                 self.try_allocate_expandable_block(device, a.owner, a.pool, a.stream, a.size)?;
             if found.is_some() {
-                self.count_pool_segment(a.owner, true);
+                self.count_pool_segment(a.owner, true, true);
             }
             return Ok(found);
         }
@@ -278,7 +278,7 @@ impl CachingPolicy {
         let addr = segment.addr.0;
         let slot = self.segments.insert(segment);
         self.total_allocated += size;
-        self.count_pool_segment(a.owner, true);
+        self.count_pool_segment(a.owner, true, false);
         let id = self.insert_block(Block::whole(
             addr, size, a.stream, a.pool, a.owner, slot, false, true,
         ));

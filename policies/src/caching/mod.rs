@@ -213,6 +213,9 @@ struct PrivatePool {
     /// Segments (and expandable mappings) got for it and not yet given back
     /// (`cudaMalloc_count`).
     cuda_malloc_count: u64,
+    /// It got an expandable segment's mapping once: its count then follows mappings and
+    /// unmappings, not segments (see [`CachingPolicy::count_pool_segment`]).
+    had_expandable: bool,
 }
 
 /// One expandable segment: a reserved address range, mapped page by page, one physical

@@ -78,13 +78,15 @@ impl CachingPolicy {
     /// A segment (or an expandable mapping) got for, or given back by, a private pool
     /// (`cudaMalloc_count`). PyTorch counts one per successful expandable `alloc_block`
     /// but takes one off per unmapping; the count stops at 0 where PyTorch would fail an
-    /// internal assertion.
-    pub(super) fn count_pool_segment(&mut self, owner: u32, got: bool) {
+    /// internal assertion. `expandable`: an expandable segment's mapping or unmapping
+    /// (the pool's count then no longer follows its segments).
+    pub(super) fn count_pool_segment(&mut self, owner: u32, got: bool, expandable: bool) {
         if owner == 0 {
             return;
         }
         let id = self.pools[owner as usize].id;
         if let Some(p) = self.private.get_mut(&id).filter(|p| p.slot == owner) {
+            p.had_expandable |= expandable;
             if got {
                 p.cuda_malloc_count += 1;
             } else {
@@ -113,6 +115,7 @@ impl CachingPolicy {
                         slot,
                         use_count: 1,
                         cuda_malloc_count: 0,
+                        had_expandable: false,
                     },
                 );
             }
@@ -356,10 +359,11 @@ impl CachingPolicy {
                 self.freeable.contains(id),
                 "pool {id} freeable without being released"
             );
-            let expandable = self
-                .blocks
-                .iter()
-                .any(|(_, b)| b.owner == p.slot && b.expandable);
+            let expandable = p.had_expandable
+                || self
+                    .blocks
+                    .iter()
+                    .any(|(_, b)| b.owner == p.slot && b.expandable);
             if !expandable {
                 let heads = self
                     .blocks

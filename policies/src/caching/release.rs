@@ -154,7 +154,7 @@ impl CachingPolicy {
             .expect("released block has no segment");
         device.free_segment(segment)?;
         self.total_allocated -= b.size;
-        self.count_pool_segment(b.owner, false);
+        self.count_pool_segment(b.owner, false, false);
         self.stats.segment.decrease(b.pool, 1);
         self.stats.reserved_bytes.decrease(b.pool, b.size);
         if b.size >= self.config.max_split_size_bytes {

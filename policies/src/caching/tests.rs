@@ -465,3 +465,35 @@ fn format_size_matches_pytorch() {
     assert_eq!(format_size(GIB), "1024.00 MiB");
     assert_eq!(format_size(85_017_493_504), "79.18 GiB");
 }
+
+/// A private pool whose expandable segments were given back passes the invariant check:
+/// its `cudaMalloc_count` (one per mapping got, one off per unmapping, as PyTorch
+/// counts) is compared with its segments only while it never had an expandable one.
+#[test]
+fn private_pool_count_after_its_expandable_segments_go() {
+    let mut d = TestDevice::unbounded();
+    let mut p = policy("expandable_segments:True");
+    let pool = PoolId(0, 1);
+    let all = PoolStreams::All;
+    p.call(
+        &mut d,
+        &AllocatorCall::BeginAllocateToPool {
+            pool,
+            streams: &all,
+        },
+    )
+    .unwrap();
+    // Two mappings of one segment, later unmapped in one span.
+    let a = p.allocate(&mut d, req(20 * MIB)).unwrap();
+    let b = p.allocate(&mut d, req(20 * MIB)).unwrap();
+    p.call(&mut d, &AllocatorCall::EndAllocateToPool { pool })
+        .unwrap();
+    p.check_invariants();
+    p.free(&mut d, a).unwrap();
+    p.free(&mut d, b).unwrap();
+    p.call(&mut d, &AllocatorCall::ReleasePool { pool })
+        .unwrap();
+    p.empty_cache(&mut d).unwrap();
+    assert_eq!(p.stats().reserved_bytes, 0, "every page unmapped");
+    p.check_invariants();
+}
