@@ -71,6 +71,8 @@
 //! pickle, only load files from sources you trust.
 
 mod empty_cache;
+#[cfg(test)]
+mod lane_tests;
 mod pickle;
 mod pools;
 mod replayable;
@@ -95,7 +97,7 @@ use crate::recorded::{Action, RecordedOom, RecordedRun, RecordedSegment};
 use crate::size::format_size_human;
 use crate::trace::{PoolId, TraceMeta};
 use crate::{Format, ReadError};
-use empty_cache::infer_empty_cache_with;
+use empty_cache::{empty_cache_points, insert_at};
 use pickle::{Items, Limits, PickleError, Value};
 use schema::{EntryStore, SegmentStore};
 use value_de::escape;
@@ -682,32 +684,37 @@ impl Snapshot<'_> {
             Some(SettingValue::Int(t)) => *t > 0,
             _ => true,
         };
-        let (final_entries, source_indexes) =
-            infer_empty_cache_with(&entries, |start, end, inside_malloc| {
-                match attribution.release_run(start, end, inside_malloc, gc_possible) {
-                    pools::ReleaseRun::Malloc => false,
-                    pools::ReleaseRun::EmptyCache => true,
-                    pools::ReleaseRun::PoolCache(slot) => {
-                        pool_caches.push((start, slot));
-                        false
-                    }
+        let points = empty_cache_points(&entries, |start, end, inside_malloc| {
+            match attribution.release_run(start, end, inside_malloc, gc_possible) {
+                pools::ReleaseRun::Malloc => false,
+                pools::ReleaseRun::EmptyCache => true,
+                pools::ReleaseRun::PoolCache(slot) => {
+                    pool_caches.push((start, slot));
+                    false
                 }
-            });
+            }
+        });
+        let source_indexes = empty_cache::source_indexes(entries.len(), &points);
         let pools::Routing {
             calls,
             caveats,
             pools: pool_summary,
-        } = attribution.events(&entries, final_entries.len(), &source_indexes, &pool_caches);
+        } = attribution.events(
+            &entries,
+            entries.len() + points.len(),
+            &source_indexes,
+            &pool_caches,
+        );
+        drop(attribution);
         info.pools = pool_summary;
-        let entries = final_entries;
-        // An inferred entry takes the time of the entry it was inserted before.
+        // The inferred entries go in place (a snapshot's trace can be millions of
+        // entries: no copy); each takes the time of the entry it was inserted before.
+        let mut entries = entries;
+        insert_at(&mut entries, &points, |_| empty_cache::EMPTY_CACHE);
         let times_us = if times.iter().any(|&t| t > 0) {
-            (0..entries.len())
-                .map(|i| {
-                    let source = source_indexes.get(i).map_or(i, |&s| s as usize);
-                    times.get(source).copied().unwrap_or(0)
-                })
-                .collect()
+            let mut times = times;
+            insert_at(&mut times, &points, |t| t);
+            times
         } else {
             Vec::new()
         };
@@ -1688,7 +1695,7 @@ mod tests {
     // --- The entry lane (issue 12: 200 MB/s). ---
 
     /// How many entries of device 0's trace the pickle machine's entry lane read.
-    fn lane_entries(bytes: &[u8]) -> u64 {
+    pub(super) fn lane_entries(bytes: &[u8]) -> u64 {
         let (root, _) = pickle::read_value(bytes, Limits::default(), false).unwrap();
         let Value::Dict(top) = root else {
             panic!("not a dict")

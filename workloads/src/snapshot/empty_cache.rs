@@ -29,11 +29,30 @@ pub fn infer_empty_cache(entries: &[RecordedEntry]) -> (Vec<RecordedEntry>, Vec<
 /// no other pool's segments.
 pub(super) fn infer_empty_cache_with(
     entries: &[RecordedEntry],
-    mut decide: impl FnMut(usize, usize, bool) -> bool,
+    decide: impl FnMut(usize, usize, bool) -> bool,
 ) -> (Vec<RecordedEntry>, Vec<u64>) {
+    let points = empty_cache_points(entries, decide);
+    let mut out = entries.to_vec();
+    insert_at(&mut out, &points, |_| EMPTY_CACHE);
+    (out, source_indexes(entries.len(), &points))
+}
+
+/// An inferred `empty_cache` entry.
+pub(super) const EMPTY_CACHE: RecordedEntry = RecordedEntry {
+    action: Action::EmptyCache,
+    addr: 0,
+    size: 0,
+    stream: 0,
+};
+
+/// Where [`infer_empty_cache_with`] inserts its `empty_cache` entries: the index of
+/// the entry each goes before (the first of its run of releases), ascending.
+pub(super) fn empty_cache_points(
+    entries: &[RecordedEntry],
+    mut decide: impl FnMut(usize, usize, bool) -> bool,
+) -> Vec<usize> {
     let releases = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
-    let mut out = Vec::with_capacity(entries.len());
-    let mut indexes = Vec::with_capacity(entries.len());
+    let mut points = Vec::new();
     let mut i = 0;
     while i < entries.len() {
         if releases(entries[i].action) {
@@ -51,31 +70,60 @@ pub(super) fn infer_empty_cache_with(
                 Some(Action::SegmentAlloc | Action::SegmentMap | Action::Oom)
             );
             if decide(start, end, inside_malloc) {
-                out.push(RecordedEntry {
-                    action: Action::EmptyCache,
-                    addr: 0,
-                    size: 0,
-                    stream: 0,
-                });
-                indexes.push(start as u64);
-            }
-            for (k, e) in entries.iter().enumerate().take(end).skip(start) {
-                out.push(*e);
-                indexes.push(k as u64);
+                points.push(start);
             }
             i = end;
         } else {
-            out.push(entries[i]);
-            indexes.push(i as u64);
             i += 1;
         }
     }
-    (out, indexes)
+    points
+}
+
+/// Inserts one value before each of `v`'s elements at `points` (ascending, each at
+/// most once), in place: `fill(element)` of the element it goes before.
+pub(super) fn insert_at<T: Copy>(v: &mut Vec<T>, points: &[usize], fill: impl Fn(T) -> T) {
+    let Some(&first) = points.first() else {
+        return;
+    };
+    let old = v.len();
+    v.resize(old + points.len(), v[first]);
+    // Moved from the back: each run of elements up by the insertions before it.
+    let (mut read, mut write) = (old, old + points.len());
+    for &p in points.iter().rev() {
+        let n = read - p;
+        v.copy_within(p..read, write - n);
+        write -= n;
+        write -= 1;
+        v[write] = fill(v[p]);
+        read = p;
+    }
+    debug_assert_eq!(read, write);
+}
+
+/// For each entry after the insertions at `points` into `len` entries, the index of
+/// the entry it came from (an inserted one: the entry it goes before).
+pub(super) fn source_indexes(len: usize, points: &[usize]) -> Vec<u64> {
+    let mut out: Vec<u64> = (0..len as u64).collect();
+    insert_at(&mut out, points, |i| i);
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Insertions in place land before their elements, at the ends and side by side.
+    #[test]
+    fn insertions_in_place() {
+        let mut v = vec![10, 11, 12, 13];
+        insert_at(&mut v, &[0, 1, 3], |x| x + 100);
+        assert_eq!(v, vec![110, 10, 111, 11, 12, 113, 13]);
+        let mut v = vec![10, 11];
+        insert_at(&mut v, &[], |x| x + 100);
+        assert_eq!(v, vec![10, 11]);
+        assert_eq!(source_indexes(3, &[2]), vec![0, 1, 2, 2]);
+    }
 
     /// Releases inside a malloc (followed by segment_alloc, segment_map or oom, past
     /// snapshots and annotations) are not empty_cache calls; one at the very end is.

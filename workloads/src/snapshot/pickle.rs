@@ -9,11 +9,15 @@
 //!   entry; `blocks` or `total_size`: a segment) and converted on the spot
 //!   ([`super::schema`]); its generic form, and its memo slot, are dropped. A trace of
 //!   millions of entries is thus held as compact records, never as a value tree.
-//! - **Most entries never become dicts.** Once a list holds trace entries, the MARK
-//!   that opens the next entry's items starts the entry lane ([`Machine::entry_lane`]),
-//!   which runs the few opcodes entries are made of straight from the input buffer
-//!   into the entry's record, and hands over to the general machine at any other
-//!   opcode (the record is then made at the entry's SETITEMS).
+//! - **Most entries never become values.** Once a list holds trace entries, the
+//!   EMPTY_DICT (or MARK) that opens the next entry starts the entry lane
+//!   ([`Machine::entry_lane`]), which decodes the few opcodes entries are made of
+//!   straight from the input buffer into the entry's record: keys known by their memo
+//!   slot, values into their fields, stack frames run through without being stored
+//!   ([`Machine::lane_skip`]); no dict, no key or value on the stack. At anything else
+//!   it goes back to the entry's start and hands the entry to the general machine,
+//!   which reads it as it would have without the lane (the record is then made at the
+//!   entry's SETITEMS, or the error named).
 //! - **Values nobody reads are skipped.** A container stored under a key of
 //!   [`SKIP_KEYS`] (stack frames unless asked for, `forward_frames`,
 //!   `internal_metadata`, the host allocator's traces) and everything inside it is
@@ -33,7 +37,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, Read};
 use std::rc::Rc;
 
-use super::schema::{EntryStore, FrameTable, SegmentStore};
+use super::schema::{EntryStore, FrameTable, LaneKey, RawEntry, SegmentStore};
 
 /// Keys whose values are not kept (and, unless frames are asked for, `frames`).
 pub(crate) const SKIP_KEYS: [&str; 4] = [
@@ -375,8 +379,16 @@ pub(crate) struct Machine<R> {
     frames: FrameTable,
     /// Offset of the opcode being run.
     at: u64,
-    /// The entry lane's keys and values (see [`Machine::entry_lane`]).
-    lane: Vec<Value>,
+    /// Whether the entry lane may run (always, but in tests that compare it with the
+    /// general machine: [`without_lane`]).
+    lane: bool,
+    /// The entry lane's stack and MARKs in a value not kept ([`Machine::lane_skip`]).
+    skip: Vec<Value>,
+    skip_marks: Vec<usize>,
+    /// Strings of the interner met lately (see [`Machine::string`]).
+    recent: [Option<Rc<String>>; RECENT],
+    /// The entry lane's kinds of keys by memo slot (see [`Machine::lane_key`]).
+    key_cache: [(u64, LaneKey); KEY_CACHE],
 }
 
 /// FNV-1a, for the interner's short strings and the frame table's keys (the default
@@ -403,13 +415,38 @@ impl Hasher for Fnv {
 }
 
 const INTERN_MAX_LEN: usize = 32;
-/// Most keys and values the entry lane holds before it hands over (an entry has
-/// about a dozen).
-const LANE_MAX: usize = 64;
-/// Bytes the entry lane wants buffered before each opcode: the longest it reads
-/// (a BINUNICODE of `INTERN_MAX_LEN` bytes).
+/// Bytes the entry lane wants buffered when it starts: an entry longer than this
+/// (about 100 bytes without frames, a few hundred with them) goes to the general
+/// machine.
+const LANE_WINDOW: usize = 16 << 10;
+/// Bytes the entry lane wants left before each opcode: the longest it reads (a
+/// BINUNICODE of `INTERN_MAX_LEN` bytes).
 const LANE_LOOKAHEAD: usize = 5 + INTERN_MAX_LEN;
+/// Memo slots whose kind of key the entry lane remembers (by a hash of the slot:
+/// keys are memoized where they first appear, often at nearby slots).
+const KEY_CACHE: usize = 512;
+
+fn key_slot(index: usize) -> usize {
+    ((index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 55) as usize
+}
+/// Short strings the interner remembers by their length and ends, before its map.
+const RECENT: usize = 16;
 const INTERN_MAX_COUNT: usize = 4096;
+
+thread_local! {
+    /// Set by [`without_lane`].
+    static NO_LANE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with the entry lane off in this thread's pickle machines, so that tests
+/// can check that it reads every entry as the general machine does.
+#[cfg(test)]
+pub(crate) fn without_lane<T>(f: impl FnOnce() -> T) -> T {
+    NO_LANE.with(|c| c.set(true));
+    let out = f();
+    NO_LANE.with(|c| c.set(false));
+    out
+}
 
 impl<R: Read> Machine<R> {
     pub(crate) fn new(reader: R, limits: Limits, keep_frames: bool) -> Machine<R> {
@@ -426,7 +463,11 @@ impl<R: Read> Machine<R> {
             dict_pool: Vec::new(),
             frames: FrameTable::default(),
             at: 0,
-            lane: Vec::with_capacity(LANE_MAX),
+            lane: !NO_LANE.with(Cell::get),
+            skip: Vec::new(),
+            skip_marks: Vec::new(),
+            recent: Default::default(),
+            key_cache: [(u64::MAX, LaneKey::Other); KEY_CACHE],
         }
     }
 
@@ -765,6 +806,8 @@ impl<R: Read> Machine<R> {
             self.memo.push(v);
         } else if key < self.memo.len() as u64 {
             self.memo[key as usize] = v;
+            // The entry lane's kind of key for this slot may be stale.
+            self.key_cache[key_slot(key as usize)] = (u64::MAX, LaneKey::Other);
         } else {
             if self.memo_sparse.len() >= self.limits.max_stack {
                 return Err(self.bad("too many scattered memo keys: not a PyTorch memory snapshot"));
@@ -793,8 +836,22 @@ impl<R: Read> Machine<R> {
 
     fn string(&mut self, bytes: &[u8]) -> Value {
         if bytes.len() <= INTERN_MAX_LEN {
+            // The same few strings ('N/A', actions) come in every entry.
+            let slot = match (bytes.first(), bytes.last()) {
+                (Some(&first), Some(&last)) => {
+                    (bytes.len() ^ usize::from(first) ^ (usize::from(last) << 2)) % RECENT
+                }
+                _ => 0,
+            };
+            if let Some(s) = &self.recent[slot] {
+                if s.as_bytes() == bytes {
+                    return Value::Str(s.clone());
+                }
+            }
             if let Some(s) = self.strings.get(bytes) {
-                return Value::Str(s.clone());
+                let s = s.clone();
+                self.recent[slot] = Some(s.clone());
+                return Value::Str(s);
             }
         }
         let s = Rc::new(String::from_utf8_lossy(bytes).into_owned());
@@ -1005,6 +1062,11 @@ impl<R: Read> Machine<R> {
                     self.push(v)?;
                 }
                 b'}' => {
+                    if let Some(list) = self.new_entry_list() {
+                        if self.entry_lane_from_dict(&list)? {
+                            continue;
+                        }
+                    }
                     let v = self.new_dict(Vec::new())?;
                     self.push(v)?;
                 }
@@ -1019,7 +1081,7 @@ impl<R: Read> Machine<R> {
                 }
                 b'(' => {
                     if let Some(list) = self.lane_list() {
-                        self.entry_lane(&list)?;
+                        self.entry_lane(&list, false)?;
                         continue;
                     }
                     if self.marks.len() >= self.limits.max_marks {
@@ -1214,10 +1276,50 @@ impl<R: Read> Machine<R> {
         }
     }
 
+    /// Whether the EMPTY_DICT about to be run makes the next trace entry of a list
+    /// whose entries can go straight into its records (as [`Machine::record_list`]
+    /// says of a dict already made); returns that list.
+    #[inline]
+    fn new_entry_list(&self) -> Option<Rc<List>> {
+        if self.keep_frames || !self.lane {
+            return None;
+        }
+        let m = *self.marks.last()?;
+        if m == 0 || (self.stack.len() > m && !matches!(self.stack.last(), Some(Value::Record))) {
+            return None;
+        }
+        let Value::List(list) = &self.stack[m - 1] else {
+            return None;
+        };
+        if list.sealed.get() || !matches!(&*list.items.borrow(), Items::Entries(_)) {
+            return None;
+        }
+        Some(list.clone())
+    }
+
+    /// EMPTY_DICT, MEMOIZE, MARK of a trace entry that goes straight into `list`'s
+    /// records: the entry lane runs from here without making the dict (it is made
+    /// only if the lane hands over: [`Machine::leave_lane`]). Returns false, having
+    /// read nothing, when the EMPTY_DICT is not followed by MEMOIZE and MARK.
+    fn entry_lane_from_dict(&mut self, list: &List) -> Result<bool> {
+        if (self.input.end - self.input.pos < 2 && !self.input.fill(2)?)
+            || self.input.buf[self.input.pos..self.input.pos + 2] != [0x94, b'(']
+        {
+            return Ok(false);
+        }
+        self.count_container()?;
+        self.input.pos += 2;
+        self.entry_lane(list, true)?;
+        Ok(true)
+    }
+
     /// Whether the MARK about to be pushed opens the items of a trace entry the entry
     /// lane can read (see [`Machine::record_list`]); returns the entry's list.
     #[inline]
     fn lane_list(&self) -> Option<Rc<List>> {
+        if !self.lane {
+            return None;
+        }
         let top = self.stack.len().checked_sub(1)?;
         self.record_list(top, self.marks.last().copied())
     }
@@ -1276,28 +1378,49 @@ impl<R: Read> Machine<R> {
         Ok(true)
     }
 
-    /// The entry lane: reads the items of the trace entry dict on top of the stack
-    /// (its MARK just read) straight into `list`'s records, for the opcodes a
-    /// snapshot's entries are made of (memo references, short strings and their
-    /// MEMOIZE, small ints, None and bools, FRAME) and SETITEMS, without putting the
-    /// keys and values on the stack, the dict or the list. At any other opcode it
-    /// hands over: the MARK and what it read go on the stack and the general machine
-    /// goes on from that opcode, with the same result. The dict on the stack becomes a
-    /// [`Value::Record`] and its memo slot [`Value::Consumed`], as a converted entry's.
-    fn entry_lane(&mut self, list: &List) -> Result<()> {
-        debug_assert!(self.lane.is_empty());
+    /// The entry lane: reads the items of a trace entry (its MARK just read) straight
+    /// from the input buffer into `list`'s records, without making values for them,
+    /// the dict or the list's element: keys are known by their memo slot
+    /// ([`Machine::lane_key`]) and values decoded into a [`RawEntry`] as they come.
+    /// It takes the opcodes a snapshot's entries are made of (memo references, short
+    /// strings and their MEMOIZE, ints, None and bools, FRAME) and an entry whose
+    /// record [`EntryStore::push_lane`] can make at once; at anything else (another
+    /// opcode, a value of the wrong kind, a key that is not a string, an entry that
+    /// would be an error or is an `annotate`, the end of the buffered input) it hands
+    /// over ([`Machine::leave_lane`]): the input goes back to the entry's first item,
+    /// the memo to its length then, and the general machine reads the entry from
+    /// there, with the same result (and the same error message). `new_dict`: the
+    /// entry's dict is not made yet ([`Machine::entry_lane_from_dict`]); otherwise it
+    /// is on top of the stack. Either way the stack ends with a [`Value::Record`] and
+    /// the dict's memo slot holds [`Value::Consumed`], as a converted entry's.
+    fn entry_lane(&mut self, list: &List, new_dict: bool) -> Result<()> {
+        // The whole entry is read from the buffer as it is now (no refill inside),
+        // so that handing over can go back to its start.
+        if self.input.end - self.input.pos < LANE_WINDOW {
+            self.input.fill(LANE_WINDOW)?;
+        }
+        let start = self.input.pos;
+        let memo_len = self.memo.len();
+        if new_dict {
+            // The dict's slot (MEMOIZE): `Consumed` once it is a record.
+            self.memo.push(Value::Consumed);
+        }
+        let mut raw = RawEntry::default();
+        let mut pos = start;
+        // The key whose value comes next, if a key was read.
+        let mut key: Option<LaneKey> = None;
+        // What a MEMOIZE after the last item stores.
+        let mut last: Option<Value> = None;
         loop {
-            self.at = self.input.offset();
-            if self.lane.len() >= LANE_MAX
-                || (self.input.end - self.input.pos < LANE_LOOKAHEAD
-                    && !self.input.fill(LANE_LOOKAHEAD)?)
-            {
-                return self.leave_lane();
+            let end = self.input.end;
+            if end - pos < LANE_LOOKAHEAD {
+                return self.leave_lane(start, memo_len, new_dict);
             }
-            let buf = &self.input.buf[self.input.pos..self.input.end];
-            let (v, used) = match buf[0] {
+            let buf = &self.input.buf[pos..end];
+            let op = buf[0];
+            let (item, used) = match op {
                 b'h' | b'j' => {
-                    let (key, used) = if buf[0] == b'h' {
+                    let (index, used) = if op == b'h' {
                         (usize::from(buf[1]), 2)
                     } else {
                         (
@@ -1305,18 +1428,24 @@ impl<R: Read> Machine<R> {
                             5,
                         )
                     };
-                    match self.memo.get(key) {
-                        Some(
-                            v @ (Value::Str(_)
-                            | Value::Int(_)
-                            | Value::Big(_)
-                            | Value::None
-                            | Value::Bool(_)
-                            | Value::Float(_)
-                            | Value::Skipped),
-                        ) => (v.clone(), used),
-                        _ => return self.leave_lane(),
+                    pos += used;
+                    last = None;
+                    match key.take() {
+                        None => match self.lane_key(index) {
+                            Some(k) => key = Some(k),
+                            None => return self.leave_lane(start, memo_len, new_dict),
+                        },
+                        Some(k) => {
+                            let ok = match self.memo.get(index) {
+                                Some(v) => raw.set(k, v),
+                                None => false,
+                            };
+                            if !ok {
+                                return self.leave_lane(start, memo_len, new_dict);
+                            }
+                        }
                     }
+                    continue;
                 }
                 b'K' => (Value::Int(i64::from(buf[1])), 2),
                 b'M' => (
@@ -1334,11 +1463,11 @@ impl<R: Read> Machine<R> {
                     let s = &buf[2..2 + n];
                     let v = match s.last() {
                         None => Value::Int(0),
-                        Some(&last) => {
-                            let mut b = if last & 0x80 != 0 { [0xff; 8] } else { [0; 8] };
+                        Some(&high) => {
+                            let mut b = if high & 0x80 != 0 { [0xff; 8] } else { [0; 8] };
                             b[..n].copy_from_slice(s);
                             let v = u64::from_le_bytes(b);
-                            if n == 8 && last & 0x80 == 0 {
+                            if n == 8 && high & 0x80 == 0 {
                                 int_of_u64(v)
                             } else {
                                 Value::Int(v as i64)
@@ -1349,7 +1478,7 @@ impl<R: Read> Machine<R> {
                 }
                 0x8c | b'X' => {
                     // SHORT_BINUNICODE, BINUNICODE
-                    let (n, at) = if buf[0] == 0x8c {
+                    let (n, at) = if op == 0x8c {
                         (usize::from(buf[1]), 2)
                     } else {
                         (
@@ -1358,49 +1487,247 @@ impl<R: Read> Machine<R> {
                         )
                     };
                     if n > INTERN_MAX_LEN {
-                        return self.leave_lane();
+                        return self.leave_lane(start, memo_len, new_dict);
                     }
                     let mut short = [0u8; INTERN_MAX_LEN];
                     short[..n].copy_from_slice(&buf[at..at + n]);
-                    let v = self.string(&short[..n]);
-                    (v, at + n)
+                    (self.string(&short[..n]), at + n)
                 }
                 b'N' => (Value::None, 1),
                 0x88 => (Value::Bool(true), 1),
                 0x89 => (Value::Bool(false), 1),
+                b']' | b'}' if key == Some(LaneKey::Skip) => {
+                    // A container not kept (stack frames): run through.
+                    key = None;
+                    last = None;
+                    match self.lane_skip(pos) {
+                        Some(next) => pos = next,
+                        None => return self.leave_lane(start, memo_len, new_dict),
+                    }
+                    continue;
+                }
                 0x94 => {
-                    // MEMOIZE the value just read.
-                    let Some(v) = self.lane.last() else {
-                        return self.leave_lane();
+                    // MEMOIZE the item just read (not a memo reference's value).
+                    let Some(v) = last.take() else {
+                        return self.leave_lane(start, memo_len, new_dict);
                     };
-                    let (key, v) = (self.memo.len() as u64, v.clone());
-                    self.memo_put_value(key, v)?;
-                    self.input.pos += 1;
+                    self.memo_put_value(self.memo.len() as u64, v)?;
+                    pos += 1;
                     continue;
                 }
                 0x95 => {
                     // FRAME
-                    self.input.pos += 9;
+                    pos += 9;
                     continue;
                 }
-                b'u' if self.lane.len() % 2 == 0 => {
-                    self.input.pos += 1;
-                    return self.lane_record(list);
+                b'u' if key.is_none() => {
+                    let pushed = match &mut *list.items.borrow_mut() {
+                        Items::Entries(store) => store.push_lane(&raw),
+                        _ => false,
+                    };
+                    if !pushed {
+                        return self.leave_lane(start, memo_len, new_dict);
+                    }
+                    self.input.pos = pos + 1;
+                    return self.lane_done(new_dict, memo_len);
                 }
-                _ => return self.leave_lane(),
+                _ => return self.leave_lane(start, memo_len, new_dict),
             };
-            self.input.pos += used;
-            self.lane.push(v);
+            pos += used;
+            match key.take() {
+                None => match &item {
+                    Value::Str(s) => key = Some(LaneKey::of(s)),
+                    // RawEntry ignores a key that is not a string: rare, handed over.
+                    _ => return self.leave_lane(start, memo_len, new_dict),
+                },
+                Some(k) => {
+                    if !raw.set(k, &item) {
+                        return self.leave_lane(start, memo_len, new_dict);
+                    }
+                }
+            }
+            last = Some(item);
         }
     }
 
-    /// The entry lane's SETITEMS: the entry becomes a record of `list`.
-    fn lane_record(&mut self, list: &List) -> Result<()> {
-        if let Items::Entries(store) = &mut *list.items.borrow_mut() {
-            store.push_items(&self.lane, Ok(None));
-            store.by_lane += 1;
+    /// The entry lane's run through a container stored under a key whose containers
+    /// are not kept (an entry's stack frames: a list of frame dicts, new or memo
+    /// references), from its EMPTY_LIST or EMPTY_DICT at `pos`: what the general
+    /// machine does there, for the opcodes such a value is made of, without its stack:
+    /// containers made in it are [`Value::Skipped`], memo references in them are not
+    /// looked up, strings are memoized as themselves. Returns where the entry's next
+    /// key starts (or its SETITEMS), or `None` where the general machine must go on
+    /// (anything else, or a shape it would refuse).
+    fn lane_skip(&mut self, mut pos: usize) -> Option<usize> {
+        let mut skip = std::mem::take(&mut self.skip);
+        let mut marks = std::mem::take(&mut self.skip_marks);
+        skip.clear();
+        marks.clear();
+        let out = self
+            .lane_skip_in(&mut pos, &mut skip, &mut marks)
+            .then_some(pos);
+        self.skip = skip;
+        self.skip_marks = marks;
+        out
+    }
+
+    /// [`Machine::lane_skip`]'s loop over `skip`, its stack, and `marks`, its MARKs.
+    fn lane_skip_in(
+        &mut self,
+        pos: &mut usize,
+        skip: &mut Vec<Value>,
+        marks: &mut Vec<usize>,
+    ) -> bool {
+        // Room the general machine would have for the MARKs and values.
+        let max_marks = self.limits.max_marks.saturating_sub(self.marks.len() + 2);
+        let max_values = self.limits.max_stack.saturating_sub(self.stack.len() + 256);
+        // Whether `skip[at]` receives values as the general machine's skipped ones do.
+        let skipped = |skip: &[Value], at: Option<usize>| {
+            at.is_some_and(|at| matches!(skip.get(at), Some(Value::Skipped)))
+        };
+        loop {
+            let end = self.input.end;
+            if end - *pos < LANE_LOOKAHEAD || skip.len() > max_values {
+                return false;
+            }
+            let buf = &self.input.buf[*pos..end];
+            let op = buf[0];
+            // The owner of the values pushed now: the container below the last MARK.
+            let owner = marks.last().map(|&m| m.wrapping_sub(1));
+            if marks.is_empty() {
+                // At the entry's level only the skipped value itself, what is appended
+                // to it and its MEMOIZE belong here; the next key ends it.
+                match op {
+                    b'(' | 0x94 | 0x95 => {}
+                    b'a' | b's' if skip.len() >= 2 => {}
+                    // The value itself, or an element for an APPEND (at a value's
+                    // place among the entry's items, so the general machine skips it).
+                    b']' | b'}' if skip.len() <= 1 => {}
+                    _ if skip.len() == 1 => return true,
+                    _ => return false,
+                }
+            }
+            let item = match op {
+                b']' | b'}' => {
+                    // A container in a skipped one, or the skipped value's element
+                    // (the general machine's `new_container_skipped`).
+                    if !marks.is_empty() && !skipped(skip, owner) {
+                        return false;
+                    }
+                    *pos += 1;
+                    Value::Skipped
+                }
+                0x94 => {
+                    let Some(v) = skip.last() else {
+                        return false;
+                    };
+                    let v = v.clone();
+                    if self.memo_put_value(self.memo.len() as u64, v).is_err() {
+                        return false;
+                    }
+                    *pos += 1;
+                    continue;
+                }
+                0x95 => {
+                    *pos += 9;
+                    continue;
+                }
+                b'(' => {
+                    if marks.len() >= max_marks {
+                        return false;
+                    }
+                    marks.push(skip.len());
+                    *pos += 1;
+                    continue;
+                }
+                b'e' | b'u' => {
+                    // APPENDS, SETITEMS into a skipped container: the values go.
+                    let Some(m) = marks.pop() else {
+                        return false;
+                    };
+                    if !skipped(skip, m.checked_sub(1)) {
+                        return false;
+                    }
+                    skip.truncate(m);
+                    *pos += 1;
+                    continue;
+                }
+                b'a' | b's' => {
+                    let n = if op == b'a' { 1 } else { 2 };
+                    let floor = marks.last().copied().unwrap_or(0);
+                    let Some(at) = skip.len().checked_sub(n).filter(|&at| at >= floor) else {
+                        return false;
+                    };
+                    if !skipped(skip, at.checked_sub(1)) {
+                        return false;
+                    }
+                    skip.truncate(at);
+                    *pos += 1;
+                    continue;
+                }
+                b'h' | b'j' => {
+                    // In a skipped container's batch: not looked up.
+                    if !skipped(skip, owner) {
+                        return false;
+                    }
+                    *pos += if op == b'h' { 2 } else { 5 };
+                    Value::Skipped
+                }
+                0x8c | b'X' => {
+                    let (n, at) = if op == 0x8c {
+                        (usize::from(buf[1]), 2)
+                    } else {
+                        (
+                            u32::from_le_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize,
+                            5,
+                        )
+                    };
+                    if at + n > buf.len() {
+                        return false;
+                    }
+                    let v = if n <= INTERN_MAX_LEN {
+                        let mut short = [0u8; INTERN_MAX_LEN];
+                        short[..n].copy_from_slice(&buf[at..at + n]);
+                        self.string(&short[..n])
+                    } else {
+                        Value::Str(Rc::new(
+                            String::from_utf8_lossy(&buf[at..at + n]).into_owned(),
+                        ))
+                    };
+                    *pos += at + n;
+                    v
+                }
+                b'K' => {
+                    *pos += 2;
+                    Value::Int(i64::from(buf[1]))
+                }
+                b'M' => {
+                    *pos += 3;
+                    Value::Int(i64::from(u16::from_le_bytes([buf[1], buf[2]])))
+                }
+                b'J' => {
+                    *pos += 5;
+                    Value::Int(i64::from(i32::from_le_bytes([
+                        buf[1], buf[2], buf[3], buf[4],
+                    ])))
+                }
+                b'N' => {
+                    *pos += 1;
+                    Value::None
+                }
+                _ => return false,
+            };
+            skip.push(item);
         }
-        self.lane.clear();
+    }
+
+    /// The entry lane made the entry's record: the stack gets a [`Value::Record`] for
+    /// it (replacing its dict, if made) and the dict's memo slot [`Value::Consumed`].
+    fn lane_done(&mut self, new_dict: bool, memo_len: usize) -> Result<()> {
+        if new_dict {
+            debug_assert!(matches!(self.memo[memo_len], Value::Consumed));
+            return self.push(Value::Record);
+        }
         let Some(top) = self.stack.last_mut() else {
             return Err(self.bad("stack underflow"));
         };
@@ -1410,9 +1737,43 @@ impl<R: Read> Machine<R> {
         Ok(())
     }
 
-    /// Leaves the entry lane: the MARK and the values read go on the stack.
+    /// The kind of key in memo slot `index`, if it holds a string (cached by slot:
+    /// keys are memoized once and referred to millions of times).
+    #[inline]
+    fn lane_key(&mut self, index: usize) -> Option<LaneKey> {
+        let slot = &mut self.key_cache[key_slot(index)];
+        if slot.0 == index as u64 {
+            return Some(slot.1);
+        }
+        let Some(Value::Str(s)) = self.memo.get(index) else {
+            return None;
+        };
+        let k = LaneKey::of(s);
+        *slot = (index as u64, k);
+        Some(k)
+    }
+
+    /// Hands the entry over to the general machine: the input goes back to its first
+    /// item and the memo to `memo_len` (what the lane memoized is memoized again by
+    /// the general machine, under the same keys); the dict (made now if `new_dict`,
+    /// in the memo slot MEMOIZE gave it) and the MARK go on the stack.
     #[cold]
-    fn leave_lane(&mut self) -> Result<()> {
+    fn leave_lane(&mut self, start: usize, memo_len: usize, new_dict: bool) -> Result<()> {
+        self.input.pos = start;
+        self.memo.truncate(memo_len);
+        self.key_cache.fill((u64::MAX, LaneKey::Other));
+        if new_dict {
+            let dict = self.dict_pool.pop().unwrap_or_else(|| {
+                Rc::new(Dict {
+                    items: RefCell::new(Vec::new()),
+                    sealed: Cell::new(false),
+                    depth: Cell::new(1),
+                    memo: Cell::new(None),
+                })
+            });
+            self.memo_put_value(memo_len as u64, Value::Dict(dict.clone()))?;
+            self.push(Value::Dict(dict))?;
+        }
         if self.marks.len() >= self.limits.max_marks {
             return Err(self.bad(format!(
                 "more than {} MARKs are open at once: not a PyTorch memory snapshot",
@@ -1420,11 +1781,6 @@ impl<R: Read> Machine<R> {
             )));
         }
         self.marks.push(self.stack.len());
-        let mut lane = std::mem::take(&mut self.lane);
-        for v in lane.drain(..) {
-            self.push(v)?;
-        }
-        self.lane = lane;
         Ok(())
     }
 

@@ -107,7 +107,7 @@ impl<'de> Deserialize<'de> for PoolId {
 /// twice takes its last value, as Python's dict keeps it; a value `None` is the key
 /// absent.
 #[derive(Default)]
-struct RawEntry {
+pub(crate) struct RawEntry {
     action: Option<Action>,
     addr: Option<u64>,
     size: Option<u64>,
@@ -115,6 +115,41 @@ struct RawEntry {
     device_free: Option<u64>,
     time_us: Option<u64>,
     pool_id: Option<PoolId>,
+}
+
+/// A key of a trace entry, as [`RawEntry`] reads it (the pickle machine's entry lane
+/// knows keys by this).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LaneKey {
+    Action,
+    Addr,
+    Size,
+    Stream,
+    DeviceFree,
+    TimeUs,
+    PoolId,
+    /// A key whose container value is not kept (`frames`, which the lane never sees
+    /// kept, and [`super::pickle::SKIP_KEYS`]).
+    Skip,
+    /// Any other string: its value is not read.
+    Other,
+}
+
+impl LaneKey {
+    pub(crate) fn of(key: &str) -> LaneKey {
+        match key {
+            "action" => LaneKey::Action,
+            "addr" => LaneKey::Addr,
+            "size" => LaneKey::Size,
+            "stream" => LaneKey::Stream,
+            "device_free" => LaneKey::DeviceFree,
+            "time_us" => LaneKey::TimeUs,
+            "pool_id" => LaneKey::PoolId,
+            "frames" => LaneKey::Skip,
+            k if super::pickle::SKIP_KEYS.contains(&k) => LaneKey::Skip,
+            _ => LaneKey::Other,
+        }
+    }
 }
 
 /// Why `v` is not the `expected` value under `key`, worded as [`value_de`]'s
@@ -167,6 +202,60 @@ fn size_of(key: &str, v: &Value) -> Result<u64, String> {
 }
 
 impl RawEntry {
+    /// Takes value `v` of key `key` as [`RawEntry::of`] does, for the values it reads
+    /// without an error; returns false (and changes nothing) for any other (a wrong
+    /// kind, a negative size, a `pool_id` that is not a pair of ints): the entry lane
+    /// then hands the entry to the general machine, which says what is wrong.
+    #[inline]
+    pub(crate) fn set(&mut self, key: LaneKey, v: &Value) -> bool {
+        let handle = |v: &Value| match v {
+            Value::Int(i) => Some(Some(*i as u64)),
+            Value::Big(u) => Some(Some(*u)),
+            Value::None => Some(None),
+            _ => None,
+        };
+        let size = |v: &Value| match v {
+            Value::Int(i) if *i >= 0 => Some(Some(*i as u64)),
+            Value::Big(u) => Some(Some(*u)),
+            Value::None => Some(None),
+            _ => None,
+        };
+        let field = match key {
+            LaneKey::Other | LaneKey::Skip => return true,
+            LaneKey::Action => {
+                let Value::Str(s) = v else {
+                    return false;
+                };
+                self.action = Some(Action::from_name(s));
+                return true;
+            }
+            LaneKey::PoolId => {
+                let pool = match v {
+                    Value::None => None,
+                    Value::Tuple(t) => match pool_of(&t.items) {
+                        Some(p) => Some(p),
+                        None => return false,
+                    },
+                    _ => return false,
+                };
+                self.pool_id = pool;
+                return true;
+            }
+            LaneKey::Addr => (&mut self.addr, handle(v)),
+            LaneKey::Stream => (&mut self.stream, handle(v)),
+            LaneKey::TimeUs => (&mut self.time_us, handle(v)),
+            LaneKey::Size => (&mut self.size, size(v)),
+            LaneKey::DeviceFree => (&mut self.device_free, size(v)),
+        };
+        match field {
+            (slot, Some(value)) => {
+                *slot = value;
+                true
+            }
+            (_, None) => false,
+        }
+    }
+
     /// Reads the keys replaying needs from an entry dict's flat items.
     fn of(items: &[Value]) -> Result<RawEntry, String> {
         let mut raw = RawEntry::default();
@@ -205,6 +294,20 @@ impl RawEntry {
             }
         }
         Ok(raw)
+    }
+}
+
+/// A pool id of two ints, as [`PoolId`]'s `serde` reads a tuple of them.
+#[inline]
+fn pool_of(items: &[Value]) -> Option<PoolId> {
+    let part = |v: &Value| match v {
+        Value::Int(i) => Some(*i as u64),
+        Value::Big(u) => Some(*u),
+        _ => None,
+    };
+    match items {
+        [a, b] => Some(PoolId(part(a)?, part(b)?)),
+        _ => None,
     }
 }
 
@@ -381,8 +484,43 @@ impl EntryStore {
         }
     }
 
+    /// Keeps the entry the entry lane read (see [`RawEntry::set`]), when it is one the
+    /// lane may make: not an error and not an `annotate` (whose text the lane does not
+    /// read). Returns false, having changed nothing, for the others.
+    #[inline]
+    pub(crate) fn push_lane(&mut self, raw: &RawEntry) -> bool {
+        if self.error.is_some() {
+            self.len += 1;
+            self.by_lane += 1;
+            return true;
+        }
+        if raw.action == Some(Action::Annotate) {
+            return false;
+        }
+        let index = self.len;
+        if self.convert_raw(index, raw, &[], None).is_err() {
+            return false;
+        }
+        self.len += 1;
+        self.by_lane += 1;
+        true
+    }
+
     fn convert(&mut self, index: u64, items: &[Value], stack: Option<u32>) -> Result<(), String> {
         let raw = RawEntry::of(items)?;
+        self.convert_raw(index, &raw, items, stack)
+    }
+
+    /// Keeps an entry read into `raw` (`items`: its dict's items, for an `annotate`'s
+    /// `user_metadata`); changes nothing when it returns an error.
+    #[inline]
+    fn convert_raw(
+        &mut self,
+        index: u64,
+        raw: &RawEntry,
+        items: &[Value],
+        stack: Option<u32>,
+    ) -> Result<(), String> {
         let Some(action) = raw.action else {
             return Err("the entry has no 'action'".into());
         };
