@@ -80,6 +80,7 @@ impl EventSpinner {
 }
 
 impl sim::Observer for EventSpinner {
+    #[inline]
     fn after_event(&mut self, step: &sim::Step<'_>) {
         if step.index & 0xffff == 0 {
             self.0.set_position(step.index as u64);

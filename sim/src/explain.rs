@@ -25,7 +25,7 @@
 //! the end, else the one that gets furthest.
 
 use policies::{BlockState, FreeBlockUse, OomCause, Policy, PolicyConfig, Request, StreamId};
-use workloads::{Event, Trace};
+use workloads::{AllocId, Event, Trace};
 
 use crate::compare::CompareError;
 use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
@@ -233,7 +233,7 @@ pub struct OomWatch {
 }
 
 impl Observer for OomWatch {
-    #[inline]
+    #[inline(always)]
     fn after_event(&mut self, step: &Step<'_>) {
         match (step.event, step.outcome) {
             (Event::Mark { label }, _) => {
@@ -247,6 +247,32 @@ impl Observer for OomWatch {
                 },
                 Outcome::OutOfMemory { tried_bytes, .. },
             ) if self.explanation.is_none() => {
+                self.explain(step, id, size_bytes, stream, tried_bytes)
+            }
+            _ => {}
+        }
+    }
+
+    /// The policy's figures are read at an out-of-memory only.
+    fn needs_stats_every_event(&self) -> bool {
+        false
+    }
+}
+
+impl OomWatch {
+    /// Explains the out-of-memory of `step`, an alloc of `id`.
+    #[cold]
+    #[inline(never)]
+    fn explain(
+        &mut self,
+        step: &Step<'_>,
+        id: AllocId,
+        size_bytes: u64,
+        stream: u64,
+        tried_bytes: u64,
+    ) {
+        {
+            {
                 let request = Request {
                     size_bytes,
                     stream: StreamId(stream),
@@ -265,13 +291,7 @@ impl Observer for OomWatch {
                 e.last_mark = self.last_mark.clone();
                 self.explanation = Some(e);
             }
-            _ => {}
         }
-    }
-
-    /// The policy's figures are read at an out-of-memory only.
-    fn needs_stats_every_event(&self) -> bool {
-        false
     }
 }
 

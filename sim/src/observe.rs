@@ -147,12 +147,12 @@ impl Observer for () {
 }
 
 impl<O: Observer + ?Sized> Observer for &mut O {
-    #[inline]
+    #[inline(always)]
     fn before_event(&mut self, index: usize, event: &Event, policy: &dyn Policy) {
         (**self).before_event(index, event, policy);
     }
 
-    #[inline]
+    #[inline(always)]
     fn after_event(&mut self, step: &Step<'_>) {
         (**self).after_event(step);
     }
@@ -164,14 +164,14 @@ impl<O: Observer + ?Sized> Observer for &mut O {
 
 /// An observer that may be absent.
 impl<O: Observer> Observer for Option<O> {
-    #[inline]
+    #[inline(always)]
     fn before_event(&mut self, index: usize, event: &Event, policy: &dyn Policy) {
         if let Some(o) = self {
             o.before_event(index, event, policy);
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn after_event(&mut self, step: &Step<'_>) {
         if let Some(o) = self {
             o.after_event(step);
@@ -185,13 +185,13 @@ impl<O: Observer> Observer for Option<O> {
 
 /// Two observers at once, the first called first.
 impl<A: Observer, B: Observer> Observer for (A, B) {
-    #[inline]
+    #[inline(always)]
     fn before_event(&mut self, index: usize, event: &Event, policy: &dyn Policy) {
         self.0.before_event(index, event, policy);
         self.1.before_event(index, event, policy);
     }
 
-    #[inline]
+    #[inline(always)]
     fn after_event(&mut self, step: &Step<'_>) {
         self.0.after_event(step);
         self.1.after_event(step);

@@ -1212,6 +1212,9 @@ fn scan_row(buf: &[u8], at: usize) -> Option<(Event, usize)> {
         (buf[at] == b',').then_some(())?;
         let (stream, at) = if buf[at + 1] == b'\n' {
             (0, at + 1)
+        } else if buf[at + 2] == b'\n' && buf[at + 1].is_ascii_digit() {
+            // One digit, the usual stream.
+            (u64::from(buf[at + 1] - b'0'), at + 2)
         } else {
             scan_number(buf, at + 1)?
         };
