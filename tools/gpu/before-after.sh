@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Two allocsim release builds side by side on the same quiet cores: the replay core
+# (allocsim bench, every policy, the two binaries alternating), end to end on CSV
+# traces (CPU time and wall of the whole process, peak RSS; output compared with cmp),
+# and optionally a synthetic snapshot pickle (open and replay, export with the new one).
+# Usage: OUT=DIR tools/gpu/before-after.sh OLD/allocsim NEW/allocsim [SNAPSHOT_READ]
+#   PARTS    any of "core e2e snapshot" (default "core e2e")
+#   LENGTHS  end-to-end trace lengths (default "100000 1000000 10000000")
+#   ROUNDS   rounds of the alternation (default 2)
+#   SNAP_MIB size of the synthetic snapshot (default 1120: about 1 GB), made by the
+#            third argument (`snapshot_read --make`, workloads/examples/snapshot_read.rs)
+# Needs GNU time as /usr/bin/time; writes everything to $OUT/before-after.txt.
+set -uo pipefail
+. "$(dirname "$0")/common.sh"
+gpu_setup "OLD/allocsim NEW/allocsim [SNAPSHOT_READ]" 2 3 "$@"
+OLD=$(gpu_abs "$1") NEW=$(gpu_abs "$2") SR=${3:+$(gpu_abs "$3")}
+W=$(mktemp -d)
+exec > >(tee -a "$OUT/before-after.txt") 2>&1
+date -u; nproc; lscpu | grep -m1 "Model name"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+PARTS=" ${PARTS:-core e2e} " ROUNDS=${ROUNDS:-2}
+part() { [[ $PARTS == *" $1 "* ]]; }
+POLICIES=caching,caching:expandable_segments=True,immediate,buddy,arena
+# CPU seconds (user + sys), wall seconds and peak RSS (kB) of one run, output to $W/out.
+timed() {
+    /usr/bin/time -f "%U %S %e %M" -o "$W/t" "$@" > "$W/out" 2> "$W/err" || echo "failed: $(head -1 "$W/err")"
+    awk '{ printf "cpu_s=%.2f wall_s=%.2f peak_rss_kb=%d", $1 + $2, $3, $4 }' "$W/t"
+}
+if part core; then
+    for r in $(seq 1 "$ROUNDS"); do
+        for b in old new; do
+            bin=$OLD; [ $b = new ] && bin=$NEW
+            "$bin" bench --runs 5 --policies "$POLICIES" --format csv | sed "s/^/core round=$r binary=$b /"
+        done
+    done
+fi
+if part e2e; then
+    for n in ${LENGTHS:-100000 1000000 10000000}; do
+        "$NEW" generate random --seed 1 --events "$n" -o "$W/t$n.csv" > /dev/null 2>&1
+        ev=$(($(wc -l < "$W/t$n.csv") - 1))
+        for p in caching immediate buddy arena; do
+            for r in $(seq 1 "$ROUNDS"); do
+                for b in old new; do
+                    bin=$OLD; [ $b = new ] && bin=$NEW
+                    echo "e2e events=$ev policy=$p round=$r binary=$b $(timed "$bin" replay "$W/t$n.csv" --policy $p)"
+                    cp "$W/out" "$W/$b.out"
+                done
+                cmp -s "$W/old.out" "$W/new.out" && echo "e2e events=$ev policy=$p output identical" \
+                    || echo "e2e events=$ev policy=$p OUTPUT DIFFERS"
+            done
+        done
+        rm -f "$W/t$n.csv"
+    done
+fi
+if part snapshot && [ -n "$SR" ]; then
+    "$SR" --make "${SNAP_MIB:-1120}" "$W/big.pickle" > /dev/null
+    echo "snapshot file_bytes=$(stat -c %s "$W/big.pickle")"
+    echo "snapshot open (snapshot_read) $(timed "$SR" "$W/big.pickle")"
+    for r in $(seq 1 "$ROUNDS"); do
+        for b in old new; do
+            bin=$OLD; [ $b = new ] && bin=$NEW
+            echo "snapshot replay round=$r binary=$b $(timed "$bin" replay "$W/big.pickle" --policy caching)"
+            cp "$W/out" "$W/$b.out"
+        done
+        cmp -s "$W/old.out" "$W/new.out" && echo "snapshot replay output identical" || echo "snapshot replay OUTPUT DIFFERS"
+    done
+    echo "snapshot export binary=new $(timed "$NEW" export "$W/big.pickle" --policy caching -o "$W/out.pickle") out_bytes=$(stat -c %s "$W/out.pickle" 2>/dev/null)"
+fi
+rm -rf "$W"
