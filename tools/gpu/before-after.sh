@@ -23,8 +23,9 @@ part() { [[ $PARTS == *" $1 "* ]]; }
 POLICIES=caching,caching:expandable_segments=True,immediate,buddy,arena
 # CPU seconds (user + sys), wall seconds and peak RSS (kB) of one run, output to $W/out.
 timed() {
-    /usr/bin/time -f "%U %S %e %M" -o "$W/t" "$@" > "$W/out" 2> "$W/err" || echo "failed: $(head -1 "$W/err")"
-    awk '{ printf "cpu_s=%.2f wall_s=%.2f peak_rss_kb=%d", $1 + $2, $3, $4 }' "$W/t"
+    /usr/bin/time -f "%U %S %e %M" -o "$W/t" "$@" > "$W/out" 2> "$W/err" || echo -n "failed: $(head -1 "$W/err") "
+    sed -i '/^Command exited/d' "$W/t"
+    awk '{ printf "cpu_s=%.2f wall_s=%.2f peak_rss_kb=%d", $1 + $2, $3, $4 }' "$W/t" | tail -c 200
 }
 if part core; then
     for r in $(seq 1 "$ROUNDS"); do
@@ -53,6 +54,9 @@ if part e2e; then
     done
 fi
 if part snapshot && [ -n "$SR" ]; then
+    # snapshot_read --make reads the real snapshots of tests/data from the path it was
+    # built at: a build from another checkout needs that path made to point here, e.g.
+    # `ln -s "$PWD" /work/wt-rel` for a build made in /work/wt-rel.
     "$SR" --make "${SNAP_MIB:-1120}" "$W/big.pickle" > /dev/null
     echo "snapshot file_bytes=$(stat -c %s "$W/big.pickle")"
     echo "snapshot open (snapshot_read) $(timed "$SR" "$W/big.pickle")"
