@@ -7,6 +7,7 @@
 # Everything takes longer than one 600 s device call; choose with
 #   PARTS    any of "core e2e scaling" (default all three)
 #   LENGTHS  the end-to-end trace lengths (default "100000 1000000 10000000 100000000")
+#   SCALE_EVENTS  events per trace of the scaling part (default 1000000)
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
 gpu_setup "PATH/TO/allocsim" 1 1 "$@"
@@ -48,9 +49,10 @@ for n in ${LENGTHS-100000 1000000 10000000 100000000}; do
   fi
   rm -f "$W/t100000000.csv"
 done
-# batch scaling: 64 jobs (16 traces x 4 policies) of 1e6 events
+# batch scaling: 64 jobs (16 traces x 4 policies) of SCALE_EVENTS events
 part scaling || exit 0
-for s in $(seq 1 16); do "$A" generate random --seed $s --events 1000000 -o "$W/b$s.csv" >/dev/null 2>&1; done
+echo "scaling: 16 traces of ${SCALE_EVENTS:-1000000} events"
+for s in $(seq 1 16); do "$A" generate random --seed $s --events "${SCALE_EVENTS:-1000000}" -o "$W/b$s.csv" >/dev/null 2>&1; done
 for th in 1 2 4 8 16; do
   s=$EPOCHREALTIME
   RAYON_NUM_THREADS=$th "$A" compare "$W"/b*.csv --policies caching,immediate,buddy,arena --format csv -o "$W/c$th.csv" >/dev/null 2>&1
