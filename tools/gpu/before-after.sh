@@ -56,7 +56,7 @@ fi
 if part snapshot && [ -n "$SR" ]; then
     # snapshot_read --make reads the real snapshots of tests/data from the path it was
     # built at: a build from another checkout needs that path made to point here, e.g.
-    # `ln -s "$PWD" /work/wt-rel` for a build made in /work/wt-rel.
+    # `ln -s "$PWD" DIR` for a build made in the checkout DIR.
     "$SR" --make "${SNAP_MIB:-1120}" "$W/big.pickle" > /dev/null
     echo "snapshot file_bytes=$(stat -c %s "$W/big.pickle")"
     echo "snapshot open (snapshot_read) $(timed "$SR" "$W/big.pickle")"
