@@ -1,7 +1,24 @@
 use super::*;
 
-/// A directory with empty files of these names, for sweep files that name traces.
-fn dir_with(files: &[&str]) -> PathBuf {
+/// A temporary directory, removed with what it holds when dropped.
+struct TestDir(PathBuf);
+
+impl std::ops::Deref for TestDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A directory with empty files of these names, for sweep files that name traces;
+/// removed when the test is done with it.
+fn dir_with(files: &[&str]) -> TestDir {
     let dir = std::env::temp_dir().join(format!(
         "allocsim-sweep-{}-{}",
         std::process::id(),
@@ -11,7 +28,19 @@ fn dir_with(files: &[&str]) -> PathBuf {
     for f in files {
         std::fs::write(dir.join(f), "events: []\n").unwrap();
     }
-    dir
+    TestDir(dir)
+}
+
+/// The tests' directories do not outlive them (they were left in the temporary
+/// directory, hundreds after a day of test runs).
+#[test]
+fn test_directories_are_removed() {
+    let path = {
+        let dir = dir_with(&["gone.yaml"]);
+        assert!(dir.join("gone.yaml").exists());
+        dir.to_path_buf()
+    };
+    assert!(!path.exists());
 }
 
 const ISSUE: &str = "traces: [run.pickle, other.yaml]
