@@ -23,30 +23,9 @@ import ctypes
 import json
 import sys
 
-cuda = ctypes.CDLL("libcuda.so.1")
-MIB = 1 << 20
+from libcuda import MIB, alloc, check, cuda, free, free_bytes, open_device
+
 PATTERN_MIB = [2, 20, 2, 20, 64, 12, 16, 16, 12, 20]
-
-
-def check(rc, what):
-    if rc != 0:
-        raise RuntimeError(f"{what}: CUresult {rc}")
-
-
-def free_bytes():
-    free, total = ctypes.c_size_t(), ctypes.c_size_t()
-    check(cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
-    return free.value
-
-
-def alloc(size):
-    p = ctypes.c_uint64()
-    check(cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size)), f"cuMemAlloc({size})")
-    return p.value
-
-
-def free(ptr):
-    check(cuda.cuMemFree_v2(ctypes.c_uint64(ptr)), "cuMemFree")
 
 
 def ptx(label, global_mib, kernels, arch):
@@ -94,22 +73,15 @@ def pattern(after):
 
 
 def main():
-    check(cuda.cuInit(0), "cuInit")
-    dev = ctypes.c_int()
-    check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-    name = ctypes.create_string_buffer(256)
-    check(cuda.cuDeviceGetName(name, 255, dev), "cuDeviceGetName")
+    dev, name = open_device()
     driver = ctypes.c_int()
     check(cuda.cuDriverGetVersion(ctypes.byref(driver)), "cuDriverGetVersion")
     major, minor = ctypes.c_int(), ctypes.c_int()
     check(cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev), "compute capability")
     check(cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev), "compute capability")
     arch = f"sm_{major.value}{minor.value}"
-    ctx = ctypes.c_void_p()
-    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-    check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     print(
-        json.dumps({"event": "device", "name": name.value.decode(), "driver": driver.value}),
+        json.dumps({"event": "device", "name": name, "driver": driver.value}),
         flush=True,
     )
     pattern("nothing")

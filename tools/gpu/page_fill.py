@@ -16,31 +16,9 @@ import ctypes
 import json
 import sys
 
-cuda = ctypes.CDLL("libcuda.so.1")
-MIB = 1 << 20
-PAGE = 2 * MIB
+from libcuda import MIB, PAGE, check, cuda, free, free_bytes, open_device, try_alloc
+
 KEEPS = {"NVIDIA H200": 3276800, "NVIDIA H100 80GB HBM3": 2293760}
-
-
-def check(rc, what):
-    if rc != 0:
-        raise RuntimeError(f"{what}: CUresult {rc}")
-
-
-def free_bytes():
-    free, total = ctypes.c_size_t(), ctypes.c_size_t()
-    check(cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
-    return free.value
-
-
-def alloc(size):
-    p = ctypes.c_uint64()
-    rc = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size))
-    return p.value if rc == 0 else None
-
-
-def free(p):
-    check(cuda.cuMemFree_v2(ctypes.c_uint64(p)), "cuMemFree")
 
 
 class Prop(ctypes.Structure):
@@ -90,7 +68,7 @@ def vmm_fill(limit):
 def plain_fill(size, limit):
     ptrs, drops, before = [], [], free_bytes()
     while len(ptrs) < limit:
-        p = alloc(size)
+        p = try_alloc(size)
         if p is None:
             break
         ptrs.append(p)
@@ -106,15 +84,7 @@ def plain_fill(size, limit):
 
 
 def main():
-    check(cuda.cuInit(0), "cuInit")
-    dev = ctypes.c_int()
-    check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-    name = ctypes.create_string_buffer(256)
-    check(cuda.cuDeviceGetName(name, 255, dev), "cuDeviceGetName")
-    name = name.value.decode(errors="replace")
-    ctx = ctypes.c_void_p()
-    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-    check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    _, name = open_device()
     keeps = KEEPS.get(name, 0)
     targets = [int(a) for a in sys.argv[1:]] or [1024, 4096, 5632, 14336]
     for target_mib in targets:
@@ -122,7 +92,7 @@ def main():
             # The ballast as validate makes it (gpu-backend's set_ballast_for_free_bytes,
             # whose first chunk is all it takes on an idle GPU): the free memory above the
             # target rounded down to whole pages, leaving [target, target + 2 MiB) free.
-            ballast = alloc((free_bytes() - target_mib * MIB) // PAGE * PAGE)
+            ballast = try_alloc((free_bytes() - target_mib * MIB) // PAGE * PAGE)
             if ballast is None:
                 raise RuntimeError("ballast refused")
             start = free_bytes()
