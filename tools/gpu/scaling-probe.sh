@@ -38,13 +38,15 @@ probe() {
         # (CPUs 0-7 otherwise), then the same 64 jobs as 16 processes of one thread each.
         RAYON_NUM_THREADS=8 timed "$name round=$r threads=8-pinned-0-7 compare-64" \
             taskset -c 0-7 "$bin" compare "$W"/b*.csv --policies $P --format csv -o "$W/c-p.csv"
-        local s e
+        local s e pids=()
         s=$EPOCHREALTIME
         for i in $(seq 1 16); do
             RAYON_NUM_THREADS=1 /usr/bin/time -f "%U %S %R" -o "$W/p$i.time" \
                 "$bin" compare "$W/b$i.csv" --policies $P --format csv -o "$W/p$i.csv" >/dev/null 2>&1 &
+            pids+=($!)
         done
-        wait
+        # The pids only: a bare `wait` also waits for the output's `tee`, never ending.
+        wait "${pids[@]}"
         e=$EPOCHREALTIME
         echo "$name round=$r processes=16x1 compare-4-each wall_s=$(awk -v s="$s" -v e="$e" 'BEGIN { printf "%.2f", e - s }')" \
             "user_s=$(cat "$W"/p*.time | awk '{ u += $1 } END { print u }')" \
