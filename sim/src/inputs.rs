@@ -358,6 +358,167 @@ pub fn stream_replay<O: Observer + ?Sized>(
     })
 }
 
+/// A snapshot pickle's replay as the file is read, in two passes that hold neither
+/// its entries nor its events (`workloads::snapshot::stream`): memory follows the live
+/// blocks and segments, plus 40 bytes per segment operation (the address hints).
+pub struct SnapshotStream {
+    plan: workloads::snapshot::StreamPlan,
+    shell: Trace,
+    hints: AddressHints,
+}
+
+/// What [`SnapshotStream::replay`] did: the replay, with what a report needs of the
+/// trace it did not hold.
+#[derive(Debug)]
+pub struct StreamedSnapshot {
+    /// Events of the trace.
+    pub events: u64,
+    /// `alloc` events of the trace.
+    pub allocs: u64,
+    /// The replay.
+    pub replay: Replay,
+    /// The file's entry of the event where reserved bytes first reached their peak.
+    pub reserved_peak_entry: Option<u64>,
+}
+
+impl SnapshotStream {
+    /// The first pass over `path` when it is a snapshot pickle whose replay can
+    /// stream (`workloads::snapshot::plan_stream`: from an empty allocator, no private
+    /// pools, no problem), with its recorded addresses as hints for a device like
+    /// `model`; `None` for anything else, which [`load`] reads whole (and reports).
+    pub fn open(
+        path: &Path,
+        options: &LoadOptions,
+        model: &SimDeviceOptions,
+    ) -> Option<SnapshotStream> {
+        let format = match options.format {
+            Some(f) => f,
+            None => {
+                let mut prefix = Vec::with_capacity(workloads::SNIFF_BYTES);
+                let file = std::fs::File::open(path).ok()?;
+                std::io::Read::take(file, workloads::SNIFF_BYTES as u64)
+                    .read_to_end(&mut prefix)
+                    .ok()?;
+                workloads::detect(path, &prefix).ok()?
+            }
+        };
+        if format != Format::TorchPickle {
+            return None;
+        }
+        let plan = workloads::snapshot::plan_stream(path, options.snapshot_device).ok()?;
+        let shell = plan.shell();
+        let hints = hints_of(Some(&plan.run), &shell, options, model).ok()?;
+        Some(SnapshotStream { plan, shell, hints })
+    }
+
+    /// The trace without its events (name, path, metadata), for reports.
+    pub fn shell(&self) -> &Trace {
+        &self.shell
+    }
+
+    /// The recorded addresses, as [`load`] gives them.
+    pub fn hints(&self) -> &AddressHints {
+        &self.hints
+    }
+
+    /// The second pass: replays the trace as the file is read again, validated in the
+    /// same pass unless `lenient` (as [`stream_replay`] does a CSV file); `None` when
+    /// the events have a problem to report or the file changed since the first pass:
+    /// read it whole with [`load`]. The policy, device and observer given were used
+    /// then, so make them afresh.
+    ///
+    /// # Errors
+    /// The replay failed (as [`crate::replay_with`]).
+    pub fn replay<O: Observer + ?Sized>(
+        &self,
+        policy: &mut dyn Policy,
+        device: &mut dyn Device,
+        replay_options: &ReplayOptions,
+        lenient: bool,
+        observer: &mut O,
+    ) -> Result<Option<StreamedSnapshot>, StreamError> {
+        let mut stream = self.plan.events();
+        let location = std::cell::Cell::new(0u64);
+        let (mut events, mut allocs) = (0u64, 0u64);
+        let mut peak = PeakEntry {
+            location: &location,
+            peak: 0,
+            index: None,
+            entry: None,
+        };
+        let (replay, problem) = {
+            let mut items = stream.by_ref().map(|(event, at)| {
+                location.set(at);
+                events += 1;
+                allocs += u64::from(matches!(event, workloads::Event::Alloc { .. }));
+                event
+            });
+            let mut observers = (observer, &mut peak);
+            let (replay, problem) = if lenient {
+                let r = crate::replay::replay_events(
+                    None,
+                    &mut items,
+                    policy,
+                    device,
+                    replay_options,
+                    &mut observers,
+                );
+                (r, false)
+            } else {
+                crate::replay::replay_checked(
+                    &mut items,
+                    policy,
+                    device,
+                    replay_options,
+                    &mut observers,
+                )
+            };
+            if matches!(replay, Err(ReplayError::Interrupted { .. })) {
+                return replay.map(|_| None).map_err(StreamError::Replay);
+            }
+            items.for_each(drop);
+            (replay, problem)
+        };
+        if stream.finish().is_err() || problem {
+            return Ok(None);
+        }
+        let replay = replay.map_err(StreamError::Replay)?;
+        if peak.index.map(|i| i as u64) != replay.summary.reserved_peak_event_index {
+            return Ok(None);
+        }
+        Ok(Some(StreamedSnapshot {
+            events,
+            allocs,
+            replay,
+            reserved_peak_entry: peak.entry,
+        }))
+    }
+}
+
+/// Follows the reserved peak as the engine's summary does, to keep the entry of the
+/// event where it was first reached (a streamed trace keeps no locations).
+struct PeakEntry<'a> {
+    location: &'a std::cell::Cell<u64>,
+    peak: u64,
+    index: Option<usize>,
+    entry: Option<u64>,
+}
+
+impl Observer for PeakEntry<'_> {
+    #[inline]
+    fn after_event(&mut self, step: &crate::observe::Step<'_>) {
+        if step.policy_stats.reserved_bytes > self.peak {
+            self.peak = step.policy_stats.reserved_bytes;
+            self.index = Some(step.index);
+            self.entry = Some(self.location.get());
+        }
+    }
+
+    fn needs_stats_every_event(&self) -> bool {
+        false
+    }
+}
+
 /// A streamed replay that could not finish.
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {

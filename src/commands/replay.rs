@@ -212,6 +212,10 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     if setup.capacities.len() > 1 || setup.options.usable_spread_bytes > 0 {
         return Ok(None);
     }
+    let options = load::load_options(&args.input);
+    if let Some(stream) = sim::inputs::SnapshotStream::open(&args.trace, &options, &setup.options) {
+        return streamed_snapshot(args, setup, &stream, options.lenient);
+    }
     let meta = workloads::TraceMeta::of_format(workloads::Format::Csv);
     let settings = load::settings(&meta, &args.device);
     let Ok(specs) = load::policies(std::slice::from_ref(&args.policy), &settings.caching) else {
@@ -259,6 +263,84 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
         &shell,
         counts,
         &|i| format!("event {i} (line {})", line(i)),
+        &label,
+        device.options(),
+        &r,
+    );
+    if let Some(note) = &settings.note {
+        if let Some(at) = text.find("\ndevice ") {
+            text.insert_str(at + 1, &format!("settings            {note}\n"));
+        }
+    }
+    write!(out, "{text}")?;
+    for c in &caveats {
+        writeln!(out, "not exact           {c}")?;
+    }
+    if args.stats {
+        writeln!(out)?;
+        write!(out, "{}", stats_table(&policy.detailed_stats()))?;
+    }
+    out.finish()?;
+    Ok(Some(Exit::Ran))
+}
+
+/// `replay` of a snapshot pickle in two passes over the file
+/// (`sim::inputs::SnapshotStream`): the same summary as from the whole trace, in memory
+/// that follows the live blocks and segments. `None` when the trace needs the
+/// whole-trace path instead (as [`streamed`]).
+fn streamed_snapshot(
+    args: &ReplayArgs,
+    setup: &load::DeviceSetup,
+    stream: &sim::inputs::SnapshotStream,
+    lenient: bool,
+) -> anyhow::Result<Option<Exit>> {
+    let shell = stream.shell();
+    let settings = load::settings(&shell.meta, &args.device);
+    let Ok(specs) = load::policies(std::slice::from_ref(&args.policy), &settings.caching) else {
+        return Ok(None);
+    };
+    let [spec] = specs.as_slice() else {
+        return Ok(None);
+    };
+    let Ok(mut policy) = spec.config.build() else {
+        return Ok(None);
+    };
+    let mut device = SimDevice::with_hints(
+        setup.options.clone(),
+        stream.hints().for_policy(&spec.config),
+    );
+    let mut observer = (OomWatch::default(), EventSpinner::on_terminal());
+    let in_order = interrupt::in_order();
+    let streamed = stream.replay(
+        policy.as_mut(),
+        &mut device,
+        &setup.replay,
+        lenient,
+        &mut observer,
+    );
+    drop(in_order);
+    let (watch, spinner) = observer;
+    drop(spinner);
+    let s = match streamed {
+        Ok(Some(s)) if watch.explanation.is_none() && s.replay.oom.is_none() => s,
+        Ok(_) | Err(sim::inputs::StreamError::Read(_)) => return Ok(None),
+        Err(sim::inputs::StreamError::Replay(e)) => {
+            return Err(e).with_context(|| format!("replaying {}", args.trace.display()))
+        }
+    };
+    let r = s.replay;
+    let label = policy_label(spec);
+    let caveats = sim::caveats(shell, &spec.config, &r);
+    warn_caveats(caveats.iter().cloned());
+    let mut out = output::create(None)?;
+    let peak = (r.summary.reserved_peak_event_index, s.reserved_peak_entry);
+    let mut text = summary(
+        shell,
+        (s.events, s.allocs),
+        &|i| match peak {
+            (Some(p), Some(entry)) if p == i as u64 => format!("event {i} (entry {entry})"),
+            _ => format!("event {i}"),
+        },
         &label,
         device.options(),
         &r,

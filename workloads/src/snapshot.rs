@@ -77,6 +77,7 @@ mod pickle;
 mod pools;
 mod replayable;
 mod schema;
+mod stream;
 mod value_de;
 mod write;
 
@@ -90,6 +91,7 @@ use serde::Deserialize;
 pub use empty_cache::infer_empty_cache;
 pub use pools::SnapshotPools;
 pub use schema::Frame;
+pub use stream::{plan_stream, StreamEvents, StreamPlan, WholeTrace};
 pub use write::{snapshot_bytes, write_snapshot, SnapshotEncoding, SnapshotEntry, SnapshotOut};
 
 use crate::csv::file_stem;
@@ -447,6 +449,19 @@ fn read(
     .assemble(&root)
 }
 
+/// What a snapshot holds for one device, read ([`Snapshot::parts`]).
+struct Parts {
+    /// The device's trace entries (none kept in a streamed read).
+    store: EntryStore,
+    /// The device's segments.
+    segments: Vec<RecordedSegment>,
+    /// What only a snapshot records, as far as read (annotations, pools and frames are
+    /// filled from the entries by [`Snapshot::finish`]).
+    info: SnapshotInfo,
+    /// `PYTORCH_CUDA_ALLOC_CONF` of the settings.
+    alloc_conf: Option<String>,
+}
+
 /// Turns the pickled value into a run.
 struct Snapshot<'a> {
     path: &'a Path,
@@ -473,6 +488,18 @@ impl Snapshot<'_> {
     }
 
     fn assemble(&self, root: &Value) -> Result<RecordedRun, ReadError> {
+        let Parts {
+            store,
+            segments,
+            info,
+            alloc_conf,
+        } = self.parts(root)?;
+        self.finish(store, segments, info, alloc_conf)
+    }
+
+    /// What the pickle holds for the chosen device, before its entries become a run
+    /// (a streamed read's store holds no entries: its sink had them).
+    fn parts(&self, root: &Value) -> Result<Parts, ReadError> {
         let top = match root {
             Value::Dict(d) => d,
             // torch.cuda.memory_snapshot() pickled: the segments alone.
@@ -525,17 +552,27 @@ impl Snapshot<'_> {
                 .collect();
         }
         info.host_memory = top.get("host_segments").is_some() || top.get("host_traces").is_some();
-        self.finish(store, segments, info, alloc_conf)
+        Ok(Parts {
+            store,
+            segments,
+            info,
+            alloc_conf,
+        })
     }
 
     /// A pickled `torch.cuda.memory_snapshot()`: a list of segments, no trace.
-    fn segments_only(&self, root: &Value) -> Result<RecordedRun, ReadError> {
+    fn segments_only(&self, root: &Value) -> Result<Parts, ReadError> {
         let segments = self.segments(root)?;
         let info = SnapshotInfo {
             device: self.device,
             ..SnapshotInfo::default()
         };
-        self.finish(EntryStore::default(), segments, info, None)
+        Ok(Parts {
+            store: EntryStore::default(),
+            segments,
+            info,
+            alloc_conf: None,
+        })
     }
 
     /// The chosen device's entries, and how many devices there are.

@@ -37,7 +37,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, Read};
 use std::rc::Rc;
 
-use super::schema::{EntryStore, FrameTable, LaneKey, RawEntry, SegmentStore};
+use super::schema::{EntrySink, EntryStore, FrameTable, LaneKey, RawEntry, SegmentStore};
 
 /// Keys whose values are not kept (and, unless frames are asked for, `frames`).
 pub(crate) const SKIP_KEYS: [&str; 4] = [
@@ -389,7 +389,15 @@ pub(crate) struct Machine<R> {
     recent: [Option<Rc<String>>; RECENT],
     /// The entry lane's kinds of keys by memo slot (see [`Machine::lane_key`]).
     key_cache: [(u64, LaneKey); KEY_CACHE],
+    /// A streamed read: the sink of each list of entries, by its serial number
+    /// (`snapshot::stream`); `None` keeps the entries in their stores.
+    sinks: Option<SinkFactory>,
+    /// Lists of entries met so far.
+    entry_lists: u32,
 }
+
+/// Makes the sink of the entry list with the given serial number.
+pub(crate) type SinkFactory = Box<dyn FnMut(u32) -> EntrySink>;
 
 /// FNV-1a, for the interner's short strings and the frame table's keys (the default
 /// hasher costs more than the lookups save).
@@ -468,6 +476,8 @@ impl<R: Read> Machine<R> {
             skip_marks: Vec::new(),
             recent: Default::default(),
             key_cache: [(u64::MAX, LaneKey::Other); KEY_CACHE],
+            sinks: None,
+            entry_lists: 0,
         }
     }
 
@@ -691,7 +701,7 @@ impl<R: Read> Machine<R> {
                 if vec.is_empty() {
                     if let Value::Dict(d) = &v {
                         if d.has("action") {
-                            *items = Items::Entries(Box::default());
+                            *items = Items::Entries(Box::new(self.entry_store()));
                         } else if d.has("blocks") || d.has("total_size") {
                             *items = Items::Segments(Box::default());
                         }
@@ -719,6 +729,17 @@ impl<R: Read> Machine<R> {
             }
         }
         Ok(())
+    }
+
+    /// The store of a list that received its first entry: with its sink in a
+    /// streamed read.
+    fn entry_store(&mut self) -> EntryStore {
+        let serial = self.entry_lists;
+        self.entry_lists = self.entry_lists.saturating_add(1);
+        let mut store = EntryStore::default();
+        store.sink = self.sinks.as_mut().map(|make| make(serial));
+        store.serial = serial;
+        store
     }
 
     /// Converts an entry's stack frames into the frame table, and leaves the table's
@@ -1962,6 +1983,19 @@ pub(crate) fn read_value(
     let mut machine = Machine::new(reader, limits, keep_frames);
     let value = machine.run()?;
     Ok((value, machine.frames))
+}
+
+/// Reads a whole pickle as [`read_value`] does (frames not kept), sending the
+/// entries of each list of trace entries to the sink `sinks` makes for it instead of
+/// keeping them (a streamed read: `snapshot::stream`).
+pub(crate) fn read_value_streaming(
+    reader: impl Read,
+    limits: Limits,
+    sinks: SinkFactory,
+) -> Result<Value> {
+    let mut machine = Machine::new(reader, limits, false);
+    machine.sinks = Some(sinks);
+    machine.run()
 }
 
 impl std::fmt::Debug for Value {

@@ -449,8 +449,18 @@ pub(crate) struct EntryStore {
     /// How many entries the pickle machine's entry lane read from start to end (the
     /// others went, at least in part, through its general path): for tests.
     pub by_lane: u64,
+    /// Where a streamed read sends each entry (index, record, `time_us`) instead of
+    /// keeping it in `entries` and `times` (see `snapshot::stream`).
+    pub sink: Option<EntrySink>,
+    /// Which list of entries of the pickle this is, counted from 0 in the order the
+    /// lists received their first entry (set where a sink is).
+    pub serial: u32,
     len: u64,
 }
+
+/// Where a streamed read sends each entry of one list: (index in the list, record,
+/// `time_us` or 0).
+pub(crate) type EntrySink = Box<dyn FnMut(u64, RecordedEntry, u64)>;
 
 impl EntryStore {
     /// Converts and keeps one entry; after a bad one, only counts.
@@ -581,13 +591,19 @@ impl EntryStore {
         if let Some(stack) = stack {
             self.stacks.push((index, stack));
         }
-        self.times.push(raw.time_us.unwrap_or(0));
-        self.entries.push(RecordedEntry {
+        let entry = RecordedEntry {
             action,
             addr,
             size,
             stream,
-        });
+        };
+        match &mut self.sink {
+            Some(sink) => sink(index, entry, raw.time_us.unwrap_or(0)),
+            None => {
+                self.times.push(raw.time_us.unwrap_or(0));
+                self.entries.push(entry);
+            }
+        }
         Ok(())
     }
 }
