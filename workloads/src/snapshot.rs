@@ -9,7 +9,9 @@
 //! never exists as a generic value tree. Stack frames, `forward_frames`, `internal_metadata` and the
 //! host allocator's traces are skipped as they are read unless asked for
 //! ([`SnapshotOptions::keep_frames`]). Reading takes memory about the size of the file
-//! or less (docs/performance.md has the figures).
+//! or less (docs/performance.md has the figures). A replay need not hold the entries
+//! at all: [`plan_stream`] and [`StreamPlan::events`] read the file twice, keeping only
+//! what the whole trace decides (the private `stream` module).
 //!
 //! What is taken (PyTorch 2.1 to 2.15; keys this crate does not use are ignored):
 //!
