@@ -76,6 +76,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     if let Some(path) = &args.output {
         eprintln!("wrote {} ({} rows)", path.display(), rows.len());
     }
+    load::free_in_parallel(runs);
     Ok(Exit::Ran)
 }
 

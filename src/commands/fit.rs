@@ -220,6 +220,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
     if let Some(path) = &args.output {
         eprintln!("wrote {} ({} rows)", path.display(), results.len());
     }
+    load::free_in_parallel(loaded);
     Ok(Exit::Ran)
 }
 

@@ -133,7 +133,7 @@ impl Format {
                     about: "CSV trace with the header op,id,bytes,stream",
                     extensions: &["csv"],
                     sniff: sniff_csv,
-                    read: Reader::Trace(|i| crate::csv::read_csv_from(i.reader, i.path)),
+                    read: Reader::Trace(crate::csv::read_csv_input),
                     write: Some(|t, out| crate::csv::write_csv(t, out)),
                 };
                 &SPEC
