@@ -5,7 +5,7 @@ use super::*;
 impl CachingPolicy {
     /// The program freed the block: allocated bytes drop, the block waits (`Pending`)
     /// until it returns to its pool.
-    #[inline]
+    #[inline(always)]
     pub(super) fn mark_free_requested(&mut self, id: u32) {
         let max_split = self.config.max_split_size_bytes;
         let block = self.block_mut(id);
@@ -20,6 +20,12 @@ impl CachingPolicy {
 
     /// `free_block`: returns a block to its pool, merging with free neighbours.
     pub(super) fn free_block(&mut self, id: u32) {
+        self.free_block_inline(id);
+    }
+
+    /// [`CachingPolicy::free_block`], inlined into [`Policy::free`] (the usual free).
+    #[inline(always)]
+    pub(super) fn free_block_inline(&mut self, id: u32) {
         let b = self.block(id);
         debug_assert_eq!(b.state, State::Pending);
         let (original_size, requested, pool, expandable) =
@@ -55,19 +61,19 @@ impl CachingPolicy {
     }
 
     /// `try_merge_blocks`: absorbs a free neighbour; returns its size, or 0.
-    #[inline]
+    #[inline(always)]
     pub(super) fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
         if src == NIL {
             return 0;
         }
         let s = self.block(src);
-        let (s_state, s_mapped, s_prev, s_next, s_size, s_addr, s_stream, s_owner, s_pool) = (
-            s.state, s.mapped, s.prev, s.next, s.size, s.addr, s.stream.0, s.owner, s.pool,
-        );
-        let d = self.block_mut(dst);
-        if s_state != State::Free || d.mapped != s_mapped {
+        if s.state != State::Free || self.block(dst).mapped != s.mapped {
             return 0;
         }
+        let (s_mapped, s_prev, s_next, s_size, s_addr, s_stream, s_owner, s_pool) = (
+            s.mapped, s.prev, s.next, s.size, s.addr, s.stream.0, s.owner, s.pool,
+        );
+        let d = self.block_mut(dst);
         d.size += s_size;
         if d.prev == src {
             d.addr = s_addr;

@@ -3,7 +3,9 @@
 //! that order at or after `(stream, size, 0)`); this structure only finds it faster
 //! than an ordered map of triples.
 //!
-//! Per stream (a short vector, sorted by stream), blocks are segregated by size class:
+//! Per stream (a short vector in the order streams came; each block's node keeps its
+//! stream's slot and its class, so a removal finds both without a search), blocks are
+//! segregated by size class:
 //! one class per 512-byte unit up to 64 KiB, then 64 classes per power of two (the
 //! classes of a two-level segregated fit allocator). Classes are monotone in size, so
 //! every block of a lower class is smaller than every block of a higher one; a bitmap
@@ -25,6 +27,8 @@ const EXACT_UNITS: u64 = 128;
 const SUB_BITS: u32 = 6;
 /// Number of classes: enough for any size below 2^64.
 const CLASSES: usize = class_of(u64::MAX) + 1;
+
+const _: () = assert!(CLASSES <= u16::MAX as usize, "a class fits a node's u16");
 /// Words of the class bitmap.
 const WORDS: usize = CLASSES.div_ceil(64);
 
@@ -68,6 +72,10 @@ struct Node {
     stream: u64,
     prev: u32,
     next: u32,
+    /// Its stream's slot in [`FreeSet::streams`] (slots never move).
+    slot: u32,
+    /// Its size class (`class_of(size)`), kept so a removal need not recompute it.
+    class: u16,
     /// In a set now.
     linked: bool,
 }
@@ -79,6 +87,8 @@ impl Node {
         stream: 0,
         prev: NIL,
         next: NIL,
+        slot: 0,
+        class: 0,
         linked: false,
     };
 
@@ -236,6 +246,7 @@ impl StreamBlocks {
                 node.prev = NIL;
                 node.next = NIL;
                 node.stream = self.stream;
+                node.class = class as u16;
                 node.linked = true;
                 self.set_bit(class);
                 true
@@ -291,6 +302,7 @@ impl StreamBlocks {
         node.prev = prev;
         node.next = next;
         node.stream = self.stream;
+        node.class = class as u16;
         node.linked = true;
         if prev == NIL {
             self.classes[class].head = id;
@@ -322,7 +334,8 @@ impl StreamBlocks {
     #[inline(always)]
     fn remove(&mut self, nodes: &mut Nodes, id: u32) {
         let node = *nodes.get(id);
-        let class = class_of(node.size);
+        let class = usize::from(node.class);
+        debug_assert_eq!(class, class_of(node.size));
         let list = &mut self.classes[class];
         if list.crowded() {
             self.forget_crowded(class, node.key());
@@ -464,7 +477,7 @@ impl StreamBlocks {
         if node.next != NIL {
             return Some(node.next);
         }
-        Some(self.classes[self.next_class(class_of(node.size) + 1)?].head)
+        Some(self.classes[self.next_class(usize::from(node.class) + 1)?].head)
     }
 
     /// The block before `id` (in this stream's lists).
@@ -473,7 +486,7 @@ impl StreamBlocks {
         if node.prev != NIL {
             return Some(node.prev);
         }
-        self.last_of(nodes, self.prev_class(class_of(node.size))?)
+        self.last_of(nodes, self.prev_class(usize::from(node.class))?)
     }
 }
 
@@ -488,21 +501,18 @@ pub(super) struct Cursor {
 /// See the module docs.
 #[derive(Debug, Default)]
 pub(super) struct FreeSet {
-    /// Sorted by stream; a stream's entry stays once made.
+    /// In the order streams first came (a stream's slot stays once made, and its
+    /// blocks' nodes keep it): the order of streams is only needed by [`FreeSet::iter`].
     streams: Vec<StreamBlocks>,
     len: usize,
 }
 
 impl FreeSet {
+    /// The slot of `stream`, if it has one.
     #[inline]
-    fn stream_index(&self, stream: u64) -> Result<usize, usize> {
-        // Few streams: a linear scan beats a binary search.
-        for (i, s) in self.streams.iter().enumerate() {
-            if s.stream >= stream {
-                return if s.stream == stream { Ok(i) } else { Err(i) };
-            }
-        }
-        Err(self.streams.len())
+    fn stream_index(&self, stream: u64) -> Option<usize> {
+        // Few streams: a linear scan.
+        self.streams.iter().position(|s| s.stream == stream)
     }
 
     fn at(&self, nodes: &Nodes, stream: usize, id: Option<u32>) -> Option<Cursor> {
@@ -530,10 +540,10 @@ impl FreeSet {
         id: u32,
     ) -> bool {
         let i = match self.stream_index(stream) {
-            Ok(i) => i,
-            Err(i) => {
-                self.streams.insert(i, StreamBlocks::new(stream));
-                i
+            Some(i) => i,
+            None => {
+                self.streams.push(StreamBlocks::new(stream));
+                self.streams.len() - 1
             }
         };
         let at = id as usize;
@@ -544,6 +554,7 @@ impl FreeSet {
         debug_assert!(!node.linked, "block {id} is in a free set already");
         node.size = size;
         node.addr = addr;
+        node.slot = i as u32;
         let added = self.streams[i].insert(nodes, id);
         self.len += usize::from(added);
         added
@@ -556,9 +567,14 @@ impl FreeSet {
         let Some(node) = nodes.nodes.get(id as usize).filter(|n| n.linked) else {
             return false;
         };
-        let Ok(s) = self.stream_index(node.stream) else {
+        let s = node.slot as usize;
+        if self
+            .streams
+            .get(s)
+            .is_none_or(|st| st.stream != node.stream)
+        {
             return false;
-        };
+        }
         self.streams[s].remove(nodes, id);
         self.len -= 1;
         true
@@ -566,7 +582,7 @@ impl FreeSet {
 
     /// The id of the block with this key, if it is there.
     pub(super) fn get(&self, nodes: &Nodes, stream: u64, size: u64, addr: u64) -> Option<u32> {
-        let s = &self.streams[self.stream_index(stream).ok()?];
+        let s = &self.streams[self.stream_index(stream)?];
         s.find(nodes, size, addr)
     }
 
@@ -574,14 +590,14 @@ impl FreeSet {
     /// least `size` bytes, lowest address first.
     #[inline(always)]
     pub(super) fn first_at_least(&self, nodes: &Nodes, stream: u64, size: u64) -> Option<Cursor> {
-        let si = self.stream_index(stream).ok()?;
+        let si = self.stream_index(stream)?;
         self.at(nodes, si, self.streams[si].first_from(nodes, (size, 0)))
     }
 
     /// The last block of `stream` before `(size, 0)`: the largest block smaller than
     /// `size` bytes, highest address first.
     pub(super) fn last_below(&self, nodes: &Nodes, stream: u64, size: u64) -> Option<Cursor> {
-        let si = self.stream_index(stream).ok()?;
+        let si = self.stream_index(stream)?;
         self.at(nodes, si, self.streams[si].last_before(nodes, (size, 0)))
     }
 
@@ -609,7 +625,9 @@ impl FreeSet {
     /// Every block in order, with its stream.
     pub(super) fn iter<'a>(&'a self, nodes: &'a Nodes) -> impl Iterator<Item = (u64, Entry)> + 'a {
         let mut all = Vec::with_capacity(self.len);
-        for s in &self.streams {
+        let mut streams: Vec<&StreamBlocks> = self.streams.iter().collect();
+        streams.sort_unstable_by_key(|s| s.stream);
+        for s in streams {
             let mut class = s.next_class(0);
             while let Some(c) = class {
                 let mut cur = s.classes[c].head;

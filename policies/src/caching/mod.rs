@@ -498,6 +498,7 @@ impl CachingPolicy {
     }
 
     /// `BlockPool::insert_into_blocks`: into the free set, stamped with the GC clock.
+    #[inline(always)]
     fn insert_into_blocks(&mut self, id: u32) {
         let (owner, pool_kind, stream, size, addr) = {
             let b = self.block(id);
@@ -570,7 +571,7 @@ impl Policy for CachingPolicy {
             self.pending.remove(&id);
             self.capture_frees.remove(&id);
         }
-        self.free_block(id);
+        self.free_block_inline(id);
         Ok(())
     }
 
