@@ -35,6 +35,8 @@ impl CachingPolicy {
                     .into(),
             ));
         }
+        // Adopted blocks whose free is pending are active but not allocated.
+        self.keep_active_stats();
         let invalid = AdoptError::Invalid;
         // The index of each block in the flattened input, for the result's order.
         let mut firsts = Vec::with_capacity(segments.len());

@@ -23,30 +23,69 @@ impl CachingPolicy {
         self.free_block_inline(id);
     }
 
-    /// [`CachingPolicy::free_block`], inlined into [`Policy::free`] (the usual free).
+    /// [`CachingPolicy::free_block`], inlined into [`Policy::free`] (the usual free):
+    /// each block is looked up once, the merged block written back once.
     #[inline(always)]
     pub(super) fn free_block_inline(&mut self, id: u32) {
         let b = self.block(id);
         debug_assert_eq!(b.state, State::Pending);
-        let (original_size, requested, pool, expandable) =
-            (b.size, b.requested, b.pool, b.expandable);
-        let (prev, next) = (b.prev, b.next);
+        let (original_size, requested, pool, expandable, mapped, owner, stream) = (
+            b.size,
+            b.requested,
+            b.pool,
+            b.expandable,
+            b.mapped,
+            b.owner,
+            b.stream.0,
+        );
+        let (mut addr, mut size, mut prev, mut next) = (b.addr, b.size, b.prev, b.next);
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
-        for candidate in [prev, next] {
-            let subsumed = self.try_merge_blocks(id, candidate);
-            if subsumed > 0 {
+        // try_merge_blocks with the block before, then with the block after.
+        if prev != NIL {
+            let p = self.block(prev);
+            if p.state == State::Free && p.mapped == mapped {
+                let (p_addr, p_size, p_prev) = (p.addr, p.size, p.prev);
+                self.forget_free(prev);
+                addr = p_addr;
+                size += p_size;
+                prev = p_prev;
+                if p_prev != NIL {
+                    self.block_mut(p_prev).next = id;
+                }
                 net_blocks -= 1;
-                net_bytes -= subsumed as i64;
+                net_bytes -= p_size as i64;
             }
         }
+        if next != NIL {
+            let n = self.block(next);
+            if n.state == State::Free && n.mapped == mapped {
+                let (n_size, n_next) = (n.size, n.next);
+                self.forget_free(next);
+                size += n_size;
+                next = n_next;
+                if n_next != NIL {
+                    self.block_mut(n_next).prev = id;
+                }
+                net_blocks -= 1;
+                net_bytes -= n_size as i64;
+            }
+        }
+        let free = self.pools[owner as usize].get_mut(pool);
+        let clock = free.get_free_blocks_call_count;
+        let added = free
+            .blocks
+            .insert(&mut self.free_nodes, stream, size, addr, id);
+        debug_assert!(added, "two free blocks with one key");
         let b = self.block_mut(id);
+        b.addr = addr;
+        b.size = size;
+        b.prev = prev;
+        b.next = next;
         b.state = State::Free;
         b.serial = 0;
-        let split = b.prev != NIL || b.next != NIL;
-        let size = b.size;
-        self.insert_into_blocks(id);
-        if split {
+        b.gc_count_base = clock;
+        if prev != NIL || next != NIL {
             net_blocks += 1;
             net_bytes += size as i64;
         }
@@ -55,13 +94,29 @@ impl CachingPolicy {
             s.inactive_split.change(pool, net_blocks);
             s.inactive_split_bytes.change(pool, net_bytes);
         }
-        s.active.decrease(pool, 1);
-        s.active_bytes.decrease(pool, original_size);
+        if !self.active_mirrors_allocation {
+            s.active.decrease(pool, 1);
+            s.active_bytes.decrease(pool, original_size);
+        }
         s.requested_bytes.decrease(pool, requested);
     }
 
-    /// `try_merge_blocks`: absorbs a free neighbour; returns its size, or 0.
+    /// A free neighbour absorbed by a merge: out of its pool's free set (or the
+    /// unmapped set) and out of the block table.
     #[inline(always)]
+    fn forget_free(&mut self, id: u32) {
+        let Some(s) = self.blocks.remove(id) else {
+            panic!("dead block");
+        };
+        let pool = self.pools[s.owner as usize].get_mut(s.pool);
+        if s.mapped {
+            pool.blocks.remove(&mut self.free_nodes, id);
+        } else {
+            pool.unmapped.remove(&(s.stream.0, s.addr));
+        }
+    }
+
+    /// `try_merge_blocks`: absorbs a free neighbour; returns its size, or 0.
     pub(super) fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
         if src == NIL {
             return 0;

@@ -148,7 +148,7 @@ impl CachingPolicy {
                 reserved += es.mapped_bytes;
             }
         }
-        let s = &self.stats;
+        let s = &self.caching_stats();
         assert_eq!(
             free_mapped,
             self.pools

@@ -175,63 +175,79 @@ impl CachingPolicy {
     fn alloc_found_block(&mut self, id: u32, size: u64, orig_size: u64, split: bool) -> Allocation {
         let serial = self.next_serial;
         self.next_serial += 1;
-        let b = self.blocks.get_mut(id).expect("dead block");
-        let already_split = b.prev != NIL || b.next != NIL;
-        let (pool, expandable) = (b.pool, b.expandable);
-        let block_id = if split {
+        let b = self.block(id);
+        let (addr, block_size, stream, pool, owner, prev, next, expandable) = (
+            b.addr,
+            b.size,
+            b.stream,
+            b.pool,
+            b.owner,
+            b.prev,
+            b.next,
+            b.expandable,
+        );
+        let already_split = prev != NIL || next != NIL;
+        let (block_id, block_size) = if split {
             // The request takes the front; the block keeps the rest and goes back to its
             // pool.
             let front = Block {
+                addr,
                 size,
                 requested: orig_size,
-                state: State::Allocated,
-                serial,
+                stream,
+                pool,
+                owner,
+                prev,
                 next: id,
-                ..b.clone()
+                state: State::Allocated,
+                mapped: b.mapped,
+                expandable,
+                segment: b.segment,
+                gc_count_base: b.gc_count_base,
+                serial,
             };
-            let (prev, stream, rest_size, rest_addr, owner) =
-                (b.prev, b.stream.0, b.size - size, b.addr + size, b.owner);
-            b.addr = rest_addr;
-            b.size = rest_size;
+            let (rest_size, rest_addr) = (block_size - size, addr + size);
             let front_id = self.blocks.insert(front);
-            self.blocks.get_mut(id).expect("dead block").prev = front_id;
+            let free = self.pools[owner as usize].get_mut(pool);
+            let clock = free.get_free_blocks_call_count;
+            let added =
+                free.blocks
+                    .insert(&mut self.free_nodes, stream.0, rest_size, rest_addr, id);
+            debug_assert!(added, "two free blocks with one key");
+            let rest = self.block_mut(id);
+            rest.addr = rest_addr;
+            rest.size = rest_size;
+            rest.prev = front_id;
+            rest.gc_count_base = clock;
             if prev != NIL {
                 self.block_mut(prev).next = front_id;
             }
-            let pair = &mut self.pools[owner as usize];
-            let free = pair.get_mut(pool);
-            let clock = free.get_free_blocks_call_count;
-            let added = free
-                .blocks
-                .insert(&mut self.free_nodes, stream, rest_size, rest_addr, id);
-            debug_assert!(added, "two free blocks with one key");
-            self.block_mut(id).gc_count_base = clock;
             if already_split && !expandable {
                 self.stats.inactive_split_bytes.decrease(pool, size);
             } else if !expandable {
                 self.stats.inactive_split_bytes.increase(pool, rest_size);
                 self.stats.inactive_split.increase(pool, 1);
             }
-            front_id
+            (front_id, size)
         } else {
+            let b = self.block_mut(id);
             b.state = State::Allocated;
             b.requested = orig_size;
             b.serial = serial;
             if already_split && !expandable {
-                let block_size = b.size;
                 self.stats.inactive_split_bytes.decrease(pool, block_size);
                 self.stats.inactive_split.decrease(pool, 1);
             }
-            id
+            (id, block_size)
         };
         let max_split = self.config.max_split_size_bytes;
-        let block = self.block(block_id);
-        let (block_size, addr, stream) = (block.size, block.addr, block.stream);
         let s = &mut self.stats;
         s.allocation.increase(pool, 1);
         s.allocated_bytes.increase(pool, block_size);
-        s.active.increase(pool, 1);
-        s.active_bytes.increase(pool, block_size);
+        if !self.active_mirrors_allocation {
+            s.active.increase(pool, 1);
+            s.active_bytes.increase(pool, block_size);
+        }
         s.requested_bytes.increase(pool, orig_size);
         if block_size >= max_split {
             s.oversize_allocations.increase(1);

@@ -257,7 +257,16 @@ impl UncachedTotals {
 pub struct CachingPolicy {
     label: String,
     config: CachingConfig,
+    /// PyTorch's statistics, except `active` and `active_bytes` while
+    /// `active_mirrors_allocation` (read them through [`CachingPolicy::caching_stats`]).
     stats: CachingStats,
+    /// Until the first free that waits for other streams (`free_requested`) or an
+    /// adopted state, every block stops being allocated and active in the same call, so
+    /// `active` and `active_bytes` equal `allocation` and `allocated_bytes` field for
+    /// field (current, peak, allocated, freed; all pools and each): they are not kept
+    /// then, but copied where read, and from that event on kept
+    /// ([`CachingPolicy::keep_active_stats`]).
+    active_mirrors_allocation: bool,
     blocks: Slab<Block>,
     /// The free sets' list links, by block id (one table for every pool's set).
     free_nodes: free_set::Nodes,
@@ -320,6 +329,7 @@ impl CachingPolicy {
             label,
             config,
             stats: CachingStats::default(),
+            active_mirrors_allocation: true,
             blocks: Slab::default(),
             free_nodes: free_set::Nodes::default(),
             pools: vec![PoolPair::default()],
@@ -358,8 +368,22 @@ impl CachingPolicy {
     }
 
     /// PyTorch's statistics (`torch.cuda.memory_stats()`).
-    pub fn caching_stats(&self) -> &CachingStats {
-        &self.stats
+    pub fn caching_stats(&self) -> CachingStats {
+        let mut stats = self.stats.clone();
+        if self.active_mirrors_allocation {
+            stats.active = stats.allocation;
+            stats.active_bytes = stats.allocated_bytes;
+        }
+        stats
+    }
+
+    /// From now on `active` and `active_bytes` are kept, starting from the values they
+    /// mirror (see [`CachingPolicy::active_mirrors_allocation`]).
+    fn keep_active_stats(&mut self) {
+        if std::mem::take(&mut self.active_mirrors_allocation) {
+            self.stats.active = self.stats.allocation;
+            self.stats.active_bytes = self.stats.allocated_bytes;
+        }
     }
 
     /// `torch.cuda.reset_peak_memory_stats()`.
@@ -459,6 +483,8 @@ impl CachingPolicy {
         let id = allocation.block;
         let block = self.live_tenant(allocation);
         assert_eq!(block.state, State::Allocated, "free requested twice");
+        // The block stays active after it stops being allocated.
+        self.keep_active_stats();
         self.mark_free_requested(id);
         self.pending.insert(id);
         if !self.captures.is_empty() {
@@ -605,7 +631,7 @@ impl Policy for CachingPolicy {
     }
 
     fn detailed_stats(&self) -> Vec<(String, i64)> {
-        self.stats.flatten(self.stats_max_split_size)
+        self.caching_stats().flatten(self.stats_max_split_size)
     }
 
     fn rounded_bytes(&self, requested_bytes: u64) -> u64 {
