@@ -424,6 +424,39 @@ fn pending_free_blocks() {
     assert_eq!(p.caching_stats().active.all.current, 0);
 }
 
+/// `active` and `active_bytes`, copied from `allocation` and `allocated_bytes` until
+/// a free waits for other streams, carry every field over when they start being kept
+/// (peaks and totals from before, the pending block after) and follow them from then on.
+#[test]
+fn active_stats_mirror_allocation_until_a_free_waits() {
+    let mut d = TestDevice::unbounded();
+    let mut p = CachingPolicy::default();
+    let a = p.allocate(&mut d, req(64 * MIB)).unwrap();
+    let b = p.allocate(&mut d, req(4 * MIB)).unwrap();
+    p.free(&mut d, b).unwrap();
+    let st = p.caching_stats();
+    assert_eq!(st.active, st.allocation, "mirrored before a pending free");
+    assert_eq!(st.active_bytes, st.allocated_bytes);
+    assert_eq!(st.active.all.freed, 1);
+    p.free_requested(&a);
+    let st = p.caching_stats();
+    assert_eq!(st.allocation.all.current, 0);
+    assert_eq!(
+        st.active.all.current, 1,
+        "the pending block is still active"
+    );
+    assert_eq!(st.active.all.peak, 2, "the peak from before the copy");
+    assert_eq!(st.active_bytes.large_pool.allocated, 68 * MIB);
+    assert_eq!(st.active_bytes.large_pool.freed, 4 * MIB);
+    p.free(&mut d, a).unwrap();
+    let st = p.caching_stats();
+    assert_eq!((st.active.all.current, st.active.all.freed), (0, 2));
+    assert_eq!(st.active_bytes.all.freed, 68 * MIB);
+    let flat = p.detailed_stats();
+    assert!(flat.contains(&("active.all.peak".to_string(), 2)));
+    p.check_invariants();
+}
+
 /// A device with no memory makes every request an OOM without touching state.
 #[test]
 fn null_device_always_oom() {
