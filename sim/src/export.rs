@@ -58,8 +58,9 @@ pub struct SnapshotExport<'t> {
     trace: &'t Trace,
     from: usize,
     to: usize,
-    /// Stack of each source entry, when the trace's snapshot had frames.
-    frames: Option<&'t Frames>,
+    /// Stack of each source entry, when the trace's snapshot had frames (handed over
+    /// to the snapshot written at the end).
+    frames: Option<Frames>,
     entries: Vec<SnapshotEntry>,
     live: HashMap<u64, LiveBlock>,
     /// Live `cudaMalloc` segments: address → (bytes, stream).
@@ -96,7 +97,7 @@ impl<'t> SnapshotExport<'t> {
 
     /// Stack frames of the trace's source entries (a snapshot read with its frames):
     /// each entry gets the frames of the source entry its event came from.
-    pub fn with_frames(mut self, frames: &'t Frames) -> SnapshotExport<'t> {
+    pub fn with_frames(mut self, frames: Frames) -> SnapshotExport<'t> {
         self.frames = Some(frames);
         self
     }
@@ -116,7 +117,7 @@ impl<'t> SnapshotExport<'t> {
             segments,
             entries: self.entries,
             alloc_conf,
-            frames: self.frames.cloned(),
+            frames: self.frames,
         }
     }
 
@@ -156,7 +157,7 @@ impl<'t> SnapshotExport<'t> {
 
     fn push(&mut self, step: &Step<'_>, action: Action, addr: u64, size: u64, stream: u64) {
         let index = step.index;
-        let stack = self.frames.and_then(|f| {
+        let stack = self.frames.as_ref().and_then(|f| {
             let entry = *self.trace.locations.get(index)?;
             let i = f.entries.binary_search_by_key(&entry, |&(e, _)| e).ok()?;
             Some(f.entries[i].1)

@@ -1,11 +1,14 @@
 //! `allocsim export`: a replay written as a PyTorch memory snapshot, for
 //! pytorch.org/memory_viz and `python -m torch.cuda._memory_viz`.
 
+use std::io::Read as _;
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use sim::{SimDevice, SnapshotExport};
+use sim::inputs::LoadError;
+use sim::{SimDevice, SimDeviceOptions, SnapshotExport};
 use workloads::snapshot::{write_snapshot, Frames, SnapshotEncoding, SnapshotOptions};
+use workloads::Format;
 
 use crate::flags::ExportArgs;
 use crate::output::{self, Kind, Planned};
@@ -41,7 +44,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<Exit> {
     if setup.capacities.len() > 1 {
         bail!("--capacity: export takes one capacity; `allocsim compare` takes several");
     }
-    let loaded = load::load_trace(&args.trace, &args.input, &setup.options)?;
+    let (loaded, frames) = load_with_frames(&args, &setup.options)?;
     let trace = &loaded.trace;
     let n = trace.events.len();
     for (flag, event) in [("--from", args.from), ("--to", args.to)] {
@@ -57,7 +60,6 @@ pub fn run(args: ExportArgs) -> anyhow::Result<Exit> {
     if let Some(note) = &settings.note {
         eprintln!("settings: {note}");
     }
-    let frames = frames(&args, trace);
     let mut policy = spec.config.build()?;
     let mut device =
         SimDevice::with_hints(setup.options.clone(), loaded.hints.for_policy(&spec.config));
@@ -65,7 +67,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<Exit> {
         args.from.unwrap_or(0),
         args.to.unwrap_or(n.saturating_sub(1)),
     );
-    if let Some(frames) = &frames {
+    if let Some(frames) = frames {
         export = export.with_frames(frames);
     }
     // Ctrl-C stops the replay at its next event; nothing is written then.
@@ -121,11 +123,17 @@ pub fn run(args: ExportArgs) -> anyhow::Result<Exit> {
     Ok(Exit::Ran)
 }
 
-/// The stack frames of a snapshot pickle's entries (read again, keeping them), to carry
-/// over into the export; `None` for other inputs or a snapshot without frames.
-fn frames(args: &ExportArgs, trace: &workloads::Trace) -> Option<Frames> {
-    if trace.meta.format != Some(workloads::Format::TorchPickle) {
-        return None;
+/// The trace, and the stack frames of a snapshot pickle's entries, to carry over into
+/// the export (`None` for other inputs or a snapshot without frames). A snapshot is
+/// read once, its frames kept, and made ready to replay from that run as the one
+/// loader makes a file's (`sim::inputs::load_recorded`: the same trace, hints and
+/// checks); other inputs go through the one loader.
+fn load_with_frames(
+    args: &ExportArgs,
+    model: &SimDeviceOptions,
+) -> anyhow::Result<(load::Loaded, Option<Frames>)> {
+    if format_of(args) != Some(Format::TorchPickle) {
+        return Ok((load::load_trace(&args.trace, &args.input, model)?, None));
     }
     let options = SnapshotOptions { keep_frames: true };
     let run = workloads::snapshot::read_snapshot_pickle_with(
@@ -133,8 +141,33 @@ fn frames(args: &ExportArgs, trace: &workloads::Trace) -> Option<Frames> {
         args.input.read.snapshot_device,
         &options,
     )
-    .ok()?;
-    run.snapshot
-        .and_then(|s| s.frames)
-        .filter(|f| !f.entries.is_empty())
+    .map_err(LoadError::Read)?;
+    let (input, mut run) =
+        sim::inputs::load_recorded(run, &load::load_options(&args.input), model)?;
+    let frames = run
+        .snapshot
+        .as_mut()
+        .and_then(|s| s.frames.take())
+        .filter(|f| !f.entries.is_empty());
+    let loaded = load::Loaded {
+        trace: input.trace,
+        hints: input.hints,
+        run: Some(run),
+    };
+    Ok((loaded, frames))
+}
+
+/// The format the one loader would read `args.trace` in (forced, or detected from its
+/// first bytes); `None` where it cannot tell or the file does not open (the loader
+/// then says why).
+fn format_of(args: &ExportArgs) -> Option<Format> {
+    if let Some(format) = args.input.read.trace_format {
+        return Some(format);
+    }
+    let file = std::fs::File::open(&args.trace).ok()?;
+    let mut prefix = Vec::with_capacity(workloads::SNIFF_BYTES);
+    file.take(workloads::SNIFF_BYTES as u64)
+        .read_to_end(&mut prefix)
+        .ok()?;
+    workloads::detect(&args.trace, &prefix).ok()
 }

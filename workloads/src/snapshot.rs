@@ -174,26 +174,50 @@ pub struct ExternalAnnotation {
     pub fields: Vec<(String, String)>,
 }
 
-/// The stack frames of trace entries, each distinct frame and stack stored once.
+/// The stack frames of trace entries: each distinct frame stored once, the stacks one
+/// after the other in one arena (each distinct stack once while the reader finds
+/// repeats: see `schema::FrameTable`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Frames {
     /// The distinct frames.
     pub frames: Vec<Frame>,
-    /// The distinct stacks, as indexes into `frames`, innermost frame first as
-    /// PyTorch writes them.
-    pub stacks: Vec<Vec<u32>>,
-    /// (entry index in the file, index into `stacks`) for each entry with frames.
+    /// The stacks, one after the other, as indexes into `frames`, innermost frame
+    /// first as PyTorch writes them.
+    pub stack_frames: Vec<u32>,
+    /// Where each stack ends in `stack_frames` (stack `k` starts where `k - 1` ends).
+    pub stack_ends: Vec<usize>,
+    /// (entry index in the file, stack index) for each entry with frames.
     pub entries: Vec<(u64, u32)>,
 }
 
 impl Frames {
-    /// The frames of stack `index`.
+    /// The frames of stack `index` (none for an index out of range).
     pub fn stack(&self, index: u32) -> impl Iterator<Item = &Frame> {
-        self.stacks
-            .get(index as usize)
-            .into_iter()
-            .flatten()
+        self.stack_indexes(index)
+            .iter()
             .map(|&f| &self.frames[f as usize])
+    }
+
+    /// The frame indexes of stack `index` (empty for an index out of range).
+    pub fn stack_indexes(&self, index: u32) -> &[u32] {
+        let k = index as usize;
+        let Some(&end) = self.stack_ends.get(k) else {
+            return &[];
+        };
+        let start = if k == 0 { 0 } else { self.stack_ends[k - 1] };
+        self.stack_frames.get(start..end).unwrap_or(&[])
+    }
+
+    /// How many stacks there are.
+    pub fn stack_count(&self) -> usize {
+        self.stack_ends.len()
+    }
+
+    /// Adds a stack of frame indexes; returns its index.
+    pub fn push_stack(&mut self, frames: &[u32]) -> u32 {
+        self.stack_frames.extend_from_slice(frames);
+        self.stack_ends.push(self.stack_frames.len());
+        (self.stack_ends.len() - 1) as u32
     }
 }
 
@@ -702,12 +726,7 @@ impl Snapshot<'_> {
             })
             .collect();
         if self.options.keep_frames {
-            let (frames, table) = self.frames.take().into_parts();
-            info.frames = Some(Frames {
-                frames,
-                stacks: table,
-                entries: stacks,
-            });
+            info.frames = Some(self.frames.take().into_frames(stacks));
         }
         // The pool of each request, and the releases that were a private pool's own
         // emptyCache rather than torch.cuda.empty_cache().
@@ -1693,7 +1712,7 @@ mod tests {
         assert_eq!(run.entries, plain.entries);
         let frames = run.snapshot.as_ref().unwrap().frames.as_ref().unwrap();
         assert_eq!(frames.entries.len(), plain.entries.len());
-        assert_eq!(frames.stacks.len(), 5);
+        assert_eq!(frames.stack_count(), 5);
         // Three frames a stack, the last two shared by all.
         assert_eq!(frames.frames.len(), 7);
         let first: Vec<&Frame> = frames.stack(frames.entries[0].1).collect();
@@ -1757,7 +1776,7 @@ mod tests {
     }
 
     /// The entry lane reads the real snapshots' entries exactly as the general machine
-    /// does (frames kept turns the lane off): same entries, segments and snapshot
+    /// does (frames kept or not): same entries, segments and snapshot
     /// information, and the lane did read most of them.
     #[test]
     fn entry_lane_reads_as_the_general_machine() {

@@ -38,6 +38,12 @@ enum V {
     Frames(Vec<u32>),
     /// A dict of one item (SETITEM) in a list, under a key not kept.
     OneItem,
+    /// Stack frames the entry lane does not read itself (frames kept), by number:
+    /// 0, a new frame dict with its keys in another order; 1, one with a key more;
+    /// 2, the previous entry's frames list by memo reference (shared); 3, an empty
+    /// tuple (as this crate's writer gives an entry without frames); 4, a frame that
+    /// is a string (an error); 5, a frame with a negative line (an error).
+    OddFrames(u8),
 }
 
 /// A key: a string (shared), or an int.
@@ -54,6 +60,10 @@ struct Py {
     shared: HashMap<String, u32>,
     pools: HashMap<(u64, u64), u32>,
     frames: HashMap<u32, u32>,
+    /// Memo slot of the last frames list written.
+    last_frames: Option<u32>,
+    /// Odd frames written (each a new frame dict).
+    odd_frames: u32,
 }
 
 impl Py {
@@ -64,6 +74,8 @@ impl Py {
             shared: HashMap::new(),
             pools: HashMap::new(),
             frames: HashMap::new(),
+            last_frames: None,
+            odd_frames: 0,
         }
     }
 
@@ -173,30 +185,59 @@ impl Py {
                 self.out.extend(self.memo.to_le_bytes());
                 self.memo += 1;
             }
+            V::OddFrames(kind) => {
+                let kind = *kind;
+                if kind == 2 {
+                    match self.last_frames {
+                        Some(k) => return self.get(k),
+                        None => return self.value(&V::Frames(vec![1, 2]), own),
+                    }
+                }
+                if kind == 3 {
+                    return self.out.push(b')');
+                }
+                self.out.push(b']');
+                self.last_frames = Some(self.memoize());
+                self.out.push(b'(');
+                self.frame(3);
+                self.odd_frames += 1;
+                let f = self.odd_frames;
+                let file = format!("odd_{f}.py");
+                match kind {
+                    4 => self.str(&file, true),
+                    _ => {
+                        self.out.push(b'}');
+                        self.memoize();
+                        self.out.push(b'(');
+                        let line = if kind == 5 { -3 } else { i128::from(f) };
+                        let mut items = vec![
+                            ("filename", V::Str(file, false)),
+                            ("line", V::Int(line)),
+                            ("name", V::Str(format!("odd_{f}"), true)),
+                        ];
+                        if kind == 0 {
+                            items.reverse();
+                        }
+                        if kind == 1 {
+                            items.insert(1, ("fx_node_op", V::Str("call".into(), true)));
+                        }
+                        for (k, v) in &items {
+                            self.str(k, true);
+                            self.value(v, own);
+                        }
+                        self.out.push(b'u');
+                    }
+                }
+                self.out.push(b'e');
+            }
             V::Frames(ids) => {
                 self.out.push(b']');
-                self.memoize();
+                self.last_frames = Some(self.memoize());
                 if ids.len() != 1 {
                     self.out.push(b'(');
                 }
                 for &f in ids {
-                    match self.frames.get(&f) {
-                        Some(&k) => self.get(k),
-                        None => {
-                            self.out.push(b'}');
-                            let k = self.memoize();
-                            self.out.push(b'(');
-                            self.str("filename", true);
-                            let file = format!("/usr/lib/python3/site-packages/pkg/module_{f}.py");
-                            self.str(&file, true);
-                            self.str("line", true);
-                            self.int(i128::from(f % 3000));
-                            self.str("name", true);
-                            self.str(&format!("function_{f}"), true);
-                            self.out.push(b'u');
-                            self.frames.insert(f, k);
-                        }
-                    }
+                    self.frame(f);
                 }
                 self.out.push(if ids.len() == 1 { b'a' } else { b'e' });
             }
@@ -213,6 +254,27 @@ impl Py {
                 self.out.push(0x95);
                 self.out.extend(0u64.to_le_bytes());
                 self.value(v, own);
+            }
+        }
+    }
+
+    /// Frame dict `f`: written the first time, referred back to after.
+    fn frame(&mut self, f: u32) {
+        match self.frames.get(&f) {
+            Some(&k) => self.get(k),
+            None => {
+                self.out.push(b'}');
+                let k = self.memoize();
+                self.out.push(b'(');
+                self.str("filename", true);
+                let file = format!("/usr/lib/python3/site-packages/pkg/module_{f}.py");
+                self.str(&file, true);
+                self.str("line", true);
+                self.int(i128::from(f % 3000));
+                self.str("name", true);
+                self.str(&format!("function_{f}"), true);
+                self.out.push(b'u');
+                self.frames.insert(f, k);
             }
         }
     }
@@ -328,6 +390,8 @@ fn oddity(items: &mut Vec<(K, V)>, pick: u64, rng: &mut Rng) {
             K::S("action"),
             V::Str(format!("function_{}", rng.below(40)), true),
         )),
+        25..=28 => items.push((K::S("frames"), V::OddFrames((pick - 25) as u8))),
+        29 => items.push((K::S("frames"), V::Frames(vec![rng.below(50) as u32; 2]))),
         _ => items.push((K::S("stream"), V::Int(i128::from(rng.below(1 << 62))))),
     }
 }
@@ -343,6 +407,9 @@ fn error(items: &mut Vec<(K, V)>, pick: u64) {
         5 => items.push((K::S("pool_id"), V::Str("p".into(), true))),
         6 => items.push((K::S("stream"), V::SelfRef)),
         7 => items.push((K::S("size"), V::Int(1i128 << 70))),
+        // Errors only when frames are kept.
+        9 => items.push((K::S("frames"), V::OddFrames(4))),
+        10 => items.push((K::S("frames"), V::OddFrames(5))),
         _ => items.retain(|(k, _)| !matches!(k, K::S("stream"))),
     }
 }
@@ -387,7 +454,7 @@ fn entries(
                 items.insert(at, (K::S("frames"), V::Frames(stack)));
             }
             if rng.below(odd) == 0 {
-                let pick = match rng.below(25) {
+                let pick = match rng.below(30) {
                     // In the first batch (before the list is known to hold entries)
                     // a dict inside itself is refused.
                     13 if !self_refs || i < 1000 => 0,
@@ -404,9 +471,39 @@ fn read(bytes: &[u8]) -> Result<RecordedRun, ReadError> {
     read_snapshot_pickle_from(bytes, Path::new("lane.pickle"), 0)
 }
 
+/// As [`read`], keeping the stack frames.
+fn read_kept(bytes: &[u8]) -> Result<RecordedRun, ReadError> {
+    let keep = SnapshotOptions { keep_frames: true };
+    read_snapshot_pickle_from_with(bytes, Path::new("lane.pickle"), 0, &keep)
+}
+
+/// How many entries the entry lane read from start to end, frames kept.
+fn lane_entries_kept(bytes: &[u8]) -> u64 {
+    use super::pickle::{read_value, Items, Limits, Value};
+    let (root, _) = read_value(bytes, Limits::default(), true).unwrap();
+    let Value::Dict(top) = root else {
+        panic!("not a dict")
+    };
+    let Some(Value::List(traces)) = top.get("device_traces") else {
+        panic!("no device_traces")
+    };
+    let per_device = traces.items.borrow();
+    let Items::Values(per_device) = &*per_device else {
+        panic!("device_traces holds records")
+    };
+    let Value::List(trace) = &per_device[0] else {
+        panic!("not a list")
+    };
+    let items = trace.items.borrow();
+    match &*items {
+        Items::Entries(store) => store.by_lane,
+        _ => 0,
+    }
+}
+
 /// Entries of every shape read the same through the entry lane as through the
-/// general machine (the lane off), and as with the frames kept (which never takes the
-/// lane); the lane did read the plain ones.
+/// general machine (the lane off), frames kept or not, and the same without frames as
+/// with them kept; the lane did read the plain ones, and their stacks when kept.
 #[test]
 fn lane_reads_every_shape_as_the_general_machine() {
     let shapes = [(1, 4), (2, 2), (3, 1), (4, 1_000_000)];
@@ -431,6 +528,14 @@ fn lane_reads_every_shape_as_the_general_machine() {
         assert_eq!(lane.snapshot.as_ref(), Some(&info), "seed {seed}");
         assert_eq!(lane.times_us, kept.times_us, "seed {seed}");
         assert_eq!(lane.calls, kept.calls, "seed {seed}");
+        // Frames kept, the lane reads them as the general machine does: the same
+        // frames, stacks and stack of each entry.
+        let general = without_lane(|| read_kept(&bytes)).unwrap();
+        assert_eq!(kept, general, "seed {seed}");
+        if frames {
+            let f = kept.snapshot.as_ref().unwrap().frames.as_ref().unwrap();
+            assert!(f.entries.len() > 4000, "seed {seed}: {}", f.entries.len());
+        }
     }
     // Without oddities, all but the first batch of 1000 (read before the list is
     // known to hold entries) and the annotations go through the lane.
@@ -453,15 +558,28 @@ fn lane_reads_every_shape_as_the_general_machine() {
         let by_lane = super::tests::lane_entries(&bytes);
         assert!(by_lane >= 4000 - general - 1, "{by_lane} {general}");
         assert!(general < 400, "{general}");
+        // Frames kept, the lane reads the stacks too (those of one frame included):
+        // only the annotations go to the general machine.
+        let annotations = plain[1000..]
+            .iter()
+            .filter(|(items, _)| {
+                items
+                    .iter()
+                    .any(|(_, v)| matches!(v, V::Str(a, _) if a == "annotate"))
+            })
+            .count() as u64;
+        let by_lane = lane_entries_kept(&bytes);
+        assert!(by_lane >= 4000 - annotations - 1, "{by_lane} {annotations}");
     }
 }
 
 /// An entry that is an error gives the same message (naming the entry, or the byte
-/// for a broken pickle) with the lane as without, wherever it is.
+/// for a broken pickle) with the lane as without, wherever it is, frames kept or not
+/// (a frame that is no frame dict is an error only when they are kept).
 #[test]
 fn lane_errors_are_the_general_machines() {
     let mut rng = Rng(9);
-    for pick in 0..9 {
+    for pick in 0..11 {
         for _ in 0..3 {
             let mut all = entries(pick + 20, 2500, 3, true, pick % 2 == 0);
             let at = 1000 + rng.below(1500) as usize;
@@ -469,9 +587,26 @@ fn lane_errors_are_the_general_machines() {
             error(&mut bad, pick);
             all[at].0 = bad;
             let bytes = Py::snapshot(&all);
+            // Frames kept, the same (and the frames' errors: they are errors only then).
+            let kept = read_kept(&bytes);
+            let kept_general = without_lane(|| read_kept(&bytes));
+            assert_eq!(
+                kept, kept_general,
+                "error {pick} at entry {at}, frames kept"
+            );
+            let kept = kept.unwrap_err().to_string();
+            if pick >= 9 {
+                assert!(read(&bytes).is_ok(), "error {pick}");
+                assert!(
+                    kept.contains(&format!("entry {at}: 'frames' [1]")),
+                    "{kept}"
+                );
+                continue;
+            }
             let lane = read(&bytes).unwrap_err().to_string();
             let general = without_lane(|| read(&bytes)).unwrap_err().to_string();
             assert_eq!(lane, general, "error {pick} at entry {at}");
+            assert_eq!(lane, kept, "error {pick} at entry {at}");
             if pick != 4 {
                 assert!(lane.contains(&format!("entry {at}:")), "{lane}");
             }

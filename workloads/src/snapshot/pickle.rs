@@ -37,7 +37,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, Read};
 use std::rc::Rc;
 
-use super::schema::{EntrySink, EntryStore, FrameTable, LaneKey, RawEntry, SegmentStore};
+use super::schema::{
+    EntrySink, EntryStore, Frame, FrameTable, LaneKey, RawEntry, SegmentStore,
+};
 
 /// Keys whose values are not kept (and, unless frames are asked for, `frames`).
 pub(crate) const SKIP_KEYS: [&str; 4] = [
@@ -100,6 +102,10 @@ pub(crate) enum Value {
     Consumed,
     /// A list of stack frames already converted: its index in the frame table.
     Stack(u32),
+    /// A stack frame dict the entry lane decoded without making the dict: its index
+    /// in the frame table. Only ever in the memo: a memo reference outside the lane
+    /// makes the dict then ([`Machine::frame_dict`]).
+    Frame(u32),
     /// A trace entry the entry lane read and stored in its list already: the list's
     /// APPENDS passes over it (see [`Machine::entry_lane`]).
     Record,
@@ -122,6 +128,7 @@ impl Value {
             Value::Skipped => "a value that was not kept",
             Value::Consumed => "a trace entry or segment used twice",
             Value::Stack(_) => "a list of stack frames",
+            Value::Frame(_) => "a stack frame",
             Value::Record => "a trace entry already read",
         }
     }
@@ -394,6 +401,22 @@ pub(crate) struct Machine<R> {
     sinks: Option<SinkFactory>,
     /// Lists of entries met so far.
     entry_lists: u32,
+    /// The frame indexes of the stack the entry lane is reading (frames kept).
+    stack_buf: Vec<u32>,
+    /// The frame table's frame count and the containers counted when the entry lane
+    /// started its entry, to go back to when it hands over.
+    lane_mark: (usize, u64),
+}
+
+/// The stack frames of the entry the entry lane reads, when kept.
+#[derive(Clone, Copy)]
+enum LaneStack {
+    /// None (no `frames`, or not a list).
+    None,
+    /// A list of frames read before, by memo reference: its stack index.
+    Shared(u32),
+    /// A list read now into [`Machine::stack_buf`]; its memo slot, if memoized.
+    New(Option<usize>),
 }
 
 /// Makes the sink of the entry list with the given serial number.
@@ -478,6 +501,8 @@ impl<R: Read> Machine<R> {
             key_cache: [(u64::MAX, LaneKey::Other); KEY_CACHE],
             sinks: None,
             entry_lists: 0,
+            stack_buf: Vec::new(),
+            lane_mark: (0, 0),
         }
     }
 
@@ -748,7 +773,12 @@ impl<R: Read> Machine<R> {
         let Value::Dict(d) = entry else {
             return Ok(None);
         };
-        let frames = d.get("frames");
+        self.frames_stack(d.get("frames"))
+    }
+
+    /// Converts an entry's `frames` value into the frame table (see
+    /// [`Machine::entry_frames`]).
+    fn frames_stack(&mut self, frames: Option<Value>) -> std::result::Result<Option<u32>, String> {
         let stack = self.frames.stack_of(frames.as_ref())?;
         if let (Some(Value::List(l)), Some(k)) = (&frames, stack) {
             if let Some(key) = l.memo.take() {
@@ -845,6 +875,7 @@ impl<R: Read> Machine<R> {
             return self.push(Value::Skipped);
         }
         let v = match usize::try_from(key).ok().and_then(|k| self.memo.get(k)) {
+            Some(&Value::Frame(index)) => self.frame_dict(key, index),
             Some(v) => v.clone(),
             None => self
                 .memo_sparse
@@ -853,6 +884,33 @@ impl<R: Read> Machine<R> {
                 .ok_or_else(|| self.bad(format!("memo key {key} was never stored")))?,
         };
         self.push(v)
+    }
+
+    /// The dict of frame `index`, which the entry lane decoded from memo slot `key`
+    /// without making it: made now, as the general machine would have made it (the
+    /// lane takes only frame dicts of `filename`, `line` and `name` in that order, in a
+    /// list of frames, so sealed), and in the slot from now on, so that every later
+    /// reference is the same dict, standing for the same frame.
+    #[cold]
+    fn frame_dict(&mut self, key: u64, index: u32) -> Value {
+        let frame = self.frames.frame(index).clone();
+        let items = vec![
+            self.string(b"filename"),
+            Value::Str(Rc::new(frame.filename)),
+            self.string(b"line"),
+            Value::Int(frame.line as i64),
+            self.string(b"name"),
+            Value::Str(Rc::new(frame.name)),
+        ];
+        let dict = Rc::new(Dict {
+            items: RefCell::new(items),
+            sealed: Cell::new(true),
+            depth: Cell::new(1),
+            memo: Cell::new(Some(key)),
+        });
+        self.frames.register_dict(dict.clone(), index);
+        self.memo[key as usize] = Value::Dict(dict.clone());
+        Value::Dict(dict)
     }
 
     fn string(&mut self, bytes: &[u8]) -> Value {
@@ -1302,7 +1360,7 @@ impl<R: Read> Machine<R> {
     /// says of a dict already made); returns that list.
     #[inline]
     fn new_entry_list(&self) -> Option<Rc<List>> {
-        if self.keep_frames || !self.lane {
+        if !self.lane {
             return None;
         }
         let m = *self.marks.last()?;
@@ -1349,13 +1407,9 @@ impl<R: Read> Machine<R> {
     /// records: a new, empty dict (its items not given yet) that is the next element
     /// of a list already holding trace entries (the list below `mark`, the batch's
     /// MARK), and every element of the batch before it went straight in too (so records
-    /// stay in order). Never when frames are kept (they are read from the dict).
-    /// Returns that list.
+    /// stay in order). Returns that list.
     #[inline]
     fn record_list(&self, at: usize, mark: Option<usize>) -> Option<Rc<List>> {
-        if self.keep_frames {
-            return None;
-        }
         let Value::Dict(d) = self.stack.get(at)? else {
             return None;
         };
@@ -1389,8 +1443,18 @@ impl<R: Read> Machine<R> {
         if (self.stack.len() - at) % 2 != 0 {
             return Ok(false);
         }
+        let stack = if self.keep_frames {
+            let frames = self.stack[at..]
+                .chunks_exact(2)
+                .rev()
+                .find(|kv| kv[0].as_str() == Some("frames"))
+                .map(|kv| kv[1].clone());
+            self.frames_stack(frames)
+        } else {
+            Ok(None)
+        };
         if let Items::Entries(store) = &mut *list.items.borrow_mut() {
-            store.push_items(&self.stack[at..], Ok(None));
+            store.push_items(&self.stack[at..], stack);
         }
         self.stack.truncate(at);
         let dict = std::mem::replace(&mut self.stack[dict_at], Value::Record);
@@ -1426,12 +1490,18 @@ impl<R: Read> Machine<R> {
             // The dict's slot (MEMOIZE): `Consumed` once it is a record.
             self.memo.push(Value::Consumed);
         }
+        self.lane_mark = (self.frames.frame_count(), self.containers);
+        let keep = self.keep_frames;
         let mut raw = RawEntry::default();
         let mut pos = start;
         // The key whose value comes next, if a key was read.
         let mut key: Option<LaneKey> = None;
         // What a MEMOIZE after the last item stores.
         let mut last: Option<Value> = None;
+        // The entry's stack frames, when kept (a second `frames` key is handed over:
+        // the general machine converts only the last).
+        let mut stack = LaneStack::None;
+        let mut frames_seen = false;
         loop {
             let end = self.input.end;
             if end - pos < LANE_LOOKAHEAD {
@@ -1456,6 +1526,21 @@ impl<R: Read> Machine<R> {
                             Some(k) => key = Some(k),
                             None => return self.leave_lane(start, memo_len, new_dict),
                         },
+                        Some(LaneKey::Frames) if keep => {
+                            // Stack frames shared with an earlier entry, or a value
+                            // that is no list (no frames).
+                            stack = match self.memo.get(index) {
+                                Some(&Value::Stack(k)) if k != u32::MAX && !frames_seen => {
+                                    LaneStack::Shared(k)
+                                }
+                                Some(Value::List(_) | Value::Stack(_)) | None => {
+                                    return self.leave_lane(start, memo_len, new_dict)
+                                }
+                                Some(_) if !frames_seen => LaneStack::None,
+                                Some(_) => return self.leave_lane(start, memo_len, new_dict),
+                            };
+                            frames_seen = true;
+                        }
                         Some(k) => {
                             let ok = match self.memo.get(index) {
                                 Some(v) => raw.set(k, v),
@@ -1517,7 +1602,26 @@ impl<R: Read> Machine<R> {
                 b'N' => (Value::None, 1),
                 0x88 => (Value::Bool(true), 1),
                 0x89 => (Value::Bool(false), 1),
-                b']' | b'}' if key == Some(LaneKey::Skip) => {
+                b']' if key == Some(LaneKey::Frames) && keep => {
+                    // Stack frames kept: read into the stack buffer.
+                    key = None;
+                    last = None;
+                    if frames_seen {
+                        return self.leave_lane(start, memo_len, new_dict);
+                    }
+                    frames_seen = true;
+                    match self.lane_stack(pos) {
+                        Some((next, slot)) => {
+                            pos = next;
+                            stack = LaneStack::New(slot);
+                        }
+                        None => return self.leave_lane(start, memo_len, new_dict),
+                    }
+                    continue;
+                }
+                b']' | b'}'
+                    if key == Some(LaneKey::Skip) || (key == Some(LaneKey::Frames) && !keep) =>
+                {
                     // A container not kept (stack frames): run through.
                     key = None;
                     last = None;
@@ -1542,12 +1646,29 @@ impl<R: Read> Machine<R> {
                     continue;
                 }
                 b'u' if key.is_none() => {
+                    let found = match stack {
+                        LaneStack::New(_) => Some(self.frames.find_stack(&self.stack_buf)),
+                        _ => None,
+                    };
+                    let index = match (stack, found) {
+                        (LaneStack::Shared(k), _) => Some(k),
+                        (_, Some(found)) => Some(found.index),
+                        _ => None,
+                    };
                     let pushed = match &mut *list.items.borrow_mut() {
-                        Items::Entries(store) => store.push_lane(&raw),
+                        Items::Entries(store) => store.push_lane(&raw, index),
                         _ => false,
                     };
                     if !pushed {
                         return self.leave_lane(start, memo_len, new_dict);
+                    }
+                    if let (LaneStack::New(slot), Some(found)) = (stack, found) {
+                        let buf = std::mem::take(&mut self.stack_buf);
+                        self.frames.commit_stack(&buf, found);
+                        self.stack_buf = buf;
+                        if let Some(slot) = slot {
+                            self.memo[slot] = Value::Stack(found.index);
+                        }
                     }
                     self.input.pos = pos + 1;
                     return self.lane_done(new_dict, memo_len);
@@ -1561,6 +1682,14 @@ impl<R: Read> Machine<R> {
                     // RawEntry ignores a key that is not a string: rare, handed over.
                     _ => return self.leave_lane(start, memo_len, new_dict),
                 },
+                Some(LaneKey::Frames) if keep => {
+                    // Not a list: no frames.
+                    if frames_seen {
+                        return self.leave_lane(start, memo_len, new_dict);
+                    }
+                    frames_seen = true;
+                    stack = LaneStack::None;
+                }
                 Some(k) => {
                     if !raw.set(k, &item) {
                         return self.leave_lane(start, memo_len, new_dict);
@@ -1569,6 +1698,234 @@ impl<R: Read> Machine<R> {
             }
             last = Some(item);
         }
+    }
+
+    /// The next opcode at `pos` for the entry lane, FRAME opcodes run through; `None`
+    /// where fewer than [`LANE_LOOKAHEAD`] bytes are buffered.
+    #[inline]
+    fn lane_op(&self, pos: &mut usize) -> Option<u8> {
+        loop {
+            if self.input.end - *pos < LANE_LOOKAHEAD {
+                return None;
+            }
+            let op = self.input.buf[*pos];
+            if op != 0x95 {
+                return Some(op);
+            }
+            *pos += 9;
+        }
+    }
+
+    /// The memo index and length of the BINGET or LONG_BINGET at `pos` (with
+    /// [`LANE_LOOKAHEAD`] bytes buffered).
+    #[inline]
+    fn lane_memo_ref(&self, pos: usize) -> (usize, usize) {
+        let b = &self.input.buf[pos..];
+        if b[0] == b'h' {
+            (usize::from(b[1]), 2)
+        } else {
+            (u32::from_le_bytes([b[1], b[2], b[3], b[4]]) as usize, 5)
+        }
+    }
+
+    /// The entry lane's stack frames (kept): the list from its EMPTY_LIST at `pos`, as
+    /// Python's pickler writes it (MEMOIZE; then nothing, one frame and APPEND, or
+    /// batches of frames between MARK and APPENDS), each frame a memo reference to a
+    /// frame read before or a new frame dict ([`Machine::lane_frame`]), its frame
+    /// indexes into [`Machine::stack_buf`]. Returns where the entry's next key (or its
+    /// SETITEMS) starts and the list's memo slot (which holds a placeholder until the
+    /// entry is kept: then its stack index), or `None` where the general machine must
+    /// read the entry (anything else, a frame dict it does not take, a reference to
+    /// something that is no frame).
+    fn lane_stack(&mut self, mut pos: usize) -> Option<(usize, Option<usize>)> {
+        self.count_container().ok()?;
+        pos += 1;
+        let mut slot = None;
+        if self.lane_op(&mut pos)? == 0x94 {
+            slot = Some(self.memo.len());
+            self.memo_put_value(self.memo.len() as u64, Value::Stack(u32::MAX))
+                .ok()?;
+            pos += 1;
+        }
+        self.stack_buf.clear();
+        // Inside a MARK; frames read outside one (waiting for APPEND).
+        let mut open = false;
+        let mut loose = 0;
+        loop {
+            if self.stack_buf.len() >= self.limits.max_stack {
+                return None;
+            }
+            let op = self.lane_op(&mut pos)?;
+            match op {
+                b'(' if !open && loose == 0 => {
+                    open = true;
+                    pos += 1;
+                }
+                b'e' if open => {
+                    open = false;
+                    pos += 1;
+                }
+                b'a' if !open && loose == 1 => {
+                    loose = 0;
+                    pos += 1;
+                }
+                b'h' | b'j' => {
+                    let (index, used) = self.lane_memo_ref(pos);
+                    if !open {
+                        // Outside a MARK a reference is the list's one frame only if
+                        // APPEND follows; otherwise it is the entry's next key.
+                        match self.input.buf[pos + used] {
+                            b'a' if loose == 0 => loose = 1,
+                            b'a' | 0x95 => return None,
+                            _ if loose == 0 => return Some((pos, slot)),
+                            _ => return None,
+                        }
+                    }
+                    let frame = match self.memo.get(index) {
+                        Some(&Value::Frame(k)) => k,
+                        Some(Value::Dict(d)) => self.frames.frame_of_dict(d)?,
+                        _ => return None,
+                    };
+                    self.stack_buf.push(frame);
+                    pos += used;
+                }
+                b'}' => {
+                    if !open {
+                        if loose > 0 {
+                            return None;
+                        }
+                        loose = 1;
+                    }
+                    let (next, frame) = self.lane_frame(pos)?;
+                    self.stack_buf.push(frame);
+                    pos = next;
+                }
+                _ if !open && loose == 0 => return Some((pos, slot)),
+                _ => return None,
+            }
+        }
+    }
+
+    /// A new frame dict for the entry lane, from its EMPTY_DICT at `pos`: MEMOIZE,
+    /// MARK, `filename`, `line` and `name` (in that order, as PyTorch and this crate's
+    /// writer give them), SETITEMS; decoded into the frame table, its memo slot given
+    /// the frame ([`Value::Frame`]). Returns where it ends and the frame's index, or
+    /// `None` for any other shape (the general machine reads it, and says what is
+    /// wrong with it, if anything).
+    fn lane_frame(&mut self, mut pos: usize) -> Option<(usize, u32)> {
+        self.count_container().ok()?;
+        pos += 1;
+        let mut slot = None;
+        if self.lane_op(&mut pos)? == 0x94 {
+            slot = Some(self.memo.len());
+            self.memo_put_value(self.memo.len() as u64, Value::Consumed)
+                .ok()?;
+            pos += 1;
+        }
+        if self.lane_op(&mut pos)? != b'(' {
+            return None;
+        }
+        pos += 1;
+        let key = |m: &mut Self, pos: &mut usize, name: &str| -> Option<()> {
+            let (next, k) = m.lane_str(*pos)?;
+            *pos = next;
+            (k.as_str() == name).then_some(())
+        };
+        key(self, &mut pos, "filename")?;
+        let (next, filename) = self.lane_str(pos)?;
+        pos = next;
+        key(self, &mut pos, "line")?;
+        let (next, line) = self.lane_line(pos)?;
+        pos = next;
+        key(self, &mut pos, "name")?;
+        let (next, name) = self.lane_str(pos)?;
+        pos = next;
+        if self.lane_op(&mut pos)? != b'u' {
+            return None;
+        }
+        let index = self.frames.push_frame(Frame {
+            filename: filename.as_str().to_owned(),
+            line,
+            name: name.as_str().to_owned(),
+        });
+        if let Some(slot) = slot {
+            self.memo[slot] = Value::Frame(index);
+        }
+        Some((pos + 1, index))
+    }
+
+    /// A string for the entry lane at `pos`: a memo reference to one, or a new one
+    /// (memoized as itself if MEMOIZE follows). Returns where it ends.
+    fn lane_str(&mut self, mut pos: usize) -> Option<(usize, Rc<String>)> {
+        let op = self.lane_op(&mut pos)?;
+        match op {
+            b'h' | b'j' => {
+                let (index, used) = self.lane_memo_ref(pos);
+                match self.memo.get(index) {
+                    Some(Value::Str(s)) => Some((pos + used, s.clone())),
+                    _ => None,
+                }
+            }
+            0x8c | b'X' => {
+                let buf = &self.input.buf[pos..self.input.end];
+                let (n, at) = if op == 0x8c {
+                    (usize::from(buf[1]), 2)
+                } else {
+                    (
+                        u32::from_le_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize,
+                        5,
+                    )
+                };
+                if n > buf.len() - at {
+                    return None;
+                }
+                let s = if n <= INTERN_MAX_LEN {
+                    let mut short = [0u8; INTERN_MAX_LEN];
+                    short[..n].copy_from_slice(&buf[at..at + n]);
+                    match self.string(&short[..n]) {
+                        Value::Str(s) => s,
+                        _ => return None,
+                    }
+                } else {
+                    Rc::new(String::from_utf8_lossy(&buf[at..at + n]).into_owned())
+                };
+                pos += at + n;
+                if self.lane_op(&mut pos)? == 0x94 {
+                    self.memo_put_value(self.memo.len() as u64, Value::Str(s.clone()))
+                        .ok()?;
+                    pos += 1;
+                }
+                Some((pos, s))
+            }
+            _ => None,
+        }
+    }
+
+    /// A frame's `line` for the entry lane at `pos`: an int in `[0, 2^63)`.
+    fn lane_line(&mut self, mut pos: usize) -> Option<(usize, u64)> {
+        let op = self.lane_op(&mut pos)?;
+        let b = &self.input.buf[pos..];
+        let (v, used) = match op {
+            b'K' => (i64::from(b[1]), 2),
+            b'M' => (i64::from(u16::from_le_bytes([b[1], b[2]])), 3),
+            b'J' => (i64::from(i32::from_le_bytes([b[1], b[2], b[3], b[4]])), 5),
+            0x8a if b[1] <= 8 => {
+                let n = usize::from(b[1]);
+                let s = &b[2..2 + n];
+                let v = match s.last() {
+                    None => 0,
+                    Some(&high) => {
+                        let mut v = if high & 0x80 != 0 { [0xff; 8] } else { [0; 8] };
+                        v[..n].copy_from_slice(s);
+                        i64::from_le_bytes(v)
+                    }
+                };
+                (v, 2 + n)
+            }
+            _ => return None,
+        };
+        let v = u64::try_from(v).ok()?;
+        Some((pos + used, v))
     }
 
     /// The entry lane's run through a container stored under a key whose containers
@@ -1783,6 +2140,9 @@ impl<R: Read> Machine<R> {
         self.input.pos = start;
         self.memo.truncate(memo_len);
         self.key_cache.fill((u64::MAX, LaneKey::Other));
+        // The frames the lane decoded are decoded again by the general machine.
+        self.frames.truncate_frames(self.lane_mark.0);
+        self.containers = self.lane_mark.1;
         if new_dict {
             let dict = self.dict_pool.pop().unwrap_or_else(|| {
                 Rc::new(Dict {

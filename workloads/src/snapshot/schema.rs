@@ -128,8 +128,10 @@ pub(crate) enum LaneKey {
     DeviceFree,
     TimeUs,
     PoolId,
-    /// A key whose container value is not kept (`frames`, which the lane never sees
-    /// kept, and [`super::pickle::SKIP_KEYS`]).
+    /// `frames`: the entry's stack frames (run through like [`LaneKey::Skip`]'s
+    /// values unless frames are kept).
+    Frames,
+    /// A key whose container value is not kept ([`super::pickle::SKIP_KEYS`]).
     Skip,
     /// Any other string: its value is not read.
     Other,
@@ -145,7 +147,7 @@ impl LaneKey {
             "device_free" => LaneKey::DeviceFree,
             "time_us" => LaneKey::TimeUs,
             "pool_id" => LaneKey::PoolId,
-            "frames" => LaneKey::Skip,
+            "frames" => LaneKey::Frames,
             k if super::pickle::SKIP_KEYS.contains(&k) => LaneKey::Skip,
             _ => LaneKey::Other,
         }
@@ -162,6 +164,7 @@ fn wrong(key: &str, v: &Value, expected: &str) -> String {
             return format!("'{key}' refers back to a trace entry or segment already read")
         }
         Value::Stack(_) => return format!("'{key}' refers back to stack frames already read"),
+        Value::Frame(_) => return format!("'{key}' refers back to a stack frame already read"),
         Value::Record => return format!("'{key}' is a trace entry already read"),
         Value::List(l) => match &*l.items.borrow() {
             Items::Values(_) => "a list".to_string(),
@@ -221,7 +224,7 @@ impl RawEntry {
             _ => None,
         };
         let field = match key {
-            LaneKey::Other | LaneKey::Skip => return true,
+            LaneKey::Other | LaneKey::Skip | LaneKey::Frames => return true,
             LaneKey::Action => {
                 let Value::Str(s) = v else {
                     return false;
@@ -351,9 +354,14 @@ pub struct Frame {
     pub name: String,
 }
 
-/// Stack frames, each distinct frame and each distinct stack stored once. PyTorch
-/// shares a frame dict between all the stacks it appears in; a dict is converted the
-/// first time it is seen.
+/// Stack frames, each distinct frame stored once and the stacks in one flat arena.
+/// PyTorch shares a frame dict between all the stacks it appears in; a dict is
+/// converted the first time it is seen (by the general machine: [`FrameTable::add`]),
+/// or decoded on the spot by the pickle machine's entry lane, which then gives its memo
+/// slot the frame's index ([`Value::Frame`]). Equal stacks are stored once while that
+/// finds repeats ([`StackDedup`]): real snapshots repeat a few thousand call sites,
+/// synthetic ones may repeat none, and a map of millions of distinct stacks would cost
+/// more than it saves.
 #[derive(Default)]
 pub(crate) struct FrameTable {
     pub frames: Vec<Frame>,
@@ -361,23 +369,121 @@ pub(crate) struct FrameTable {
     /// an address stays theirs.
     by_dict: HashMap<*const Dict, u32, FnvBuild>,
     dicts: Vec<Rc<Dict>>,
-    pub stacks: Vec<Rc<[u32]>>,
-    by_stack: HashMap<Rc<[u32]>, u32, FnvBuild>,
+    /// The stacks, one after the other (frame indexes).
+    stack_frames: Vec<u32>,
+    /// Where each stack ends in `stack_frames`.
+    stack_ends: Vec<usize>,
+    /// Equal stacks found by hash, while that finds repeats; `None` once it stopped.
+    dedup: Option<StackDedup>,
+    /// Whether deduplication stopped (it is not started again).
+    dedup_stopped: bool,
+}
+
+/// Stacks by hash, for [`FrameTable`]'s deduplication.
+#[derive(Default)]
+struct StackDedup {
+    by_hash: HashMap<u64, u32, std::hash::BuildHasherDefault<IdHash>>,
+    /// Stacks interned in the current window, and how many of them were repeats.
+    seen: u32,
+    repeats: u32,
+}
+
+/// Stacks interned per window of [`StackDedup`]; it stops after a window in which
+/// fewer than 1 in [`DEDUP_MIN_REPEATS`] stacks was a repeat.
+const DEDUP_WINDOW: u32 = 1 << 16;
+const DEDUP_MIN_REPEATS: u32 = 16;
+
+/// A hasher for keys that are hashes already.
+#[derive(Default)]
+pub(crate) struct IdHash(u64);
+
+impl std::hash::Hasher for IdHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+/// A stack's hash, for [`StackDedup`].
+fn stack_hash(stack: &[u32]) -> u64 {
+    let mut h = 0x9e37_79b9_7f4a_7c15u64 ^ stack.len() as u64;
+    for &f in stack {
+        h = (h ^ u64::from(f))
+            .wrapping_mul(0x0100_0000_01b3)
+            .rotate_left(23);
+    }
+    h.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Where [`FrameTable::find_stack`] found a stack, or would put it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StackSlot {
+    pub index: u32,
+    /// The stack is not in the table yet: its hash (for the map, when deduplicating).
+    new: Option<u64>,
 }
 
 impl FrameTable {
-    /// The distinct frames and stacks, the lookup maps dropped first so that each
-    /// stack is freed as it is copied out.
-    pub(crate) fn into_parts(self) -> (Vec<Frame>, Vec<Vec<u32>>) {
+    /// The frames and the stacks, as the public [`super::Frames`], with `entries`.
+    pub(crate) fn into_frames(self, entries: Vec<(u64, u32)>) -> super::Frames {
         let FrameTable {
             frames,
-            stacks,
-            by_stack,
-            by_dict,
-            dicts,
+            stack_frames,
+            stack_ends,
+            ..
         } = self;
-        drop((by_stack, by_dict, dicts));
-        (frames, stacks.into_iter().map(|s| s.to_vec()).collect())
+        super::Frames {
+            frames,
+            stack_frames,
+            stack_ends,
+            entries,
+        }
+    }
+
+    /// How many frames there are (a mark to go back to: [`FrameTable::truncate_frames`]).
+    #[inline]
+    pub(crate) fn frame_count(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Forgets the frames from `len` on (the entry lane decoded them, then handed the
+    /// entry over: the general machine converts them again).
+    pub(crate) fn truncate_frames(&mut self, len: usize) {
+        self.frames.truncate(len);
+    }
+
+    /// A frame decoded by the entry lane: its index.
+    #[inline]
+    pub(crate) fn push_frame(&mut self, frame: Frame) -> u32 {
+        self.frames.push(frame);
+        (self.frames.len() - 1) as u32
+    }
+
+    /// The frame index of a frame dict the general machine converted, if it did.
+    #[inline]
+    pub(crate) fn frame_of_dict(&self, dict: &Rc<Dict>) -> Option<u32> {
+        self.by_dict.get(&Rc::as_ptr(dict)).copied()
+    }
+
+    /// Frame `index`, decoded by the entry lane, made a dict by the general machine
+    /// (a memo reference to it outside the lane): the dict stands for the same frame.
+    pub(crate) fn register_dict(&mut self, dict: Rc<Dict>, index: u32) {
+        self.by_dict.insert(Rc::as_ptr(&dict), index);
+        self.dicts.push(dict);
+    }
+
+    /// Frame `index`.
+    pub(crate) fn frame(&self, index: u32) -> &Frame {
+        &self.frames[index as usize]
     }
 
     /// The stack index of an entry's `frames` value: a list converted now, or one
@@ -397,33 +503,93 @@ impl FrameTable {
         };
         let mut stack = Vec::with_capacity(values.len());
         for (i, v) in values.iter().enumerate() {
-            let Value::Dict(d) = v else {
-                return Err(format!("[{i}] is {}, expected a frame dict", v.kind()));
-            };
-            let key = Rc::as_ptr(d);
-            let index = match self.by_dict.get(&key) {
-                Some(&k) => k,
-                None => {
-                    let frame: Frame = from_value(v).map_err(|e| format!("[{i}] {}", e.0))?;
-                    let k = self.frames.len() as u32;
-                    self.frames.push(frame);
-                    self.by_dict.insert(key, k);
-                    self.dicts.push(d.clone());
-                    k
-                }
+            let index = match v {
+                Value::Frame(k) => *k,
+                Value::Dict(d) => match self.frame_of_dict(d) {
+                    Some(k) => k,
+                    None => {
+                        let frame: Frame = from_value(v).map_err(|e| format!("[{i}] {}", e.0))?;
+                        let k = self.push_frame(frame);
+                        self.register_dict(d.clone(), k);
+                        k
+                    }
+                },
+                _ => return Err(format!("[{i}] is {}, expected a frame dict", v.kind())),
             };
             stack.push(index);
         }
-        let stack: Rc<[u32]> = stack.into();
-        Ok(match self.by_stack.get(&stack) {
-            Some(&k) => k,
-            None => {
-                let k = self.stacks.len() as u32;
-                self.stacks.push(stack.clone());
-                self.by_stack.insert(stack, k);
-                k
+        Ok(self.intern_stack(&stack))
+    }
+
+    /// The index of `stack`: an equal one's (while deduplicating), or a new one.
+    pub(crate) fn intern_stack(&mut self, stack: &[u32]) -> u32 {
+        let slot = self.find_stack(stack);
+        self.commit_stack(stack, slot);
+        slot.index
+    }
+
+    /// Where `stack` is (an equal stack, while deduplicating) or would go; changes
+    /// nothing ([`FrameTable::commit_stack`] does).
+    #[inline]
+    pub(crate) fn find_stack(&self, stack: &[u32]) -> StackSlot {
+        let next = self.stack_ends.len() as u32;
+        if self.dedup_stopped {
+            return StackSlot {
+                index: next,
+                new: Some(0),
+            };
+        }
+        let hash = stack_hash(stack);
+        if let Some(&k) = self.dedup.as_ref().and_then(|d| d.by_hash.get(&hash)) {
+            if self.stack_indexes(k) == stack {
+                return StackSlot {
+                    index: k,
+                    new: None,
+                };
             }
-        })
+        }
+        StackSlot {
+            index: next,
+            new: Some(hash),
+        }
+    }
+
+    /// Keeps `stack` where [`FrameTable::find_stack`] said (adding it if new), and
+    /// stops deduplicating after a window that found few repeats.
+    #[inline]
+    pub(crate) fn commit_stack(&mut self, stack: &[u32], slot: StackSlot) {
+        if slot.new.is_some() {
+            self.stack_frames.extend_from_slice(stack);
+            self.stack_ends.push(self.stack_frames.len());
+        }
+        if self.dedup_stopped {
+            return;
+        }
+        let dedup = self.dedup.get_or_insert_with(StackDedup::default);
+        match slot.new {
+            Some(hash) => {
+                dedup.by_hash.entry(hash).or_insert(slot.index);
+            }
+            None => dedup.repeats += 1,
+        }
+        dedup.seen += 1;
+        if dedup.seen == DEDUP_WINDOW {
+            if dedup.repeats < DEDUP_WINDOW / DEDUP_MIN_REPEATS {
+                self.dedup = None;
+                self.dedup_stopped = true;
+            } else {
+                dedup.seen = 0;
+                dedup.repeats = 0;
+            }
+        }
+    }
+
+    /// Stack `index`'s frame indexes.
+    #[inline]
+    fn stack_indexes(&self, index: u32) -> &[u32] {
+        let k = index as usize;
+        let start = if k == 0 { 0 } else { self.stack_ends[k - 1] };
+        &self.stack_frames[start..self.stack_ends[k]]
     }
 }
 
@@ -497,8 +663,9 @@ impl EntryStore {
     /// Keeps the entry the entry lane read (see [`RawEntry::set`]), when it is one the
     /// lane may make: not an error and not an `annotate` (whose text the lane does not
     /// read). Returns false, having changed nothing, for the others.
+    /// `stack`: the entry's stack frames, when kept.
     #[inline]
-    pub(crate) fn push_lane(&mut self, raw: &RawEntry) -> bool {
+    pub(crate) fn push_lane(&mut self, raw: &RawEntry, stack: Option<u32>) -> bool {
         if self.error.is_some() {
             self.len += 1;
             self.by_lane += 1;
@@ -508,7 +675,7 @@ impl EntryStore {
             return false;
         }
         let index = self.len;
-        if self.convert_raw(index, raw, &[], None).is_err() {
+        if self.convert_raw(index, raw, &[], stack).is_err() {
             return false;
         }
         self.len += 1;

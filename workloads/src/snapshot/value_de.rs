@@ -120,6 +120,7 @@ impl<'de> de::Deserializer<'de> for De<'_> {
                 "refers back to a trace entry or segment already read".into(),
             )),
             Value::Stack(_) => Err(DeError("refers back to stack frames already read".into())),
+            Value::Frame(_) => Err(DeError("refers back to a stack frame already read".into())),
             Value::Record => Err(DeError("is a trace entry already read".into())),
         }
     }

@@ -22,11 +22,13 @@
 //! [`super::read_snapshot_pickle_from`] (tested there).
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::io::Write;
 
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use serde::Serialize;
 
+use super::pickle::Fnv;
 use super::Frames;
 use crate::recorded::{Action, BlockState, RecordedSegment};
 
@@ -98,7 +100,9 @@ pub fn write_snapshot(
         SnapshotEncoding::Pickle => Pickler {
             out: &mut out,
             memo: 0,
-            strings: HashMap::new(),
+            strings: HashMap::default(),
+            keys: [None; KEYS.len()],
+            actions: Vec::new(),
             frames: Vec::new(),
         }
         .snapshot(snapshot)?,
@@ -283,10 +287,33 @@ struct Pickler<W: Write> {
     /// Memo slots used.
     memo: u32,
     /// Memo slot of each string written.
-    strings: HashMap<String, u32>,
+    strings: HashMap<String, u32, BuildHasherDefault<Fnv>>,
+    /// Memo slot of each of [`KEYS`] once written (the keys of every entry: no
+    /// hashing per entry).
+    keys: [Option<u32>; KEYS.len()],
+    /// Memo slot of each action's name once written.
+    actions: Vec<(Action, u32)>,
     /// Memo slot of each frame dict written, by frame index.
     frames: Vec<Option<u32>>,
 }
+
+/// The strings every trace entry writes, by [`Pickler::key`]'s index.
+const KEYS: [&str; 7] = [
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+    "frames",
+    "device_free",
+];
+const ACTION: usize = 0;
+const ADDR: usize = 1;
+const SIZE: usize = 2;
+const STREAM: usize = 3;
+const TIME_US: usize = 4;
+const FRAMES: usize = 5;
+const DEVICE_FREE: usize = 6;
 
 /// Items per APPENDS or SETITEMS, as Python's pickler batches them.
 const BATCH: usize = 1000;
@@ -329,6 +356,18 @@ impl<W: Write> Pickler<W> {
         self.op(s.as_bytes())?;
         let slot = self.memoize()?;
         self.strings.insert(s.to_string(), slot);
+        Ok(())
+    }
+
+    /// String `KEYS[k]`, as [`Pickler::str`] writes it (the same memo slots), its
+    /// slot kept by index.
+    #[inline]
+    fn key(&mut self, k: usize) -> std::io::Result<()> {
+        if let Some(slot) = self.keys[k] {
+            return self.get(slot);
+        }
+        self.str(KEYS[k])?;
+        self.keys[k] = self.strings.get(KEYS[k]).copied();
         Ok(())
     }
 
@@ -444,24 +483,35 @@ impl<W: Write> Pickler<W> {
 
     fn entry(&mut self, e: &SnapshotEntry, frames: Option<&Frames>) -> std::io::Result<()> {
         self.dict()?;
-        self.key_str("action", e.action.name())?;
-        if e.action == Action::Oom {
-            self.key_int("device_free", e.addr)?;
-        } else {
-            self.key_int("addr", e.addr)?;
+        self.key(ACTION)?;
+        match self.actions.iter().find(|(a, _)| *a == e.action) {
+            Some(&(_, slot)) => self.get(slot)?,
+            None => {
+                let name = e.action.name();
+                self.str(name)?;
+                if let Some(&slot) = self.strings.get(name) {
+                    self.actions.push((e.action, slot));
+                }
+            }
         }
-        self.key_int("size", e.size)?;
-        self.key_int("stream", e.stream)?;
+        if e.action == Action::Oom {
+            self.key(DEVICE_FREE)?;
+        } else {
+            self.key(ADDR)?;
+        }
+        self.int(e.addr)?;
+        self.key(SIZE)?;
+        self.int(e.size)?;
+        self.key(STREAM)?;
+        self.int(e.stream)?;
         if let Some(t) = e.time_us {
-            self.key_int("time_us", t)?;
+            self.key(TIME_US)?;
+            self.int(t)?;
         }
         match (e.stack, frames) {
             (Some(stack), Some(frames)) => {
-                self.str("frames")?;
-                let stack = frames
-                    .stacks
-                    .get(stack as usize)
-                    .map_or(&[][..], |s| &s[..]);
+                self.key(FRAMES)?;
+                let stack = frames.stack_indexes(stack);
                 self.list(stack.iter(), |p, &f| p.frame(frames, f))?;
             }
             _ => self.no_frames()?,
@@ -592,7 +642,8 @@ mod tests {
                     line: 3,
                     name: "step".into(),
                 }],
-                stacks: vec![vec![0]],
+                stack_frames: vec![0],
+                stack_ends: vec![1],
                 entries: Vec::new(),
             }),
         }
@@ -643,7 +694,10 @@ mod tests {
             line: 77,
             name: "forward".into(),
         });
-        frames.stacks = vec![vec![0, 1], vec![1, 0]];
+        frames.stack_frames.clear();
+        frames.stack_ends.clear();
+        frames.push_stack(&[0, 1]);
+        frames.push_stack(&[1, 0]);
         let odd = [1u64 << 31, 1 << 63, u64::MAX, 255, 256, 65535, 65536];
         out.entries = (0..2500u64)
             .map(|i| SnapshotEntry {
