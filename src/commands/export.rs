@@ -133,7 +133,9 @@ fn load_with_frames(
     model: &SimDeviceOptions,
 ) -> anyhow::Result<(load::Loaded, Option<Frames>)> {
     if format_of(args) != Some(Format::TorchPickle) {
-        return Ok((load::load_trace(&args.trace, &args.input, model)?, None));
+        let mut loaded = load::load_trace(&args.trace, &args.input, model)?;
+        loaded.run = None;
+        return Ok((loaded, None));
     }
     let options = SnapshotOptions { keep_frames: true };
     let run = workloads::snapshot::read_snapshot_pickle_with(
@@ -142,17 +144,16 @@ fn load_with_frames(
         &options,
     )
     .map_err(LoadError::Read)?;
-    let (input, mut run) =
-        sim::inputs::load_recorded(run, &load::load_options(&args.input), model)?;
+    let (input, run) = sim::inputs::load_recorded(run, &load::load_options(&args.input), model)?;
+    // The run's records are not needed past the trace and hints: only its frames.
     let frames = run
         .snapshot
-        .as_mut()
-        .and_then(|s| s.frames.take())
+        .and_then(|s| s.frames)
         .filter(|f| !f.entries.is_empty());
     let loaded = load::Loaded {
         trace: input.trace,
         hints: input.hints,
-        run: Some(run),
+        run: None,
     };
     Ok((loaded, frames))
 }
