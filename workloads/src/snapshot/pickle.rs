@@ -37,9 +37,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, Read};
 use std::rc::Rc;
 
-use super::schema::{
-    EntrySink, EntryStore, Frame, FrameTable, LaneKey, RawEntry, SegmentStore,
-};
+use super::schema::{EntrySink, EntryStore, Frame, FrameTable, LaneKey, RawEntry, SegmentStore};
 
 /// Keys whose values are not kept (and, unless frames are asked for, `frames`).
 pub(crate) const SKIP_KEYS: [&str; 4] = [
