@@ -8,7 +8,7 @@
 //! memory has nothing to release and leaves the state unchanged. Streams are ignored:
 //! `cudaFree` synchronizes the device.
 
-use crate::device::{Device, DeviceAddr, DeviceError, Segment};
+use crate::device::{Device, DeviceAddr, DeviceError, Segment, SegmentId};
 use crate::lease::Leases;
 use crate::options::PolicyOptions;
 use crate::policy::{
@@ -34,8 +34,9 @@ impl PolicyOptions for ImmediateOptions {
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct ImmediatePolicy {
-    /// Live allocations, each with the segment that is all of it.
-    live: Leases<Segment>,
+    /// Live allocations, each with the id of the segment that is all of it (the
+    /// segment's address and size are the allocation's).
+    live: Leases<SegmentId>,
     stats: PolicyStats,
 }
 
@@ -65,19 +66,27 @@ impl Policy for ImmediatePolicy {
             Err(DeviceError::OutOfMemory { .. }) => return Err(oom(self.stats)),
             Err(e) => return Err(e.into()),
         };
-        let (addr, size) = (segment.addr.0, segment.size_bytes);
+        let Segment {
+            id,
+            addr: DeviceAddr(addr),
+            size_bytes: size,
+        } = segment;
         self.stats.reserved_bytes += size;
         self.stats.segment_count += 1;
         Ok(self
             .live
-            .issue(addr, size, size, request.stream, segment, &mut self.stats))
+            .issue(addr, size, size, request.stream, id, &mut self.stats))
     }
 
     fn free(&mut self, device: &mut dyn Device, allocation: Allocation) -> Result<(), DeviceError> {
         let lease = self.live.retire(&allocation, "immediate", &mut self.stats);
         self.stats.reserved_bytes -= lease.block_bytes;
         self.stats.segment_count -= 1;
-        device.free_segment(lease.detail)
+        device.free_segment(Segment {
+            id: lease.detail,
+            addr: DeviceAddr(lease.addr),
+            size_bytes: lease.block_bytes,
+        })
     }
 
     fn empty_cache(&mut self, _device: &mut dyn Device) -> Result<(), DeviceError> {
@@ -113,8 +122,7 @@ impl Policy for ImmediatePolicy {
         let (requested, allocated, count) = self.live.check("immediate");
         for l in self.live.values() {
             assert_eq!(
-                (l.addr, l.block_bytes, l.requested_bytes),
-                (l.detail.addr.0, l.detail.size_bytes, l.detail.size_bytes),
+                l.block_bytes, l.requested_bytes,
                 "immediate: an allocation is not exactly its segment"
             );
         }

@@ -43,6 +43,7 @@ impl<T> Default for Leases<T> {
 impl<T> Leases<T> {
     /// Records a new allocation, counts it in `stats` (requested and allocated bytes,
     /// allocation count) and returns the handle for the program.
+    #[inline(always)]
     pub(crate) fn issue(
         &mut self,
         addr: u64,
@@ -80,21 +81,18 @@ impl<T> Leases<T> {
     /// # Panics
     /// If the allocation is not live here (freed twice, or from another policy); `who`
     /// names the policy in the message.
+    #[inline(always)]
     pub(crate) fn retire(
         &mut self,
         allocation: &Allocation,
         who: &str,
         stats: &mut PolicyStats,
     ) -> Lease<T> {
-        let lease = self
-            .slab
-            .take_if(allocation.block, |l| l.serial == allocation.serial && l.addr == allocation.addr.0)
-            .unwrap_or_else(|| {
-                panic!(
-                    "{who}: allocation at {} is not live in this policy (freed twice, or from another policy)",
-                    allocation.addr
-                )
-            });
+        let Some(lease) = self.slab.take_if(allocation.block, |l| {
+            l.serial == allocation.serial && l.addr == allocation.addr.0
+        }) else {
+            not_live(who, allocation)
+        };
         stats.requested_bytes -= lease.requested_bytes;
         stats.allocated_bytes -= lease.block_bytes;
         stats.allocation_count -= 1;
@@ -130,6 +128,16 @@ impl<T> Leases<T> {
         }
         (requested, allocated, count)
     }
+}
+
+/// The panic of [`Leases::retire`] for a handle that is not live, out of the hot path.
+#[cold]
+#[inline(never)]
+fn not_live(who: &str, allocation: &Allocation) -> ! {
+    panic!(
+        "{who}: allocation at {} is not live in this policy (freed twice, or from another policy)",
+        allocation.addr
+    )
 }
 
 #[cfg(test)]

@@ -53,8 +53,11 @@ struct Chunk {
 }
 
 impl Chunk {
-    /// The lowest `align`-aligned address in this chunk where `span` bytes are free.
-    fn lowest_fit(&self, span: u64, align: u64) -> Option<u64> {
+    /// The lowest [`PLACEMENT_ALIGN_BYTES`]-aligned address in this chunk where `span`
+    /// bytes are free. (A constant alignment: rounding up is a mask, not a division.)
+    #[inline]
+    fn lowest_fit(&self, span: u64) -> Option<u64> {
+        let align = PLACEMENT_ALIGN_BYTES;
         if self.disjoint && self.size.saturating_sub(self.used) < span {
             // Fewer free bytes than `span`: no free run holds it.
             return None;
@@ -72,6 +75,7 @@ impl Chunk {
     }
 
     /// Records a placement (replacing one at the same address, as a map would).
+    #[inline(always)]
     fn record(&mut self, addr: u64, end: u64) {
         let i = self.live.partition_point(|&(a, _)| a < addr);
         if self.live.get(i).is_some_and(|&(a, _)| a == addr) {
@@ -89,6 +93,7 @@ impl Chunk {
     }
 
     /// Forgets the placement at `addr`, if there is one.
+    #[inline(always)]
     fn forget(&mut self, addr: u64) {
         let i = self.live.partition_point(|&(a, _)| a < addr);
         if self.live.get(i).is_some_and(|&(a, _)| a == addr) {
@@ -112,7 +117,6 @@ pub struct Placed {
 #[derive(Clone, Debug)]
 pub struct VaSpace {
     chunk_bytes: u64,
-    align: u64,
     /// Lowest address taken so far: new chunks go below it.
     cursor: u64,
     /// No chunk goes below this address.
@@ -143,7 +147,6 @@ impl VaSpace {
         };
         VaSpace {
             chunk_bytes,
-            align: PLACEMENT_ALIGN_BYTES,
             cursor: top - top % chunk_bytes,
             floor,
             chunks: Vec::new(),
@@ -162,7 +165,7 @@ impl VaSpace {
     }
 
     fn span(&self, size: u64) -> Option<u64> {
-        size.max(1).checked_next_multiple_of(self.align)
+        size.max(1).checked_next_multiple_of(PLACEMENT_ALIGN_BYTES)
     }
 
     fn chunk(&self, slot: u32) -> &Chunk {
@@ -218,6 +221,7 @@ impl VaSpace {
         chunk
     }
 
+    #[inline(always)]
     fn record(&mut self, slot: u32, addr: u64, end: u64) -> Placed {
         self.chunk_mut(slot).record(addr, end);
         Placed { addr, chunk: slot }
@@ -252,11 +256,11 @@ impl VaSpace {
     pub fn place(&mut self, size: u64) -> Option<Placed> {
         let span = self.span(size)?;
         // Rule 2: the newest chunk with room, at its lowest free address.
-        let found = self.by_seq.iter().rev().find_map(|&(_, slot)| {
-            self.chunk(slot)
-                .lowest_fit(span, self.align)
-                .map(|addr| (slot, addr))
-        });
+        let found = self
+            .by_seq
+            .iter()
+            .rev()
+            .find_map(|&(_, slot)| self.chunk(slot).lowest_fit(span).map(|addr| (slot, addr)));
         if let Some((slot, addr)) = found {
             return Some(self.record(slot, addr, addr + span));
         }

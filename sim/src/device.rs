@@ -513,7 +513,11 @@ impl SimDevice {
 
     fn charge_for(&self, size: u64) -> u64 {
         let page = self.options.page_bytes.max(1);
-        size.div_ceil(page).saturating_mul(page)
+        match size.checked_add(page - 1) {
+            // A mask, not a division, for the usual power-of-two page.
+            Some(up) if page.is_power_of_two() => up & !(page - 1),
+            _ => size.div_ceil(page).saturating_mul(page),
+        }
     }
 
     fn refuse(&self, charge: u64, size: u64) -> Result<(), DeviceError> {

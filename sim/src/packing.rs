@@ -39,6 +39,7 @@ enum Bin {
 }
 
 impl Bin {
+    #[inline]
     fn is_empty(&self) -> bool {
         match self {
             Bin::Few(v) => v.is_empty(),
@@ -46,18 +47,31 @@ impl Bin {
         }
     }
 
+    /// (The short form inline; growing and the ordered map out of line.)
+    #[inline(always)]
     fn insert(&mut self, key: Key, slot: u32) {
         match self {
-            Bin::Few(v) => {
+            Bin::Few(v) if v.len() < GROW_ABOVE => {
                 let i = v.partition_point(|&(k, _)| k < key);
                 debug_assert!(
                     v.get(i).is_none_or(|&(k, _)| k != key),
                     "hole indexed twice"
                 );
                 v.insert(i, (key, slot));
-                if v.len() > GROW_ABOVE {
-                    *self = Bin::Many(v.iter().copied().collect());
-                }
+            }
+            _ => self.insert_slow(key, slot),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn insert_slow(&mut self, key: Key, slot: u32) {
+        match self {
+            Bin::Few(v) => {
+                let mut m: BTreeMap<Key, u32> = v.iter().copied().collect();
+                let old = m.insert(key, slot);
+                debug_assert!(old.is_none(), "hole indexed twice");
+                *self = Bin::Many(m);
             }
             Bin::Many(m) => {
                 let old = m.insert(key, slot);
@@ -66,22 +80,29 @@ impl Bin {
         }
     }
 
+    #[inline(always)]
     fn remove(&mut self, key: Key) {
         match self {
             Bin::Few(v) => {
                 let i = v.partition_point(|&(k, _)| k < key);
-                assert!(
-                    v.get(i).is_some_and(|&(k, _)| k == key),
-                    "SimDevice: a page's hole is missing from the best-fit index"
-                );
+                if v.get(i).is_none_or(|&(k, _)| k != key) {
+                    missing_hole();
+                }
                 v.remove(i);
             }
-            Bin::Many(m) => {
-                m.remove(&key)
-                    .expect("SimDevice: a page's hole is missing from the best-fit index");
-                if m.len() < SHRINK_BELOW {
-                    *self = Bin::Few(m.iter().map(|(&k, &s)| (k, s)).collect());
-                }
+            Bin::Many(_) => self.remove_slow(key),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn remove_slow(&mut self, key: Key) {
+        if let Bin::Many(m) = self {
+            if m.remove(&key).is_none() {
+                missing_hole();
+            }
+            if m.len() < SHRINK_BELOW {
+                *self = Bin::Few(m.iter().map(|(&k, &s)| (k, s)).collect());
             }
         }
     }
@@ -96,22 +117,35 @@ impl Bin {
     }
 
     /// Removes and returns the first hole at or after `from` in best-fit order.
+    #[inline(always)]
     fn take_from(&mut self, from: Key) -> Option<(Key, u32)> {
         match self {
             Bin::Few(v) => {
                 let i = v.partition_point(|&(k, _)| k < from);
                 (i < v.len()).then(|| v.remove(i))
             }
-            Bin::Many(m) => {
-                let (&k, _) = m.range(from..).next()?;
-                let slot = m.remove(&k).expect("the hole just found");
-                if m.len() < SHRINK_BELOW {
-                    *self = Bin::Few(m.iter().map(|(&k, &s)| (k, s)).collect());
-                }
-                Some((k, slot))
-            }
+            Bin::Many(_) => self.take_from_slow(from),
         }
     }
+
+    #[cold]
+    #[inline(never)]
+    fn take_from_slow(&mut self, from: Key) -> Option<(Key, u32)> {
+        let Bin::Many(m) = self else { return None };
+        let (&k, _) = m.range(from..).next()?;
+        let slot = m.remove(&k).expect("the hole just found");
+        if m.len() < SHRINK_BELOW {
+            *self = Bin::Few(m.iter().map(|(&k, &s)| (k, s)).collect());
+        }
+        Some((k, slot))
+    }
+}
+
+/// The panic of a hole missing from the index (a bookkeeping bug), out of line.
+#[cold]
+#[inline(never)]
+fn missing_hole() -> ! {
+    panic!("SimDevice: a page's hole is missing from the best-fit index")
 }
 
 /// Every hole of every page, in best-fit order (see the module docs).
@@ -155,10 +189,12 @@ impl HoleIndex {
     }
 
     /// The bin of a hole of `len` bytes: non-decreasing in `len`.
+    #[inline(always)]
     fn bin_of(&self, len: u64) -> usize {
         ((len >> self.shift) as usize).min(self.bins.len() - 1)
     }
 
+    #[inline(always)]
     fn insert(&mut self, key: Key, slot: u32) {
         let b = self.bin_of(key.0);
         if self.bins[b].is_empty() {
@@ -168,6 +204,7 @@ impl HoleIndex {
         self.bins[b].insert(key, slot);
     }
 
+    #[inline(always)]
     fn remove(&mut self, key: Key) {
         let b = self.bin_of(key.0);
         self.bins[b].remove(key);
@@ -175,6 +212,7 @@ impl HoleIndex {
     }
 
     /// Clears the bits of bin `b` if it is empty.
+    #[inline(always)]
     fn note_if_empty(&mut self, b: usize) {
         if self.bins[b].is_empty() {
             self.bits[b / 64] &= !(1 << (b % 64));
@@ -227,6 +265,7 @@ impl HoleIndex {
     }
 
     /// Removes and returns the best fit for `len` bytes ([`HoleIndex::best_fit`]).
+    #[inline(always)]
     fn take_best_fit(&mut self, len: u64) -> Option<(Key, u32)> {
         if self.bins.is_empty() {
             return None;
@@ -294,7 +333,12 @@ impl PackedPages {
 
     /// Bytes `size` takes in a page: rounded up to the alignment.
     pub(crate) fn footprint(&self, size: u64) -> u64 {
-        size.div_ceil(self.align) * self.align
+        if self.align.is_power_of_two() {
+            // `size` is below a page, far from overflowing; a mask, not a division.
+            (size + (self.align - 1)) & !(self.align - 1)
+        } else {
+            size.div_ceil(self.align) * self.align
+        }
     }
 
     fn page_mut(&mut self, slot: u32) -> &mut Page {
@@ -305,6 +349,7 @@ impl PackedPages {
 
     /// Places `size` bytes in the best-fitting hole of a live page: its page's slot
     /// and its address, or `None` when no hole holds it.
+    #[inline]
     pub(crate) fn take(&mut self, size: u64) -> Option<(u32, u64)> {
         let len = self.footprint(size);
         let ((hole_len, seq, offset), slot) = self.index.take_best_fit(len)?;
@@ -363,6 +408,7 @@ impl PackedPages {
 
     /// Returns `size` bytes at `addr` to their page, merging holes; the page's base and
     /// placement when that was its last allocation (the page is then gone).
+    #[inline]
     pub(crate) fn give_back(
         &mut self,
         slot: u32,
