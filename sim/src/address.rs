@@ -103,6 +103,87 @@ impl Chunk {
     }
 }
 
+/// A short map kept as a vector sorted by key: an address space's chunks by base and
+/// its holes. They are few (holes lie between live chunks, and every placement already
+/// walks the live chunks), so a binary search and a shift of a short vector cost less
+/// than an ordered map's node walks, and allocate nothing once the vector has grown.
+/// Same answers as the `BTreeMap` it replaces, query for query.
+#[derive(Clone, Debug)]
+struct SortedMap<V> {
+    entries: Vec<(u64, V)>,
+}
+
+impl<V: Copy> SortedMap<V> {
+    fn new() -> SortedMap<V> {
+        SortedMap {
+            entries: Vec::new(),
+        }
+    }
+
+    /// The number of entries with a key below `key`.
+    #[inline]
+    fn rank(&self, key: u64) -> usize {
+        self.entries.partition_point(|&(k, _)| k < key)
+    }
+
+    fn get(&self, key: u64) -> Option<V> {
+        self.entries
+            .get(self.rank(key))
+            .filter(|&&(k, _)| k == key)
+            .map(|&(_, v)| v)
+    }
+
+    /// Inserts or replaces the value under `key`.
+    fn insert(&mut self, key: u64, value: V) {
+        let i = self.rank(key);
+        match self.entries.get_mut(i) {
+            Some((k, v)) if *k == key => *v = value,
+            _ => self.entries.insert(i, (key, value)),
+        }
+    }
+
+    fn remove(&mut self, key: u64) -> Option<V> {
+        let i = self.rank(key);
+        match self.entries.get(i) {
+            Some(&(k, _)) if k == key => Some(self.entries.remove(i).1),
+            _ => None,
+        }
+    }
+
+    /// The entry with the highest key below `key` (`range(..key).next_back()`).
+    fn last_below(&self, key: u64) -> Option<(u64, V)> {
+        self.rank(key).checked_sub(1).map(|i| self.entries[i])
+    }
+
+    /// The entry with the highest key at or below `key` (`range(..=key).next_back()`).
+    fn last_at_or_below(&self, key: u64) -> Option<(u64, V)> {
+        match key.checked_add(1) {
+            Some(above) => self.last_below(above),
+            None => self.entries.last().copied(),
+        }
+    }
+
+    /// The entry with the lowest key at or above `key` (`range(key..).next()`).
+    fn first_at_or_above(&self, key: u64) -> Option<(u64, V)> {
+        self.entries.get(self.rank(key)).copied()
+    }
+
+    /// The entries with keys below `key`, highest first (`range(..key).rev()`).
+    fn below_rev(&self, key: u64) -> impl Iterator<Item = (u64, V)> + '_ {
+        self.entries[..self.rank(key)].iter().rev().copied()
+    }
+
+    /// Every entry, lowest key first.
+    fn iter(&self) -> impl DoubleEndedIterator<Item = (u64, V)> + '_ {
+        self.entries.iter().copied()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
 /// One placement of [`VaSpace::place`] or [`VaSpace::place_at`], to release it by:
 /// its address and the chunk holding it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,12 +208,12 @@ pub struct VaSpace {
     /// Placement vectors of released chunks, kept for new chunks.
     spare_live: Vec<Vec<(u64, u64)>>,
     /// Chunk slots by base address.
-    by_base: BTreeMap<u64, u32>,
+    by_base: SortedMap<u32>,
     /// Live chunks as (creation order, slot), oldest first.
     by_seq: Vec<(u64, u32)>,
     next_seq: u64,
     /// Holes left by released chunks: start → end.
-    holes: BTreeMap<u64, u64>,
+    holes: SortedMap<u64>,
 }
 
 impl VaSpace {
@@ -152,10 +233,10 @@ impl VaSpace {
             chunks: Vec::new(),
             free_slots: Vec::new(),
             spare_live: Vec::new(),
-            by_base: BTreeMap::new(),
+            by_base: SortedMap::new(),
             by_seq: Vec::new(),
             next_seq: 0,
-            holes: BTreeMap::new(),
+            holes: SortedMap::new(),
         }
     }
 
@@ -177,7 +258,7 @@ impl VaSpace {
     }
 
     fn add_chunk(&mut self, base: u64, size: u64) -> u32 {
-        if let Some(&old) = self.by_base.get(&base) {
+        if let Some(old) = self.by_base.get(base) {
             // Only a recorded address can put a chunk where one starts: the new one
             // replaces it, as the address → chunk map this model was written with did.
             self.drop_chunk(old);
@@ -212,8 +293,8 @@ impl VaSpace {
     /// Forgets a chunk (its range does not become a hole).
     fn drop_chunk(&mut self, slot: u32) -> Chunk {
         let chunk = self.chunks[slot as usize].take().expect("live chunk");
-        if self.by_base.get(&chunk.base) == Some(&slot) {
-            self.by_base.remove(&chunk.base);
+        if self.by_base.get(chunk.base) == Some(slot) {
+            self.by_base.remove(chunk.base);
         }
         let i = self.by_seq.partition_point(|&(s, _)| s < chunk.seq);
         self.by_seq.remove(i);
@@ -235,11 +316,11 @@ impl VaSpace {
         let mut below = hi;
         // Keys below `below` are untouched by the loop's own insertions (at `s` and
         // `hi`, both at or above it), so this walks the holes as they were.
-        while let Some((&s, &e)) = self.holes.range(..below).next_back() {
+        while let Some((s, e)) = self.holes.last_below(below) {
             if e <= lo {
                 break;
             }
-            self.holes.remove(&s);
+            self.holes.remove(s);
             if s < lo {
                 self.holes.insert(s, lo);
             }
@@ -267,8 +348,8 @@ impl VaSpace {
         // Rule 3: a new chunk, from the highest hole strictly larger than it, else
         // below everything.
         let size = span.checked_next_multiple_of(self.chunk_bytes)?;
-        let base = match self.holes.iter().rev().find(|&(&s, &e)| e - s > size) {
-            Some((_, &e)) => e - size,
+        let base = match self.holes.iter().rev().find(|&(s, e)| e - s > size) {
+            Some((_, e)) => e - size,
             None => (self.cursor - self.cursor % self.chunk_bytes)
                 .checked_sub(size)
                 .filter(|&b| b >= self.floor)?,
@@ -286,10 +367,9 @@ impl VaSpace {
         let end = addr.saturating_add(span);
         let holder = self
             .by_base
-            .range(..=addr)
-            .next_back()
-            .filter(|(&b, &slot)| b.saturating_add(self.chunk(slot).size) >= end)
-            .map(|(_, &slot)| slot);
+            .last_at_or_below(addr)
+            .filter(|&(b, slot)| b.saturating_add(self.chunk(slot).size) >= end)
+            .map(|(_, slot)| slot);
         if let Some(slot) = holder {
             return Some(self.record(slot, addr, end));
         }
@@ -297,10 +377,8 @@ impl VaSpace {
         // address is the truth, so the model's chunk there was wrong. Shrink them.
         let overlapping: Vec<(u64, u32)> = self
             .by_base
-            .range(..end)
-            .rev()
-            .take_while(|(&b, &slot)| b.saturating_add(self.chunk(slot).size) > addr)
-            .map(|(&b, &slot)| (b, slot))
+            .below_rev(end)
+            .take_while(|&(b, slot)| b.saturating_add(self.chunk(slot).size) > addr)
             .collect();
         for (b, slot) in overlapping {
             let c = self.chunk_mut(slot);
@@ -310,9 +388,8 @@ impl VaSpace {
         }
         let next = self
             .by_base
-            .range(addr..)
-            .next()
-            .map_or(u64::MAX, |(&b, _)| b);
+            .first_at_or_above(addr)
+            .map_or(u64::MAX, |(b, _)| b);
         let size = span
             .checked_next_multiple_of(self.chunk_bytes)
             .unwrap_or(span)
@@ -337,13 +414,13 @@ impl VaSpace {
         let (mut lo, mut hi) = (chunk.base, chunk.base + chunk.size);
         chunk.live.clear();
         self.spare_live.push(chunk.live);
-        if let Some((&s, &e)) = self.holes.range(..=lo).next_back() {
+        if let Some((s, e)) = self.holes.last_at_or_below(lo) {
             if e == lo {
-                self.holes.remove(&s);
+                self.holes.remove(s);
                 lo = s;
             }
         }
-        if let Some(e) = self.holes.remove(&hi) {
+        if let Some(e) = self.holes.remove(hi) {
             hi = e;
         }
         self.holes.insert(lo, hi);
@@ -784,7 +861,8 @@ mod tests {
                     }
                     new.release(a);
                 }
-                assert_eq!(new.va.holes, old.holes, "seed {seed} step {step}: holes");
+                let holes: BTreeMap<u64, u64> = new.va.holes.iter().collect();
+                assert_eq!(holes, old.holes, "seed {seed} step {step}: holes");
             }
             completed += 1;
         }
@@ -792,6 +870,61 @@ mod tests {
             completed * 10 >= seeds * 8,
             "only {completed} of {seeds} ran to the end"
         );
+    }
+
+    /// `SortedMap` answers every query as the `BTreeMap` it replaced, over random
+    /// inserts (new keys and replacements), removals and lookups near the keys.
+    #[test]
+    fn sorted_map_is_an_ordered_map() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut fast: SortedMap<u64> = SortedMap::new();
+        let mut map: BTreeMap<u64, u64> = BTreeMap::new();
+        for step in 0..20_000 {
+            // Keys from a small range (hits and misses), and the ends of u64.
+            let key = match next() % 10 {
+                0 => 0,
+                1 => u64::MAX,
+                _ => next() % 64,
+            };
+            let value = next();
+            match next() % 4 {
+                0 => {
+                    fast.insert(key, value);
+                    map.insert(key, value);
+                }
+                1 => assert_eq!(fast.remove(key), map.remove(&key), "step {step}"),
+                _ => {}
+            }
+            let pair = |(&k, &v): (&u64, &u64)| (k, v);
+            assert_eq!(fast.get(key), map.get(&key).copied(), "step {step}");
+            assert_eq!(
+                fast.last_below(key),
+                map.range(..key).next_back().map(pair),
+                "step {step}"
+            );
+            assert_eq!(
+                fast.last_at_or_below(key),
+                map.range(..=key).next_back().map(pair),
+                "step {step}"
+            );
+            assert_eq!(
+                fast.first_at_or_above(key),
+                map.range(key..).next().map(pair),
+                "step {step}"
+            );
+            assert!(
+                fast.below_rev(key).eq(map.range(..key).rev().map(pair)),
+                "step {step}"
+            );
+            assert!(fast.iter().eq(map.iter().map(pair)), "step {step}");
+            assert_eq!(fast.len(), map.len(), "step {step}");
+        }
     }
 
     /// No chunk goes below the floor: the model says there is no room instead of
