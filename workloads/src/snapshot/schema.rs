@@ -946,3 +946,44 @@ impl<'de> Deserialize<'de> for RawExternal {
 pub(crate) fn convert<T: de::DeserializeOwned>(v: &Value, what: &str) -> Result<T, String> {
     from_value(v).map_err(|e: DeError| format!("{what} {}", escape(&e.0)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Equal stacks share one index while repeats are found; after a window of
+    /// distinct stacks deduplication stops (new stacks are appended without a lookup),
+    /// and every stack, before and after, reads back as it was given.
+    #[test]
+    fn stacks_dedup_while_they_repeat() {
+        let mut t = FrameTable::default();
+        let a = t.intern_stack(&[1, 2, 3]);
+        assert_eq!(t.intern_stack(&[1, 2, 3]), a);
+        let r = t.intern_stack(&[3, 2, 1]);
+        assert_ne!(r, a);
+        // Windows full of repeats keep it on.
+        for i in 0..DEDUP_WINDOW {
+            t.intern_stack(&[i % 2]);
+        }
+        assert!(!t.dedup_stopped);
+        assert_eq!(t.intern_stack(&[3, 2, 1]), r);
+        // A window of distinct stacks stops it.
+        for i in 0..DEDUP_WINDOW {
+            t.intern_stack(&[i, i + 1]);
+        }
+        assert!(t.dedup_stopped && t.dedup.is_none());
+        let n = t.stack_ends.len();
+        let again = t.intern_stack(&[1, 2, 3]);
+        assert_eq!(again as usize, n);
+        let frames = t.into_frames(Vec::new());
+        assert_eq!(frames.stack_count(), n + 1);
+        assert_eq!(frames.stack_indexes(a), &[1, 2, 3]);
+        assert_eq!(frames.stack_indexes(again), &[1, 2, 3]);
+        assert_eq!(frames.stack_indexes(r), &[3, 2, 1]);
+        assert_eq!(
+            frames.stack_indexes(n as u32 - 1),
+            &[DEDUP_WINDOW - 1, DEDUP_WINDOW]
+        );
+        assert!(frames.stack_indexes(n as u32 + 1).is_empty());
+    }
+}
