@@ -20,15 +20,24 @@ impl CachingPolicy {
 
     /// `free_block`: returns a block to its pool, merging with free neighbours.
     pub(super) fn free_block(&mut self, id: u32) {
-        self.free_block_inline(id);
+        self.free_block_inline(id, false);
     }
 
     /// [`CachingPolicy::free_block`], inlined into [`Policy::free`] (the usual free):
-    /// each block is looked up once, the merged block written back once.
+    /// each block is looked up once, the merged block written back once. `allocated`:
+    /// the block is still allocated, and [`CachingPolicy::mark_free_requested`]'s
+    /// statistics change here too.
     #[inline(always)]
-    pub(super) fn free_block_inline(&mut self, id: u32) {
+    pub(super) fn free_block_inline(&mut self, id: u32, allocated: bool) {
         let b = self.block(id);
-        debug_assert_eq!(b.state, State::Pending);
+        debug_assert_eq!(
+            b.state,
+            if allocated {
+                State::Allocated
+            } else {
+                State::Pending
+            }
+        );
         let (original_size, requested, pool, expandable, mapped, owner, stream) = (
             b.size,
             b.requested,
@@ -39,6 +48,14 @@ impl CachingPolicy {
             b.stream.0,
         );
         let (mut addr, mut size, mut prev, mut next) = (b.addr, b.size, b.prev, b.next);
+        if allocated {
+            // mark_free_requested
+            self.stats.allocation.decrease(pool, 1);
+            self.stats.allocated_bytes.decrease(pool, original_size);
+            if original_size >= self.config.max_split_size_bytes {
+                self.stats.oversize_allocations.decrease(1);
+            }
+        }
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         // try_merge_blocks with the block before, then with the block after.

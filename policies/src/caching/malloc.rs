@@ -83,8 +83,7 @@ impl CachingPolicy {
                 stats: self.stats(),
             });
         };
-        let split = self.should_split(block, size, expandable);
-        Ok(self.alloc_found_block(block, size, orig_size, split))
+        Ok(self.alloc_found_block(block, size, orig_size, expandable))
     }
 
     /// `get_free_block`: the smallest free block of the stream that fits, subject to the
@@ -156,23 +155,36 @@ impl CachingPolicy {
         Some(cur)
     }
 
-    /// `should_split`.
-    fn should_split(&self, id: u32, size: u64, expandable_active: bool) -> bool {
-        let block = self.block(id);
-        if !self.no_split.is_empty() && self.no_split.contains(&self.pools[block.owner as usize].id)
-        {
+    /// `should_split` for a block of `pool` and `block_size` bytes of `owner`'s pools.
+    #[inline(always)]
+    fn should_split(
+        &self,
+        owner: u32,
+        pool: PoolKind,
+        block_size: u64,
+        size: u64,
+        expandable_active: bool,
+    ) -> bool {
+        if !self.no_split.is_empty() && self.no_split.contains(&self.pools[owner as usize].id) {
             return false;
         }
-        let remaining = block.size - size;
-        if block.pool == PoolKind::Small || expandable_active {
+        let remaining = block_size - size;
+        if pool == PoolKind::Small || expandable_active {
             remaining >= MIN_BLOCK_BYTES
         } else {
             size < self.config.max_split_size_bytes && remaining > SMALL_SIZE_BYTES
         }
     }
 
-    /// `alloc_found_block`: carves the request from the front of the block.
-    fn alloc_found_block(&mut self, id: u32, size: u64, orig_size: u64, split: bool) -> Allocation {
+    /// `alloc_found_block`: carves the request from the front of the block (split
+    /// as `should_split` decides).
+    fn alloc_found_block(
+        &mut self,
+        id: u32,
+        size: u64,
+        orig_size: u64,
+        expandable_active: bool,
+    ) -> Allocation {
         let serial = self.next_serial;
         self.next_serial += 1;
         let b = self.block(id);
@@ -186,6 +198,8 @@ impl CachingPolicy {
             b.next,
             b.expandable,
         );
+        let (mapped, segment, gc_count_base) = (b.mapped, b.segment, b.gc_count_base);
+        let split = self.should_split(owner, pool, block_size, size, expandable_active);
         let already_split = prev != NIL || next != NIL;
         let (block_id, block_size) = if split {
             // The request takes the front; the block keeps the rest and goes back to its
@@ -200,10 +214,10 @@ impl CachingPolicy {
                 prev,
                 next: id,
                 state: State::Allocated,
-                mapped: b.mapped,
+                mapped,
                 expandable,
-                segment: b.segment,
-                gc_count_base: b.gc_count_base,
+                segment,
+                gc_count_base,
                 serial,
             };
             let (rest_size, rest_addr) = (block_size - size, addr + size);

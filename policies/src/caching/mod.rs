@@ -584,7 +584,8 @@ impl Policy for CachingPolicy {
         }
         let id = allocation.block;
         if self.live_tenant(&allocation).state == State::Allocated {
-            self.mark_free_requested(id);
+            self.free_block_inline(id, true);
+            return Ok(());
         } else if !self.captures.is_empty() {
             // A free waiting for other streams completes, but no event is looked at
             // during a capture: the block waits for the capture to end, or (with
@@ -597,7 +598,7 @@ impl Policy for CachingPolicy {
             self.pending.remove(&id);
             self.capture_frees.remove(&id);
         }
-        self.free_block_inline(id);
+        self.free_block(id);
         Ok(())
     }
 
