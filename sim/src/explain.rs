@@ -257,6 +257,13 @@ impl Observer for OomWatch {
     fn needs_stats_every_event(&self) -> bool {
         false
     }
+
+    /// Marks, and the first out-of-memory.
+    #[inline(always)]
+    fn watches(&self, _index: usize, event: &Event, outcome: &Outcome) -> bool {
+        matches!(event, Event::Mark { .. })
+            || (matches!(outcome, Outcome::OutOfMemory { .. }) && self.explanation.is_none())
+    }
 }
 
 impl OomWatch {

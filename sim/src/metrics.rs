@@ -88,11 +88,26 @@ impl Recorder {
         Recorder::default()
     }
 
-    /// Notes the state after event `event_index`.
+    /// Notes the state after event `event_index`: [`Recorder::observe_policy`],
+    /// [`Recorder::observe_device`] and the event count.
     #[inline]
     pub fn observe(&mut self, event_index: u64, policy: &PolicyStats, device: &DeviceStats) {
+        self.set_event_count(event_index + 1);
+        self.observe_policy(event_index, policy);
+        self.observe_device(device);
+    }
+
+    /// Notes that `event_count` events were replayed.
+    #[inline]
+    pub fn set_event_count(&mut self, event_count: u64) {
+        self.summary.event_count = event_count;
+    }
+
+    /// Notes the policy's figures after event `event_index`. Figures equal to those
+    /// noted last change nothing: a caller may skip them.
+    #[inline]
+    pub fn observe_policy(&mut self, event_index: u64, policy: &PolicyStats) {
         let s = &mut self.summary;
-        s.event_count = event_index + 1;
         s.requested_bytes_peak = s.requested_bytes_peak.max(policy.requested_bytes);
         s.allocated_bytes_peak = s.allocated_bytes_peak.max(policy.allocated_bytes);
         if policy.reserved_bytes > s.reserved_bytes_peak {
@@ -100,8 +115,15 @@ impl Recorder {
             s.allocated_bytes_at_reserved_peak = policy.allocated_bytes;
             s.reserved_peak_event_index = Some(event_index);
         }
-        s.charged_bytes_peak = s.charged_bytes_peak.max(device.charged_bytes);
         s.segment_count_peak = s.segment_count_peak.max(policy.segment_count);
+    }
+
+    /// Notes the device's figures after an event. Figures equal to those noted last
+    /// change nothing: a caller may skip them.
+    #[inline]
+    pub fn observe_device(&mut self, device: &DeviceStats) {
+        let s = &mut self.summary;
+        s.charged_bytes_peak = s.charged_bytes_peak.max(device.charged_bytes);
         s.device_allocate_count = device.allocate_count;
         s.device_free_count = device.free_count;
     }

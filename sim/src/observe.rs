@@ -137,11 +137,26 @@ pub trait Observer {
     fn needs_stats_every_event(&self) -> bool {
         true
     }
+
+    /// Whether [`Observer::after_event`] does anything with the step of event
+    /// `index`, `event`, whose outcome is `outcome`: the engine makes the [`Step`] and
+    /// calls `after_event` only where this says yes (an observer of marks and
+    /// out-of-memories says no to the other steps, and the replay's usual events then
+    /// cost it nothing). The default: every step.
+    #[inline(always)]
+    fn watches(&self, _index: usize, _event: &Event, _outcome: &Outcome) -> bool {
+        true
+    }
 }
 
 /// The observer that watches nothing ([`crate::replay`]).
 impl Observer for () {
     fn needs_stats_every_event(&self) -> bool {
+        false
+    }
+
+    #[inline(always)]
+    fn watches(&self, _index: usize, _event: &Event, _outcome: &Outcome) -> bool {
         false
     }
 }
@@ -159,6 +174,11 @@ impl<O: Observer + ?Sized> Observer for &mut O {
 
     fn needs_stats_every_event(&self) -> bool {
         (**self).needs_stats_every_event()
+    }
+
+    #[inline(always)]
+    fn watches(&self, index: usize, event: &Event, outcome: &Outcome) -> bool {
+        (**self).watches(index, event, outcome)
     }
 }
 
@@ -181,6 +201,12 @@ impl<O: Observer> Observer for Option<O> {
     fn needs_stats_every_event(&self) -> bool {
         self.as_ref().is_some_and(O::needs_stats_every_event)
     }
+
+    #[inline(always)]
+    fn watches(&self, index: usize, event: &Event, outcome: &Outcome) -> bool {
+        self.as_ref()
+            .is_some_and(|o| o.watches(index, event, outcome))
+    }
 }
 
 /// Two observers at once, the first called first.
@@ -199,6 +225,13 @@ impl<A: Observer, B: Observer> Observer for (A, B) {
 
     fn needs_stats_every_event(&self) -> bool {
         self.0.needs_stats_every_event() || self.1.needs_stats_every_event()
+    }
+
+    /// Either watches it; each is then shown the step (an observer must do right by
+    /// any step: `watches` only spares it the ones it does nothing with).
+    #[inline(always)]
+    fn watches(&self, index: usize, event: &Event, outcome: &Outcome) -> bool {
+        self.0.watches(index, event, outcome) || self.1.watches(index, event, outcome)
     }
 }
 

@@ -164,20 +164,33 @@ struct LiveTable {
 
 impl LiveTable {
     /// An `alloc` of `id` served.
-    #[inline]
+    #[inline(always)]
     fn insert(&mut self, id: AllocId, allocation: Allocation) {
-        self.insert_requested(id, allocation, false);
+        let live = Live {
+            allocation,
+            free_requested: false,
+        };
+        if let Err(slot) = self.live.insert_vacant(id, Slot::Live(live)) {
+            self.replace(id, slot);
+        }
     }
 
     /// A live allocation of `id`, its free requested or not (a trace that starts
     /// mid-run).
-    #[inline]
     fn insert_requested(&mut self, id: AllocId, allocation: Allocation, free_requested: bool) {
         let live = Live {
             allocation,
             free_requested,
         };
-        match self.live.insert(id, Slot::Live(live)) {
+        self.replace(id, Slot::Live(live));
+    }
+
+    /// Sets `id`'s slot to the live allocation `slot`, whatever it held (an id
+    /// allocated while live, or whose alloc ran out of memory, is a problem).
+    #[cold]
+    #[inline(never)]
+    fn replace(&mut self, id: AllocId, slot: Slot) {
+        match self.live.insert(id, slot) {
             None => {}
             Some(Slot::Live(old)) => {
                 self.orphans.push(old);
@@ -234,7 +247,7 @@ impl LiveTable {
     }
 
     /// A `free` of `id`: its live allocation, if it has one.
-    #[inline]
+    #[inline(always)]
     fn remove(&mut self, id: AllocId) -> Option<Live> {
         match self.live.remove(id) {
             Some(Slot::Live(l)) => Some(l),
@@ -535,6 +548,11 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
     let mut dstats = device.stats();
     let stats_every_event = options.check_invariants || observer.needs_stats_every_event();
     let mut stats = before;
+    // The recorder sees a figure again only when it was read again (a figure not
+    // read again is the one it saw: its peaks would not move); the first event's
+    // are shown it either way.
+    let (mut stats_read, mut dstats_read) = (true, true);
+    let mut event_count = 0u64;
     for (index, event) in events.enumerate() {
         let event: &Event = event.borrow();
         let event_index = index as u64;
@@ -719,6 +737,7 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
         let touched = std::mem::take(&mut device.touched);
         if touched {
             dstats = device.stats();
+            dstats_read = true;
         }
         let lowers_only = !touched
             && matches!(
@@ -730,17 +749,28 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
             );
         if stats_every_event || !lowers_only {
             stats = policy.stats();
+            stats_read = true;
         }
-        recorder.observe(event_index, &stats, &dstats);
-        observer.after_event(&Step {
-            index,
-            event,
-            outcome,
-            device_ops: &device.ops,
-            policy_stats: &stats,
-            device_stats: &dstats,
-            policy: &*policy,
-        });
+        event_count = event_index + 1;
+        if stats_read {
+            recorder.observe_policy(event_index, &stats);
+            stats_read = false;
+        }
+        if dstats_read {
+            recorder.observe_device(&dstats);
+            dstats_read = false;
+        }
+        if observer.watches(index, event, &outcome) {
+            observer.after_event(&Step {
+                index,
+                event,
+                outcome,
+                device_ops: &device.ops,
+                policy_stats: &stats,
+                device_stats: &dstats,
+                policy: &*policy,
+            });
+        }
         if stop {
             break;
         }
@@ -752,6 +782,7 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
             before = stats;
         }
     }
+    recorder.set_event_count(event_count);
     Ok(Replay {
         summary: recorder.finish(),
         oom,

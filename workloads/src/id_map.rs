@@ -30,15 +30,21 @@ pub const DENSE_LIMIT: u64 = 1 << 28;
 const SPARE_PAGES: usize = 4;
 
 struct Page<T> {
-    slots: Box<[Option<T>]>,
+    /// A fixed number of slots: a slot's index needs no bounds check.
+    slots: Box<[Option<T>; PAGE_SLOTS]>,
     /// Slots holding a value.
     used: u32,
 }
 
 impl<T> Page<T> {
+    #[cold]
+    #[inline(never)]
     fn new() -> Page<T> {
+        let slots: Box<[Option<T>]> = (0..PAGE_SLOTS).map(|_| None).collect();
         Page {
-            slots: (0..PAGE_SLOTS).map(|_| None).collect(),
+            slots: slots
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("PAGE_SLOTS slots")),
             used: 0,
         }
     }
@@ -91,21 +97,64 @@ impl<T> IdMap<T> {
     #[inline]
     pub fn insert(&mut self, id: AllocId, value: T) -> Option<T> {
         if id.0 >= DENSE_LIMIT {
-            let old = self.sparse.insert(id.0, value);
-            if old.is_none() {
-                self.len += 1;
-            }
-            return old;
+            return self.insert_sparse(id, value);
         }
         let (p, s) = Self::split(id);
+        let page = match self.pages.get_mut(p) {
+            Some(Some(page)) => page,
+            _ => self.new_page(p),
+        };
+        let old = page.slots[s].replace(value);
+        if old.is_none() {
+            page.used += 1;
+            self.len += 1;
+        }
+        old
+    }
+
+    /// Sets the value of `id`, which has none: `Err` gives `value` back, untouched,
+    /// where `id` has one (the caller decides what a replacement means, with
+    /// [`IdMap::insert`]). One lookup, no move of an old value.
+    #[inline]
+    pub fn insert_vacant(&mut self, id: AllocId, value: T) -> Result<(), T> {
+        if id.0 >= DENSE_LIMIT {
+            if self.sparse.contains_key(&id.0) {
+                return Err(value);
+            }
+            self.insert_sparse(id, value);
+            return Ok(());
+        }
+        let (p, s) = Self::split(id);
+        let page = match self.pages.get_mut(p) {
+            Some(Some(page)) => page,
+            _ => self.new_page(p),
+        };
+        let slot = &mut page.slots[s];
+        if slot.is_some() {
+            return Err(value);
+        }
+        *slot = Some(value);
+        page.used += 1;
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Page `p`, made (or taken from the spares) where it is missing.
+    #[cold]
+    #[inline(never)]
+    fn new_page(&mut self, p: usize) -> &mut Page<T> {
         if self.pages.len() <= p {
             self.pages.resize_with(p + 1, || None);
         }
         let spare = &mut self.spare;
-        let page = self.pages[p].get_or_insert_with(|| spare.pop().unwrap_or_else(Page::new));
-        let old = page.slots[s].replace(value);
+        self.pages[p].get_or_insert_with(|| spare.pop().unwrap_or_else(Page::new))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn insert_sparse(&mut self, id: AllocId, value: T) -> Option<T> {
+        let old = self.sparse.insert(id.0, value);
         if old.is_none() {
-            page.used += 1;
             self.len += 1;
         }
         old
@@ -135,25 +184,37 @@ impl<T> IdMap<T> {
     #[inline]
     pub fn remove(&mut self, id: AllocId) -> Option<T> {
         if id.0 >= DENSE_LIMIT {
-            let old = self.sparse.remove(&id.0);
-            if old.is_some() {
-                self.len -= 1;
-            }
-            return old;
+            return self.remove_sparse(id);
         }
         let (p, s) = Self::split(id);
-        let slot = self.pages.get_mut(p)?;
-        let page = slot.as_mut()?;
+        let page = self.pages.get_mut(p)?.as_mut()?;
         let old = page.slots[s].take()?;
         page.used -= 1;
         self.len -= 1;
         if page.used == 0 {
-            let page = slot.take().expect("the page was just used");
-            if self.spare.len() < SPARE_PAGES {
-                self.spare.push(page);
-            }
+            self.release_page(p);
         }
         Some(old)
+    }
+
+    /// Drops the emptied page `p` (or keeps it as a spare).
+    #[cold]
+    #[inline(never)]
+    fn release_page(&mut self, p: usize) {
+        let page = self.pages[p].take().expect("the page was just used");
+        if self.spare.len() < SPARE_PAGES {
+            self.spare.push(page);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn remove_sparse(&mut self, id: AllocId) -> Option<T> {
+        let old = self.sparse.remove(&id.0);
+        if old.is_some() {
+            self.len -= 1;
+        }
+        old
     }
 
     /// Every entry: dense ids in increasing order, then the others in no fixed order
@@ -177,7 +238,8 @@ impl<T> IdMap<T> {
         let mut out = Vec::with_capacity(self.len);
         for (p, page) in self.pages.iter_mut().enumerate() {
             if let Some(page) = page.take() {
-                for (s, v) in page.slots.into_vec().into_iter().enumerate() {
+                let slots: Box<[Option<T>]> = page.slots;
+                for (s, v) in slots.into_vec().into_iter().enumerate() {
                     if let Some(v) = v {
                         out.push((AllocId(((p as u64) << PAGE_BITS) | s as u64), v));
                     }
