@@ -1042,6 +1042,78 @@ mod tests {
         assert_eq!(r.oom, None);
     }
 
+    /// An observer is shown only the steps it watches, each with its own index and
+    /// outcome.
+    #[test]
+    fn observers_see_the_steps_they_watch() {
+        struct Frees(Vec<(usize, Outcome)>);
+        impl Observer for Frees {
+            fn after_event(&mut self, step: &Step<'_>) {
+                self.0.push((step.index, step.outcome));
+            }
+            fn watches(&self, _index: usize, event: &Event, _outcome: &Outcome) -> bool {
+                matches!(event, Event::Free { .. })
+            }
+        }
+        let t = Trace::new("t", vec![alloc(0, 512), alloc(1, 512), free(1), free(0)]);
+        let mut frees = Frees(Vec::new());
+        let mut d = SimDevice::new(SimDeviceOptions::default());
+        replay_with(
+            &t,
+            &mut CachingPolicy::default(),
+            &mut d,
+            &checked(),
+            &mut frees,
+        )
+        .unwrap();
+        let seen: Vec<usize> = frees.0.iter().map(|&(i, _)| i).collect();
+        assert_eq!(seen, [2, 3]);
+        assert!(frees
+            .0
+            .iter()
+            .all(|(_, o)| matches!(o, Outcome::Freed { .. })));
+    }
+
+    /// The summary is the same whether the engine reads every event's figures (an
+    /// observer that needs them) or only those that may raise a peak (the recorder
+    /// then sees only the figures read again), under every policy, at a capacity that
+    /// runs out (going on after it) and one that does not.
+    #[test]
+    fn summary_does_not_depend_on_the_figures_read() {
+        let t = workloads::generate::random(&workloads::RandomOptions {
+            seed: 9,
+            events: 4000,
+            streams: 2,
+            ..workloads::RandomOptions::default()
+        })
+        .unwrap();
+        for policy in [
+            "caching",
+            "caching:expandable_segments=True",
+            "immediate",
+            "buddy",
+            "arena",
+        ] {
+            for capacity in [80 * GIB, 2 * GIB] {
+                let options = ReplayOptions {
+                    continue_after_oom: true,
+                    ..ReplayOptions::default()
+                };
+                let run = |observer: &mut dyn FnMut(&mut dyn Policy, &mut SimDevice) -> Replay| {
+                    let spec = policies::spec::parse_policy(policy, &Default::default()).unwrap();
+                    let mut p = spec.config.build().unwrap();
+                    let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(capacity));
+                    observer(p.as_mut(), &mut d)
+                };
+                let lean = run(&mut |p, d| replay(&t, p, d, &options).unwrap());
+                let mut timeline = Timeline::default();
+                let every =
+                    run(&mut |p, d| replay_with(&t, p, d, &options, &mut timeline).unwrap());
+                assert_eq!(lean, every, "{policy} at {capacity}");
+            }
+        }
+    }
+
     /// An OOM stops the replay and records the event, its bytes and the state then.
     #[test]
     fn oom_is_a_result() {

@@ -1244,6 +1244,18 @@ fn scan_number(buf: &[u8], at: usize) -> Option<(u64, usize)> {
 /// [`SCAN_AHEAD`] buffered bytes from `at`.
 #[inline]
 fn scan_row(buf: &[u8], at: usize) -> Option<(Event, usize)> {
+    // One bounds check for the row: the reads below are at fixed or bounded offsets
+    // into a window of known length.
+    let window: &[u8; SCAN_AHEAD] = buf.get(at..at + SCAN_AHEAD)?.try_into().ok()?;
+    let (event, len) = scan_window(window)?;
+    Some((event, at + len))
+}
+
+/// [`scan_row`] on the [`SCAN_AHEAD`] bytes from the row's start: the event and the
+/// row's length with its `\n`.
+#[inline(always)]
+fn scan_window(buf: &[u8; SCAN_AHEAD]) -> Option<(Event, usize)> {
+    let at = 0;
     let head = word_at(buf, at);
     // The op by its first bytes, then its separator.
     const ALLOC: u64 = u64::from_le_bytes(*b"alloc,\0\0");

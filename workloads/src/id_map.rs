@@ -326,6 +326,22 @@ mod tests {
         assert_eq!(m.pages_held(), 0);
     }
 
+    /// `insert_vacant` sets an id that has no value and gives the value back, the
+    /// old one kept, for an id that has one, dense or sparse.
+    #[test]
+    fn insert_vacant_keeps_a_taken_id() {
+        let mut m = IdMap::new();
+        for id in [5, 300, DENSE_LIMIT + 3] {
+            assert_eq!(m.insert_vacant(AllocId(id), id), Ok(()));
+            assert_eq!(m.insert_vacant(AllocId(id), 7), Err(7));
+            assert_eq!(m.get(AllocId(id)), Some(&id));
+        }
+        assert_eq!(m.len(), 3);
+        assert_eq!(m.remove(AllocId(300)), Some(300));
+        assert_eq!(m.insert_vacant(AllocId(300), 8), Ok(()));
+        assert_eq!(m.get(AllocId(300)), Some(&8));
+    }
+
     /// A sliding window of live ids counting up holds a few pages, not one per id
     /// ever seen.
     #[test]
