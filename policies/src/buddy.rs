@@ -200,23 +200,30 @@ impl OrderSet {
         first
     }
 
-    #[inline]
+    /// (The short form inline; growing into and using the ordered set out of line.)
+    #[inline(always)]
     fn insert(&mut self, key: (u64, u64)) {
+        if self.many.is_empty() && self.few.len() < VEC_MAX {
+            // Descending: the first entry smaller than `key` is where it goes.
+            let at = self
+                .few
+                .iter()
+                .position(|&k| k < key)
+                .unwrap_or(self.few.len());
+            debug_assert!(
+                at == 0 || self.few[at - 1] != key,
+                "buddy: free block twice"
+            );
+            self.few.insert(at, key);
+            return;
+        }
+        self.insert_many(key);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn insert_many(&mut self, key: (u64, u64)) {
         if self.many.is_empty() {
-            if self.few.len() < VEC_MAX {
-                // Descending: the first entry smaller than `key` is where it goes.
-                let at = self
-                    .few
-                    .iter()
-                    .position(|&k| k < key)
-                    .unwrap_or(self.few.len());
-                debug_assert!(
-                    at == 0 || self.few[at - 1] != key,
-                    "buddy: free block twice"
-                );
-                self.few.insert(at, key);
-                return;
-            }
             self.many.extend(self.few.drain(..));
         }
         self.many.insert(key);
@@ -235,10 +242,16 @@ impl OrderSet {
                 None => false,
             }
         } else {
-            let removed = self.many.remove(&key);
-            self.maybe_shrink();
-            removed
+            self.remove_many(key)
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn remove_many(&mut self, key: (u64, u64)) -> bool {
+        let removed = self.many.remove(&key);
+        self.maybe_shrink();
+        removed
     }
 
     fn maybe_shrink(&mut self) {
@@ -382,7 +395,7 @@ impl BuddyPolicy {
     /// Takes the free block of the smallest order ≥ `order` (first in policy order),
     /// splitting it down to `order`: its segment's (base, position) and address. `None`
     /// if no free block is large enough.
-    #[inline]
+    #[inline(always)]
     fn take_free(&mut self, order: u32) -> Option<(u64, u64)> {
         let found = (self.nonempty >> order).trailing_zeros();
         if found == 64 {

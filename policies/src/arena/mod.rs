@@ -414,18 +414,55 @@ impl ArenaPolicy {
         Ok(Some(slot))
     }
 
+    /// The first step of [`ArenaPolicy::try_allocate`] alone: first fit in the global
+    /// arena for a large block, in `stream`'s superblocks (arena order) for a small
+    /// one; `None` when that finds nothing (then `try_allocate` takes the same first
+    /// step, finds nothing again, and goes on to grow or acquire).
+    #[inline]
+    fn first_fit_held(&mut self, stream: StreamId, bytes: u64) -> Option<(u64, Held)> {
+        if bytes > self.options.threshold_bytes {
+            return self.global_first_fit(bytes).map(|(position, addr)| {
+                (
+                    addr,
+                    Held {
+                        superblock: None,
+                        position,
+                    },
+                )
+            });
+        }
+        let i = self.arena_index(stream).ok()?;
+        let superblocks = &mut self.superblocks;
+        for &((position, _), slot) in &self.arenas[i].superblocks {
+            let sb = superblocks
+                .get_mut(slot)
+                .expect("arena: a stream arena names an empty slot");
+            if let Some(addr) = sb.free.first_fit(bytes) {
+                let held = Held {
+                    superblock: Some(slot),
+                    position,
+                };
+                return Some((addr, held));
+            }
+        }
+        None
+    }
+
     /// One attempt at a block of `bytes` for `stream` (large: the global arena; small:
     /// the stream's superblocks, then a superblock acquired): the block's address and
     /// its superblock's slot and chunk position, or `None` when the device refuses a
     /// chunk.
-    #[inline]
     fn try_allocate(
         &mut self,
         device: &mut dyn Device,
         stream: StreamId,
         bytes: u64,
     ) -> Result<Option<(u64, Held)>, DeviceError> {
+        if let Some(found) = self.first_fit_held(stream, bytes) {
+            return Ok(Some(found));
+        }
         if bytes > self.options.threshold_bytes {
+            // Nothing fits: `global_allocate` grows the arena by a chunk.
             return Ok(self
                 .global_allocate(device, bytes)?
                 .map(|(position, addr)| {
@@ -437,21 +474,6 @@ impl ArenaPolicy {
                         },
                     )
                 }));
-        }
-        if let Ok(i) = self.arena_index(stream) {
-            let superblocks = &mut self.superblocks;
-            for &((position, _), slot) in &self.arenas[i].superblocks {
-                let sb = superblocks
-                    .get_mut(slot)
-                    .expect("arena: a stream arena names an empty slot");
-                if let Some(addr) = sb.free.first_fit(bytes) {
-                    let held = Held {
-                        superblock: Some(slot),
-                        position,
-                    };
-                    return Ok(Some((addr, held)));
-                }
-            }
         }
         let Some(slot) = self.acquire_superblock(device, stream, bytes)? else {
             return Ok(None);
@@ -635,6 +657,14 @@ impl Policy for ArenaPolicy {
         }
         let bytes = ArenaPolicy::block_bytes_for(size);
         let stream = request.stream;
+        // The usual case, inline: a free range that holds the block where
+        // `try_allocate` looks first (the global arena's chunks for a large block, the
+        // stream's superblocks for a small one), without growing or acquiring.
+        if let Some((addr, held)) = self.first_fit_held(stream, bytes) {
+            return Ok(self
+                .live
+                .issue(addr, size, bytes, stream, held, &mut self.stats));
+        }
         let found = match self.try_allocate(device, stream, bytes)? {
             Some(found) => Some(found),
             None => {
