@@ -176,14 +176,15 @@ pub fn longest_first<J: Sync, R: Send>(
 }
 
 /// A replay's expected cost, only to order jobs (longest first): the trace's events
-/// times the policy's relative cost per event, as `allocsim bench` measured it after
-/// the evening of 2026-11-26 (docs/performance.md: `immediate` 1.2 to 1.5× `caching`,
-/// `buddy` about 0.55, `arena` about 0.7; before, `immediate` was 2.4× and `arena` the
-/// same as `caching`). A wrong guess costs balance, never correctness.
+/// times the policy's relative cost per event, as `allocsim bench` measured it in the
+/// night of 2026-11-26 (docs/performance.md, "Immediate, buddy and arena, night":
+/// `immediate` 1.4 to 1.5× `caching`, `buddy` about 0.6, `arena` 0.7 to 0.75; in the
+/// evening `immediate` was 1.3 and `buddy` 0.55, before it `immediate` 2.4× and
+/// `arena` the same as `caching`). A wrong guess costs balance, never correctness.
 pub fn replay_cost(trace: &Trace, config: &policies::registry::PolicyConfig) -> f64 {
     let per_event = match config.kind_name() {
-        "immediate" => 1.3,
-        "buddy" => 0.55,
+        "immediate" => 1.45,
+        "buddy" => 0.6,
         "arena" => 0.7,
         _ => 1.0,
     };
