@@ -8,7 +8,10 @@
 #   LENGTHS  end-to-end trace lengths (default "100000 1000000 10000000")
 #   ROUNDS   rounds of the alternation (default 2)
 #   SNAP_MIB size of the synthetic snapshot (default 1120: about 1 GB), made by the
-#            third argument (`snapshot_read --make`, workloads/examples/snapshot_read.rs)
+#            third argument (`snapshot_read --make`, workloads/examples/snapshot_read.rs);
+#            it is opened, replayed and exported by both builds
+#   NOFRAMES_MIB  sizes of frame-less synthetic snapshots to replay with both builds
+#            (peak memory against the file's size), e.g. "300 1000 3000"
 # Needs GNU time as /usr/bin/time; writes everything to $OUT/before-after.txt.
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
@@ -68,6 +71,22 @@ if part snapshot && [ -n "$SR" ]; then
         done
         cmp -s "$W/old.out" "$W/new.out" && echo "snapshot replay output identical" || echo "snapshot replay OUTPUT DIFFERS"
     done
-    echo "snapshot export binary=new $(timed "$NEW" export "$W/big.pickle" --policy caching -o "$W/out.pickle") out_bytes=$(stat -c %s "$W/out.pickle" 2>/dev/null)"
+    for b in old new; do
+        bin=$OLD; [ $b = new ] && bin=$NEW
+        echo "snapshot export binary=$b $(timed "$bin" export "$W/big.pickle" --policy caching -o "$W/$b.pickle") out_bytes=$(stat -c %s "$W/$b.pickle" 2>/dev/null)"
+    done
+    cmp -s "$W/old.pickle" "$W/new.pickle" && echo "snapshot export output identical" || echo "snapshot export OUTPUT DIFFERS"
+    rm -f "$W/big.pickle" "$W/old.pickle" "$W/new.pickle"
+    # Frame-less snapshots of growing size: the replay's peak memory against the file's.
+    for mib in ${NOFRAMES_MIB:-}; do
+        "$SR" --make "$mib" "$W/nf.pickle" --no-frames > /dev/null
+        for b in old new; do
+            bin=$OLD; [ $b = new ] && bin=$NEW
+            echo "snapshot no-frames file_bytes=$(stat -c %s "$W/nf.pickle") replay binary=$b $(timed "$bin" replay "$W/nf.pickle" --policy caching)"
+            cp "$W/out" "$W/$b.out"
+        done
+        cmp -s "$W/old.out" "$W/new.out" && echo "snapshot no-frames $mib MiB replay output identical" || echo "snapshot no-frames $mib MiB replay OUTPUT DIFFERS"
+        rm -f "$W/nf.pickle"
+    done
 fi
 rm -rf "$W"
