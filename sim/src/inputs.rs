@@ -18,7 +18,7 @@ use workloads::{Format, ReadError, RecordedRun, Trace};
 
 use crate::compare::CompareInput;
 use crate::device::{AddressHints, SimDeviceOptions};
-use crate::observe::Observer;
+use crate::observe::{Observer, Outcome};
 use crate::recorded::HintError;
 use crate::replay::{Replay, ReplayError, ReplayOptions};
 
@@ -516,6 +516,14 @@ impl Observer for PeakEntry<'_> {
 
     fn needs_stats_every_event(&self) -> bool {
         false
+    }
+
+    /// Reserved bytes rise only at an allocation (a streamed snapshot's trace has no
+    /// other calls); [`SnapshotStream::replay`] checks the event found against the
+    /// summary's.
+    #[inline(always)]
+    fn watches(&self, _index: usize, event: &workloads::Event, _outcome: &Outcome) -> bool {
+        matches!(event, workloads::Event::Alloc { .. })
     }
 }
 

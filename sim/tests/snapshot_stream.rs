@@ -213,3 +213,40 @@ fn synthetic_snapshots_stream_as_held() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// With a pickle memo window of a few slots (the streamed read lets most slots go many
+/// times over), the real snapshots and synthetic ones with and without stack frames
+/// still read in both passes, and give the held trace's events and entries: no slot
+/// let go is referred to later.
+#[test]
+fn a_small_memo_window_reads_the_same() {
+    let dir = std::env::temp_dir().join(format!("allocsim-memo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let oracle = root().join("tests/data/oracle/h100-torch2.11-pickles");
+    let mut paths: Vec<PathBuf> = ["gpt_train_small", "random_stress", "multistream"]
+        .iter()
+        .map(|n| oracle.join(format!("{n}.pickle")))
+        .collect();
+    for frames in [false, true] {
+        let path = dir.join(format!("synth-{frames}.pickle"));
+        synth::write_snapshot(&path, 1 << 20, frames).unwrap();
+        paths.push(path);
+    }
+    for path in &paths {
+        let trace = workloads::read_snapshot_pickle(path, 0)
+            .unwrap()
+            .to_trace()
+            .unwrap();
+        let expected: Vec<(workloads::Event, u64)> =
+            trace.events.into_iter().zip(trace.locations).collect();
+        for window in [16, 1000] {
+            let plan = workloads::snapshot::plan_stream_with(path, 0, window)
+                .unwrap_or_else(|w| panic!("{}: {w:?}", path.display()));
+            let mut events = plan.events_with(window);
+            let got: Vec<(workloads::Event, u64)> = events.by_ref().collect();
+            events.finish().unwrap();
+            assert!(got == expected, "{}, window {window}", path.display());
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -93,7 +93,7 @@ use serde::Deserialize;
 pub use empty_cache::infer_empty_cache;
 pub use pools::SnapshotPools;
 pub use schema::Frame;
-pub use stream::{plan_stream, StreamEvents, StreamPlan, WholeTrace};
+pub use stream::{plan_stream, plan_stream_with, StreamEvents, StreamPlan, WholeTrace};
 pub use write::{snapshot_bytes, write_snapshot, SnapshotEncoding, SnapshotEntry, SnapshotOut};
 
 use crate::csv::file_stem;

@@ -60,6 +60,10 @@ pub(crate) struct Limits {
     pub max_argument: usize,
     /// Most bytes read (the file's size when known).
     pub max_input: u64,
+    /// In a streamed read, memo slots kept densely: beyond twice this many, the
+    /// oldest are let go unless looked up once or holding a container (see
+    /// [`Machine::memo_compact`]); 0 keeps every slot.
+    pub memo_window: usize,
 }
 
 impl Default for Limits {
@@ -70,6 +74,7 @@ impl Default for Limits {
             max_stack: 1 << 20,
             max_argument: 64 << 20,
             max_input: 16 << 30,
+            memo_window: 0,
         }
     }
 }
@@ -371,8 +376,13 @@ pub(crate) struct Machine<R> {
     limits: Limits,
     stack: Vec<Value>,
     marks: Vec<usize>,
+    /// Memo slots from key `memo_base` on (below it: `memo_sparse`, or let go).
     memo: Vec<Value>,
-    /// Memo keys beyond the dense range (protocol 0-3 `PUT`s of other numbers).
+    memo_base: usize,
+    /// With `Limits::memo_window`: each slot of `memo`'s [`USED`] and [`PER_ENTRY`].
+    memo_used: Vec<u8>,
+    /// Memo keys beyond the dense range (protocol 0-3 `PUT`s of other numbers), and
+    /// the slots kept below `memo_base`.
     memo_sparse: HashMap<u64, Value>,
     /// Short strings seen, shared (keys, actions, `'N/A'` appear millions of times).
     strings: HashMap<Box<[u8]>, Rc<String>, BuildHasherDefault<Fnv>>,
@@ -416,6 +426,12 @@ enum LaneStack {
     /// A list read now into [`Machine::stack_buf`]; its memo slot, if memoized.
     New(Option<usize>),
 }
+
+/// A memo slot looked up at least once.
+const USED: u8 = 1;
+/// A memo slot of a value the entry lane does not read (`compile_context`...),
+/// memoized anew with each entry.
+const PER_ENTRY: u8 = 2;
 
 /// Makes the sink of the entry list with the given serial number.
 pub(crate) type SinkFactory = Box<dyn FnMut(u32) -> EntrySink>;
@@ -485,6 +501,8 @@ impl<R: Read> Machine<R> {
             stack: Vec::new(),
             marks: Vec::new(),
             memo: Vec::new(),
+            memo_base: 0,
+            memo_used: Vec::new(),
             memo_sparse: HashMap::new(),
             strings: HashMap::default(),
             keep_frames,
@@ -780,7 +798,7 @@ impl<R: Read> Machine<R> {
         let stack = self.frames.stack_of(frames.as_ref())?;
         if let (Some(Value::List(l)), Some(k)) = (&frames, stack) {
             if let Some(key) = l.memo.take() {
-                match usize::try_from(key).ok().filter(|&i| i < self.memo.len()) {
+                match self.dense(key) {
                     Some(i) => self.memo[i] = Value::Stack(k),
                     None => {
                         self.memo_sparse.insert(key, Value::Stack(k));
@@ -815,7 +833,7 @@ impl<R: Read> Machine<R> {
     fn release(&mut self, v: &Value) {
         if let Value::Dict(d) = v {
             if let Some(key) = d.memo.take() {
-                match usize::try_from(key).ok().filter(|&k| k < self.memo.len()) {
+                match self.dense(key) {
                     Some(k) => self.memo[k] = Value::Consumed,
                     None => {
                         self.memo_sparse.insert(key, Value::Consumed);
@@ -842,7 +860,82 @@ impl<R: Read> Machine<R> {
 
     fn memo_put(&mut self, key: u64) -> Result<()> {
         let v = self.top()?.clone();
+        self.memo_compact();
         self.memo_put_value(key, v)
+    }
+
+    /// The key the next MEMOIZE takes.
+    #[inline]
+    fn memo_end(&self) -> usize {
+        self.memo_base + self.memo.len()
+    }
+
+    /// Where `key` is in `memo`, if there.
+    #[inline]
+    fn dense(&self, key: u64) -> Option<usize> {
+        usize::try_from(key)
+            .ok()
+            .and_then(|k| k.checked_sub(self.memo_base))
+            .filter(|&i| i < self.memo.len())
+    }
+
+    #[inline]
+    fn memo_push(&mut self, v: Value) {
+        self.memo.push(v);
+        if self.limits.memo_window > 0 {
+            self.memo_used.push(0);
+        }
+    }
+
+    /// The value of memo slot `key` (dense, or kept below the dense range), marked
+    /// as looked up.
+    #[inline]
+    fn memo_lookup(&mut self, key: usize) -> Option<&Value> {
+        match key
+            .checked_sub(self.memo_base)
+            .filter(|&i| i < self.memo.len())
+        {
+            Some(i) => {
+                if let Some(u) = self.memo_used.get_mut(i) {
+                    *u |= USED;
+                }
+                self.memo.get(i)
+            }
+            None => self.memo_sparse.get(&(key as u64)),
+        }
+    }
+
+    /// In a streamed read (`Limits::memo_window`), lets the oldest memo slots go once
+    /// the dense memo holds twice the window: of the oldest window's slots, those
+    /// looked up at least once, and any but an entry's dict already a record (or a
+    /// value not kept) or a value the entry lane memoized and does not read
+    /// ([`PER_ENTRY`]: `compile_context`'s 'N/A', written anew with each entry; keys
+    /// and actions are kept, whenever they are next referred to), move to
+    /// `memo_sparse`; the others are dropped. A later reference to a
+    /// dropped slot fails the read ("memo key N was never stored"), and the streamed
+    /// replay then reads the file whole, which keeps every slot. So memory follows
+    /// the slots in use, not the number of entries.
+    fn memo_compact(&mut self) {
+        let window = self.limits.memo_window;
+        // Frames kept index the memo by slot directly (`lane_stack`, `frame_dict`):
+        // a streamed read keeps none.
+        if window == 0 || self.keep_frames || self.memo.len() < 2 * window {
+            return;
+        }
+        let base = self.memo_base as u64;
+        let flags: Vec<u8> = self.memo_used.drain(..window).collect();
+        for (i, (v, flags)) in self.memo.drain(..window).zip(flags).enumerate() {
+            let droppable = flags & PER_ENTRY != 0
+                || matches!(
+                    v,
+                    Value::Consumed | Value::Record | Value::Skipped | Value::Stack(_)
+                );
+            let keep = flags & USED != 0 || !droppable;
+            if keep {
+                self.memo_sparse.insert(base + i as u64, v);
+            }
+        }
+        self.memo_base += window;
     }
 
     fn memo_put_value(&mut self, key: u64, v: Value) -> Result<()> {
@@ -851,10 +944,13 @@ impl<R: Read> Machine<R> {
             Value::List(l) => l.memo.set(Some(key)),
             _ => {}
         }
-        if key == self.memo.len() as u64 {
-            self.memo.push(v);
-        } else if key < self.memo.len() as u64 {
-            self.memo[key as usize] = v;
+        if key == self.memo_end() as u64 {
+            self.memo_push(v);
+        } else if let Some(i) = self.dense(key) {
+            self.memo[i] = v;
+            if let Some(u) = self.memo_used.get_mut(i) {
+                *u = 0;
+            }
             // The entry lane's kind of key for this slot may be stale.
             self.key_cache[key_slot(key as usize)] = (u64::MAX, LaneKey::Other);
         } else {
@@ -872,7 +968,10 @@ impl<R: Read> Machine<R> {
         if self.in_skipped_batch() {
             return self.push(Value::Skipped);
         }
-        let v = match usize::try_from(key).ok().and_then(|k| self.memo.get(k)) {
+        let v = match self
+            .memo_lookup(key as usize)
+            .filter(|_| key <= usize::MAX as u64)
+        {
             Some(&Value::Frame(index)) => self.frame_dict(key, index),
             Some(v) => v.clone(),
             None => self
@@ -1233,7 +1332,7 @@ impl<R: Read> Machine<R> {
                 }
                 // Memo.
                 0x94 => {
-                    let key = self.memo.len() as u64;
+                    let key = self.memo_end() as u64;
                     self.memo_put(key)?;
                 }
                 b'q' => {
@@ -1483,10 +1582,12 @@ impl<R: Read> Machine<R> {
             self.input.fill(LANE_WINDOW)?;
         }
         let start = self.input.pos;
-        let memo_len = self.memo.len();
+        // A safe point to let old memo slots go (none of the lane's are taken yet).
+        self.memo_compact();
+        let memo_len = self.memo_end();
         if new_dict {
             // The dict's slot (MEMOIZE): `Consumed` once it is a record.
-            self.memo.push(Value::Consumed);
+            self.memo_push(Value::Consumed);
         }
         self.lane_mark = (self.frames.frame_count(), self.containers);
         let keep = self.keep_frames;
@@ -1500,6 +1601,8 @@ impl<R: Read> Machine<R> {
         // the general machine converts only the last).
         let mut stack = LaneStack::None;
         let mut frames_seen = false;
+        // Whether it is the value of a key the lane does not read.
+        let mut last_per_entry = false;
         loop {
             let end = self.input.end;
             if end - pos < LANE_LOOKAHEAD {
@@ -1540,7 +1643,7 @@ impl<R: Read> Machine<R> {
                             frames_seen = true;
                         }
                         Some(k) => {
-                            let ok = match self.memo.get(index) {
+                            let ok = match self.memo_lookup(index) {
                                 Some(v) => raw.set(k, v),
                                 None => false,
                             };
@@ -1634,7 +1737,12 @@ impl<R: Read> Machine<R> {
                     let Some(v) = last.take() else {
                         return self.leave_lane(start, memo_len, new_dict);
                     };
-                    self.memo_put_value(self.memo.len() as u64, v)?;
+                    self.memo_put_value(self.memo_end() as u64, v)?;
+                    if std::mem::take(&mut last_per_entry) {
+                        if let Some(f) = self.memo_used.last_mut() {
+                            *f |= PER_ENTRY;
+                        }
+                    }
                     pos += 1;
                     continue;
                 }
@@ -1674,6 +1782,7 @@ impl<R: Read> Machine<R> {
                 _ => return self.leave_lane(start, memo_len, new_dict),
             };
             pos += used;
+            last_per_entry = false;
             match key.take() {
                 None => match &item {
                     Value::Str(s) => key = Some(LaneKey::of(s)),
@@ -1692,6 +1801,7 @@ impl<R: Read> Machine<R> {
                     if !raw.set(k, &item) {
                         return self.leave_lane(start, memo_len, new_dict);
                     }
+                    last_per_entry = k == LaneKey::Other;
                 }
             }
             last = Some(item);
@@ -1998,7 +2108,7 @@ impl<R: Read> Machine<R> {
                         return false;
                     };
                     let v = v.clone();
-                    if self.memo_put_value(self.memo.len() as u64, v).is_err() {
+                    if self.memo_put_value(self.memo_end() as u64, v).is_err() {
                         return false;
                     }
                     *pos += 1;
@@ -2101,7 +2211,10 @@ impl<R: Read> Machine<R> {
     /// it (replacing its dict, if made) and the dict's memo slot [`Value::Consumed`].
     fn lane_done(&mut self, new_dict: bool, memo_len: usize) -> Result<()> {
         if new_dict {
-            debug_assert!(matches!(self.memo[memo_len], Value::Consumed));
+            debug_assert!(matches!(
+                self.memo[memo_len - self.memo_base],
+                Value::Consumed
+            ));
             return self.push(Value::Record);
         }
         let Some(top) = self.stack.last_mut() else {
@@ -2117,15 +2230,15 @@ impl<R: Read> Machine<R> {
     /// keys are memoized once and referred to millions of times).
     #[inline]
     fn lane_key(&mut self, index: usize) -> Option<LaneKey> {
-        let slot = &mut self.key_cache[key_slot(index)];
+        let slot = self.key_cache[key_slot(index)];
         if slot.0 == index as u64 {
             return Some(slot.1);
         }
-        let Some(Value::Str(s)) = self.memo.get(index) else {
+        let Some(Value::Str(s)) = self.memo_lookup(index) else {
             return None;
         };
         let k = LaneKey::of(s);
-        *slot = (index as u64, k);
+        self.key_cache[key_slot(index)] = (index as u64, k);
         Some(k)
     }
 
@@ -2136,7 +2249,10 @@ impl<R: Read> Machine<R> {
     #[cold]
     fn leave_lane(&mut self, start: usize, memo_len: usize, new_dict: bool) -> Result<()> {
         self.input.pos = start;
-        self.memo.truncate(memo_len);
+        self.memo.truncate(memo_len - self.memo_base);
+        if !self.memo_used.is_empty() {
+            self.memo_used.truncate(memo_len - self.memo_base);
+        }
         self.key_cache.fill((u64::MAX, LaneKey::Other));
         // The frames the lane decoded are decoded again by the general machine.
         self.frames.truncate_frames(self.lane_mark.0);

@@ -74,9 +74,10 @@ pub enum WholeTrace {
 #[derive(Debug)]
 pub struct StreamPlan {
     /// The run without its trace: name, path, metadata (format, `alloc_conf`; no
-    /// caveats: a snapshot's come from its private pools), the listed segments, the
-    /// snapshot's settings, and as `entries` only the segment operations, with their
-    /// indexes in the file in `source_indexes` (what the address hints read).
+    /// caveats: a snapshot's come from its private pools), the snapshot's settings,
+    /// and as `entries` only the segment operations, with their indexes in the file in
+    /// `source_indexes` (what the address hints read). No segments: the first pass
+    /// checked the trace against them, and nothing after needs them.
     pub run: RecordedRun,
     /// Entries of the device's trace in the file.
     pub entries: u64,
@@ -156,9 +157,16 @@ impl Tally {
     }
 }
 
-fn limits_of(path: &Path) -> Result<(std::fs::File, Limits), WholeTrace> {
+/// Memo slots a streamed read keeps densely (`pickle::Limits::memo_window`): 16 MiB
+/// of slots, up to twice that before the oldest go.
+const MEMO_WINDOW: usize = 1 << 20;
+
+fn limits_of(path: &Path, memo_window: usize) -> Result<(std::fs::File, Limits), WholeTrace> {
     let file = std::fs::File::open(path).map_err(|_| WholeTrace::Problem)?;
-    let mut limits = Limits::default();
+    let mut limits = Limits {
+        memo_window,
+        ..Limits::default()
+    };
     if let Ok(meta) = file.metadata() {
         if meta.is_file() {
             limits.max_input = meta.len();
@@ -175,7 +183,22 @@ fn limits_of(path: &Path) -> Result<(std::fs::File, Limits), WholeTrace> {
 /// [`WholeTrace`]: why the trace needs the whole-trace reader (which reports any
 /// problem of the file).
 pub fn plan_stream(path: &Path, device: usize) -> Result<StreamPlan, WholeTrace> {
-    let (file, limits) = limits_of(path)?;
+    plan_stream_with(path, device, MEMO_WINDOW)
+}
+
+/// [`plan_stream`] keeping `memo_window` pickle memo slots densely (up to twice that
+/// before the oldest go; [`plan_stream`] keeps 2^20: 16 MiB): a smaller window takes
+/// less memory, a slot let go and referred to later fails the read (tests use a
+/// window of a few slots to show that real snapshots refer to none).
+///
+/// # Errors
+/// As [`plan_stream`].
+pub fn plan_stream_with(
+    path: &Path,
+    device: usize,
+    memo_window: usize,
+) -> Result<StreamPlan, WholeTrace> {
+    let (file, limits) = limits_of(path, memo_window)?;
     let tallies: Rc<RefCell<Vec<Tally>>> = Rc::default();
     let shared = Rc::clone(&tallies);
     let factory: SinkFactory = Box::new(move |serial| -> EntrySink {
@@ -261,7 +284,6 @@ pub fn plan_stream(path: &Path, device: usize) -> Result<StreamPlan, WholeTrace>
             },
             entries,
             source_indexes,
-            segments,
             snapshot: Some(info),
             ..RecordedRun::default()
         },
@@ -298,9 +320,18 @@ impl StreamPlan {
     /// [`StreamEvents::finish`] after the last: a file that changed since the first
     /// pass ends the events early.
     pub fn events(&self) -> StreamEvents {
+        self.events_with(self.limits.memo_window)
+    }
+
+    /// [`StreamPlan::events`] with another memo window (see [`plan_stream_with`]).
+    pub fn events_with(&self, memo_window: usize) -> StreamEvents {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<(Event, u64)>>(4);
         let path: PathBuf = self.run.path.clone();
-        let (serial, limits, expected) = (self.serial, self.limits, self.entries);
+        let limits = Limits {
+            memo_window,
+            ..self.limits
+        };
+        let (serial, expected) = (self.serial, self.entries);
         let handle = std::thread::Builder::new()
             .name("snapshot-reader".into())
             .spawn(move || second_pass(&path, serial, limits, expected, tx))
@@ -521,4 +552,68 @@ fn second_pass(
     }
     events.end();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reference to a memo slot let go (a value the entry lane does not read,
+    /// memoized with each entry) fails the streamed read, which then takes the
+    /// whole-trace path, rather than reading another value; without a window it reads.
+    #[test]
+    fn a_slot_let_go_is_no_value() {
+        let short = |p: &mut Vec<u8>, s: &str| {
+            p.push(0x8c);
+            p.push(s.len() as u8);
+            p.extend_from_slice(s.as_bytes());
+        };
+        // {'device_traces': [[<1200 entries, each with a memoized 'compile_context'>]],
+        //  'r': <the first entry's compile_context again>}
+        let mut p = b"\x80\x04}\x94(".to_vec();
+        short(&mut p, "device_traces");
+        p.extend_from_slice(b"\x94]\x94(]\x94");
+        for i in 0..1200u32 {
+            // Appended in batches of 100, as Python's pickler batches them: the entry
+            // lane reads those after the first batch.
+            if i % 100 == 0 {
+                p.push(b'(');
+            }
+            p.extend_from_slice(b"}\x94(");
+            for (k, v) in [("action", "alloc"), ("compile_context", "N/A")] {
+                short(&mut p, k);
+                short(&mut p, v);
+                if k == "compile_context" {
+                    p.push(0x94);
+                }
+            }
+            short(&mut p, "addr");
+            p.push(b'J');
+            p.extend_from_slice(&(i * 512).to_le_bytes());
+            short(&mut p, "size");
+            p.extend_from_slice(b"K\x01");
+            short(&mut p, "stream");
+            p.extend_from_slice(b"K\x00u");
+            if i % 100 == 99 {
+                p.push(b'e');
+            }
+        }
+        p.push(b'e');
+        short(&mut p, "r");
+        // Entry i's dict is slot 4 + 2i, its compile_context slot 5 + 2i: entry 150's.
+        p.push(b'j');
+        p.extend_from_slice(&305u32.to_le_bytes());
+        p.extend_from_slice(b"u.");
+        let limits = |memo_window| Limits {
+            memo_window,
+            ..Limits::default()
+        };
+        let sinks = || -> SinkFactory { Box::new(|_| Box::new(|_, _, _| {})) };
+        assert!(pickle::read_value_streaming(&p[..], limits(0), sinks()).is_ok());
+        let e = pickle::read_value_streaming(&p[..], limits(100), sinks()).unwrap_err();
+        assert!(
+            format!("{e:?}").contains("memo key 305 was never stored"),
+            "{e:?}"
+        );
+    }
 }
