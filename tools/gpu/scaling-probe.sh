@@ -28,7 +28,7 @@ timed() {
     tail -1 "$W/time.txt"
 }
 probe() {
-    local name=$1 bin=$2 r th
+    local name=$1 bin=$2 r th i
     for r in $(seq 1 "${ROUNDS:-2}"); do
         for th in 1 8 16; do
             RAYON_NUM_THREADS=$th timed "$name round=$r threads=$th compare-64" \
