@@ -257,9 +257,8 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     let label = policy_label(spec);
     let caveats = sim::caveats(&shell, &spec.config, &r);
     warn_caveats(caveats.iter().cloned());
-    let mut out = output::create(None)?;
     let line = workloads::csv::CsvEvents::<std::fs::File>::line_of;
-    let mut text = summary(
+    let text = summary(
         &shell,
         counts,
         &|i| format!("event {i} (line {})", line(i)),
@@ -267,21 +266,36 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
         device.options(),
         &r,
     );
-    if let Some(note) = &settings.note {
+    let stats = args.stats.then(|| policy.detailed_stats());
+    print_streamed(text, settings.note.as_deref(), &caveats, stats)?;
+    Ok(Some(Exit::Ran))
+}
+
+/// Prints a streamed replay's summary (`text`, from [`summary`]) as the whole-trace path
+/// prints it: the recorded settings' `note` in it, each caveat, and `stats` (the
+/// policy's own statistics, with `--stats`).
+fn print_streamed(
+    mut text: String,
+    note: Option<&str>,
+    caveats: &[String],
+    stats: Option<Vec<(String, i64)>>,
+) -> anyhow::Result<()> {
+    let mut out = output::create(None)?;
+    if let Some(note) = note {
         if let Some(at) = text.find("\ndevice ") {
             text.insert_str(at + 1, &format!("settings            {note}\n"));
         }
     }
     write!(out, "{text}")?;
-    for c in &caveats {
+    for c in caveats {
         writeln!(out, "not exact           {c}")?;
     }
-    if args.stats {
+    if let Some(stats) = stats {
         writeln!(out)?;
-        write!(out, "{}", stats_table(&policy.detailed_stats()))?;
+        write!(out, "{}", stats_table(&stats))?;
     }
     out.finish()?;
-    Ok(Some(Exit::Ran))
+    Ok(())
 }
 
 /// `replay` of a snapshot pickle in two passes over the file
@@ -332,9 +346,8 @@ fn streamed_snapshot(
     let label = policy_label(spec);
     let caveats = sim::caveats(shell, &spec.config, &r);
     warn_caveats(caveats.iter().cloned());
-    let mut out = output::create(None)?;
     let peak = (r.summary.reserved_peak_event_index, s.reserved_peak_entry);
-    let mut text = summary(
+    let text = summary(
         shell,
         (s.events, s.allocs),
         &|i| match peak {
@@ -345,20 +358,8 @@ fn streamed_snapshot(
         device.options(),
         &r,
     );
-    if let Some(note) = &settings.note {
-        if let Some(at) = text.find("\ndevice ") {
-            text.insert_str(at + 1, &format!("settings            {note}\n"));
-        }
-    }
-    write!(out, "{text}")?;
-    for c in &caveats {
-        writeln!(out, "not exact           {c}")?;
-    }
-    if args.stats {
-        writeln!(out)?;
-        write!(out, "{}", stats_table(&policy.detailed_stats()))?;
-    }
-    out.finish()?;
+    let stats = args.stats.then(|| policy.detailed_stats());
+    print_streamed(text, settings.note.as_deref(), &caveats, stats)?;
     Ok(Some(Exit::Ran))
 }
 

@@ -1754,7 +1754,12 @@ mod tests {
 
     /// How many entries of device 0's trace the pickle machine's entry lane read.
     pub(super) fn lane_entries(bytes: &[u8]) -> u64 {
-        let (root, _) = pickle::read_value(bytes, Limits::default(), false).unwrap();
+        lane_entries_with(bytes, false)
+    }
+
+    /// How many entries of device 0's trace the entry lane read, frames kept or not.
+    pub(super) fn lane_entries_with(bytes: &[u8], keep_frames: bool) -> u64 {
+        let (root, _) = pickle::read_value(bytes, Limits::default(), keep_frames).unwrap();
         let Value::Dict(top) = root else {
             panic!("not a dict")
         };

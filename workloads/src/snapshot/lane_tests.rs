@@ -477,30 +477,6 @@ fn read_kept(bytes: &[u8]) -> Result<RecordedRun, ReadError> {
     read_snapshot_pickle_from_with(bytes, Path::new("lane.pickle"), 0, &keep)
 }
 
-/// How many entries the entry lane read from start to end, frames kept.
-fn lane_entries_kept(bytes: &[u8]) -> u64 {
-    use super::pickle::{read_value, Items, Limits, Value};
-    let (root, _) = read_value(bytes, Limits::default(), true).unwrap();
-    let Value::Dict(top) = root else {
-        panic!("not a dict")
-    };
-    let Some(Value::List(traces)) = top.get("device_traces") else {
-        panic!("no device_traces")
-    };
-    let per_device = traces.items.borrow();
-    let Items::Values(per_device) = &*per_device else {
-        panic!("device_traces holds records")
-    };
-    let Value::List(trace) = &per_device[0] else {
-        panic!("not a list")
-    };
-    let items = trace.items.borrow();
-    match &*items {
-        Items::Entries(store) => store.by_lane,
-        _ => 0,
-    }
-}
-
 /// Entries of every shape read the same through the entry lane as through the
 /// general machine (the lane off), frames kept or not, and the same without frames as
 /// with them kept; the lane did read the plain ones, and their stacks when kept.
@@ -568,7 +544,7 @@ fn lane_reads_every_shape_as_the_general_machine() {
                     .any(|(_, v)| matches!(v, V::Str(a, _) if a == "annotate"))
             })
             .count() as u64;
-        let by_lane = lane_entries_kept(&bytes);
+        let by_lane = super::tests::lane_entries_with(&bytes, true);
         assert!(by_lane >= 4000 - annotations - 1, "{by_lane} {annotations}");
     }
 }
