@@ -6,6 +6,8 @@
 # Usage: OUT=DIR tools/gpu/validate.sh PATH/TO/allocsim
 #   PATH/TO/allocsim  a release build of this commit (the script builds nothing)
 #   OUT               where the results go (created if missing)
+#   COMMIT            the commit the binary was built from, for commit.txt (default: the
+#                     checkout's HEAD, which on a copied tree may not be the build's)
 # Reads the repository only (run from anywhere); needs one idle GPU and bash, awk,
 # timeout. Budget: about 8 minutes on an H100 or H200; each set after the first is
 # skipped, and says so in summary.txt, once 7 minutes have passed.
@@ -95,7 +97,11 @@ column() {
 }
 
 date -u +%Y-%m-%dT%H:%M:%SZ >"$OUT/date.txt"
-git -C "$ROOT" rev-parse HEAD >"$OUT/commit.txt" 2>/dev/null || echo unknown >"$OUT/commit.txt"
+if [ -n "${COMMIT:-}" ]; then
+    echo "$COMMIT" >"$OUT/commit.txt"
+else
+    git -C "$ROOT" rev-parse HEAD >"$OUT/commit.txt" 2>/dev/null || echo unknown >"$OUT/commit.txt"
+fi
 "$A" --version >"$OUT/allocsim-version.txt" 2>&1 || true
 nvidia-smi --query-gpu=name,memory.total,memory.used,memory.free,driver_version \
     --format=csv >"$OUT/nvidia-smi.csv" 2>&1 || true
