@@ -217,14 +217,7 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
         return streamed_snapshot(args, setup, &stream, options.lenient);
     }
     let meta = workloads::TraceMeta::of_format(workloads::Format::Csv);
-    let settings = load::settings(&meta, &args.device);
-    let Ok(specs) = load::policies(std::slice::from_ref(&args.policy), &settings.caching) else {
-        return Ok(None);
-    };
-    let [spec] = specs.as_slice() else {
-        return Ok(None);
-    };
-    let Ok(mut policy) = spec.config.build() else {
+    let Some((settings, spec, mut policy)) = streamed_policy(args, &meta) else {
         return Ok(None);
     };
     // A CSV trace records no addresses: no hints.
@@ -254,7 +247,7 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
             return Err(e).with_context(|| format!("replaying {}", args.trace.display()))
         }
     };
-    let label = policy_label(spec);
+    let label = policy_label(&spec);
     let caveats = sim::caveats(&shell, &spec.config, &r);
     warn_caveats(caveats.iter().cloned());
     let line = workloads::csv::CsvEvents::<std::fs::File>::line_of;
@@ -269,6 +262,24 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     let stats = args.stats.then(|| policy.detailed_stats());
     print_streamed(text, settings.note.as_deref(), &caveats, stats)?;
     Ok(Some(Exit::Ran))
+}
+
+/// The settings, the one policy and the policy built for a streamed replay of a trace
+/// of `meta`; `None` where any of them fails, so that the whole-trace path reports it
+/// (errors in the same order either way).
+fn streamed_policy(
+    args: &ReplayArgs,
+    meta: &workloads::TraceMeta,
+) -> Option<(
+    sim::recorded::Settings,
+    policies::spec::PolicySpec,
+    Box<dyn policies::Policy>,
+)> {
+    let settings = load::settings(meta, &args.device);
+    let specs = load::policies(std::slice::from_ref(&args.policy), &settings.caching).ok()?;
+    let [spec] = <[_; 1]>::try_from(specs).ok()?;
+    let policy = spec.config.build().ok()?;
+    Some((settings, spec, policy))
 }
 
 /// Prints a streamed replay's summary (`text`, from [`summary`]) as the whole-trace path
@@ -309,14 +320,7 @@ fn streamed_snapshot(
     lenient: bool,
 ) -> anyhow::Result<Option<Exit>> {
     let shell = stream.shell();
-    let settings = load::settings(&shell.meta, &args.device);
-    let Ok(specs) = load::policies(std::slice::from_ref(&args.policy), &settings.caching) else {
-        return Ok(None);
-    };
-    let [spec] = specs.as_slice() else {
-        return Ok(None);
-    };
-    let Ok(mut policy) = spec.config.build() else {
+    let Some((settings, spec, mut policy)) = streamed_policy(args, &shell.meta) else {
         return Ok(None);
     };
     let mut device = SimDevice::with_hints(
@@ -343,7 +347,7 @@ fn streamed_snapshot(
         }
     };
     let r = s.replay;
-    let label = policy_label(spec);
+    let label = policy_label(&spec);
     let caveats = sim::caveats(shell, &spec.config, &r);
     warn_caveats(caveats.iter().cloned());
     let peak = (r.summary.reserved_peak_event_index, s.reserved_peak_entry);

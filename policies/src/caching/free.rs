@@ -88,12 +88,7 @@ impl CachingPolicy {
                 net_bytes -= n_size as i64;
             }
         }
-        let free = self.pools[owner as usize].get_mut(pool);
-        let clock = free.get_free_blocks_call_count;
-        let added = free
-            .blocks
-            .insert(&mut self.free_nodes, stream, size, addr, id);
-        debug_assert!(added, "two free blocks with one key");
+        let clock = self.insert_free(owner, pool, stream, size, addr, id);
         let b = self.block_mut(id);
         b.addr = addr;
         b.size = size;

@@ -242,17 +242,24 @@ impl StreamBlocks {
                 // The usual case: the class is empty (96 % of the inserts of a random
                 // trace).
                 *list = Class { head: id, len: 1 };
-                let node = nodes.get_mut(id);
-                node.prev = NIL;
-                node.next = NIL;
-                node.stream = self.stream;
-                node.class = class as u16;
-                node.linked = true;
+                self.link(nodes.get_mut(id), NIL, NIL, class);
                 self.set_bit(class);
                 true
             }
             _ => self.insert_among(nodes, id, class),
         }
+    }
+
+    /// Writes into `node`, being linked between `prev` and `next` of class list `class`,
+    /// its links and where it is (this stream's slot, the class), so that a removal
+    /// finds its list without a search.
+    #[inline(always)]
+    fn link(&self, node: &mut Node, prev: u32, next: u32, class: usize) {
+        node.prev = prev;
+        node.next = next;
+        node.stream = self.stream;
+        node.class = class as u16;
+        node.linked = true;
     }
 
     /// [`StreamBlocks::insert`] into a class that holds blocks already, or past the
@@ -298,12 +305,7 @@ impl StreamBlocks {
             }
             (prev, cur)
         };
-        let node = nodes.get_mut(id);
-        node.prev = prev;
-        node.next = next;
-        node.stream = self.stream;
-        node.class = class as u16;
-        node.linked = true;
+        self.link(nodes.get_mut(id), prev, next, class);
         if prev == NIL {
             self.classes[class].head = id;
         } else {

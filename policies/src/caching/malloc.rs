@@ -222,12 +222,7 @@ impl CachingPolicy {
             };
             let (rest_size, rest_addr) = (block_size - size, addr + size);
             let front_id = self.blocks.insert(front);
-            let free = self.pools[owner as usize].get_mut(pool);
-            let clock = free.get_free_blocks_call_count;
-            let added =
-                free.blocks
-                    .insert(&mut self.free_nodes, stream.0, rest_size, rest_addr, id);
-            debug_assert!(added, "two free blocks with one key");
+            let clock = self.insert_free(owner, pool, stream.0, rest_size, rest_addr, id);
             let rest = self.block_mut(id);
             rest.addr = rest_addr;
             rest.size = rest_size;

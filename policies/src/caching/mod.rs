@@ -530,13 +530,31 @@ impl CachingPolicy {
             let b = self.block(id);
             (b.owner, b.pool, b.stream.0, b.size, b.addr)
         };
+        let clock = self.insert_free(owner, pool_kind, stream, size, addr, id);
+        self.block_mut(id).gc_count_base = clock;
+    }
+
+    /// Puts block `id` (of pool `owner`'s `pool_kind` pool, on `stream`, `size` bytes at
+    /// `addr`, which its caller has or is about to write into the block) into that pool's
+    /// free set, and returns the pool's GC clock for the block's `gc_count_base`: the
+    /// heart of [`Self::insert_into_blocks`], for the free and split paths that have the
+    /// fields at hand.
+    #[inline(always)]
+    fn insert_free(
+        &mut self,
+        owner: u32,
+        pool_kind: PoolKind,
+        stream: u64,
+        size: u64,
+        addr: u64,
+        id: u32,
+    ) -> u64 {
         let pool = self.pools[owner as usize].get_mut(pool_kind);
-        let clock = pool.get_free_blocks_call_count;
         let added = pool
             .blocks
             .insert(&mut self.free_nodes, stream, size, addr, id);
         debug_assert!(added, "two free blocks with one key");
-        self.block_mut(id).gc_count_base = clock;
+        pool.get_free_blocks_call_count
     }
 
     /// The block of a live allocation, checking that the allocation is its tenant.
