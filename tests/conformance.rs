@@ -161,7 +161,7 @@ fn free_all_then_empty_cache_is_zero() {
             "{name}"
         );
         for a in live {
-            p.free(&mut d, a).unwrap();
+            p.free(&mut d, &a).unwrap();
         }
         assert_eq!(p.stats().allocated_bytes, 0, "{name}");
         p.empty_cache(&mut d).unwrap();
@@ -230,7 +230,7 @@ fn oversized_request_is_oom_and_keeps_allocations() {
             (before.allocated_bytes, before.allocation_count),
             "{name}"
         );
-        p.free(&mut d, a).unwrap();
+        p.free(&mut d, &a).unwrap();
         p.check_invariants();
     });
 }
@@ -295,21 +295,21 @@ fn stale_and_double_frees_panic() {
         let mut d = TestDevice::unbounded();
         let a = p.allocate(&mut d, req(512)).unwrap();
         let twin = duplicate(&a);
-        p.free(&mut d, a).unwrap();
+        p.free(&mut d, &a).unwrap();
         let message = |r: std::thread::Result<()>| {
             let e = r.expect_err("the free should panic");
             e.downcast_ref::<String>().cloned().unwrap_or_default()
         };
         let double = message(catch_unwind(AssertUnwindSafe(|| {
-            let _ = p.free(&mut d, duplicate(&twin));
+            let _ = p.free(&mut d, &duplicate(&twin));
         })));
         assert!(double.contains("is not live in this"), "{name}: {double}");
         let b = p.allocate(&mut d, req(512)).unwrap();
         let stale = message(catch_unwind(AssertUnwindSafe(|| {
-            let _ = p.free(&mut d, twin);
+            let _ = p.free(&mut d, &twin);
         })));
         assert!(stale.contains("is not live in this"), "{name}: {stale}");
-        p.free(&mut d, b).unwrap();
+        p.free(&mut d, &b).unwrap();
         p.empty_cache(&mut d).unwrap();
         assert_eq!(p.stats(), PolicyStats::default(), "{name}");
         p.check_invariants();

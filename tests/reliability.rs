@@ -241,7 +241,7 @@ fn drive(
             },
             Op::Free(i) if !live.is_empty() => {
                 let a = live.swap_remove(i % live.len());
-                policy.free(device, a)
+                policy.free(device, &a)
             }
             Op::Free(_) => Ok(()),
             Op::EmptyCache => policy.empty_cache(device),
@@ -264,7 +264,7 @@ fn free_everything(
     what: &str,
 ) {
     for a in live {
-        policy.free(device, a).unwrap();
+        policy.free(device, &a).unwrap();
     }
     policy.empty_cache(device).unwrap();
     check(policy, device, what);

@@ -696,7 +696,7 @@ fn scenario_expandable_calls() {
     assert_eq!(free_bytes(&dev), 10 * MIB);
     policy.check_invariants();
     assert_eq!(policy.stats().reserved_bytes, dev.stats().reserved_bytes);
-    policy.free(&mut dev, a).expect("free");
+    policy.free(&mut dev, &a).expect("free");
     policy.empty_cache(&mut dev).expect("empty_cache");
     assert_eq!(free_bytes(&dev), 50 * MIB);
     assert_eq!(dev.stats().segment_count, 0, "the range is freed too");

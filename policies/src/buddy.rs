@@ -574,9 +574,9 @@ impl Policy for BuddyPolicy {
     fn free(
         &mut self,
         _device: &mut dyn Device,
-        allocation: Allocation,
+        allocation: &Allocation,
     ) -> Result<(), DeviceError> {
-        let block = self.live.retire(&allocation, "buddy", &mut self.stats);
+        let block = self.live.retire(allocation, "buddy", &mut self.stats);
         if block.detail.oversize {
             self.free_oversize.insert((block.block_bytes, block.addr));
             return Ok(());
@@ -923,7 +923,7 @@ mod tests {
             .collect();
         assert_eq!(p.stats().segment_count, 1);
         for a in blocks.into_iter().rev() {
-            p.free(&mut d, a).unwrap();
+            p.free(&mut d, &a).unwrap();
             check_against_device(&p, &d);
         }
         assert_eq!(layout(&p, 0), vec![(0, 4096, BlockState::Free)]);
@@ -941,8 +941,8 @@ mod tests {
         let _a = p.allocate(&mut d, req(512)).unwrap();
         let b = p.allocate(&mut d, req(512)).unwrap();
         let c = p.allocate(&mut d, req(1024)).unwrap();
-        p.free(&mut d, b).unwrap();
-        p.free(&mut d, c).unwrap();
+        p.free(&mut d, &b).unwrap();
+        p.free(&mut d, &c).unwrap();
         use BlockState::{Allocated as A, Free as F};
         assert_eq!(
             layout(&p, 0),
@@ -958,7 +958,7 @@ mod tests {
         let mut p = small();
         let a = p.allocate(&mut d, req(2048)).unwrap();
         let _b = p.allocate(&mut d, req(512)).unwrap();
-        p.free(&mut d, a).unwrap();
+        p.free(&mut d, &a).unwrap();
         // Free now: 2048 at 0, 512 at 2560, 1024 at 3072.
         let c = p.allocate(&mut d, req(1024)).unwrap();
         assert_eq!(c.addr.0 - d.live_segments()[0].0, 3072);
@@ -975,7 +975,7 @@ mod tests {
         let a = p.allocate(&mut d, req(5000)).unwrap();
         assert_eq!(a.block_bytes, 8192);
         let addr = a.addr;
-        p.free(&mut d, a).unwrap();
+        p.free(&mut d, &a).unwrap();
         assert_eq!(p.stats().reserved_bytes, 8192, "kept cached");
         let b = p.allocate(&mut d, req(20_000)).unwrap();
         assert_eq!(b.block_bytes, 32768);
@@ -993,7 +993,7 @@ mod tests {
         let mut p = small();
         let keep = p.allocate(&mut d, req(512)).unwrap();
         let whole = p.allocate(&mut d, req(4096)).unwrap();
-        p.free(&mut d, whole).unwrap();
+        p.free(&mut d, &whole).unwrap();
         assert_eq!(p.stats().reserved_bytes, 8192);
         let big = p.allocate(&mut d, req(8192)).unwrap();
         assert_eq!(
@@ -1003,8 +1003,8 @@ mod tests {
         );
         assert_eq!(d.stats().free_count, 1);
         check_against_device(&p, &d);
-        p.free(&mut d, big).unwrap();
-        p.free(&mut d, keep).unwrap();
+        p.free(&mut d, &big).unwrap();
+        p.free(&mut d, &keep).unwrap();
         check_against_device(&p, &d);
     }
 
@@ -1017,7 +1017,7 @@ mod tests {
             .map(|_| p.allocate(&mut d, req(1024)).unwrap())
             .collect();
         let cached = p.allocate(&mut d, req(4096)).unwrap();
-        p.free(&mut d, cached).unwrap();
+        p.free(&mut d, &cached).unwrap();
         let before = p.stats();
         let live_blocks = |p: &BuddyPolicy| {
             p.snapshot()
@@ -1080,9 +1080,9 @@ mod tests {
         let whole1 = p.allocate(&mut d, req(4096)).unwrap();
         let whole2 = p.allocate(&mut d, req(4096)).unwrap();
         let over = p.allocate(&mut d, req(10_000)).unwrap();
-        p.free(&mut d, whole1).unwrap();
-        p.free(&mut d, whole2).unwrap();
-        p.free(&mut d, over).unwrap();
+        p.free(&mut d, &whole1).unwrap();
+        p.free(&mut d, &whole2).unwrap();
+        p.free(&mut d, &over).unwrap();
         assert_eq!(p.stats().segment_count, 4);
         p.empty_cache(&mut d).unwrap();
         assert_eq!(d.live_segments(), vec![(used.addr.0, 4096)]);
@@ -1189,7 +1189,7 @@ mod tests {
         let mut kept = Vec::new();
         for (i, a) in blocks.into_iter().enumerate() {
             if i % 2 == 0 {
-                p.free(&mut d, a).unwrap();
+                p.free(&mut d, &a).unwrap();
             } else {
                 kept.push(a);
             }
@@ -1203,7 +1203,7 @@ mod tests {
             check_against_device(&p, &d);
         }
         for a in kept {
-            p.free(&mut d, a).unwrap();
+            p.free(&mut d, &a).unwrap();
         }
         check_against_device(&p, &d);
         assert_eq!(layout(&p, 0), vec![(0, 128 << 10, BlockState::Free)]);
@@ -1258,7 +1258,7 @@ mod tests {
                     }
                     Op::Free(i) if !live.is_empty() => {
                         let a = live.swap_remove(i % live.len());
-                        p.free(&mut d, a).unwrap();
+                        p.free(&mut d, &a).unwrap();
                     }
                     Op::Free(_) => {}
                     Op::EmptyCache => p.empty_cache(&mut d).unwrap(),
@@ -1266,7 +1266,7 @@ mod tests {
                 check_against_device(&p, &d);
             }
             for a in live {
-                p.free(&mut d, a).unwrap();
+                p.free(&mut d, &a).unwrap();
             }
             p.empty_cache(&mut d).unwrap();
             check_against_device(&p, &d);

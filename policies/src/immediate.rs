@@ -78,8 +78,12 @@ impl Policy for ImmediatePolicy {
             .issue(addr, size, size, request.stream, id, &mut self.stats))
     }
 
-    fn free(&mut self, device: &mut dyn Device, allocation: Allocation) -> Result<(), DeviceError> {
-        let lease = self.live.retire(&allocation, "immediate", &mut self.stats);
+    fn free(
+        &mut self,
+        device: &mut dyn Device,
+        allocation: &Allocation,
+    ) -> Result<(), DeviceError> {
+        let lease = self.live.retire(allocation, "immediate", &mut self.stats);
         self.stats.reserved_bytes -= lease.block_bytes;
         self.stats.segment_count -= 1;
         device.free_segment(Segment {
@@ -171,8 +175,8 @@ mod tests {
             .unwrap();
         assert_eq!(p.stats().reserved_bytes, 1003);
         assert_eq!(d.live_segments().len(), 2);
-        p.free(&mut d, a).unwrap();
-        p.free(&mut d, b).unwrap();
+        p.free(&mut d, &a).unwrap();
+        p.free(&mut d, &b).unwrap();
         p.check_invariants();
         assert_eq!(p.stats(), PolicyStats::default());
         assert!(d.live_segments().is_empty());

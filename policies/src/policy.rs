@@ -21,8 +21,10 @@ pub struct Request {
 /// arithmetic far from overflow.
 pub const MAX_REQUEST_BYTES: u64 = 1 << 60;
 
-/// A live allocation. Not `Clone`: [`Policy::free`] takes it by value, so it cannot be
-/// freed twice.
+/// A live allocation. Not `Clone`: one owner (the replay engine's live table) holds
+/// it from [`Policy::allocate`] to [`Policy::free`], which borrows it (the owner drops
+/// it after: the 56 bytes are not moved to be freed). Freeing it twice, or freeing an
+/// allocation of another policy, panics in every policy.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Allocation {
     /// First byte handed to the program.
@@ -377,14 +379,17 @@ pub trait Policy {
         request: Request,
     ) -> Result<Allocation, AllocError>;
 
-    /// Returns an allocation to the policy.
+    /// Returns an allocation to the policy. The caller drops `allocation` after: it is
+    /// no longer live, whatever the result.
     ///
     /// # Errors
     /// Only for device failures (a policy that frees segments at once).
     ///
     /// # Panics
-    /// If the allocation did not come from this policy (a bug, not an error).
-    fn free(&mut self, device: &mut dyn Device, allocation: Allocation) -> Result<(), DeviceError>;
+    /// If the allocation did not come from this policy, or was freed already (a bug,
+    /// not an error).
+    fn free(&mut self, device: &mut dyn Device, allocation: &Allocation)
+        -> Result<(), DeviceError>;
 
     /// The program dropped `allocation`, but other streams may still use it
     /// (`record_stream`; PyTorch's `free_requested`): its memory must not be reused

@@ -262,6 +262,30 @@ impl LiveTable {
         }
     }
 
+    /// A `free` of `id`: its live allocation, left where it lies for the policy to
+    /// free it (not moved out; [`LiveTable::discard`] empties the slot after), if it
+    /// has one.
+    #[inline(always)]
+    fn freeing(&mut self, id: AllocId) -> Option<&Allocation> {
+        match self.live.get(id) {
+            Some(Slot::Live(_)) => {}
+            Some(Slot::Failed { .. }) | None => {
+                self.remove(id);
+                return None;
+            }
+        }
+        match self.live.get(id) {
+            Some(Slot::Live(l)) => Some(&l.allocation),
+            _ => unreachable!("the slot was just seen live"),
+        }
+    }
+
+    /// Empties `id`'s slot, whose allocation was freed ([`LiveTable::freeing`]).
+    #[inline(always)]
+    fn discard(&mut self, id: AllocId) {
+        self.live.discard(id);
+    }
+
     /// An event after the replay stopped, checked only (as validation does).
     fn check_only(&mut self, event: &Event) {
         match *event {
@@ -649,12 +673,14 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
                     }
                 }
             },
-            Event::Free { id } => match live.remove(id) {
-                Some(l) => {
-                    let (addr, block_bytes) = (l.allocation.addr, l.allocation.block_bytes);
-                    policy
-                        .free(&mut device, l.allocation)
-                        .map_err(device_error)?;
+            Event::Free { id } => match live.freeing(id) {
+                Some(a) => {
+                    // The policy frees the allocation where the table holds it; the
+                    // slot is emptied after, whatever the result.
+                    let (addr, block_bytes) = (a.addr, a.block_bytes);
+                    let freed = policy.free(&mut device, a);
+                    live.discard(id);
+                    freed.map_err(device_error)?;
                     Outcome::Freed { addr, block_bytes }
                 }
                 None => {
@@ -1422,7 +1448,7 @@ mod tests {
         fn free(
             &mut self,
             device: &mut dyn Device,
-            allocation: Allocation,
+            allocation: &Allocation,
         ) -> Result<(), DeviceError> {
             self.inner.free(device, allocation)
         }
@@ -1504,7 +1530,7 @@ mod tests {
         fn free(
             &mut self,
             device: &mut dyn Device,
-            allocation: Allocation,
+            allocation: &Allocation,
         ) -> Result<(), DeviceError> {
             self.frees += 1;
             self.inner.free(device, allocation)

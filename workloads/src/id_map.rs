@@ -197,6 +197,31 @@ impl<T> IdMap<T> {
         Some(old)
     }
 
+    /// Drops `id`'s value where it lies (nothing is moved out: for a caller that has
+    /// used the value in place); a page left empty is dropped (or kept as a spare).
+    /// Nothing happens where `id` has no value.
+    #[inline]
+    pub fn discard(&mut self, id: AllocId) {
+        if id.0 >= DENSE_LIMIT {
+            self.remove_sparse(id);
+            return;
+        }
+        let (p, s) = Self::split(id);
+        let Some(Some(page)) = self.pages.get_mut(p) else {
+            return;
+        };
+        let slot = &mut page.slots[s];
+        if slot.is_none() {
+            return;
+        }
+        *slot = None;
+        page.used -= 1;
+        self.len -= 1;
+        if page.used == 0 {
+            self.release_page(p);
+        }
+    }
+
     /// Drops the emptied page `p` (or keeps it as a spare).
     #[cold]
     #[inline(never)]
@@ -340,6 +365,27 @@ mod tests {
         assert_eq!(m.remove(AllocId(300)), Some(300));
         assert_eq!(m.insert_vacant(AllocId(300), 8), Ok(()));
         assert_eq!(m.get(AllocId(300)), Some(&8));
+    }
+
+    /// `discard` drops a value as `remove` does, for dense and sparse ids; an absent
+    /// id changes nothing; emptied pages go.
+    #[test]
+    fn discard_drops_in_place() {
+        let mut m = IdMap::new();
+        let ids = [0, 1, 255, 256, DENSE_LIMIT - 1, DENSE_LIMIT, u64::MAX];
+        for &id in &ids {
+            m.insert(AllocId(id), id);
+        }
+        m.discard(AllocId(7));
+        assert_eq!(m.len(), ids.len());
+        for (n, &id) in ids.iter().enumerate() {
+            m.discard(AllocId(id));
+            assert_eq!(m.get(AllocId(id)), None);
+            m.discard(AllocId(id));
+            assert_eq!(m.len(), ids.len() - n - 1);
+        }
+        assert!(m.is_empty());
+        assert_eq!(m.pages_held(), 0);
     }
 
     /// A sliding window of live ids counting up holds a few pages, not one per id

@@ -693,9 +693,9 @@ impl Policy for ArenaPolicy {
     fn free(
         &mut self,
         _device: &mut dyn Device,
-        allocation: Allocation,
+        allocation: &Allocation,
     ) -> Result<(), DeviceError> {
-        let block = self.live.retire(&allocation, "arena", &mut self.stats);
+        let block = self.live.retire(allocation, "arena", &mut self.stats);
         let Some(slot) = block.detail.superblock else {
             self.global_free(block.detail.position, block.addr, block.block_bytes);
             return Ok(());

@@ -92,7 +92,7 @@ fn superblocks_per_stream_and_cached() {
     let b = p.allocate(&mut d, on(2, 1000)).unwrap();
     let base = d.live_segments()[0].0;
     assert_eq!((a.addr.0 - base, b.addr.0 - base), (0, MIB));
-    p.free(&mut d, a).unwrap();
+    p.free(&mut d, &a).unwrap();
     assert_eq!(p.stats().reserved_bytes, 4 * MIB);
     assert_eq!(
         entries(&p, base),
@@ -122,8 +122,8 @@ fn coalescing_inside_a_superblock() {
     let b = p.allocate(&mut d, on(0, 1000)).unwrap();
     let _c = p.allocate(&mut d, on(0, 256)).unwrap();
     let sb = a.addr.0;
-    p.free(&mut d, a).unwrap();
-    p.free(&mut d, b).unwrap();
+    p.free(&mut d, &a).unwrap();
+    p.free(&mut d, &b).unwrap();
     let s = &p.snapshot()[0];
     let layout: Vec<_> = s
         .blocks
@@ -149,8 +149,8 @@ fn coalescing_in_the_global_arena() {
     let b = p.allocate(&mut d, on(0, MIB)).unwrap();
     let _c = p.allocate(&mut d, on(0, MIB)).unwrap();
     let at = a.addr;
-    p.free(&mut d, a).unwrap();
-    p.free(&mut d, b).unwrap();
+    p.free(&mut d, &a).unwrap();
+    p.free(&mut d, &b).unwrap();
     let e = p.allocate(&mut d, on(0, 2 * MIB)).unwrap();
     assert_eq!(e.addr, at);
     assert_eq!(d.live_segments().len(), 1);
@@ -163,7 +163,7 @@ fn pressure_returns_empty_superblocks() {
     let mut d = TestDevice::with_capacity(4 * MIB);
     let mut p = small();
     let s = p.allocate(&mut d, on(1, 1000)).unwrap();
-    p.free(&mut d, s).unwrap();
+    p.free(&mut d, &s).unwrap();
     let big = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
     let base = d.live_segments()[0].0;
     assert_eq!(big.addr.0 - base, MIB);
@@ -180,7 +180,7 @@ fn pressure_releases_free_chunks() {
     let mut p = small();
     let _a = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
     let b = p.allocate(&mut d, on(0, 3 * MIB)).unwrap();
-    p.free(&mut d, b).unwrap();
+    p.free(&mut d, &b).unwrap();
     assert_eq!(p.stats().reserved_bytes, 8 * MIB);
     let c = p.allocate(&mut d, on(0, 5 * MIB)).unwrap();
     assert_eq!(c.block_bytes, 5 * MIB);
@@ -252,7 +252,7 @@ fn pressure_lends_partly_used_superblocks_to_other_streams() {
     check_against_device(&p, &d);
     // A block goes back to whichever arena holds its superblock now (RMM's
     // deallocate_from_other_arena).
-    p.free(&mut d, a).unwrap();
+    p.free(&mut d, &a).unwrap();
     check_against_device(&p, &d);
     let c = p.allocate(&mut d, on(2, 1000)).unwrap();
     assert_eq!(
@@ -275,8 +275,8 @@ fn an_emptied_orphan_superblock_coalesces() {
     // A large request that cannot fit triggers the defragment, then fails.
     assert!(p.allocate(&mut d, on(0, 2 * MIB)).is_err());
     assert_eq!(entries(&p, base)[0], ("arena-superblock", 0, 0, MIB));
-    p.free(&mut d, a).unwrap();
-    p.free(&mut d, big).unwrap();
+    p.free(&mut d, &a).unwrap();
+    p.free(&mut d, &big).unwrap();
     assert_eq!(entries(&p, base), vec![("arena-global", 0, 0, 4 * MIB)]);
     let whole = p.allocate(&mut d, on(0, 4 * MIB)).unwrap();
     assert_eq!(whole.addr.0, base);
@@ -297,8 +297,8 @@ fn empty_cache_returns_every_free_chunk() {
         4 * MIB,
         "3 MiB does not fit after two superblocks: a second chunk"
     );
-    p.free(&mut d, y).unwrap();
-    p.free(&mut d, l).unwrap();
+    p.free(&mut d, &y).unwrap();
+    p.free(&mut d, &l).unwrap();
     assert_eq!(p.stats().segment_count, 2);
     p.empty_cache(&mut d).unwrap();
     assert_eq!(d.live_segments(), vec![(base, 4 * MIB)]);
@@ -310,7 +310,7 @@ fn empty_cache_returns_every_free_chunk() {
         ]
     );
     check_against_device(&p, &d);
-    p.free(&mut d, x).unwrap();
+    p.free(&mut d, &x).unwrap();
     p.empty_cache(&mut d).unwrap();
     assert!(d.live_segments().is_empty());
     check_against_device(&p, &d);
@@ -412,7 +412,7 @@ proptest! {
                 }
                 Op::Free(i) if !live.is_empty() => {
                     let a = live.swap_remove(i % live.len());
-                    p.free(&mut d, a).unwrap();
+                    p.free(&mut d, &a).unwrap();
                 }
                 Op::Free(_) => {}
                 Op::EmptyCache => p.empty_cache(&mut d).unwrap(),
@@ -420,7 +420,7 @@ proptest! {
             check_against_device(&p, &d);
         }
         for a in live {
-            p.free(&mut d, a).unwrap();
+            p.free(&mut d, &a).unwrap();
         }
         p.empty_cache(&mut d).unwrap();
         check_against_device(&p, &d);

@@ -592,8 +592,12 @@ impl Policy for CachingPolicy {
         self.malloc(device, request.size_bytes, request.stream)
     }
 
-    fn free(&mut self, device: &mut dyn Device, allocation: Allocation) -> Result<(), DeviceError> {
-        if Self::is_uncached(&allocation) {
+    fn free(
+        &mut self,
+        device: &mut dyn Device,
+        allocation: &Allocation,
+    ) -> Result<(), DeviceError> {
+        if Self::is_uncached(allocation) {
             return self.uncached_free(device, allocation);
         }
         if !self.completed_early.is_empty() && self.completed_early.remove(&allocation.serial) {
@@ -601,7 +605,7 @@ impl Policy for CachingPolicy {
             return Ok(());
         }
         let id = allocation.block;
-        if self.live_tenant(&allocation).state == State::Allocated {
+        if self.live_tenant(allocation).state == State::Allocated {
             self.free_block_inline(id, true);
             return Ok(());
         } else if !self.captures.is_empty() {

@@ -246,7 +246,7 @@ impl CachingPolicy {
     pub(super) fn uncached_free(
         &mut self,
         device: &mut dyn Device,
-        allocation: Allocation,
+        allocation: &Allocation,
     ) -> Result<(), DeviceError> {
         let (segment, requested) = self
             .uncached

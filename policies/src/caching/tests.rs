@@ -65,7 +65,7 @@ fn thousand_small_requests_share_one_segment() {
     assert_eq!(p.stats().reserved_bytes, 2 * MIB);
     assert_eq!(p.stats().allocated_bytes, 512 * 1000);
     for a in live {
-        p.free(&mut d, a).unwrap();
+        p.free(&mut d, &a).unwrap();
     }
     p.check_invariants();
     assert_eq!(p.caching_stats().inactive_split_bytes.all.current, 0);
@@ -81,17 +81,17 @@ fn reassign_needs_two_live_copies() {
     let mut p = CachingPolicy::default();
     let a = p.allocate(&mut d, req(GIB)).unwrap();
     let b = p.allocate(&mut d, req(GIB)).unwrap();
-    p.free(&mut d, b).unwrap();
+    p.free(&mut d, &b).unwrap();
     let c = p.allocate(&mut d, req(GIB)).unwrap();
     let c2 = p.allocate(&mut d, req(GIB)).unwrap();
-    p.free(&mut d, c).unwrap();
+    p.free(&mut d, &c).unwrap();
     let dd = p.allocate(&mut d, req(GIB)).unwrap();
-    p.free(&mut d, dd).unwrap();
+    p.free(&mut d, &dd).unwrap();
     let e = p.allocate(&mut d, req(GIB)).unwrap();
     assert_eq!(p.caching_stats().reserved_bytes.all.peak, 3 * GIB);
     assert_eq!(p.stats().allocated_bytes, 3 * GIB);
     for x in [a, c2, e] {
-        p.free(&mut d, x).unwrap();
+        p.free(&mut d, &x).unwrap();
     }
     p.check_invariants();
 }
@@ -105,9 +105,9 @@ fn best_fit_prefers_smallest_then_lowest_address() {
     let first = p.allocate(&mut d, req(12 * MIB)).unwrap();
     let second = p.allocate(&mut d, req(12 * MIB)).unwrap();
     let (first_addr, big_addr) = (first.addr, big.addr);
-    p.free(&mut d, big).unwrap();
-    p.free(&mut d, second).unwrap();
-    p.free(&mut d, first).unwrap();
+    p.free(&mut d, &big).unwrap();
+    p.free(&mut d, &second).unwrap();
+    p.free(&mut d, &first).unwrap();
     let again = p.allocate(&mut d, req(12 * MIB)).unwrap();
     assert_eq!(
         again.addr, first_addr,
@@ -124,7 +124,7 @@ fn no_cross_stream_reuse() {
     let mut d = TestDevice::unbounded();
     let mut p = CachingPolicy::default();
     let a = p.allocate(&mut d, on(7, 64 * MIB)).unwrap();
-    p.free(&mut d, a).unwrap();
+    p.free(&mut d, &a).unwrap();
     let _b = p.allocate(&mut d, on(9, 64 * MIB)).unwrap();
     assert_eq!(p.stats().reserved_bytes, 128 * MIB);
     let _c = p.allocate(&mut d, on(7, 64 * MIB)).unwrap();
@@ -178,7 +178,7 @@ fn inactive_split_accounting() {
         p.caching_stats().inactive_split_bytes.all.current,
         2 * MIB - 1536
     );
-    p.free(&mut d, a).unwrap();
+    p.free(&mut d, &a).unwrap();
     let st = p.caching_stats();
     assert_eq!(
         (
@@ -187,7 +187,7 @@ fn inactive_split_accounting() {
         ),
         (2, 2 * MIB - 1024)
     );
-    p.free(&mut d, b).unwrap();
+    p.free(&mut d, &b).unwrap();
     let st = p.caching_stats();
     assert_eq!(
         (
@@ -207,7 +207,7 @@ fn oom_retry_releases_cache_then_fails() {
     let mut p = CachingPolicy::default();
     let keep = p.allocate(&mut d, req(400 * MIB)).unwrap();
     let cached = p.allocate(&mut d, on(3, 400 * MIB)).unwrap();
-    p.free(&mut d, cached).unwrap();
+    p.free(&mut d, &cached).unwrap();
     // 400 live + 400 cached (other stream); 300 more does not fit without the cache.
     let got = p.allocate(&mut d, req(300 * MIB)).unwrap();
     assert_eq!(p.caching_stats().num_alloc_retries, 1);
@@ -228,8 +228,8 @@ fn oom_retry_releases_cache_then_fails() {
     let s = p.caching_stats();
     assert_eq!((s.num_alloc_retries, s.num_ooms), (2, 1));
     assert_eq!(p.stats().allocated_bytes, 700 * MIB);
-    p.free(&mut d, keep).unwrap();
-    p.free(&mut d, got).unwrap();
+    p.free(&mut d, &keep).unwrap();
+    p.free(&mut d, &got).unwrap();
     p.check_invariants();
 }
 
@@ -259,7 +259,7 @@ fn oversize_rules() {
     let mut p = policy("max_split_size_mb:64");
     let big = p.allocate(&mut d, req(100 * MIB)).unwrap();
     assert_eq!(big.block_bytes, 100 * MIB);
-    p.free(&mut d, big).unwrap();
+    p.free(&mut d, &big).unwrap();
     let _normal = p.allocate(&mut d, req(30 * MIB)).unwrap();
     assert_eq!(
         p.stats().reserved_bytes,
@@ -272,7 +272,7 @@ fn oversize_rules() {
         100 * MIB,
         "rule B: 100 < 90 + 20, taken whole, unsplit"
     );
-    p.free(&mut d, within).unwrap();
+    p.free(&mut d, &within).unwrap();
     let _beyond = p.allocate(&mut d, req(70 * MIB)).unwrap();
     // 100 >= 70 + 20: not taken; a 70 MiB segment is needed. cudaMalloc succeeds first.
     assert_eq!(p.stats().reserved_bytes, 200 * MIB);
@@ -289,9 +289,9 @@ fn release_available_cached_blocks_frees_one_oversize_block() {
     let a = p.allocate(&mut d, req(100 * MIB)).unwrap();
     let b = p.allocate(&mut d, req(150 * MIB)).unwrap();
     let small = p.allocate(&mut d, req(20 * MIB)).unwrap();
-    p.free(&mut d, small).unwrap();
-    p.free(&mut d, a).unwrap();
-    p.free(&mut d, b).unwrap();
+    p.free(&mut d, &small).unwrap();
+    p.free(&mut d, &a).unwrap();
+    p.free(&mut d, &b).unwrap();
     // Cached: 100 and 150 (oversize) and 20. A 120 MiB request: 100 MiB block is below
     // 120 (no reuse), rule A/B: smallest fitting is 150 >= 120 + 20 → no. cudaMalloc of
     // 120 fails (270 used of 300); release_available frees the 150 MiB block.
@@ -315,8 +315,8 @@ fn garbage_collection_frees_old_segments() {
     p.set_memory_limit(MemoryLimit::Bytes(100 * MIB));
     let a = p.allocate(&mut d, req(30 * MIB)).unwrap();
     let b = p.allocate(&mut d, req(24 * MIB)).unwrap();
-    p.free(&mut d, a).unwrap();
-    p.free(&mut d, b).unwrap();
+    p.free(&mut d, &a).unwrap();
+    p.free(&mut d, &b).unwrap();
     // 54 MiB reserved > 50 MiB threshold. A 40 MiB request finds no block, GC runs:
     // both blocks have age 0 = mean, both are freed (a pass does not stop midway).
     let _c = p.allocate(&mut d, req(40 * MIB)).unwrap();
@@ -331,7 +331,7 @@ fn garbage_collection_needs_a_limit() {
     let mut d = TestDevice::unbounded();
     let mut p = policy("garbage_collection_threshold:0.5");
     let a = p.allocate(&mut d, req(30 * MIB)).unwrap();
-    p.free(&mut d, a).unwrap();
+    p.free(&mut d, &a).unwrap();
     let _c = p.allocate(&mut d, req(40 * MIB)).unwrap();
     assert_eq!(p.stats().reserved_bytes, 70 * MIB);
 }
@@ -377,13 +377,13 @@ fn expandable_segments_map_and_unmap_pages() {
     let s = p.allocate(&mut d, req(4096)).unwrap();
     assert_eq!(p.stats().reserved_bytes, 62 * MIB);
     p.check_invariants();
-    p.free(&mut d, a).unwrap();
+    p.free(&mut d, &a).unwrap();
     p.empty_cache(&mut d).unwrap();
     // a occupied [0, 30) MiB: page 0 is wholly free, page 1 is shared with b.
     assert_eq!(p.stats().reserved_bytes, 42 * MIB);
     p.check_invariants();
     for x in [b, c, s] {
-        p.free(&mut d, x).unwrap();
+        p.free(&mut d, &x).unwrap();
     }
     p.empty_cache(&mut d).unwrap();
     assert_eq!(p.stats().reserved_bytes, 0);
@@ -418,8 +418,8 @@ fn pending_free_blocks() {
         64 * MIB,
         "release completed the pending free"
     );
-    p.free(&mut d, a).unwrap(); // the late completion is a no-op
-    p.free(&mut d, b).unwrap();
+    p.free(&mut d, &a).unwrap(); // the late completion is a no-op
+    p.free(&mut d, &b).unwrap();
     p.check_invariants();
     assert_eq!(p.caching_stats().active.all.current, 0);
 }
@@ -433,7 +433,7 @@ fn active_stats_mirror_allocation_until_a_free_waits() {
     let mut p = CachingPolicy::default();
     let a = p.allocate(&mut d, req(64 * MIB)).unwrap();
     let b = p.allocate(&mut d, req(4 * MIB)).unwrap();
-    p.free(&mut d, b).unwrap();
+    p.free(&mut d, &b).unwrap();
     let st = p.caching_stats();
     assert_eq!(st.active, st.allocation, "mirrored before a pending free");
     assert_eq!(st.active_bytes, st.allocated_bytes);
@@ -448,7 +448,7 @@ fn active_stats_mirror_allocation_until_a_free_waits() {
     assert_eq!(st.active.all.peak, 2, "the peak from before the copy");
     assert_eq!(st.active_bytes.large_pool.allocated, 68 * MIB);
     assert_eq!(st.active_bytes.large_pool.freed, 4 * MIB);
-    p.free(&mut d, a).unwrap();
+    p.free(&mut d, &a).unwrap();
     let st = p.caching_stats();
     assert_eq!((st.active.all.current, st.active.all.freed), (0, 2));
     assert_eq!(st.active_bytes.all.freed, 68 * MIB);
@@ -522,8 +522,8 @@ fn private_pool_count_after_its_expandable_segments_go() {
     p.call(&mut d, &AllocatorCall::EndAllocateToPool { pool })
         .unwrap();
     p.check_invariants();
-    p.free(&mut d, a).unwrap();
-    p.free(&mut d, b).unwrap();
+    p.free(&mut d, &a).unwrap();
+    p.free(&mut d, &b).unwrap();
     p.call(&mut d, &AllocatorCall::ReleasePool { pool })
         .unwrap();
     p.empty_cache(&mut d).unwrap();
