@@ -221,8 +221,9 @@ struct LiveSegment {
     addr: u64,
     size: u64,
     charge: u64,
-    /// Slot of the packed page this allocation lives in.
-    packed_page: Option<u32>,
+    /// A packed allocation's handle in [`PackedPages`] (its page and the holes beside
+    /// it are found through it).
+    packed: Option<u32>,
     /// Its placement in the driver's address space ([`AddressModel::Driver`]; a packed
     /// allocation's page holds the placement).
     va: Option<Placed>,
@@ -322,7 +323,7 @@ impl SimDevice {
         self.regions_kept = true;
         let span = |size: u64| size.max(1).next_multiple_of(2 * MIB);
         for s in self.segments.iter().flatten() {
-            if s.packed_page.is_none() {
+            if s.packed.is_none() {
                 self.regions.insert(s.addr, span(s.size));
             }
         }
@@ -480,10 +481,10 @@ impl SimDevice {
             .is_some_and(|(&a, &len)| a.saturating_add(len) > addr)
     }
 
-    /// Returns a packed allocation's bytes to its page, merging holes; returns the bytes
-    /// released to the driver (the page, if it became empty).
-    fn unpack(&mut self, page: u32, addr: u64, size: u64) -> u64 {
-        match self.pages.give_back(page, addr, size) {
+    /// Returns a packed allocation's bytes (its handle `packed`) to its page, merging
+    /// holes; returns the bytes released to the driver (the page, if it became empty).
+    fn unpack(&mut self, packed: u32, addr: u64, size: u64) -> u64 {
+        match self.pages.give_back(packed, addr, size) {
             Some((base, placed)) => {
                 if self.regions_kept {
                     self.regions.remove(&base);
@@ -545,7 +546,7 @@ impl Device for SimDevice {
         }
         let small = size_bytes <= self.options.small_alloc_max_bytes
             && size_bytes < self.options.page_bytes;
-        let (addr, charge, packed_page, va) = if small {
+        let (addr, charge, packed, va) = if small {
             match self.pages.take(size_bytes) {
                 Some((p, addr)) => (addr, 0, Some(p), None),
                 None => {
@@ -574,7 +575,7 @@ impl Device for SimDevice {
             addr,
             size: size_bytes,
             charge,
-            packed_page,
+            packed,
             va,
         });
         let s = &mut self.stats;
@@ -609,7 +610,7 @@ impl Device for SimDevice {
             });
         // A packed allocation's page is charged once, to the page; it is returned with
         // the page's last allocation.
-        let released = match live.packed_page {
+        let released = match live.packed {
             None => {
                 if self.regions_kept {
                     self.regions.remove(&segment.addr.0);
@@ -652,7 +653,7 @@ impl Device for SimDevice {
             addr: addr.0,
             size: size_bytes,
             charge,
-            packed_page: None,
+            packed: None,
             va,
         });
         self.regions.insert(addr.0, size_bytes);

@@ -3,14 +3,19 @@
 //! used page, ties to the oldest page, then the lowest offset; a new page when no hole
 //! holds the request; a page returned with its last allocation.
 //!
-//! The rule fixes which hole is chosen; this module only finds it fast. Pages live in
-//! a slot table, each with its holes in a short vector sorted by offset (a page of
-//! 2 MiB at 512-byte alignment has at most 2 048 holes). Every hole is also in one
-//! index ordered by (length, page age, offset): holes are binned by length (for the
-//! H100's 2 MiB pages and 512-byte alignment one bin per possible length), a bitmap
-//! of non-empty bins finds the next bin that holds a long enough hole in a few
-//! instructions, and each bin keeps its holes sorted, in a vector while they are few
-//! and in an ordered map when many (thousands of equal holes in as many pages).
+//! The rule fixes which hole is chosen; this module only finds it fast. Each page is
+//! tiled by blocks (its live allocations and its free holes, never two holes side by
+//! side), kept in one table of [`Block`]s indexed by a `u32` handle and linked in
+//! address order within their page, so a freed allocation finds the holes it merges
+//! with through its own links, without a search. Every hole is also in one index
+//! ordered by (length, page age, offset): holes are binned by length (for the H100's
+//! 2 MiB pages and 512-byte alignment one bin per possible length), a bitmap of
+//! non-empty bins finds the next bin that holds a long enough hole in a few
+//! instructions, and each bin is a doubly linked list of its holes in that order whose
+//! links live in the blocks themselves: a hole leaves the index by its handle, without
+//! a search, and a bin's own memory is a head and a length. A bin holding many holes
+//! (thousands of equal holes in as many pages) also keeps an ordered map of them,
+//! which finds where a hole goes without walking the list.
 
 use std::collections::BTreeMap;
 
@@ -19,133 +24,91 @@ use crate::address::Placed;
 /// About this many bins at most (the bin width grows for pages of more than this many
 /// alignment units).
 const MAX_BINS: u64 = 4096;
-/// A bin holding more holes than this becomes an ordered map (a vector's insertions
-/// and removals move every later entry); it goes back to a vector below
+/// A bin holding more holes than this also keeps an ordered map of them (finding a
+/// hole's place would walk every hole before it); the map goes again below
 /// [`SHRINK_BELOW`].
-const GROW_ABOVE: usize = 64;
+const GROW_ABOVE: u32 = 64;
 /// See [`GROW_ABOVE`].
-const SHRINK_BELOW: usize = 16;
+const SHRINK_BELOW: u32 = 16;
+
+/// No block (the end of a list).
+const NIL: u32 = u32::MAX;
 
 /// A hole's place in the best-fit order: (length, page age, offset in the page).
 type Key = (u64, u64, u64);
 
-/// The holes of one bin in best-fit order, each with its page's slot.
-#[derive(Debug)]
-enum Bin {
-    /// The usual case: a few holes, sorted.
-    Few(Vec<(Key, u32)>),
-    /// Many holes of about one length.
-    Many(BTreeMap<Key, u32>),
+/// One piece of a packed page: a live allocation or a free hole.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    /// Offset in its page.
+    offset: u64,
+    /// Bytes it covers (an allocation's footprint, or a hole's length).
+    len: u64,
+    /// Its page's creation order (a hole's key needs it without a page lookup).
+    seq: u64,
+    /// Its page's slot.
+    page: u32,
+    /// The blocks before and after it in its page, by address ([`NIL`] at the ends).
+    prev: u32,
+    next: u32,
+    /// While a hole: its neighbours in its bin's list ([`NIL`] at the ends).
+    bin_prev: u32,
+    bin_next: u32,
+    /// A hole (in the index), not a live allocation.
+    free: bool,
 }
 
-impl Bin {
-    #[inline]
-    fn is_empty(&self) -> bool {
-        match self {
-            Bin::Few(v) => v.is_empty(),
-            Bin::Many(m) => m.is_empty(),
-        }
-    }
-
-    /// (The short form inline; growing and the ordered map out of line.)
+impl Block {
     #[inline(always)]
-    fn insert(&mut self, key: Key, slot: u32) {
-        match self {
-            Bin::Few(v) if v.len() < GROW_ABOVE => {
-                let i = v.partition_point(|&(k, _)| k < key);
-                debug_assert!(
-                    v.get(i).is_none_or(|&(k, _)| k != key),
-                    "hole indexed twice"
-                );
-                v.insert(i, (key, slot));
-            }
-            _ => self.insert_slow(key, slot),
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn insert_slow(&mut self, key: Key, slot: u32) {
-        match self {
-            Bin::Few(v) => {
-                let mut m: BTreeMap<Key, u32> = v.iter().copied().collect();
-                let old = m.insert(key, slot);
-                debug_assert!(old.is_none(), "hole indexed twice");
-                *self = Bin::Many(m);
-            }
-            Bin::Many(m) => {
-                let old = m.insert(key, slot);
-                debug_assert!(old.is_none(), "hole indexed twice");
-            }
-        }
-    }
-
-    #[inline(always)]
-    fn remove(&mut self, key: Key) {
-        match self {
-            Bin::Few(v) => {
-                let i = v.partition_point(|&(k, _)| k < key);
-                if v.get(i).is_none_or(|&(k, _)| k != key) {
-                    missing_hole();
-                }
-                v.remove(i);
-            }
-            Bin::Many(_) => self.remove_slow(key),
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn remove_slow(&mut self, key: Key) {
-        if let Bin::Many(m) = self {
-            if m.remove(&key).is_none() {
-                missing_hole();
-            }
-            if m.len() < SHRINK_BELOW {
-                *self = Bin::Few(m.iter().map(|(&k, &s)| (k, s)).collect());
-            }
-        }
-    }
-
-    /// The first hole at or after `from` in best-fit order.
-    #[cfg(test)]
-    fn first_from(&self, from: Key) -> Option<(Key, u32)> {
-        match self {
-            Bin::Few(v) => v.get(v.partition_point(|&(k, _)| k < from)).copied(),
-            Bin::Many(m) => m.range(from..).next().map(|(&k, &s)| (k, s)),
-        }
-    }
-
-    /// Removes and returns the first hole at or after `from` in best-fit order.
-    #[inline(always)]
-    fn take_from(&mut self, from: Key) -> Option<(Key, u32)> {
-        match self {
-            Bin::Few(v) => {
-                let i = v.partition_point(|&(k, _)| k < from);
-                (i < v.len()).then(|| v.remove(i))
-            }
-            Bin::Many(_) => self.take_from_slow(from),
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn take_from_slow(&mut self, from: Key) -> Option<(Key, u32)> {
-        let Bin::Many(m) = self else { return None };
-        let (&k, _) = m.range(from..).next()?;
-        let slot = m.remove(&k).expect("the hole just found");
-        if m.len() < SHRINK_BELOW {
-            *self = Bin::Few(m.iter().map(|(&k, &s)| (k, s)).collect());
-        }
-        Some((k, slot))
+    fn key(&self) -> Key {
+        (self.len, self.seq, self.offset)
     }
 }
 
-/// The panic of a hole missing from the index (a bookkeeping bug), out of line.
-#[cold]
-#[inline(never)]
-fn missing_hole() -> ! {
-    panic!("SimDevice: a page's hole is missing from the best-fit index")
+/// The blocks of every page, by handle; freed handles are reused.
+#[derive(Debug, Default)]
+struct Blocks {
+    items: Vec<Block>,
+    free: Vec<u32>,
+}
+
+impl Blocks {
+    #[inline(always)]
+    fn add(&mut self, block: Block) -> u32 {
+        match self.free.pop() {
+            Some(id) => {
+                self.items[id as usize] = block;
+                id
+            }
+            None => {
+                self.items.push(block);
+                u32::try_from(self.items.len() - 1)
+                    .ok()
+                    .filter(|&id| id != NIL)
+                    .expect("fewer than 2^32 - 1 packed blocks")
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn drop_block(&mut self, id: u32) {
+        self.free.push(id);
+    }
+}
+
+impl std::ops::Index<u32> for Blocks {
+    type Output = Block;
+    #[inline(always)]
+    fn index(&self, id: u32) -> &Block {
+        &self.items[id as usize]
+    }
+}
+
+impl std::ops::IndexMut<u32> for Blocks {
+    #[inline(always)]
+    fn index_mut(&mut self, id: u32) -> &mut Block {
+        &mut self.items[id as usize]
+    }
 }
 
 /// Every hole of every page, in best-fit order (see the module docs).
@@ -153,7 +116,14 @@ fn missing_hole() -> ! {
 struct HoleIndex {
     /// log2 of the bin width in bytes.
     shift: u32,
-    bins: Vec<Bin>,
+    /// First hole of each bin's list ([`NIL`] when empty).
+    heads: Vec<u32>,
+    /// Holes in each bin.
+    counts: Vec<u32>,
+    /// Whether each bin keeps an ordered map in `crowded`.
+    has_map: Vec<bool>,
+    /// The ordered maps of bins that grew past [`GROW_ABOVE`] holes, by bin.
+    crowded: BTreeMap<usize, BTreeMap<Key, u32>>,
     /// One bit per non-empty bin.
     bits: Vec<u64>,
     /// One bit per non-zero word of `bits`.
@@ -172,7 +142,10 @@ impl HoleIndex {
         let words = count.div_ceil(64);
         HoleIndex {
             shift,
-            bins: (0..count).map(|_| Bin::Few(Vec::new())).collect(),
+            heads: vec![NIL; count],
+            counts: vec![0; count],
+            has_map: vec![false; count],
+            crowded: BTreeMap::new(),
             bits: vec![0; words],
             summary: vec![0; words.div_ceil(64)],
         }
@@ -182,7 +155,10 @@ impl HoleIndex {
     fn unbuilt() -> HoleIndex {
         HoleIndex {
             shift: 0,
-            bins: Vec::new(),
+            heads: Vec::new(),
+            counts: Vec::new(),
+            has_map: Vec::new(),
+            crowded: BTreeMap::new(),
             bits: Vec::new(),
             summary: Vec::new(),
         }
@@ -191,30 +167,98 @@ impl HoleIndex {
     /// The bin of a hole of `len` bytes: non-decreasing in `len`.
     #[inline(always)]
     fn bin_of(&self, len: u64) -> usize {
-        ((len >> self.shift) as usize).min(self.bins.len() - 1)
+        ((len >> self.shift) as usize).min(self.heads.len() - 1)
     }
 
+    /// Puts hole `id` (its key read from `blocks`) in its place in the index.
     #[inline(always)]
-    fn insert(&mut self, key: Key, slot: u32) {
+    fn insert(&mut self, blocks: &mut Blocks, id: u32) {
+        let key = blocks[id].key();
         let b = self.bin_of(key.0);
-        if self.bins[b].is_empty() {
+        let count = self.counts[b];
+        self.counts[b] = count + 1;
+        if count == 0 {
             self.bits[b / 64] |= 1 << (b % 64);
             self.summary[b / 4096] |= 1 << (b / 64 % 64);
+            self.heads[b] = id;
+            let h = &mut blocks[id];
+            h.bin_prev = NIL;
+            h.bin_next = NIL;
+            return;
         }
-        self.bins[b].insert(key, slot);
+        let prev = if count < GROW_ABOVE && !self.has_map[b] {
+            // A short list: walk it to the first hole after `key`.
+            let mut prev = NIL;
+            let mut cur = self.heads[b];
+            while cur != NIL && blocks[cur].key() < key {
+                prev = cur;
+                cur = blocks[cur].bin_next;
+            }
+            prev
+        } else {
+            self.crowded_prev(blocks, b, key, id)
+        };
+        let next = if prev == NIL {
+            std::mem::replace(&mut self.heads[b], id)
+        } else {
+            std::mem::replace(&mut blocks[prev].bin_next, id)
+        };
+        if next != NIL {
+            blocks[next].bin_prev = id;
+        }
+        let h = &mut blocks[id];
+        h.bin_prev = prev;
+        h.bin_next = next;
     }
 
-    #[inline(always)]
-    fn remove(&mut self, key: Key) {
-        let b = self.bin_of(key.0);
-        self.bins[b].remove(key);
-        self.note_if_empty(b);
+    /// The hole before `key` in crowded bin `b`, through (and into) its ordered map,
+    /// built from the list when the bin first grows past [`GROW_ABOVE`].
+    #[cold]
+    #[inline(never)]
+    fn crowded_prev(&mut self, blocks: &Blocks, b: usize, key: Key, id: u32) -> u32 {
+        self.has_map[b] = true;
+        let heads = &self.heads;
+        let map = self.crowded.entry(b).or_insert_with(|| {
+            let mut map = BTreeMap::new();
+            let mut cur = heads[b];
+            while cur != NIL {
+                map.insert(blocks[cur].key(), cur);
+                cur = blocks[cur].bin_next;
+            }
+            map
+        });
+        let prev = map.range(..key).next_back().map_or(NIL, |(_, &p)| p);
+        let old = map.insert(key, id);
+        debug_assert!(old.is_none(), "hole indexed twice");
+        prev
     }
 
-    /// Clears the bits of bin `b` if it is empty.
+    /// Takes hole `id` out of the index.
     #[inline(always)]
-    fn note_if_empty(&mut self, b: usize) {
-        if self.bins[b].is_empty() {
+    fn remove(&mut self, blocks: &mut Blocks, id: u32) {
+        let h = blocks[id];
+        debug_assert!(
+            h.free,
+            "SimDevice: a live block taken out of the hole index"
+        );
+        let b = self.bin_of(h.len);
+        if h.bin_prev == NIL {
+            if self.heads[b] != id {
+                missing_hole();
+            }
+            self.heads[b] = h.bin_next;
+        } else {
+            blocks[h.bin_prev].bin_next = h.bin_next;
+        }
+        if h.bin_next != NIL {
+            blocks[h.bin_next].bin_prev = h.bin_prev;
+        }
+        let count = self.counts[b] - 1;
+        self.counts[b] = count;
+        if self.has_map[b] {
+            self.forget_crowded(b, h.key(), count);
+        }
+        if count == 0 {
             self.bits[b / 64] &= !(1 << (b % 64));
             if self.bits[b / 64] == 0 {
                 self.summary[b / 4096] &= !(1 << (b / 64 % 64));
@@ -222,7 +266,23 @@ impl HoleIndex {
         }
     }
 
+    /// Takes `key` out of bin `b`'s ordered map, if it keeps one, and drops the map
+    /// when the bin holds fewer than [`SHRINK_BELOW`] holes.
+    #[cold]
+    #[inline(never)]
+    fn forget_crowded(&mut self, b: usize, key: Key, count: u32) {
+        let map = self.crowded.get_mut(&b).expect("a crowded bin's map");
+        if map.remove(&key).is_none() {
+            missing_hole();
+        }
+        if count < SHRINK_BELOW {
+            self.crowded.remove(&b);
+            self.has_map[b] = false;
+        }
+    }
+
     /// The first non-empty bin after `bin`.
+    #[inline]
     fn next_bin_after(&self, bin: usize) -> Option<usize> {
         let from = bin + 1;
         let w = from / 64;
@@ -252,47 +312,60 @@ impl HoleIndex {
         None
     }
 
-    /// The best fit for `len` bytes: the first hole in (length, page age, offset) order
-    /// at least `len` long.
-    #[cfg(test)]
-    fn best_fit(&self, len: u64) -> Option<(Key, u32)> {
-        let b = self.bin_of(len);
-        if let Some(hit) = self.bins[b].first_from((len, 0, 0)) {
-            return Some(hit);
+    /// The first hole of bin `b` at least `len` long (every hole of a bin of one
+    /// length is: its head).
+    #[inline(always)]
+    fn first_at_least(&self, blocks: &Blocks, b: usize, len: u64) -> Option<u32> {
+        let head = self.heads[b];
+        if head == NIL || blocks[head].len >= len {
+            return (head != NIL).then_some(head);
         }
-        let next = self.next_bin_after(b)?;
-        self.bins[next].first_from((0, 0, 0))
+        self.first_at_least_slow(blocks, b, len)
     }
 
-    /// Removes and returns the best fit for `len` bytes ([`HoleIndex::best_fit`]).
+    /// [`HoleIndex::first_at_least`] past a head shorter than `len` (a bin wider than
+    /// one length): through the ordered map of a crowded bin, else along the list.
+    #[cold]
+    #[inline(never)]
+    fn first_at_least_slow(&self, blocks: &Blocks, b: usize, len: u64) -> Option<u32> {
+        if let Some(map) = self.crowded.get(&b) {
+            return map.range((len, 0, 0)..).next().map(|(_, &id)| id);
+        }
+        let mut cur = self.heads[b];
+        while cur != NIL && blocks[cur].len < len {
+            cur = blocks[cur].bin_next;
+        }
+        (cur != NIL).then_some(cur)
+    }
+
+    /// The best fit for `len` bytes: the first hole in (length, page age, offset) order
+    /// at least `len` long.
     #[inline(always)]
-    fn take_best_fit(&mut self, len: u64) -> Option<(Key, u32)> {
-        if self.bins.is_empty() {
+    fn best_fit(&self, blocks: &Blocks, len: u64) -> Option<u32> {
+        if self.heads.is_empty() {
             return None;
         }
         let b = self.bin_of(len);
-        let (bin, hit) = match self.bins[b].take_from((len, 0, 0)) {
-            Some(hit) => (b, hit),
-            None => {
-                let next = self.next_bin_after(b)?;
-                (next, self.bins[next].take_from((0, 0, 0))?)
-            }
-        };
-        self.note_if_empty(bin);
-        Some(hit)
+        match self.first_at_least(blocks, b, len) {
+            Some(id) => Some(id),
+            None => Some(self.heads[self.next_bin_after(b)?]),
+        }
     }
+}
+
+/// The panic of a hole missing from the index (a bookkeeping bug), out of line.
+#[cold]
+#[inline(never)]
+fn missing_hole() -> ! {
+    panic!("SimDevice: a page's hole is missing from the best-fit index")
 }
 
 /// One shared page.
 #[derive(Debug)]
 struct Page {
     base: u64,
-    /// Creation order: ties between equal holes go to the oldest page.
-    seq: u64,
     /// Live allocations in it.
     live: u64,
-    /// Free holes as (offset, length), sorted by offset, never adjacent.
-    holes: Vec<(u64, u64)>,
     /// The page's placement in the driver's address space, if the device keeps one.
     va: Option<Placed>,
 }
@@ -305,8 +378,8 @@ pub(crate) struct PackedPages {
     /// Pages by slot; `None` for a free slot.
     pages: Vec<Option<Page>>,
     free_slots: Vec<u32>,
-    /// Hole vectors of returned pages, kept for new pages (no allocation per page).
-    spare_holes: Vec<Vec<(u64, u64)>>,
+    /// Every page's blocks.
+    blocks: Blocks,
     next_seq: u64,
     index: HoleIndex,
 }
@@ -320,7 +393,7 @@ impl PackedPages {
             align,
             pages: Vec::new(),
             free_slots: Vec::new(),
-            spare_holes: Vec::new(),
+            blocks: Blocks::default(),
             next_seq: 0,
             index: HoleIndex::unbuilt(),
         }
@@ -332,6 +405,7 @@ impl PackedPages {
     }
 
     /// Bytes `size` takes in a page: rounded up to the alignment.
+    #[inline(always)]
     pub(crate) fn footprint(&self, size: u64) -> u64 {
         if self.align.is_power_of_two() {
             // `size` is below a page, far from overflowing; a mask, not a division.
@@ -347,49 +421,53 @@ impl PackedPages {
             .expect("SimDevice: packed page of a live allocation")
     }
 
-    /// Places `size` bytes in the best-fitting hole of a live page: its page's slot
-    /// and its address, or `None` when no hole holds it.
+    /// Places `size` bytes in the best-fitting hole of a live page: the allocation's
+    /// handle (for [`PackedPages::give_back`]) and its address, or `None` when no hole
+    /// holds it.
     #[inline]
     pub(crate) fn take(&mut self, size: u64) -> Option<(u32, u64)> {
         let len = self.footprint(size);
-        let ((hole_len, seq, offset), slot) = self.index.take_best_fit(len)?;
-        let page = self.page_mut(slot);
-        let i = page.holes.partition_point(|&(o, _)| o < offset);
-        debug_assert_eq!(page.holes[i], (offset, hole_len));
-        if hole_len > len {
-            // The rest of the hole stays where the hole was in the page's order.
-            page.holes[i] = (offset + len, hole_len - len);
-        } else {
-            page.holes.remove(i);
+        let id = self.index.best_fit(&self.blocks, len)?;
+        self.index.remove(&mut self.blocks, id);
+        let hole = self.blocks[id];
+        if hole.len > len {
+            // The rest of the hole stays a hole, just after the allocation.
+            let rest = self.blocks.add(Block {
+                offset: hole.offset + len,
+                len: hole.len - len,
+                seq: hole.seq,
+                page: hole.page,
+                prev: id,
+                next: hole.next,
+                bin_prev: NIL,
+                bin_next: NIL,
+                free: true,
+            });
+            if hole.next != NIL {
+                self.blocks[hole.next].prev = rest;
+            }
+            let b = &mut self.blocks[id];
+            b.next = rest;
+            b.len = len;
+            self.index.insert(&mut self.blocks, rest);
         }
+        self.blocks[id].free = false;
+        let page = self.page_mut(hole.page);
         page.live += 1;
-        let addr = page.base + offset;
-        if hole_len > len {
-            self.index.insert((hole_len - len, seq, offset + len), slot);
-        }
-        Some((slot, addr))
+        Some((id, page.base + hole.offset))
     }
 
     /// Opens a new page at `base` (placed as `va`) with one allocation of `size` bytes
-    /// at its start; returns the page's slot.
+    /// at its start; returns the allocation's handle.
     pub(crate) fn open(&mut self, base: u64, size: u64, va: Option<Placed>) -> u32 {
-        if self.index.bins.is_empty() {
+        if self.index.heads.is_empty() {
             // Built with the first page: devices that never pack keep no bins.
             self.index = HoleIndex::new(self.page_bytes, self.align);
         }
         let len = self.footprint(size);
         let seq = self.next_seq;
         self.next_seq += 1;
-        let mut page = Page {
-            base,
-            seq,
-            live: 1,
-            holes: self.spare_holes.pop().unwrap_or_default(),
-            va,
-        };
-        if self.page_bytes > len {
-            page.holes.push((len, self.page_bytes - len));
-        }
+        let page = Page { base, live: 1, va };
         let slot = match self.free_slots.pop() {
             Some(s) => {
                 self.pages[s as usize] = Some(page);
@@ -400,72 +478,92 @@ impl PackedPages {
                 u32::try_from(self.pages.len() - 1).expect("fewer than 2^32 live pages")
             }
         };
+        let id = self.blocks.add(Block {
+            offset: 0,
+            len,
+            seq,
+            page: slot,
+            prev: NIL,
+            next: NIL,
+            bin_prev: NIL,
+            bin_next: NIL,
+            free: false,
+        });
         if self.page_bytes > len {
-            self.index.insert((self.page_bytes - len, seq, len), slot);
+            let hole = self.blocks.add(Block {
+                offset: len,
+                len: self.page_bytes - len,
+                seq,
+                page: slot,
+                prev: id,
+                next: NIL,
+                bin_prev: NIL,
+                bin_next: NIL,
+                free: true,
+            });
+            self.blocks[id].next = hole;
+            self.index.insert(&mut self.blocks, hole);
         }
-        slot
+        id
     }
 
-    /// Returns `size` bytes at `addr` to their page, merging holes; the page's base and
-    /// placement when that was its last allocation (the page is then gone).
+    /// Returns the allocation `id` (`size` bytes at `addr`) to its page, merging it
+    /// with the holes beside it; the page's base and placement when that was its last
+    /// allocation (the page is then gone).
     #[inline]
     pub(crate) fn give_back(
         &mut self,
-        slot: u32,
+        id: u32,
         addr: u64,
         size: u64,
     ) -> Option<(u64, Option<Placed>)> {
-        let len = self.footprint(size);
-        let page = self.page_mut(slot);
+        let block = self.blocks[id];
+        debug_assert!(!block.free, "SimDevice: a packed allocation freed twice");
+        debug_assert_eq!(block.len, self.footprint(size));
+        let page = self.page_mut(block.page);
+        debug_assert_eq!(page.base + block.offset, addr);
         page.live -= 1;
         if page.live == 0 {
-            let mut page = self.pages[slot as usize].take().expect("live page");
-            for &(offset, hole_len) in &page.holes {
-                self.index.remove((hole_len, page.seq, offset));
+            // Only holes are left beside it (holes are never side by side).
+            let page = self.pages[block.page as usize].take().expect("live page");
+            for other in [block.prev, block.next] {
+                if other != NIL {
+                    self.index.remove(&mut self.blocks, other);
+                    self.blocks.drop_block(other);
+                }
             }
-            self.free_slots.push(slot);
-            page.holes.clear();
-            self.spare_holes.push(page.holes);
+            self.blocks.drop_block(id);
+            self.free_slots.push(block.page);
             return Some((page.base, page.va));
         }
-        let seq = page.seq;
-        let offset = addr - page.base;
-        let i = page.holes.partition_point(|&(o, _)| o < offset);
-        let before = i
-            .checked_sub(1)
-            .map(|j| page.holes[j])
-            .filter(|&(o, l)| o + l == offset);
-        let after = page
-            .holes
-            .get(i)
-            .copied()
-            .filter(|&(o, _)| o == offset + len);
-        let merged = match (before, after) {
-            (Some((o, l)), Some((_, al))) => {
-                page.holes[i - 1] = (o, l + len + al);
-                page.holes.remove(i);
-                (o, l + len + al)
+        let mut merged = id;
+        if block.prev != NIL && self.blocks[block.prev].free {
+            // The hole before takes this block in.
+            let prev = block.prev;
+            self.index.remove(&mut self.blocks, prev);
+            let p = &mut self.blocks[prev];
+            p.len += block.len;
+            p.next = block.next;
+            if block.next != NIL {
+                self.blocks[block.next].prev = prev;
             }
-            (Some((o, l)), None) => {
-                page.holes[i - 1] = (o, l + len);
-                (o, l + len)
-            }
-            (None, Some((_, al))) => {
-                page.holes[i] = (offset, len + al);
-                (offset, len + al)
-            }
-            (None, None) => {
-                page.holes.insert(i, (offset, len));
-                (offset, len)
-            }
-        };
-        if let Some((o, l)) = before {
-            self.index.remove((l, seq, o));
+            self.blocks.drop_block(id);
+            merged = prev;
         }
-        if let Some((o, l)) = after {
-            self.index.remove((l, seq, o));
+        if block.next != NIL && self.blocks[block.next].free {
+            // And the hole after.
+            let next = self.blocks[block.next];
+            self.index.remove(&mut self.blocks, block.next);
+            let m = &mut self.blocks[merged];
+            m.len += next.len;
+            m.next = next.next;
+            if next.next != NIL {
+                self.blocks[next.next].prev = merged;
+            }
+            self.blocks.drop_block(block.next);
         }
-        self.index.insert((merged.1, seq, merged.0), slot);
+        self.blocks[merged].free = true;
+        self.index.insert(&mut self.blocks, merged);
         None
     }
 }
@@ -569,8 +667,18 @@ mod tests {
     }
 
     /// Runs one random sequence of allocations and frees through both and checks that
-    /// every placement, every opened and every returned page agree.
-    fn agree(seed: u64, page_bytes: u64, align: u64, max_size: u64, steps: usize) {
+    /// every placement, every opened and every returned page agree; returns the most
+    /// bins that kept an ordered map at once. A step allocates with `grow` percent
+    /// chance in the first half, `110 - grow` in the second (55: the same throughout).
+    fn agree(
+        seed: u64,
+        page_bytes: u64,
+        align: u64,
+        max_size: u64,
+        steps: usize,
+        grow: u64,
+    ) -> usize {
+        let mut most_crowded = 0;
         let mut fast = PackedPages::new(page_bytes, align);
         let mut reference = Reference {
             page_bytes,
@@ -583,8 +691,10 @@ mod tests {
         let mut live: Vec<(u32, u64, u64)> = Vec::new();
         let mut next_base = 1u64 << 40;
         for step in 0..steps {
+            most_crowded = most_crowded.max(fast.index.crowded.len());
             // Bias towards allocation while few are live, so pages fill up.
-            if live.is_empty() || rng.below(100) < 55 {
+            let bias = if step < steps / 2 { grow } else { 110 - grow };
+            if live.is_empty() || rng.below(100) < bias {
                 // Sizes log-uniform-ish, some equal, some tiny.
                 let size = match rng.below(4) {
                     0 => 1 + rng.below(max_size),
@@ -631,6 +741,14 @@ mod tests {
             fast.index.bits.iter().all(|&w| w == 0),
             "index left non-empty"
         );
+        assert!(fast.index.counts.iter().all(|&c| c == 0));
+        assert!(fast.index.crowded.is_empty() && !fast.index.has_map.contains(&true));
+        assert_eq!(
+            fast.blocks.free.len(),
+            fast.blocks.items.len(),
+            "every block handle returned"
+        );
+        most_crowded
     }
 
     /// Random sequences on the H100's pages (2 MiB, 512-byte alignment) place every
@@ -638,31 +756,53 @@ mod tests {
     #[test]
     fn agrees_with_the_ordered_map_packing() {
         for seed in 1..40 {
-            agree(seed, 2 * MIB, 512, 2 * MIB - 1, 3000);
+            agree(seed, 2 * MIB, 512, 2 * MIB - 1, 3000, 55);
         }
     }
 
-    /// Many equal small allocations (bins that become ordered maps and back), and
-    /// other page and alignment sizes (bins wider than one unit), agree too.
+    /// Many equal small allocations (bins that grow an ordered map and lose it again),
+    /// and other page and alignment sizes (bins wider than one unit), agree too.
     #[test]
     fn agrees_with_many_equal_holes_and_other_geometries() {
         for seed in 1..6 {
-            agree(seed, 2 * MIB, 512, 4096, 20_000);
-            agree(seed, 64 * MIB, 1, 64 * MIB - 1, 3000);
-            agree(seed, 3 * MIB + 7, 1000, 3 * MIB, 3000);
-            agree(seed, 4096, 512, 4095, 3000);
+            assert!(
+                agree(seed, 2 * MIB, 512, 4096, 20_000, 80) > 0,
+                "no bin grew an ordered map"
+            );
+            agree(seed, 2 * MIB, 512, 4096, 20_000, 55);
+            agree(seed, 64 * MIB, 1, 64 * MIB - 1, 3000, 55);
+            assert!(agree(seed, 64 * MIB, 1, 65_536, 20_000, 80) > 0);
+            agree(seed, 3 * MIB + 7, 1000, 3 * MIB, 3000, 55);
+            agree(seed, 4096, 512, 4095, 3000, 55);
         }
+    }
+
+    /// A free hole of `len` bytes in a page of age `seq`, at offset 0, added to `blocks`.
+    fn hole(blocks: &mut Blocks, len: u64, seq: u64) -> u32 {
+        blocks.add(Block {
+            offset: 0,
+            len,
+            seq,
+            page: 0,
+            prev: NIL,
+            next: NIL,
+            bin_prev: NIL,
+            bin_next: NIL,
+            free: true,
+        })
     }
 
     /// The bitmap finds the next non-empty bin across words, and bins wider than one
     /// length hold holes shorter than the request, which are passed over.
     #[test]
     fn next_bin_crosses_words() {
+        let mut blocks = Blocks::default();
         let mut index = HoleIndex::new(2 * MIB, 512);
-        let n = index.bins.len();
+        let n = index.heads.len();
         assert_eq!(n, 4097);
         for b in [0, 63, 64, 1000, n - 1] {
-            index.insert(((b as u64) << index.shift, 0, 0), 0);
+            let id = hole(&mut blocks, (b as u64) << index.shift, 0);
+            index.insert(&mut blocks, id);
         }
         assert_eq!(index.next_bin_after(0), Some(63));
         assert_eq!(index.next_bin_after(63), Some(64));
@@ -670,11 +810,39 @@ mod tests {
         assert_eq!(index.next_bin_after(1000), Some(n - 1));
         assert_eq!(index.next_bin_after(n - 1), None);
         let mut wide = HoleIndex::new(64 * MIB, 1);
-        assert!(wide.bins.len() == 4097 && wide.shift == 14);
-        wide.insert((40_000, 1, 0), 7);
-        wide.insert((33_000, 0, 0), 8);
-        assert_eq!(wide.best_fit(35_000), Some(((40_000, 1, 0), 7)));
-        assert_eq!(wide.best_fit(33_000), Some(((33_000, 0, 0), 8)));
-        assert_eq!(wide.best_fit(40_001), None);
+        assert!(wide.heads.len() == 4097 && wide.shift == 14);
+        let long = hole(&mut blocks, 40_000, 1);
+        let short = hole(&mut blocks, 33_000, 0);
+        wide.insert(&mut blocks, long);
+        wide.insert(&mut blocks, short);
+        assert_eq!(wide.best_fit(&blocks, 35_000), Some(long));
+        assert_eq!(wide.best_fit(&blocks, 33_000), Some(short));
+        assert_eq!(wide.best_fit(&blocks, 40_001), None);
+    }
+
+    /// A crowded wide bin (more holes than a list is walked for) finds the first hole
+    /// long enough through its ordered map, in (length, page age, offset) order, and
+    /// drops the map when it empties.
+    #[test]
+    fn crowded_wide_bins_find_the_best_fit() {
+        let mut blocks = Blocks::default();
+        let mut index = HoleIndex::new(64 * MIB, 1);
+        // 100 holes in one 16 KiB-wide bin: lengths 32 768 + 100 * (i % 10), newest pages first.
+        let ids: Vec<u32> = (0..100u64)
+            .map(|i| {
+                let id = hole(&mut blocks, 32_768 + 100 * (i % 10), 1000 - i);
+                index.insert(&mut blocks, id);
+                id
+            })
+            .collect();
+        assert_eq!(index.crowded.len(), 1);
+        // Length 32 768 + 500: holes i = 5, 15, ..., 95; the oldest page is i = 95.
+        assert_eq!(index.best_fit(&blocks, 32_768 + 450), Some(ids[95]));
+        assert_eq!(index.best_fit(&blocks, 32_768), Some(ids[90]));
+        for id in ids {
+            index.remove(&mut blocks, id);
+        }
+        assert!(index.crowded.is_empty() && !index.has_map.contains(&true));
+        assert_eq!(index.best_fit(&blocks, 1), None);
     }
 }
