@@ -435,26 +435,33 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
 /// free is no error. After a stop (an out-of-memory without `continue_after_oom`, a
 /// replay error) the rest of the events are still checked; an interruption stops both.
 ///
+/// The engine calls `events`' own `next` (not through a `&mut` adaptor), so a reader's
+/// row scan can inline into its loop.
+///
 /// # Errors
 /// As [`replay`] (in the result; the check's answer comes either way).
 ///
 /// # Panics
 /// As [`replay`].
-pub fn replay_checked<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
-    events: impl IntoIterator<Item = E>,
+pub fn replay_checked<O, E, I>(
+    events: &mut I,
     policy: &mut dyn Policy,
     device: &mut dyn Device,
     options: &ReplayOptions,
     observer: &mut O,
-) -> (Result<Replay, ReplayError>, bool) {
+) -> (Result<Replay, ReplayError>, bool)
+where
+    O: Observer + ?Sized,
+    E: std::borrow::Borrow<Event>,
+    I: Iterator<Item = E> + ?Sized,
+{
     let mut live = LiveTable::default();
     let mut checks = Checks {
         pools: Validator::new(None),
     };
-    let mut events = events.into_iter();
     let result = run(
         None,
-        &mut events,
+        events,
         policy,
         device,
         options,
@@ -485,9 +492,9 @@ pub fn replay_checked<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
 /// ids). Events after a stop are left in `events`.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
+fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E> + ?Sized>(
     start: Option<&StartState>,
-    events: &mut impl Iterator<Item = E>,
+    events: &mut I,
     policy: &mut dyn Policy,
     device: &mut dyn Device,
     options: &ReplayOptions,
@@ -577,8 +584,17 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
     // are shown it either way.
     let (mut stats_read, mut dstats_read) = (true, true);
     let mut event_count = 0u64;
-    for (index, event) in events.enumerate() {
+    // `I::next` itself, not `<&mut I>::next`: a reader's `next` can inline here.
+    // The event is used where `next` left it (not moved into a binding of its own).
+    let mut next_index = 0usize;
+    loop {
+        let next = events.next();
+        let Some(event) = next.as_ref() else {
+            break;
+        };
         let event: &Event = event.borrow();
+        let index = next_index;
+        next_index += 1;
         let event_index = index as u64;
         if let Some(flag) = options.interrupt {
             if flag.load(Ordering::Relaxed) {
@@ -1757,7 +1773,7 @@ mod tests {
                         )
                         .unwrap();
                         let (checked, problem) = replay_checked(
-                            &events,
+                            &mut events.iter(),
                             &mut CachingPolicy::default(),
                             &mut device(),
                             &options,

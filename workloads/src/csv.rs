@@ -1242,7 +1242,7 @@ fn scan_number(buf: &[u8], at: usize) -> Option<(u64, usize)> {
 /// after the row. `None` leaves the row to the line-by-line path (a `\r`, other ops,
 /// names, numbers of more than 16 digits, anything unusual). The caller guarantees
 /// [`SCAN_AHEAD`] buffered bytes from `at`.
-#[inline]
+#[inline(always)]
 fn scan_row(buf: &[u8], at: usize) -> Option<(Event, usize)> {
     // One bounds check for the row: the reads below are at fixed or bounded offsets
     // into a window of known length.
@@ -1310,7 +1310,7 @@ fn scan_window(buf: &[u8; SCAN_AHEAD]) -> Option<(Event, usize)> {
 impl<R: io::Read> Iterator for CsvEvents<R> {
     type Item = Event;
 
-    #[inline]
+    #[inline(always)]
     fn next(&mut self) -> Option<Event> {
         if self.stopped.is_some() {
             return None;
@@ -1330,6 +1330,7 @@ impl<R: io::Read> Iterator for CsvEvents<R> {
 impl<R: io::Read> CsvEvents<R> {
     /// [`Iterator::next`] one line at a time: the line cut at its break, then the
     /// usual rows from the bytes ([`fast_row`]) and the rest through the csv crate.
+    #[inline(never)]
     fn next_line_by_line(&mut self) -> Option<Event> {
         let (from, mut to) = match self.next_line() {
             Ok(Some(line)) => line,
