@@ -383,8 +383,9 @@ pub struct StreamedSnapshot {
 
 impl SnapshotStream {
     /// The first pass over `path` when it is a snapshot pickle whose replay can
-    /// stream (`workloads::snapshot::plan_stream`: from an empty allocator, no private
-    /// pools, no problem), with its recorded addresses as hints for a device like
+    /// stream (`workloads::snapshot::plan_stream`: from an empty allocator or from the
+    /// state rebuilt at its first entry, no private pools, no problem), with its
+    /// recorded addresses as hints for a device like
     /// `model`; `None` for anything else, which [`load`] reads whole (and reports).
     pub fn open(
         path: &Path,
@@ -454,9 +455,10 @@ impl SnapshotStream {
                 event
             });
             let mut observers = (observer, &mut peak);
+            let start = self.plan.start();
             let (replay, problem) = if lenient {
                 let r = crate::replay::replay_events(
-                    None,
+                    start,
                     &mut items,
                     policy,
                     device,
@@ -465,7 +467,8 @@ impl SnapshotStream {
                 );
                 (r, false)
             } else {
-                crate::replay::replay_checked(
+                crate::replay::replay_checked_from(
+                    start,
                     &mut items,
                     policy,
                     device,
@@ -505,6 +508,15 @@ struct PeakEntry<'a> {
 }
 
 impl Observer for PeakEntry<'_> {
+    /// A trace that starts mid-run: the state it starts from counts for the peak, at
+    /// no event (as the engine's summary counts it).
+    #[inline]
+    fn before_event(&mut self, index: usize, _event: &workloads::Event, policy: &dyn Policy) {
+        if index == 0 {
+            self.peak = policy.stats().reserved_bytes;
+        }
+    }
+
     #[inline]
     fn after_event(&mut self, step: &crate::observe::Step<'_>) {
         if step.policy_stats.reserved_bytes > self.peak {

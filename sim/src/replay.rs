@@ -455,12 +455,38 @@ where
     E: std::borrow::Borrow<Event>,
     I: Iterator<Item = E> + ?Sized,
 {
+    replay_checked_from(None, events, policy, device, options, observer)
+}
+
+/// [`replay_checked`] from the allocator state `start` (a trace that starts mid-run,
+/// whose live blocks the check sees live from the first event, as
+/// [`workloads::validate()`] does) or an empty one.
+///
+/// # Errors
+/// As [`replay`] (in the result; the check's answer comes either way).
+///
+/// # Panics
+/// As [`replay`].
+#[inline]
+pub fn replay_checked_from<O, E, I>(
+    start: Option<&StartState>,
+    events: &mut I,
+    policy: &mut dyn Policy,
+    device: &mut dyn Device,
+    options: &ReplayOptions,
+    observer: &mut O,
+) -> (Result<Replay, ReplayError>, bool)
+where
+    O: Observer + ?Sized,
+    E: std::borrow::Borrow<Event>,
+    I: Iterator<Item = E> + ?Sized,
+{
     let mut live = LiveTable::default();
     let mut checks = Checks {
         pools: Validator::new(None),
     };
     let result = run(
-        None,
+        start,
         events,
         policy,
         device,

@@ -260,7 +260,7 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
         &r,
     );
     let stats = args.stats.then(|| policy.detailed_stats());
-    print_streamed(text, settings.note.as_deref(), &caveats, stats)?;
+    print_streamed(text, settings.note.as_deref(), None, &caveats, stats)?;
     Ok(Some(Exit::Ran))
 }
 
@@ -283,19 +283,26 @@ fn streamed_policy(
 }
 
 /// Prints a streamed replay's summary (`text`, from [`summary`]) as the whole-trace path
-/// prints it: the recorded settings' `note` in it, each caveat, and `stats` (the
-/// policy's own statistics, with `--stats`).
+/// prints it: the recorded settings' `note` and where the trace starts (`start`, from
+/// [`start_line`]) in it, each caveat, and `stats` (the policy's own statistics, with
+/// `--stats`).
 fn print_streamed(
     mut text: String,
     note: Option<&str>,
+    start: Option<String>,
     caveats: &[String],
     stats: Option<Vec<(String, i64)>>,
 ) -> anyhow::Result<()> {
     let mut out = output::create(None)?;
+    let mut extra = String::new();
     if let Some(note) = note {
-        if let Some(at) = text.find("\ndevice ") {
-            text.insert_str(at + 1, &format!("settings            {note}\n"));
-        }
+        extra += &format!("settings            {note}\n");
+    }
+    if let Some(start) = start {
+        extra += &format!("starts mid-run      {start}\n");
+    }
+    if let Some(at) = text.find("\ndevice ") {
+        text.insert_str(at + 1, &extra);
     }
     write!(out, "{text}")?;
     for c in caveats {
@@ -363,7 +370,13 @@ fn streamed_snapshot(
         &r,
     );
     let stats = args.stats.then(|| policy.detailed_stats());
-    print_streamed(text, settings.note.as_deref(), &caveats, stats)?;
+    print_streamed(
+        text,
+        settings.note.as_deref(),
+        start_line(shell),
+        &caveats,
+        stats,
+    )?;
     Ok(Some(Exit::Ran))
 }
 

@@ -23,7 +23,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::recorded::{Action, BlockState, RecordedRun};
+use crate::recorded::{Action, BlockState, RecordedEntry, RecordedRun, RecordedSegment};
 use crate::size::format_size_human;
 use crate::trace::AllocId;
 use crate::ReadError;
@@ -130,35 +130,370 @@ impl StartState {
 
 /// A block while the trace is undone.
 #[derive(Clone, Debug)]
-struct Live {
-    size: Option<u64>,
-    requested: u64,
-    pending: bool,
+pub(crate) struct Live {
+    pub(crate) size: Option<u64>,
+    pub(crate) requested: u64,
+    pub(crate) pending: bool,
 }
 
 #[derive(Clone, Debug)]
-struct Seg {
+pub(crate) struct Seg {
     size: u64,
     stream: u64,
     pool: Option<StartPool>,
     expandable: bool,
 }
 
+/// Segment changes: each key changed, with the bytes of the segment it held before
+/// (`None`: none).
+pub(crate) type Journal = Vec<(u64, Option<u64>)>;
+
+/// The segments while the trace is undone, and where asked, a journal of what the
+/// undoing changed: each key changed with the size it had before (`None`: no segment
+/// there), so that a streamed replay can redo the segment operations forward
+/// (`crate::snapshot::stream`).
+#[derive(Default)]
+pub(crate) struct Segs {
+    map: BTreeMap<u64, Seg>,
+    journal: Option<Journal>,
+}
+
+impl Segs {
+    fn note(&mut self, key: u64) {
+        if let Some(j) = &mut self.journal {
+            j.push((key, self.map.get(&key).map(|s| s.size)));
+        }
+    }
+
+    fn insert(&mut self, key: u64, seg: Seg) {
+        self.note(key);
+        self.map.insert(key, seg);
+    }
+
+    fn remove(&mut self, key: u64) -> Option<Seg> {
+        self.note(key);
+        self.map.remove(&key)
+    }
+}
+
 /// Joins the expandable run at `addr` with the runs right after it (one stream): PyTorch
 /// lists each mapped run of an expandable segment as a segment of its own, and undoing
 /// an unmap joins them again.
-fn merge_runs(segs: &mut BTreeMap<u64, Seg>, addr: u64) {
-    while let Some(s) = segs.get(&addr).cloned() {
-        let Some(next) = segs.get(&(addr + s.size)).cloned() else {
+fn merge_runs(segs: &mut Segs, addr: u64) {
+    while let Some(s) = segs.map.get(&addr).cloned() {
+        let Some(next) = segs.map.get(&(addr + s.size)).cloned() else {
             return;
         };
         if !(s.expandable && next.expandable && s.stream == next.stream) {
             return;
         }
-        segs.remove(&(addr + s.size));
-        let run = segs.get_mut(&addr).expect("run");
-        run.size += next.size;
-        run.pool = run.pool.or(next.pool);
+        segs.remove(addr + s.size);
+        segs.insert(
+            addr,
+            Seg {
+                size: s.size + next.size,
+                pool: s.pool.or(next.pool),
+                ..s
+            },
+        );
+    }
+}
+
+/// The first segment or block of `segments` whose bytes run past the end of the 64-bit
+/// address space: where (a record for messages) and its bytes.
+pub(crate) fn past_the_end(segments: &[RecordedSegment]) -> Option<(String, u64)> {
+    for s in segments {
+        let blocks = s.blocks.iter().map(|b| (b.address, b.size));
+        if let Some((a, n)) = std::iter::once((s.address, s.total_size))
+            .chain(blocks)
+            .find(|&(a, n)| a.checked_add(n).is_none())
+        {
+            let record = if a == s.address && n == s.total_size {
+                format!("segment at {a:#x}")
+            } else {
+                format!("segment at {:#x}, block at {a:#x}", s.address)
+            };
+            return Some((record, n));
+        }
+    }
+    None
+}
+
+/// The allocator's state while a trace is undone, last entry first
+/// ([`RecordedRun::rebuild_start`]).
+pub(crate) struct Undo {
+    pub(crate) segs: Segs,
+    pub(crate) live: BTreeMap<u64, Live>,
+}
+
+impl Undo {
+    /// The state the recording ends with: its segments (the mapped runs of an
+    /// expandable segment joined) and their live blocks.
+    pub(crate) fn at_end(segments: &[RecordedSegment]) -> Undo {
+        let mut segs = Segs::default();
+        let mut live: BTreeMap<u64, Live> = BTreeMap::new();
+        for s in segments {
+            let pool = match s.segment_type.as_str() {
+                "small" => Some(StartPool::Small),
+                "large" => Some(StartPool::Large),
+                _ => None,
+            };
+            segs.map.insert(
+                s.address,
+                Seg {
+                    size: s.total_size,
+                    stream: s.stream,
+                    pool,
+                    expandable: s.is_expandable,
+                },
+            );
+            for b in &s.blocks {
+                let pending = match b.state {
+                    BlockState::ActiveAllocated => false,
+                    BlockState::ActivePendingFree => true,
+                    _ => continue,
+                };
+                live.insert(
+                    b.address,
+                    Live {
+                        size: Some(b.size),
+                        requested: b.requested_size.unwrap_or(b.size),
+                        pending,
+                    },
+                );
+            }
+        }
+        let runs: Vec<u64> = segs.map.keys().copied().collect();
+        for a in runs {
+            merge_runs(&mut segs, a);
+        }
+        Undo { segs, live }
+    }
+
+    /// Keeps a journal of the segments' changes from now on ([`Segs`]).
+    pub(crate) fn journal(&mut self) {
+        self.segs.journal = Some(Vec::new());
+    }
+
+    /// The journal's changes since it was last taken.
+    pub(crate) fn take_journal(&mut self) -> Journal {
+        self.segs
+            .journal
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Undoes entry `e` (see the module docs); the error says what does not fit.
+    pub(crate) fn undo(&mut self, e: &RecordedEntry) -> Result<(), String> {
+        let Undo { segs, live } = self;
+        match e.action {
+            Action::Alloc => match live.get(&e.addr) {
+                Some(b) if !b.pending => {
+                    live.remove(&e.addr);
+                }
+                _ => {
+                    return Err(format!(
+                        "alloc at {:#x}, a block that is not allocated after it",
+                        e.addr
+                    ))
+                }
+            },
+            Action::FreeRequested => match live.get_mut(&e.addr) {
+                Some(b) if b.pending => b.pending = false,
+                _ => {
+                    return Err(format!(
+                        "free_requested of {:#x}, a block that is not waiting after it",
+                        e.addr
+                    ))
+                }
+            },
+            Action::FreeCompleted => {
+                if live.contains_key(&e.addr) {
+                    return Err(format!(
+                        "free_completed of {:#x}, a block that is still live after it",
+                        e.addr
+                    ));
+                }
+                if segs
+                    .map
+                    .range(..=e.addr)
+                    .next_back()
+                    .is_none_or(|(&a, s)| e.addr >= a + s.size)
+                {
+                    return Err(format!(
+                        "free_completed of {:#x}, outside every segment",
+                        e.addr
+                    ));
+                }
+                live.insert(
+                    e.addr,
+                    Live {
+                        size: None,
+                        requested: e.size,
+                        pending: true,
+                    },
+                );
+            }
+            Action::SegmentAlloc => {
+                let Some(s) = segs.map.get(&e.addr) else {
+                    return Err(format!(
+                        "segment_alloc at {:#x}, a segment that is not live after it",
+                        e.addr
+                    ));
+                };
+                if live.range(e.addr..e.addr + s.size).next().is_some() {
+                    return Err(format!(
+                        "segment_alloc at {:#x}, a segment that holds blocks right after it",
+                        e.addr
+                    ));
+                }
+                segs.remove(e.addr);
+            }
+            Action::SegmentFree => {
+                if segs
+                    .map
+                    .range(..e.addr + e.size)
+                    .next_back()
+                    .is_some_and(|(&a, s)| a + s.size > e.addr)
+                {
+                    return Err(format!(
+                        "segment_free at {:#x}, a segment that overlaps a live one after it",
+                        e.addr
+                    ));
+                }
+                segs.insert(
+                    e.addr,
+                    Seg {
+                        size: e.size,
+                        stream: e.stream,
+                        pool: None,
+                        expandable: false,
+                    },
+                );
+            }
+            Action::SegmentMap => {
+                // Undone: [addr, addr + size) is unmapped again, so the run holding
+                // it is cut.
+                let Some((&a, s)) = segs
+                    .map
+                    .range(..=e.addr)
+                    .next_back()
+                    .filter(|(&a, s)| s.expandable && a + s.size >= e.addr + e.size)
+                else {
+                    return Err(format!(
+                        "segment_map at {:#x}, a range that is not mapped after it",
+                        e.addr
+                    ));
+                };
+                if live.range(e.addr..e.addr + e.size).next().is_some() {
+                    return Err(format!(
+                        "segment_map at {:#x}, pages that hold blocks right after it",
+                        e.addr
+                    ));
+                }
+                let s = s.clone();
+                segs.remove(a);
+                if e.addr > a {
+                    segs.insert(
+                        a,
+                        Seg {
+                            size: e.addr - a,
+                            ..s.clone()
+                        },
+                    );
+                }
+                let end = e.addr + e.size;
+                if a + s.size > end {
+                    segs.insert(
+                        end,
+                        Seg {
+                            size: a + s.size - end,
+                            ..s
+                        },
+                    );
+                }
+            }
+            Action::SegmentUnmap => {
+                if segs
+                    .map
+                    .range(..e.addr + e.size)
+                    .next_back()
+                    .is_some_and(|(&a, s)| a + s.size > e.addr)
+                {
+                    return Err(format!(
+                        "segment_unmap at {:#x}, pages that are mapped after it",
+                        e.addr
+                    ));
+                }
+                // The pool of pages mapped again: that of a neighbouring run, if any.
+                let pool = segs
+                    .map
+                    .range(..e.addr)
+                    .next_back()
+                    .filter(|(&a, s)| s.expandable && a + s.size == e.addr)
+                    .and_then(|(_, s)| s.pool)
+                    .or_else(|| segs.map.get(&(e.addr + e.size)).and_then(|s| s.pool));
+                segs.insert(
+                    e.addr,
+                    Seg {
+                        size: e.size,
+                        stream: e.stream,
+                        pool,
+                        expandable: true,
+                    },
+                );
+                merge_runs(segs, e.addr);
+                if let Some((&a, _)) = segs.map.range(..e.addr).next_back() {
+                    merge_runs(segs, a);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The state reached: segments in address order, each with its live blocks (ids
+    /// `0..n` in address order). The error is the address of a live block outside
+    /// every segment.
+    pub(crate) fn into_start(self) -> Result<StartState, u64> {
+        let Undo { segs, live } = self;
+        let mut out = StartState::default();
+        let mut next_id = 0u64;
+        for (&addr, s) in &segs.map {
+            let blocks: Vec<StartBlock> = live
+                .range(addr..addr + s.size)
+                .map(|(&a, b)| {
+                    let id = AllocId(next_id);
+                    next_id += 1;
+                    StartBlock {
+                        addr: a,
+                        size_bytes: b.size,
+                        requested_bytes: b.requested,
+                        pending_free: b.pending,
+                        id,
+                    }
+                })
+                .collect();
+            out.segments.push(StartSegment {
+                addr,
+                size_bytes: s.size,
+                stream: s.stream,
+                pool: s.pool,
+                expandable: s.expandable,
+                blocks,
+            });
+        }
+        let placed: usize = out.block_count();
+        if placed != live.len() {
+            let stray = live
+                .keys()
+                .find(|&&a| !segs.map.iter().any(|(&s, g)| s <= a && a < s + g.size))
+                .copied()
+                .unwrap_or(0);
+            return Err(stray);
+        }
+        Ok(out)
     }
 }
 
@@ -283,19 +618,8 @@ impl RecordedRun {
                 format!("its {bytes} bytes run past the end of the 64-bit address space"),
             )
         };
-        for s in &self.segments {
-            let blocks = s.blocks.iter().map(|b| (b.address, b.size));
-            if let Some((a, n)) = std::iter::once((s.address, s.total_size))
-                .chain(blocks)
-                .find(|&(a, n)| a.checked_add(n).is_none())
-            {
-                let record = if a == s.address && n == s.total_size {
-                    format!("segment at {a:#x}")
-                } else {
-                    format!("segment at {:#x}, block at {a:#x}", s.address)
-                };
-                return Err(past_end(record, n));
-            }
+        if let Some((record, bytes)) = past_the_end(&self.segments) {
+            return Err(past_end(record, bytes));
         }
         if let Some((index, e)) =
             (self.entries.iter().enumerate()).find(|(_, e)| e.addr.checked_add(e.size).is_none())
@@ -308,45 +632,9 @@ impl RecordedRun {
             );
             return Err(past_end(record, e.size));
         }
-        let mut segs: BTreeMap<u64, Seg> = BTreeMap::new();
-        let mut live: BTreeMap<u64, Live> = BTreeMap::new();
-        for s in &self.segments {
-            let pool = match s.segment_type.as_str() {
-                "small" => Some(StartPool::Small),
-                "large" => Some(StartPool::Large),
-                _ => None,
-            };
-            segs.insert(
-                s.address,
-                Seg {
-                    size: s.total_size,
-                    stream: s.stream,
-                    pool,
-                    expandable: s.is_expandable,
-                },
-            );
-            for b in &s.blocks {
-                let pending = match b.state {
-                    BlockState::ActiveAllocated => false,
-                    BlockState::ActivePendingFree => true,
-                    _ => continue,
-                };
-                live.insert(
-                    b.address,
-                    Live {
-                        size: Some(b.size),
-                        requested: b.requested_size.unwrap_or(b.size),
-                        pending,
-                    },
-                );
-            }
-        }
-        let runs: Vec<u64> = segs.keys().copied().collect();
-        for a in runs {
-            merge_runs(&mut segs, a);
-        }
+        let mut state = Undo::at_end(&self.segments);
         for (index, e) in self.entries.iter().enumerate().rev() {
-            let wrong = |what: String| {
+            state.undo(e).map_err(|what| {
                 ReadError::invalid(
                     &self.path,
                     Some(format!("entry {}", self.source_index(index))),
@@ -355,208 +643,17 @@ impl RecordedRun {
                          the allocator's state at its first entry cannot be rebuilt"
                     ),
                 )
-            };
-            match e.action {
-                Action::Alloc => match live.get(&e.addr) {
-                    Some(b) if !b.pending => {
-                        live.remove(&e.addr);
-                    }
-                    _ => {
-                        return Err(wrong(format!(
-                            "alloc at {:#x}, a block that is not allocated after it",
-                            e.addr
-                        )))
-                    }
-                },
-                Action::FreeRequested => match live.get_mut(&e.addr) {
-                    Some(b) if b.pending => b.pending = false,
-                    _ => {
-                        return Err(wrong(format!(
-                            "free_requested of {:#x}, a block that is not waiting after it",
-                            e.addr
-                        )))
-                    }
-                },
-                Action::FreeCompleted => {
-                    if live.contains_key(&e.addr) {
-                        return Err(wrong(format!(
-                            "free_completed of {:#x}, a block that is still live after it",
-                            e.addr
-                        )));
-                    }
-                    if segs
-                        .range(..=e.addr)
-                        .next_back()
-                        .is_none_or(|(&a, s)| e.addr >= a + s.size)
-                    {
-                        return Err(wrong(format!(
-                            "free_completed of {:#x}, outside every segment",
-                            e.addr
-                        )));
-                    }
-                    live.insert(
-                        e.addr,
-                        Live {
-                            size: None,
-                            requested: e.size,
-                            pending: true,
-                        },
-                    );
-                }
-                Action::SegmentAlloc => {
-                    let Some(s) = segs.get(&e.addr) else {
-                        return Err(wrong(format!(
-                            "segment_alloc at {:#x}, a segment that is not live after it",
-                            e.addr
-                        )));
-                    };
-                    if live.range(e.addr..e.addr + s.size).next().is_some() {
-                        return Err(wrong(format!(
-                            "segment_alloc at {:#x}, a segment that holds blocks right after it",
-                            e.addr
-                        )));
-                    }
-                    segs.remove(&e.addr);
-                }
-                Action::SegmentFree => {
-                    if segs
-                        .range(..e.addr + e.size)
-                        .next_back()
-                        .is_some_and(|(&a, s)| a + s.size > e.addr)
-                    {
-                        return Err(wrong(format!(
-                            "segment_free at {:#x}, a segment that overlaps a live one after it",
-                            e.addr
-                        )));
-                    }
-                    segs.insert(
-                        e.addr,
-                        Seg {
-                            size: e.size,
-                            stream: e.stream,
-                            pool: None,
-                            expandable: false,
-                        },
-                    );
-                }
-                Action::SegmentMap => {
-                    // Undone: [addr, addr + size) is unmapped again, so the run holding
-                    // it is cut.
-                    let Some((&a, s)) = segs
-                        .range(..=e.addr)
-                        .next_back()
-                        .filter(|(&a, s)| s.expandable && a + s.size >= e.addr + e.size)
-                    else {
-                        return Err(wrong(format!(
-                            "segment_map at {:#x}, a range that is not mapped after it",
-                            e.addr
-                        )));
-                    };
-                    if live.range(e.addr..e.addr + e.size).next().is_some() {
-                        return Err(wrong(format!(
-                            "segment_map at {:#x}, pages that hold blocks right after it",
-                            e.addr
-                        )));
-                    }
-                    let s = s.clone();
-                    segs.remove(&a);
-                    if e.addr > a {
-                        segs.insert(
-                            a,
-                            Seg {
-                                size: e.addr - a,
-                                ..s.clone()
-                            },
-                        );
-                    }
-                    let end = e.addr + e.size;
-                    if a + s.size > end {
-                        segs.insert(
-                            end,
-                            Seg {
-                                size: a + s.size - end,
-                                ..s
-                            },
-                        );
-                    }
-                }
-                Action::SegmentUnmap => {
-                    if segs
-                        .range(..e.addr + e.size)
-                        .next_back()
-                        .is_some_and(|(&a, s)| a + s.size > e.addr)
-                    {
-                        return Err(wrong(format!(
-                            "segment_unmap at {:#x}, pages that are mapped after it",
-                            e.addr
-                        )));
-                    }
-                    // The pool of pages mapped again: that of a neighbouring run, if any.
-                    let pool = segs
-                        .range(..e.addr)
-                        .next_back()
-                        .filter(|(&a, s)| s.expandable && a + s.size == e.addr)
-                        .and_then(|(_, s)| s.pool)
-                        .or_else(|| segs.get(&(e.addr + e.size)).and_then(|s| s.pool));
-                    segs.insert(
-                        e.addr,
-                        Seg {
-                            size: e.size,
-                            stream: e.stream,
-                            pool,
-                            expandable: true,
-                        },
-                    );
-                    merge_runs(&mut segs, e.addr);
-                    if let Some((&a, _)) = segs.range(..e.addr).next_back() {
-                        merge_runs(&mut segs, a);
-                    }
-                }
-                _ => {}
-            }
+            })?;
         }
-        let mut out = StartState::default();
-        let mut next_id = 0u64;
-        for (&addr, s) in &segs {
-            let blocks: Vec<StartBlock> = live
-                .range(addr..addr + s.size)
-                .map(|(&a, b)| {
-                    let id = AllocId(next_id);
-                    next_id += 1;
-                    StartBlock {
-                        addr: a,
-                        size_bytes: b.size,
-                        requested_bytes: b.requested,
-                        pending_free: b.pending,
-                        id,
-                    }
-                })
-                .collect();
-            out.segments.push(StartSegment {
-                addr,
-                size_bytes: s.size,
-                stream: s.stream,
-                pool: s.pool,
-                expandable: s.expandable,
-                blocks,
-            });
-        }
-        let placed: usize = out.block_count();
-        if placed != live.len() {
-            let stray = live
-                .keys()
-                .find(|&&a| !segs.iter().any(|(&s, g)| s <= a && a < s + g.size))
-                .copied()
-                .unwrap_or(0);
-            return Err(ReadError::invalid(
+        state.into_start().map_err(|stray| {
+            ReadError::invalid(
                 &self.path,
                 None,
                 format!(
                     "the rebuilt state has a live block at {stray:#x} outside every segment: the \
                      trace does not fit the segments the recording ends with"
                 ),
-            ));
-        }
-        Ok(out)
+            )
+        })
     }
 }

@@ -44,6 +44,9 @@ enum V {
     /// tuple (as this crate's writer gives an entry without frames); 4, a frame that
     /// is a string (an error); 5, a frame with a negative line (an error).
     OddFrames(u8),
+    /// An empty tuple (as this crate's writer gives `frames` without frames),
+    /// memoized or not (Python's pickler never memoizes one).
+    EmptyTuple(bool),
 }
 
 /// A key: a string (shared), or an int.
@@ -184,6 +187,12 @@ impl Py {
                 self.out.extend([b'r']);
                 self.out.extend(self.memo.to_le_bytes());
                 self.memo += 1;
+            }
+            V::EmptyTuple(memoized) => {
+                self.out.push(b')');
+                if *memoized {
+                    self.memoize();
+                }
             }
             V::OddFrames(kind) => {
                 let kind = *kind;
@@ -392,6 +401,9 @@ fn oddity(items: &mut Vec<(K, V)>, pick: u64, rng: &mut Rng) {
         )),
         25..=28 => items.push((K::S("frames"), V::OddFrames((pick - 25) as u8))),
         29 => items.push((K::S("frames"), V::Frames(vec![rng.below(50) as u32; 2]))),
+        30 => items.push((K::S("frames"), V::EmptyTuple(true))),
+        31 => items.push((K::S("other"), V::EmptyTuple(false))),
+        32 => items.push((K::S("frames"), V::EmptyTuple(false))),
         _ => items.push((K::S("stream"), V::Int(i128::from(rng.below(1 << 62))))),
     }
 }
@@ -454,7 +466,7 @@ fn entries(
                 items.insert(at, (K::S("frames"), V::Frames(stack)));
             }
             if rng.below(odd) == 0 {
-                let pick = match rng.below(30) {
+                let pick = match rng.below(33) {
                     // In the first batch (before the list is known to hold entries)
                     // a dict inside itself is refused.
                     13 if !self_refs || i < 1000 => 0,
@@ -588,4 +600,46 @@ fn lane_errors_are_the_general_machines() {
             }
         }
     }
+}
+
+/// A snapshot this crate writes (`export`: `frames: ()` for entries without stack
+/// frames) reads through the entry lane, frames kept or not, as the general machine
+/// reads it (`()` memoized or under other keys: the oddities above).
+#[test]
+fn exports_read_through_the_lane() {
+    use super::write::{snapshot_bytes, SnapshotEncoding, SnapshotEntry, SnapshotOut};
+    use crate::recorded::Action;
+    let entries: Vec<SnapshotEntry> = (0..3000u64)
+        .map(|i| SnapshotEntry {
+            action: if i % 2 == 0 {
+                Action::Alloc
+            } else {
+                Action::FreeCompleted
+            },
+            addr: 0x7f00_0000_0000 + (i / 2) * 512,
+            size: 512,
+            stream: 0,
+            time_us: (i % 3 == 0).then_some(1_700_000_000_000_000 + i),
+            stack: None,
+        })
+        .collect();
+    let bytes = snapshot_bytes(
+        &SnapshotOut {
+            entries,
+            ..SnapshotOut::default()
+        },
+        SnapshotEncoding::Pickle,
+    );
+    assert_eq!(
+        read(&bytes).unwrap(),
+        without_lane(|| read(&bytes)).unwrap()
+    );
+    assert_eq!(
+        read_kept(&bytes).unwrap(),
+        without_lane(|| read_kept(&bytes)).unwrap()
+    );
+    // All but the first batch of 1000 (read before the list is known to hold entries)
+    // and the last (too near the end of the input for the lane's lookahead).
+    assert!(super::tests::lane_entries(&bytes) >= 1999);
+    assert!(super::tests::lane_entries_with(&bytes, true) >= 1999);
 }

@@ -64,6 +64,9 @@ pub(crate) struct Limits {
     /// oldest are let go unless looked up once or holding a container (see
     /// [`Machine::memo_compact`]); 0 keeps every slot.
     pub memo_window: usize,
+    /// Segments are counted, not kept (a streamed replay's second pass, which needs
+    /// only the trace).
+    pub skip_segments: bool,
 }
 
 impl Default for Limits {
@@ -75,6 +78,7 @@ impl Default for Limits {
             max_argument: 64 << 20,
             max_input: 16 << 30,
             memo_window: 0,
+            skip_segments: false,
         }
     }
 }
@@ -744,7 +748,9 @@ impl<R: Read> Machine<R> {
                         if d.has("action") {
                             *items = Items::Entries(Box::new(self.entry_store()));
                         } else if d.has("blocks") || d.has("total_size") {
-                            *items = Items::Segments(Box::default());
+                            *items = Items::Segments(Box::new(SegmentStore::new(
+                                self.limits.skip_segments,
+                            )));
                         }
                     }
                 }
@@ -1718,6 +1724,23 @@ impl<R: Read> Machine<R> {
                         }
                         None => return self.leave_lane(start, memo_len, new_dict),
                     }
+                    continue;
+                }
+                b')' if matches!(key, Some(LaneKey::Frames | LaneKey::Skip | LaneKey::Other)) => {
+                    // An empty tuple where the lane keeps no value (this crate's
+                    // snapshot writer gives entries without stack frames `frames: ()`):
+                    // with frames kept, no frames. Memoized (Python's pickler never
+                    // memoizes it), it is handed over: MEMOIZE finds no item.
+                    if key.take() == Some(LaneKey::Frames) && keep {
+                        if frames_seen {
+                            return self.leave_lane(start, memo_len, new_dict);
+                        }
+                        frames_seen = true;
+                        stack = LaneStack::None;
+                    }
+                    pos += 1;
+                    last = None;
+                    last_per_entry = false;
                     continue;
                 }
                 b']' | b'}'

@@ -810,15 +810,28 @@ pub(crate) struct SegmentStore {
     /// Segments that could not be read: index, device if known, what is wrong.
     pub errors: Vec<(u64, Option<u64>, String)>,
     len: u64,
+    /// Segments are counted only ([`super::pickle::Limits::skip_segments`]).
+    skip: bool,
 }
 
 const MAX_ERRORS: usize = 64;
 
 impl SegmentStore {
-    /// Converts and keeps one segment.
+    /// A store that keeps the segments, or only counts them (`skip`).
+    pub(crate) fn new(skip: bool) -> SegmentStore {
+        SegmentStore {
+            skip,
+            ..SegmentStore::default()
+        }
+    }
+
+    /// Converts and keeps one segment (counts it, where skipping).
     pub(crate) fn push(&mut self, v: &Value) {
         let index = self.len;
         self.len += 1;
+        if self.skip {
+            return;
+        }
         let device = match v {
             Value::Dict(d) => match d.get("device") {
                 None => Ok(0),

@@ -2,41 +2,49 @@
 //! its entries.
 //!
 //! Turning a snapshot's entries into a trace needs the whole of them ([`RecordedRun::to_trace`]):
-//! whether the trace starts from an empty allocator, `check_replayable`'s counts,
-//! the private pool of each request and the addresses of every segment operation (the
-//! device's address hints). [`plan_stream`], the **first pass**, reads the file with
-//! the entries of each device trace sent to a tally instead of a store
-//! (`schema::EntryStore::sink`), which keeps what the whole trace decides in memory
-//! that follows the live blocks and segments, not the number of entries: the counts of
-//! each action, the live block addresses and segments (the forward check that the
-//! trace frees nothing it did not allocate, and leaves the segments the snapshot
-//! lists), and the segment operations (address hints: 40 bytes per `segment_*`
-//! entry). Its answer is a [`StreamPlan`], or [`WholeTrace`] with the reason the trace
-//! needs the whole-trace reader.
+//! whether the trace starts from an empty allocator, and if not the state at its first
+//! entry (rebuilt by undoing the trace from its end on the final segments,
+//! [`RecordedRun::rebuild_start`]), `check_replayable`'s counts, the private pool of
+//! each request and the addresses of every segment operation (the device's address
+//! hints). [`plan_stream`], the **first pass**, reads the file with the entries of
+//! each device trace sent to a tally instead of a store (`schema::EntryStore::sink`),
+//! which keeps what the whole trace decides in memory that follows the live blocks and
+//! segments, not the number of entries: the counts of each action, the live block
+//! addresses and segments (the forward check that the trace frees nothing it did not
+//! allocate, and leaves the segments the snapshot lists), the blocks the trace frees
+//! before it allocates them (live at its first entry, with what their first free says
+//! of them), and the segment operations (address hints: 40 bytes per `segment_*`
+//! entry). For a trace that starts mid-run it then rebuilds the state at the first
+//! entry from those: the segments by undoing the segment operations alone on the final
+//! segments, the blocks from their first frees and the final segments (see
+//! `rebuild`). Its answer is a [`StreamPlan`], or [`WholeTrace`] with the reason the
+//! trace needs the whole-trace reader.
 //!
 //! [`StreamPlan::events`], the **second pass**, reads the file again on a thread of its
 //! own and gives the trace's events as they come, with the entry each came from,
 //! exactly as [`RecordedRun::to_trace`] makes them from the held entries: ids in
-//! order, a `free_requested` dropped when the very next entry completes it, and the
-//! `empty_cache` calls the held reader infers (`empty_cache::empty_cache_points`: a
-//! run of segment releases that no segment allocation, map or `oom` follows) decided
-//! as the entry after the run arrives, placed before the run's first entry. Releases,
-//! snapshots and annotations make no events, so an inferred call lands at the same
-//! event index as in the held trace.
+//! order (a mid-run trace's live blocks first, in address order), a `free_requested`
+//! dropped when the very next entry completes it, and the `empty_cache` calls the held
+//! reader infers (`empty_cache::empty_cache_points`: a run of segment releases that no
+//! segment allocation, map or `oom` follows) decided as the entry after the run
+//! arrives, placed before the run's first entry. Releases, snapshots and annotations
+//! make no events, so an inferred call lands at the same event index as in the held
+//! trace. For a trace that starts mid-run it also makes, forward, the checks undoing
+//! the trace makes on its blocks (`Verify`); where one fails, undoing the whole trace
+//! would have failed, and [`StreamEvents::finish`] says so: the replay is then the
+//! whole-trace path's.
 //!
-//! What streams: a snapshot that starts from an empty allocator (its trace frees
-//! nothing it did not allocate and leaves exactly the segments it lists), shows no
-//! private pool (no entry's `pool_id`, no listed segment of one), and that
-//! [`RecordedRun::check_replayable`] and `to_trace` accept. The rest (a ring buffer
-//! that wrapped or a recording started late, whose start state is rebuilt backwards
-//! from the final segments; private pools, whose windows need every request's pool;
-//! any problem, which the whole-trace reader reports with all its details) answers
-//! [`WholeTrace`]: read it whole. A ring buffer holds at most `max_entries` entries,
-//! so the traces that need the whole-trace reader for their start are bounded by what
-//! the recording kept.
+//! What streams: a snapshot that shows no private pool (no entry's `pool_id`, no
+//! listed segment of one), that [`RecordedRun::check_replayable`] and `to_trace`
+//! accept, starting from an empty allocator (its trace frees nothing it did not
+//! allocate and leaves exactly the segments it lists) or mid-run (a ring buffer that
+//! wrapped, a recording started late) from a state that undoing the trace rebuilds.
+//! The rest (private pools, whose windows need every request's pool; any problem,
+//! which the whole-trace reader reports with all its details) answers [`WholeTrace`]:
+//! read it whole.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -46,7 +54,8 @@ use super::pickle::{self, Limits, SinkFactory, Value};
 use super::schema::EntrySink;
 use super::{Parts, Snapshot, SnapshotOptions};
 use crate::csv::file_stem;
-use crate::recorded::{Action, RecordedEntry, RecordedRun};
+use crate::recorded::{Action, RecordedEntry, RecordedRun, RecordedSegment};
+use crate::start::{past_the_end, Journal, Live, StartState, Undo};
 use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
 use crate::Format;
 
@@ -63,7 +72,9 @@ pub enum WholeTrace {
     /// The snapshot shows private pools, whose windows need every request's pool.
     PrivatePools,
     /// The trace starts mid-run (or ends with other segments than the snapshot
-    /// lists): its start state is rebuilt from the whole trace.
+    /// lists) and undoing it on the final segments fails (or its entries run past the
+    /// end of the address space): the whole-trace reader says why, or replays it from
+    /// an empty allocator.
     StartsMidRun,
     /// The second pass did not read what the first did (the file changed).
     Changed,
@@ -86,6 +97,8 @@ pub struct StreamPlan {
     /// The serial number of the device's list of entries among the pickle's.
     serial: u32,
     limits: Limits,
+    /// A trace that starts mid-run: its state at the first entry.
+    start: Option<MidRun>,
 }
 
 /// What the first pass keeps of one list of entries.
@@ -93,17 +106,37 @@ pub struct StreamPlan {
 struct Tally {
     len: u64,
     counts: [u64; 12],
-    /// Live block addresses, and live segments (address → size), while the trace
-    /// frees only what it allocated.
-    blocks: HashSet<u64>,
+    /// Live block addresses, each with whether its free was requested: the trace's own
+    /// and, once it frees what it did not allocate, those it found live at its start.
+    blocks: HashMap<u64, bool>,
+    /// Blocks live at the first entry (the trace frees them before it allocates them):
+    /// address → what their first free says.
+    start_blocks: HashMap<u64, FirstFree>,
+    /// Live segments (address → size), while the trace frees only what it allocated.
     segments: HashMap<u64, u64>,
     mapped: u64,
     /// The trace frees, releases or unmaps what it did not allocate or map.
     midrun: bool,
     /// An `alloc` at an address already live (which `to_trace` refuses).
     alloc_over_live: bool,
+    /// A block's entries out of PyTorch's order (alloc, free_requested,
+    /// free_completed), or a block found live at the start twice: the start state
+    /// cannot be rebuilt.
+    broken: bool,
+    /// An entry whose bytes run past the end of the 64-bit address space.
+    past_end: bool,
     /// The segment operations, with their indexes.
     segment_ops: Vec<(u64, RecordedEntry)>,
+}
+
+/// What the first free of a block live at the first entry says of it.
+#[derive(Clone, Copy)]
+struct FirstFree {
+    /// Its free was requested before the first entry (the trace completes it first).
+    pending: bool,
+    /// The size of its first `free_completed` (its requested size); `None` until one
+    /// comes (the final segments then say it).
+    requested: Option<u64>,
 }
 
 fn slot(a: Action) -> usize {
@@ -125,30 +158,76 @@ fn slot(a: Action) -> usize {
 
 impl Tally {
     /// `RecordedRun::trace_starts_empty` and `leaves_listed_segments`, forward, one
-    /// entry at a time (the two follow the same maps while nothing unknown is freed).
+    /// entry at a time (the two follow the same maps while nothing unknown is freed);
+    /// and for a trace that starts mid-run, the blocks live at its start, as undoing
+    /// the trace from its end finds them (`crate::start`): a block whose first entry is
+    /// a free.
     fn entry(&mut self, index: u64, e: RecordedEntry) {
         self.len = index + 1;
         self.counts[slot(e.action)] += 1;
-        if self.midrun {
-            return;
-        }
+        self.past_end |= e.addr.checked_add(e.size).is_none();
         if e.action.is_segment_op() {
             self.segment_ops.push((index, e));
         }
         match e.action {
-            Action::Alloc if !self.blocks.insert(e.addr) => self.alloc_over_live = true,
-            Action::FreeRequested if !self.blocks.contains(&e.addr) => self.midrun = true,
-            Action::FreeCompleted if !self.blocks.remove(&e.addr) => self.midrun = true,
-            Action::SegmentAlloc => {
+            Action::Alloc => {
+                let over_live = self.blocks.insert(e.addr, false).is_some();
+                self.alloc_over_live |= over_live;
+                self.broken |= over_live;
+            }
+            Action::FreeRequested => match self.blocks.get_mut(&e.addr) {
+                Some(pending) => {
+                    self.broken |= *pending;
+                    *pending = true;
+                }
+                None => {
+                    self.midrun = true;
+                    self.first_free(e.addr, false, None);
+                    self.blocks.insert(e.addr, true);
+                }
+            },
+            Action::FreeCompleted => match self.blocks.remove(&e.addr) {
+                Some(pending) => {
+                    self.broken |= !pending;
+                    if !self.start_blocks.is_empty() {
+                        if let Some(f) = self.start_blocks.get_mut(&e.addr) {
+                            f.requested.get_or_insert(e.size);
+                        }
+                    }
+                }
+                None => {
+                    self.midrun = true;
+                    self.first_free(e.addr, true, Some(e.size));
+                }
+            },
+            Action::SegmentAlloc if !self.midrun => {
                 self.segments.insert(e.addr, e.size);
             }
-            Action::SegmentFree if self.segments.remove(&e.addr).is_none() => self.midrun = true,
-            Action::SegmentMap => self.mapped = self.mapped.saturating_add(e.size),
-            Action::SegmentUnmap => match self.mapped.checked_sub(e.size) {
+            Action::SegmentFree if !self.midrun && self.segments.remove(&e.addr).is_none() => {
+                self.midrun = true;
+            }
+            Action::SegmentMap if !self.midrun => {
+                self.mapped = self.mapped.saturating_add(e.size);
+            }
+            Action::SegmentUnmap if !self.midrun => match self.mapped.checked_sub(e.size) {
                 Some(m) => self.mapped = m,
                 None => self.midrun = true,
             },
             _ => {}
+        }
+    }
+
+    /// A free of `addr`, a block not live: live at the first entry, unless the trace
+    /// freed it before (found here) or allocated it before (found by the second pass),
+    /// which undoing the trace refuses.
+    #[cold]
+    fn first_free(&mut self, addr: u64, pending: bool, requested: Option<u64>) {
+        if self
+            .start_blocks
+            .insert(addr, FirstFree { pending, requested })
+            .is_some()
+        {
+            self.broken = true;
         }
     }
 
@@ -248,11 +327,8 @@ pub fn plan_stream_with(
     if !store.pools.is_empty() || segments.iter().any(|s| s.pool_id != (0, 0)) {
         return Err(WholeTrace::PrivatePools);
     }
-    if tally.midrun {
-        return Err(WholeTrace::StartsMidRun);
-    }
     // `leaves_listed_segments`.
-    if !segments.is_empty() {
+    let leaves_listed = segments.is_empty() || {
         let listed: HashMap<u64, u64> = segments
             .iter()
             .filter(|s| !s.is_expandable)
@@ -263,13 +339,16 @@ pub fn plan_stream_with(
             .filter(|s| s.is_expandable)
             .map(|s| s.total_size)
             .sum();
-        if tally.segments != listed || tally.mapped != listed_mapped {
-            return Err(WholeTrace::StartsMidRun);
+        tally.segments == listed && tally.mapped == listed_mapped
+    };
+    let start = if !tally.midrun && leaves_listed {
+        if tally.alloc_over_live {
+            return Err(WholeTrace::NotReplayable);
         }
-    }
-    if tally.alloc_over_live {
-        return Err(WholeTrace::NotReplayable);
-    }
+        None
+    } else {
+        Some(rebuild(&tally, &segments)?)
+    };
     let allocs = tally.count(Action::Alloc) + tally.count(Action::Oom);
     let (source_indexes, entries): (Vec<u64>, Vec<RecordedEntry>) =
         tally.segment_ops.into_iter().unzip();
@@ -291,16 +370,187 @@ pub fn plan_stream_with(
         allocs,
         serial,
         limits,
+        start,
     })
+}
+
+/// The state at the first entry of a trace that starts mid-run, as
+/// [`RecordedRun::rebuild_start`] rebuilds it from the whole trace, from what the first
+/// pass kept: the segments by undoing the segment operations (kept for the address
+/// hints) on the final segments, which needs no block (a block entry changes no
+/// segment); the blocks from the first free of each block live at the start and the
+/// final segments' blocks the trace does not leave live. The checks the undoing makes
+/// on blocks (each block's entries in PyTorch's order, a block freed inside a segment,
+/// no block in a segment allocated or pages mapped right after) are the second pass's,
+/// forward from this state ([`Verify`]), which ends where the final segments do.
+fn rebuild(tally: &Tally, segments: &[RecordedSegment]) -> Result<MidRun, WholeTrace> {
+    if tally.broken || tally.past_end || past_the_end(segments).is_some() {
+        return Err(WholeTrace::StartsMidRun);
+    }
+    let mut state = Undo::at_end(segments);
+    let final_blocks = std::mem::take(&mut state.live);
+    state.journal();
+    let mut steps: Vec<(u64, Journal)> = Vec::new();
+    for (index, e) in tally.segment_ops.iter().rev() {
+        state.undo(e).map_err(|_| WholeTrace::StartsMidRun)?;
+        steps.push((*index, state.take_journal()));
+    }
+    steps.reverse();
+    let mut live: BTreeMap<u64, Live> = BTreeMap::new();
+    for (&addr, first) in &tally.start_blocks {
+        let block = match first.requested {
+            Some(requested) => Live {
+                size: None,
+                requested,
+                pending: first.pending,
+            },
+            // Its free requested in the trace, not completed: the final segments say it.
+            None => match final_blocks.get(&addr) {
+                Some(b) => Live {
+                    pending: false,
+                    ..b.clone()
+                },
+                None => return Err(WholeTrace::StartsMidRun),
+            },
+        };
+        live.insert(addr, block);
+    }
+    for (&addr, b) in &final_blocks {
+        if !tally.blocks.contains_key(&addr) && !live.contains_key(&addr) {
+            live.insert(addr, b.clone());
+        }
+    }
+    state.live = live;
+    let start = state.into_start().map_err(|_| WholeTrace::StartsMidRun)?;
+    let mut verify = Verify {
+        blocks: BTreeMap::new(),
+        segments: BTreeMap::new(),
+        steps: Vec::with_capacity(steps.len()),
+        journal: Vec::new(),
+        next_step: 0,
+        final_blocks: final_blocks.iter().map(|(&a, b)| (a, b.pending)).collect(),
+    };
+    for s in &start.segments {
+        verify.segments.insert(s.addr, s.size_bytes);
+        for b in &s.blocks {
+            verify.blocks.insert(b.addr, b.pending_free);
+        }
+    }
+    for (index, changes) in steps {
+        // Undone in order, so redone in the reverse order.
+        verify.journal.extend(changes.into_iter().rev());
+        verify.steps.push((index, verify.journal.len()));
+    }
+    Ok(MidRun { start, verify })
+}
+
+/// A trace that starts mid-run: its state at the first entry, and what the second pass
+/// checks of it.
+#[derive(Clone, Debug)]
+struct MidRun {
+    start: StartState,
+    verify: Verify,
+}
+
+/// The checks undoing the trace makes on its blocks ([`RecordedRun::rebuild_start`]),
+/// made forward from the rebuilt state as the second pass reads the entries: the state
+/// after each entry is the one undoing finds before undoing it, so where every check
+/// holds and the blocks end as the final segments list them, undoing the whole trace
+/// succeeds and reaches the state the replay started from.
+#[derive(Clone, Debug)]
+struct Verify {
+    /// Live blocks: address → free requested.
+    blocks: BTreeMap<u64, bool>,
+    /// Segments (address → bytes), as undoing finds them.
+    segments: BTreeMap<u64, u64>,
+    /// Each segment operation's index in the file, and the end of its changes in
+    /// `journal`.
+    steps: Vec<(u64, usize)>,
+    /// The segments' changes, each a key and its bytes after the operation (`None`:
+    /// no segment there), in the order they are redone.
+    journal: Vec<(u64, Option<u64>)>,
+    next_step: usize,
+    /// The final segments' live blocks: address → free requested.
+    final_blocks: BTreeMap<u64, bool>,
+}
+
+impl Verify {
+    /// Redoes entry `index`; whether undoing it would succeed.
+    fn entry(&mut self, index: u64, e: &RecordedEntry) -> bool {
+        match e.action {
+            Action::Alloc => self.blocks.insert(e.addr, false).is_none(),
+            Action::FreeRequested => match self.blocks.get_mut(&e.addr) {
+                Some(pending) if !*pending => {
+                    *pending = true;
+                    true
+                }
+                _ => false,
+            },
+            Action::FreeCompleted => {
+                self.blocks.remove(&e.addr) == Some(true)
+                    && self
+                        .segments
+                        .range(..=e.addr)
+                        .next_back()
+                        .is_some_and(|(&a, &size)| e.addr < a.saturating_add(size))
+            }
+            action if action.is_segment_op() => {
+                let Some(&(at, end)) = self.steps.get(self.next_step) else {
+                    return false;
+                };
+                if at != index {
+                    return false;
+                }
+                let begin = match self.next_step {
+                    0 => 0,
+                    n => self.steps[n - 1].1,
+                };
+                self.next_step += 1;
+                for &(key, size) in &self.journal[begin..end] {
+                    match size {
+                        Some(size) => self.segments.insert(key, size),
+                        None => self.segments.remove(&key),
+                    };
+                }
+                let empty = |blocks: &BTreeMap<u64, bool>, addr: u64, size: u64| {
+                    blocks
+                        .range(addr..addr.saturating_add(size))
+                        .next()
+                        .is_none()
+                };
+                match action {
+                    Action::SegmentAlloc => match self.segments.get(&e.addr) {
+                        Some(&size) => empty(&self.blocks, e.addr, size),
+                        None => false,
+                    },
+                    Action::SegmentMap => empty(&self.blocks, e.addr, e.size),
+                    _ => true,
+                }
+            }
+            _ => true,
+        }
+    }
+
+    /// After the last entry: every segment operation redone, the blocks as listed.
+    fn finish(&self) -> bool {
+        self.next_step == self.steps.len() && self.blocks == self.final_blocks
+    }
 }
 
 /// Events sent from the reading thread at once.
 const BATCH: usize = 8192;
 
 impl StreamPlan {
+    /// The state at the first entry of a trace that starts mid-run, as
+    /// [`RecordedRun::rebuild_start`] rebuilds it; `None` for a trace that starts from an
+    /// empty allocator. The second pass checks it ([`StreamEvents::finish`]).
+    pub fn start(&self) -> Option<&StartState> {
+        self.start.as_ref().map(|m| &m.start)
+    }
+
     /// The trace without its events, for reports: name, path, metadata, locations
-    /// counted in entries of the file, no start state (a streamed trace starts from
-    /// an empty allocator).
+    /// counted in entries of the file, and the state at its first entry
+    /// ([`StreamPlan::start`]).
     pub fn shell(&self) -> Trace {
         Trace {
             name: self.run.name.clone(),
@@ -311,7 +561,7 @@ impl StreamPlan {
             meta: self.run.meta.clone(),
             id_names: Vec::new(),
             times_us: Vec::new(),
-            start: None,
+            start: self.start().cloned(),
         }
     }
 
@@ -327,14 +577,17 @@ impl StreamPlan {
     pub fn events_with(&self, memo_window: usize) -> StreamEvents {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<(Event, u64)>>(4);
         let path: PathBuf = self.run.path.clone();
+        // The second pass needs the trace only: the segments are not kept.
         let limits = Limits {
             memo_window,
+            skip_segments: true,
             ..self.limits
         };
         let (serial, expected) = (self.serial, self.entries);
+        let start = self.start.clone();
         let handle = std::thread::Builder::new()
             .name("snapshot-reader".into())
-            .spawn(move || second_pass(&path, serial, limits, expected, tx))
+            .spawn(move || second_pass(&path, serial, limits, expected, start, tx))
             .ok();
         StreamEvents {
             rx,
@@ -369,11 +622,13 @@ impl Iterator for StreamEvents {
 }
 
 impl StreamEvents {
-    /// Whether the second pass gave every event of the trace the first pass planned.
+    /// Whether the second pass gave every event of the trace the first pass planned,
+    /// from the state it planned.
     ///
     /// # Errors
     /// [`WholeTrace::Changed`] when it did not (the file changed, or the reading
-    /// thread did not start).
+    /// thread did not start); [`WholeTrace::StartsMidRun`] when the trace does not fit
+    /// the state rebuilt for its first entry (undoing the whole trace fails).
     pub fn finish(self) -> Result<(), WholeTrace> {
         let StreamEvents {
             rx,
@@ -408,6 +663,8 @@ struct Events {
     /// `annotate` entry has ended it (the entry deciding it is still to come).
     run: Option<(u64, bool)>,
     entries: u64,
+    /// The checks of a trace that starts mid-run.
+    verify: Option<Verify>,
     /// The entries do not make a trace (the file changed since the first pass).
     failed: bool,
     /// The receiver is gone (the replay stopped): nothing more is sent.
@@ -439,6 +696,12 @@ impl Events {
         if self.failed || index + 1 != self.entries {
             self.failed = true;
             return;
+        }
+        if let Some(v) = &mut self.verify {
+            if !v.entry(index, &e) {
+                self.failed = true;
+                return;
+            }
         }
         if let Some((at, addr, id)) = self.pending.take() {
             if !(e.action == Action::FreeCompleted && e.addr == addr) {
@@ -520,17 +783,32 @@ fn second_pass(
     serial: u32,
     limits: Limits,
     expected: u64,
+    start: Option<MidRun>,
     tx: SyncSender<Vec<(Event, u64)>>,
 ) -> Result<(), WholeTrace> {
     let file = std::fs::File::open(path).map_err(|_| WholeTrace::Changed)?;
+    // A trace that starts mid-run: its live blocks keep ids `0..n`, its own
+    // allocations are numbered after them (as `to_trace` numbers them).
+    let (live, verify) = match start {
+        Some(MidRun { start, verify }) => {
+            let live: HashMap<u64, AllocId> = (start.segments.iter())
+                .flat_map(|s| &s.blocks)
+                .map(|b| (b.addr, b.id))
+                .collect();
+            (live, Some(verify))
+        }
+        None => (HashMap::new(), None),
+    };
+    let mid_run = verify.is_some();
     let events = Rc::new(RefCell::new(Events {
         tx,
         batch: Vec::with_capacity(BATCH),
-        live: HashMap::new(),
-        next_id: 0,
+        next_id: live.len() as u64,
+        live,
         pending: None,
         run: None,
         entries: 0,
+        verify,
         failed: false,
         stopped: false,
     }));
@@ -547,8 +825,11 @@ fn second_pass(
     let read = matches!(root, Ok(Value::Dict(_)));
     drop(root);
     let mut events = events.borrow_mut();
-    if !read || events.failed || events.entries != expected {
+    if !read || events.entries != expected || (events.failed && !mid_run) {
         return Err(WholeTrace::Changed);
+    }
+    if events.failed || events.verify.as_ref().is_some_and(|v| !v.finish()) {
+        return Err(WholeTrace::StartsMidRun);
     }
     events.end();
     Ok(())
