@@ -7,7 +7,11 @@ it (one free in 7 recorded as free_requested, then free_completed), all freed at
 end; the final segments list that segment, free. About 59 bytes per entry, no stack
 frames; written as it goes (constant memory). docs/performance.md ("Streaming a snapshot's replay")
 replays these to show memory flat in the file's length, which the synthetic files of
-workloads/benches/synth cannot (their final segments grow with them)."""
+workloads/benches/synth cannot (their final segments grow with them).
+
+It writes about 100 k entries a second: `cargo run --release -p workloads --example
+flat_snapshot -- N OUT.pickle` writes the same bytes about 80 times faster, and with
+`--wrapped` a ring-buffer snapshot of the same kind ("Snapshots, late night")."""
 import struct, sys
 
 n_target = int(sys.argv[1]); out = open(sys.argv[2], "wb")
