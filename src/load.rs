@@ -67,14 +67,71 @@ pub fn load_inputs(
     )?)
 }
 
-/// Frees a batch's traces on every core, once its output is written. They take
-/// gigabytes (a `compare` of 16 traces of 4·10⁶ events holds 3 GB), and the kernel
-/// takes such memory back page by page on the one thread that frees it, or at exit:
-/// on a 16-core machine that serial tail was a tenth of the wall time
-/// (docs/performance.md, "compare on 16 cores").
-pub fn free_in_parallel<T: Send>(items: Vec<T>) {
-    use rayon::prelude::*;
-    items.into_par_iter().for_each(drop);
+/// The traces of a batch (`compare`, `fit`), for [`sim::compare::load_and_run`], which
+/// loads them on every core while their jobs run: each named for reports by
+/// `sim::inputs::report_names` (file stems, unique), loaded through `sim::inputs::load`
+/// (the one loader), counted on the progress bar as it is read.
+pub struct Batch<'a> {
+    sources: Vec<TraceSource>,
+    names: Vec<String>,
+    options: LoadOptions,
+    model: &'a SimDeviceOptions,
+    bar: &'a indicatif::ProgressBar,
+    read: std::sync::atomic::AtomicUsize,
+}
+
+impl<'a> Batch<'a> {
+    /// The batch of the trace files `paths`, read as `input`'s flags say, with recorded
+    /// addresses as hints for a device like `model`.
+    pub fn new(
+        paths: &[std::path::PathBuf],
+        input: &InputArgs,
+        model: &'a SimDeviceOptions,
+        bar: &'a indicatif::ProgressBar,
+    ) -> Batch<'a> {
+        let sources: Vec<TraceSource> = paths.iter().cloned().map(TraceSource::File).collect();
+        Batch {
+            names: sim::inputs::report_names(&sources),
+            sources,
+            options: load_options(input),
+            model,
+            bar,
+            read: Default::default(),
+        }
+    }
+
+    /// Each trace's name in reports, in input order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Each trace file's size (0 where it cannot be read: its load says why), so that
+    /// the biggest is read first.
+    pub fn sizes(&self) -> Vec<u64> {
+        self.sources
+            .iter()
+            .map(|s| match s {
+                TraceSource::File(p) => std::fs::metadata(p).map_or(0, |m| m.len()),
+                TraceSource::Generated(_) => 0,
+            })
+            .collect()
+    }
+
+    /// Reads and validates trace `i`, named for reports. After Ctrl-C, reads nothing
+    /// more: [`interrupt::Interrupted`].
+    pub fn load(&self, i: usize) -> anyhow::Result<CompareInput> {
+        interrupt::check()?;
+        let mut input = sim::inputs::load(&self.sources[i], &self.options, self.model)?;
+        input.trace.name = self.names[i].clone();
+        let read = self.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let total = self.sources.len();
+        self.bar.set_message(if read < total {
+            format!(", {read}/{total} traces read")
+        } else {
+            String::new()
+        });
+        Ok(input)
+    }
 }
 
 /// The simulated device, the capacities to run at, and the caching defaults.
@@ -200,17 +257,4 @@ pub fn settings(meta: &TraceMeta, args: &DeviceArgs) -> Settings {
             names: ("--alloc-conf", "--cap"),
         },
     )
-}
-
-#[cfg(test)]
-mod tests {
-    /// Every item handed to `free_in_parallel` is dropped, once.
-    #[test]
-    fn free_in_parallel_drops_every_item_once() {
-        let shared = std::sync::Arc::new(());
-        let items: Vec<_> = (0..100).map(|_| std::sync::Arc::clone(&shared)).collect();
-        assert_eq!(std::sync::Arc::strong_count(&shared), 101);
-        super::free_in_parallel(items);
-        assert_eq!(std::sync::Arc::strong_count(&shared), 1);
-    }
 }

@@ -9,7 +9,8 @@ fn shown() -> bool {
 }
 
 /// A bar of `steps` replays (jobs of `compare`, `fit`, `sweep`, `bench`) on stderr,
-/// hidden when stderr is not a terminal.
+/// hidden when stderr is not a terminal. Its message follows the count (a batch sets
+/// it to the traces read so far while it still reads them).
 pub fn jobs_bar(steps: u64) -> indicatif::ProgressBar {
     if !shown() {
         return indicatif::ProgressBar::hidden();
@@ -17,7 +18,7 @@ pub fn jobs_bar(steps: u64) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(steps);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
-            "{spinner} {pos}/{len} replays [{bar:40}] {elapsed_precise}, about {eta} left",
+            "{spinner} {pos}/{len} replays{msg} [{bar:40}] {elapsed_precise}, about {eta} left",
         )
         .expect("a valid template")
         .progress_chars("=> "),

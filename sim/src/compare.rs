@@ -175,6 +175,228 @@ pub fn longest_first<J: Sync, R: Send>(
         .collect()
 }
 
+/// What a batch does with each source and job: [`load_and_run`]'s work.
+pub struct Work<'f, T, J, R, E> {
+    /// Reads source `i` (its index in the batch's sources) and makes it ready.
+    pub load: &'f (dyn Fn(usize) -> Result<T, E> + Sync),
+    /// A job's expected cost on its loaded source, only to order the jobs (highest
+    /// first); a wrong guess costs balance, never output.
+    pub cost: &'f (dyn Fn(&J, &T) -> f64 + Sync),
+    /// Runs a job on its loaded source.
+    pub run: &'f (dyn Fn(&J, &T) -> R + Sync),
+}
+
+/// What [`load_and_run`] gives: every job's result in input order, and the sources
+/// when asked to keep them.
+pub struct Ran<T, R> {
+    /// One result per job, in the order the jobs were given.
+    pub results: Vec<R>,
+    /// With `keep`, each source that some job needed (`None` for the others); without,
+    /// every one `None`: each source was freed once its last job ended.
+    pub sources: Vec<Option<T>>,
+}
+
+/// Loads a batch's sources and runs their jobs in one pool, with no barrier between the
+/// two: a source's jobs start as soon as it is loaded, while other sources are still
+/// loading and other jobs running. `sizes[i]` is source `i`'s expected load (its file's
+/// bytes): the biggest load first, since its jobs are the longest. `jobs` are
+/// `(source, job)`; a source no job names is not loaded.
+///
+/// Each step (a load or a job) is one task, and a task takes the best step there is
+/// when it starts: a load while fewer jobs wait than there are threads (so no thread
+/// idles while sources remain, and memory holds the sources the jobs need soon rather
+/// than all of them), else the costliest waiting job (longest first: the long jobs do
+/// not start last and finish alone). Without `keep`, a source is freed on the thread
+/// that ends its last job, while others still run: freeing gigabytes of traces after
+/// the batch was a serial tail (docs/performance.md, "compare on 16 cores").
+///
+/// Results come back in input order whatever ran first. A load that fails stops jobs
+/// from starting (those running finish) and loads after it in input order; the error
+/// is the first failing load in input order, whichever failed first in time.
+///
+/// # Errors
+/// The first source, in input order, whose load failed.
+pub fn load_and_run<T, J, R, E>(
+    sizes: &[u64],
+    jobs: &[(usize, J)],
+    work: &Work<'_, T, J, R, E>,
+    keep: bool,
+) -> Result<Ran<T, R>, E>
+where
+    T: Send + Sync,
+    J: Sync,
+    R: Send,
+    E: Send,
+{
+    use std::sync::{Arc, Mutex};
+    let n = sizes.len();
+    let mut remaining = vec![0usize; n];
+    let mut by_source: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (k, &(source, _)) in jobs.iter().enumerate() {
+        remaining[source] += 1;
+        by_source[source].push(k);
+    }
+    // Loads, biggest last (popped first); ties in input order.
+    let mut loads: Vec<usize> = (0..n).filter(|&i| remaining[i] > 0).collect();
+    loads.sort_by(|&a, &b| sizes[a].cmp(&sizes[b]).then(b.cmp(&a)));
+    struct State<T, E> {
+        loads: Vec<usize>,
+        /// Waiting jobs: (cost, job index); the costliest, then the first, runs next.
+        ready: Vec<(f64, usize)>,
+        remaining: Vec<usize>,
+        loaded: Vec<Option<Arc<T>>>,
+        kept: Vec<Option<Arc<T>>>,
+        /// The first failed load in input order, so far.
+        failed: Option<(usize, E)>,
+    }
+    let load_count = loads.len();
+    let state = Mutex::new(State {
+        loads,
+        ready: Vec::new(),
+        remaining,
+        loaded: (0..n).map(|_| None).collect(),
+        kept: (0..n).map(|_| None).collect(),
+        failed: None,
+    });
+    let results: Vec<Mutex<Option<R>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    let threads = rayon::current_num_threads();
+    enum Step<T> {
+        Load(usize),
+        Job(usize, Arc<T>),
+    }
+    // One task per step; each takes the best step available when it runs (a task is
+    // spawned for each load at the start and for each job once its source is loaded,
+    // so a task always finds one unless a failure dropped it).
+    fn task<'s, T, J, R, E>(scope: &rayon::Scope<'s>, ctx: &'s Ctx<'s, T, J, R, E>)
+    where
+        T: Send + Sync,
+        J: Sync,
+        R: Send,
+        E: Send,
+    {
+        let step = {
+            let mut s = ctx.lock();
+            let cut = s.failed.as_ref().map(|(i, _)| *i);
+            if let Some(cut) = cut {
+                s.ready.clear();
+                s.loads.retain(|&i| i < cut);
+            }
+            let load_now = !s.loads.is_empty() && (s.ready.len() < ctx.threads || cut.is_some());
+            if load_now {
+                s.loads.pop().map(Step::Load)
+            } else {
+                // The costliest, ties to the first in input order.
+                let best = s
+                    .ready
+                    .iter()
+                    .enumerate()
+                    .max_by(|(_, a), (_, b)| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)))
+                    .map(|(at, _)| at);
+                best.map(|at| {
+                    let (_, k) = s.ready.swap_remove(at);
+                    let source = ctx.jobs[k].0;
+                    let trace = Arc::clone(s.loaded[source].as_ref().expect("loaded"));
+                    Step::Job(k, trace)
+                })
+            }
+        };
+        match step {
+            None => {}
+            Some(Step::Load(i)) => match (ctx.work.load)(i) {
+                Ok(trace) => {
+                    let trace = Arc::new(trace);
+                    let costed: Vec<(f64, usize)> = ctx.by_source[i]
+                        .iter()
+                        .map(|&k| ((ctx.work.cost)(&ctx.jobs[k].1, &trace), k))
+                        .collect();
+                    let spawn = costed.len();
+                    {
+                        let mut s = ctx.lock();
+                        if ctx.keep {
+                            s.kept[i] = Some(Arc::clone(&trace));
+                        }
+                        s.loaded[i] = Some(trace);
+                        s.ready.extend(costed);
+                    }
+                    for _ in 0..spawn {
+                        scope.spawn(move |scope| task(scope, ctx));
+                    }
+                }
+                Err(e) => {
+                    let mut s = ctx.lock();
+                    if s.failed.as_ref().is_none_or(|(at, _)| i < *at) {
+                        s.failed = Some((i, e));
+                    }
+                }
+            },
+            Some(Step::Job(k, trace)) => {
+                let r = (ctx.work.run)(&ctx.jobs[k].1, &trace);
+                *ctx.results[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                let source = ctx.jobs[k].0;
+                // The last job of its source takes the pool's reference: the trace is
+                // freed here, on this thread, when `trace` goes.
+                let last = {
+                    let mut s = ctx.lock();
+                    s.remaining[source] -= 1;
+                    if s.remaining[source] == 0 {
+                        s.loaded[source].take()
+                    } else {
+                        None
+                    }
+                };
+                drop(last);
+                drop(trace);
+            }
+        }
+    }
+    struct Ctx<'s, T, J, R, E> {
+        state: &'s Mutex<State<T, E>>,
+        jobs: &'s [(usize, J)],
+        by_source: &'s [Vec<usize>],
+        results: &'s [Mutex<Option<R>>],
+        work: &'s Work<'s, T, J, R, E>,
+        threads: usize,
+        keep: bool,
+    }
+    impl<T, J, R, E> Ctx<'_, T, J, R, E> {
+        fn lock(&self) -> std::sync::MutexGuard<'_, State<T, E>> {
+            self.state.lock().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+    let ctx = Ctx {
+        state: &state,
+        jobs,
+        by_source: &by_source,
+        results: &results,
+        work,
+        threads,
+        keep,
+    };
+    rayon::scope(|scope| {
+        for _ in 0..load_count {
+            scope.spawn(|scope| task(scope, &ctx));
+        }
+    });
+    let s = state.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, e)) = s.failed {
+        return Err(e);
+    }
+    let results = results
+        .into_iter()
+        .map(|r| {
+            r.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every job ran")
+        })
+        .collect();
+    let sources = s
+        .kept
+        .into_iter()
+        .map(|t| t.map(|t| Arc::into_inner(t).expect("every job's reference is gone")))
+        .collect();
+    Ok(Ran { results, sources })
+}
+
 /// A replay's expected cost, only to order jobs (longest first): the trace's events
 /// times the policy's relative cost per event, as `allocsim bench` measured it in the
 /// night of 2026-11-26 (docs/performance.md, "Immediate, buddy and arena, night":
@@ -221,7 +443,7 @@ pub(crate) fn replay_policy<O: Observer + ?Sized>(
 /// Replays one (trace, policy, device) row: the replay, the explanation of its first
 /// out-of-memory with the remedies checked, its caveats, and its margin against the
 /// device's variation between processes.
-pub(crate) fn run_one(
+pub fn run_one(
     input: &CompareInput,
     spec: &PolicySpec,
     device: &SimDeviceOptions,
@@ -364,5 +586,131 @@ mod tests {
             }
         }
         assert_eq!(got, want);
+    }
+
+    /// A source that counts the live ones of its kind, to see when sources are freed.
+    struct Counted {
+        source: usize,
+        live: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Runs `load_and_run` on `threads` threads over sources whose size is their index
+    /// (the last loads first) and jobs `(source, k)`, each answering `source * 100 + k`;
+    /// returns the results, how many sources were ever live at once, which sources
+    /// loaded, and the kept sources' indices.
+    fn batch(
+        threads: usize,
+        jobs: &[(usize, usize)],
+        keep: bool,
+    ) -> (Vec<usize>, usize, Vec<usize>, Vec<Option<usize>>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::{Arc, Mutex};
+        let sizes: Vec<u64> = (0..5).collect();
+        let live = Arc::new(AtomicUsize::new(0));
+        let most = AtomicUsize::new(0);
+        let loaded = Mutex::new(Vec::new());
+        let load = |i: usize| -> Result<Counted, String> {
+            let now = live.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            loaded.lock().unwrap().push(i);
+            Ok(Counted {
+                source: i,
+                live: Arc::clone(&live),
+            })
+        };
+        let cost = |&k: &usize, _: &Counted| k as f64;
+        let run = |&k: &usize, t: &Counted| t.source * 100 + k;
+        let work = Work {
+            load: &load,
+            cost: &cost,
+            run: &run,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let ran = pool
+            .install(|| load_and_run(&sizes, jobs, &work, keep))
+            .unwrap();
+        let kept = ran
+            .sources
+            .iter()
+            .map(|t| t.as_ref().map(|t| t.source))
+            .collect();
+        drop(ran.sources);
+        assert_eq!(live.load(Ordering::SeqCst), 0, "every source is freed");
+        let mut loaded = loaded.into_inner().unwrap();
+        loaded.sort();
+        (ran.results, most.load(Ordering::SeqCst), loaded, kept)
+    }
+
+    /// Every job's result comes back in input order, whatever ran first; a source no
+    /// job names is not loaded; with `keep` the needed sources come back, without they
+    /// are all freed by the end.
+    #[test]
+    fn load_and_run_keeps_input_order_and_loads_what_jobs_need() {
+        let jobs: Vec<(usize, usize)> = vec![(3, 0), (0, 1), (3, 2), (1, 0), (0, 7), (3, 1)];
+        let want: Vec<usize> = jobs.iter().map(|&(s, k)| s * 100 + k).collect();
+        for threads in [1, 2, 4] {
+            let (results, _, loaded, kept) = batch(threads, &jobs, false);
+            assert_eq!(results, want);
+            assert_eq!(loaded, vec![0, 1, 3]);
+            assert_eq!(kept, vec![None; 5]);
+            let (results, _, _, kept) = batch(threads, &jobs, true);
+            assert_eq!(results, want);
+            assert_eq!(kept, vec![Some(0), Some(1), None, Some(3), None]);
+        }
+    }
+
+    /// On one thread a source is freed once its last job ends, before the next one is
+    /// loaded: one source live at a time (all of them with `keep`).
+    #[test]
+    fn load_and_run_frees_each_source_after_its_last_job() {
+        let jobs: Vec<(usize, usize)> = (0..5).flat_map(|s| (0..3).map(move |k| (s, k))).collect();
+        let (_, most, _, _) = batch(1, &jobs, false);
+        assert_eq!(most, 1);
+        let (_, most, _, _) = batch(1, &jobs, true);
+        assert_eq!(most, 5);
+    }
+
+    /// Two loads fail: the error is the first in input order, though the other (a
+    /// bigger file, loaded first) failed first in time.
+    #[test]
+    fn load_and_run_reports_the_first_failed_load_in_input_order() {
+        let sizes = [0u64, 5, 9];
+        let jobs = [(0usize, ()), (1, ()), (2, ())];
+        let load = |i: usize| -> Result<usize, String> {
+            match i {
+                0 => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    Err("zero".to_string())
+                }
+                2 => Err("two".to_string()),
+                _ => Ok(i),
+            }
+        };
+        let cost = |_: &(), _: &usize| 1.0;
+        let run = |_: &(), &i: &usize| i;
+        let work = Work {
+            load: &load,
+            cost: &cost,
+            run: &run,
+        };
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let e = pool
+                .install(|| load_and_run(&sizes, &jobs, &work, false))
+                .err();
+            assert_eq!(e.as_deref(), Some("zero"));
+        }
     }
 }

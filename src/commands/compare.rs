@@ -27,34 +27,81 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     }
     let setup = load::device_setup(&args.device)?;
     // Flags are checked before any trace is read.
-    load::policies(&args.policies, &setup.caching)?;
-    let inputs = load::load_inputs(&args.traces, &args.input, &setup.options)?;
-    // Each recorded run under its own recorded settings, unless flags replace them.
-    let mut runs = Vec::with_capacity(inputs.len());
-    for (input, path) in inputs.into_iter().zip(&args.traces) {
-        let settings = load::settings(&input.trace.meta, &args.device);
-        if let Some(note) = &settings.note {
-            eprintln!("{}: {note}", path.display());
-        }
-        if let Some(start) = crate::commands::replay::start_line(&input.trace) {
-            eprintln!("{}: starts mid-run: {start}", path.display());
-        }
-        let specs = load::policies(&args.policies, &settings.caching)?;
-        runs.push((input, specs));
-    }
+    let per_trace = load::policies(&args.policies, &setup.caching)?.len();
+    let bar =
+        crate::progress::jobs_bar((args.traces.len() * per_trace * setup.devices.len()) as u64);
     let rows = {
-        // Ctrl-C stops every replay at its next event; nothing is written then.
+        // Ctrl-C stops every replay at its next event, and loading before the next
+        // trace; nothing is written then.
         let _in_order = interrupt::in_order();
-        let jobs: Vec<(&sim::CompareInput, &[policies::spec::PolicySpec])> = runs
-            .iter()
-            .map(|(input, specs)| (input, specs.as_slice()))
+        let batch = load::Batch::new(&args.traces, &args.input, &setup.options, &bar);
+        // Each recorded run under its own recorded settings, unless flags replace them:
+        // its notes, and its policies (or why they do not parse), kept apart from the
+        // trace, which goes once its last replay ends.
+        let notes: Vec<std::sync::Mutex<Option<Prepared>>> =
+            args.traces.iter().map(|_| Default::default()).collect();
+        let load = |i: usize| -> anyhow::Result<Loaded> {
+            let input = batch.load(i)?;
+            let path = &args.traces[i];
+            let settings = load::settings(&input.trace.meta, &args.device);
+            let mut lines = Vec::new();
+            if let Some(note) = &settings.note {
+                lines.push(format!("{}: {note}", path.display()));
+            }
+            if let Some(start) = crate::commands::replay::start_line(&input.trace) {
+                lines.push(format!("{}: starts mid-run: {start}", path.display()));
+            }
+            let specs = load::policies(&args.policies, &settings.caching);
+            let (specs, error) = match specs {
+                Ok(s) => (Some(s), None),
+                Err(e) => (None, Some(e)),
+            };
+            *notes[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(Prepared { lines, error });
+            Ok(Loaded { input, specs })
+        };
+        // Every (trace, policy, device), in the rows' order.
+        let devices = setup.devices.len();
+        let jobs: Vec<(usize, (usize, usize))> = (0..args.traces.len())
+            .flat_map(|t| (0..per_trace).flat_map(move |p| (0..devices).map(move |d| (t, (p, d)))))
             .collect();
-        let steps = jobs.iter().map(|(_, s)| s.len()).sum::<usize>() * setup.devices.len();
-        let bar = crate::progress::jobs_bar(steps as u64);
-        let tick = || bar.inc(1);
-        let rows = sim::compare_each(&jobs, &setup.devices, &setup.replay, Some(&tick))?;
+        let cost = |&(p, _): &(usize, usize), l: &Loaded| {
+            l.specs
+                .as_ref()
+                .map_or(0.0, |s| sim::replay_cost(&l.input.trace, &s[p].config))
+        };
+        let run = |&(p, d): &(usize, usize), l: &Loaded| {
+            let row = l.specs.as_ref().map(|specs| {
+                sim::compare::run_one(&l.input, &specs[p], &setup.devices[d], &setup.replay)
+            });
+            bar.inc(1);
+            row
+        };
+        let work = sim::compare::Work {
+            load: &load,
+            cost: &cost,
+            run: &run,
+        };
+        let ran = sim::compare::load_and_run(&batch.sizes(), &jobs, &work, false);
         bar.finish_and_clear();
-        rows
+        let ran = ran?;
+        // The notes in input order, up to the first trace whose policies do not parse.
+        for prepared in notes {
+            let prepared = prepared
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every trace loaded");
+            for line in &prepared.lines {
+                eprintln!("{line}");
+            }
+            if let Some(e) = prepared.error {
+                return Err(e);
+            }
+        }
+        // The first failed replay in input order, whichever failed first in time.
+        ran.results
+            .into_iter()
+            .map(|r| r.expect("every trace's policies parse"))
+            .collect::<Result<Vec<sim::Row>, sim::CompareError>>()?
     };
     crate::commands::replay::warn_caveats(rows.iter().flat_map(|r| {
         r.caveats
@@ -76,8 +123,21 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
     if let Some(path) = &args.output {
         eprintln!("wrote {} ({} rows)", path.display(), rows.len());
     }
-    load::free_in_parallel(runs);
     Ok(Exit::Ran)
+}
+
+/// A trace of the batch, loaded, with its policies under its own settings (`None`
+/// when they do not parse: the error is in its [`Prepared`]).
+struct Loaded {
+    input: sim::CompareInput,
+    specs: Option<Vec<policies::spec::PolicySpec>>,
+}
+
+/// What a trace's loading printed before the batch ran in parallel (each recorded
+/// run's settings, a start mid-run), printed in input order once it is done.
+struct Prepared {
+    lines: Vec<String>,
+    error: Option<anyhow::Error>,
 }
 
 /// With two traces or more, each (policy, capacity)'s spread across them: mean,

@@ -67,18 +67,20 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
     let setup = load::device_setup(&args.device)?;
     let specs = load::policies(&args.policies, &setup.caching)?;
     let gpus = gpus(&args.gpus)?;
-    let loaded = load::load_inputs(&args.traces, &args.input, &setup.options)?;
-    let jobs: Vec<(usize, usize)> = (0..loaded.len())
+    let jobs: Vec<(usize, usize)> = (0..args.traces.len())
         .flat_map(|t| (0..specs.len()).map(move |p| (t, p)))
         .collect();
-    // Ctrl-C stops every replay at its next event; nothing is written then.
-    let in_order = interrupt::in_order();
     let bar = crate::progress::jobs_bar(jobs.len() as u64);
-    // Longest first (a bisection is a dozen replays of its trace), results in input order.
-    let cost = |&(t, p): &(usize, usize)| sim::replay_cost(&loaded[t].trace, &specs[p].config);
-    let results: Vec<anyhow::Result<FitResult>> = sim::longest_first(&jobs, cost, |&(t, p)| {
+    // Ctrl-C stops every replay at its next event, and loading before the next trace;
+    // nothing is written then.
+    let in_order = interrupt::in_order();
+    let batch = load::Batch::new(&args.traces, &args.input, &setup.options, &bar);
+    let load = |i: usize| batch.load(i);
+    // Longest first (a bisection is a dozen replays of its trace).
+    let cost =
+        |&p: &usize, input: &sim::CompareInput| sim::replay_cost(&input.trace, &specs[p].config);
+    let run = |&p: &usize, input: &sim::CompareInput| -> anyhow::Result<FitResult> {
         let _tick = Tick(&bar);
-        let input = &loaded[t];
         let config = &specs[p].config;
         let fit = sim::fit(
             &input.trace,
@@ -100,11 +102,21 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
             })
             .collect::<Result<Vec<(bool, Margin)>, sim::CompareError>>()?;
         Ok((fit, on))
-    });
+    };
+    let work = sim::compare::Work {
+        load: &load,
+        cost: &cost,
+        run: &run,
+    };
+    // Each trace goes once its last bisection ends; results in input order.
+    let ran = sim::compare::load_and_run(&batch.sizes(), &jobs, &work, false);
     drop(in_order);
     bar.finish_and_clear();
-    let results = results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
-    let names: Vec<&str> = loaded.iter().map(|i| i.trace.name.as_str()).collect();
+    let results = ran?
+        .results
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let names = batch.names();
     let format = OutputFormat::resolve(args.format, args.output.is_some());
     let mut out = output::create(args.output.as_deref())?;
     match format {
@@ -124,7 +136,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
                     .collect();
                 let fits: Vec<bool> = on.iter().map(|&(ok, _)| ok).collect();
                 let record =
-                    FitRecord::of(names[t], &specs[p].label, fit).with_marginal_gpus(&marginal);
+                    FitRecord::of(&names[t], &specs[p].label, fit).with_marginal_gpus(&marginal);
                 w.serialize((record, fits)).context("writing the CSV")?;
             }
             w.flush().context("writing the CSV")?;
@@ -220,7 +232,6 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
     if let Some(path) = &args.output {
         eprintln!("wrote {} ({} rows)", path.display(), results.len());
     }
-    load::free_in_parallel(loaded);
     Ok(Exit::Ran)
 }
 

@@ -270,38 +270,50 @@ pub struct Outcome {
     pub caveats: Vec<String>,
 }
 
-/// Loads the traces a sweep's rows need, in parallel (named for reports among all the sweep's
-/// traces, so that shards agree), in order; `None` for a trace no row needs.
-///
-/// # Errors
-/// The first trace, in order, that does not load.
-pub fn load_traces(sweep: &Sweep, jobs: &[Job]) -> Result<Vec<Option<CompareInput>>, LoadError> {
-    let names = crate::inputs::report_names(&sweep.traces);
-    let model = sweep
-        .devices
-        .first()
-        .map_or_else(SimDeviceOptions::default, |d| d.options.clone());
-    // Read in parallel; the error reported is the first in order, whichever failed
-    // first in time.
-    let loaded: Vec<Result<Option<CompareInput>, LoadError>> = sweep
-        .traces
-        .par_iter()
-        .enumerate()
-        .map(|(i, source)| {
-            if !jobs.iter().any(|j| j.trace == i) {
-                return Ok(None);
-            }
-            let mut input = crate::inputs::load(source, &sweep.load, &model)?;
-            input.trace.name = names[i].clone();
-            Ok(Some(input))
-        })
-        .collect();
-    loaded.into_iter().collect()
+/// How a sweep's traces load: each named for reports among all the sweep's traces (so
+/// that shards agree), read with the first device as the model of recorded addresses.
+struct Loader<'s> {
+    sweep: &'s Sweep,
+    names: Vec<String>,
+    model: SimDeviceOptions,
 }
 
-/// Runs a sweep (or a shard of it) on all cores: loads the traces, replays every row,
-/// and for a whole run ranks the rows, summarizes them and finds the least memory each
-/// recommended configuration runs in.
+impl<'s> Loader<'s> {
+    fn of(sweep: &'s Sweep) -> Loader<'s> {
+        Loader {
+            sweep,
+            names: crate::inputs::report_names(&sweep.traces),
+            model: sweep
+                .devices
+                .first()
+                .map_or_else(SimDeviceOptions::default, |d| d.options.clone()),
+        }
+    }
+
+    fn load(&self, i: usize) -> Result<CompareInput, LoadError> {
+        let mut input = crate::inputs::load(&self.sweep.traces[i], &self.sweep.load, &self.model)?;
+        input.trace.name = self.names[i].clone();
+        Ok(input)
+    }
+
+    /// Each trace's expected load: a file's bytes (0 for a generated trace, or a file
+    /// that cannot be read: its load says why), the biggest read first.
+    fn sizes(&self) -> Vec<u64> {
+        self.sweep
+            .traces
+            .iter()
+            .map(|t| match t {
+                TraceSource::File(p) => std::fs::metadata(p).map_or(0, |m| m.len()),
+                TraceSource::Generated(_) => 0,
+            })
+            .collect()
+    }
+}
+
+/// Runs a sweep (or a shard of it) on all cores: loads the traces and replays every
+/// row in one pool (a trace's rows start once it is loaded, longest first:
+/// [`crate::compare::load_and_run`]), and for a whole run ranks the rows, summarizes
+/// them and finds the least memory each recommended configuration runs in.
 ///
 /// # Errors
 /// See [`RunError`].
@@ -310,28 +322,38 @@ pub fn run(sweep: &Sweep, options: &RunOptions<'_>) -> Result<Outcome, RunError>
         return Err(RunError::NoTraces);
     }
     let jobs = sweep.jobs(options.shard);
-    let inputs = load_traces(sweep, &jobs)?;
     let tick = || {
         if let Some(p) = options.progress {
             p();
         }
     };
-    let results: Vec<Result<(SweepRecord, Vec<String>), CompareError>> = jobs
-        .par_iter()
-        .map(|job| {
-            let input = inputs[job.trace].as_ref().expect("loaded for its jobs");
-            let combination = &sweep.combinations[job.policy];
-            let device = &sweep.devices[job.device];
-            let row =
-                crate::compare::run_one(input, &combination.spec, &device.options, &options.replay);
-            tick();
-            row.map(|row| {
-                let record =
-                    SweepRecord::of(job.combination, &row, &device.label, combination.default);
-                (record, row.caveats)
-            })
+    let loader = Loader::of(sweep);
+    let load = |i: usize| loader.load(i);
+    let cost = |job: &Job, input: &CompareInput| {
+        crate::compare::replay_cost(&input.trace, &sweep.combinations[job.policy].spec.config)
+    };
+    let replay = |job: &Job, input: &CompareInput| {
+        let combination = &sweep.combinations[job.policy];
+        let device = &sweep.devices[job.device];
+        let row =
+            crate::compare::run_one(input, &combination.spec, &device.options, &options.replay);
+        tick();
+        row.map(|row| {
+            let record = SweepRecord::of(job.combination, &row, &device.label, combination.default);
+            (record, row.caveats)
         })
-        .collect();
+    };
+    let work = crate::compare::Work {
+        load: &load,
+        cost: &cost,
+        run: &replay,
+    };
+    let batch: Vec<(usize, Job)> = jobs.iter().map(|j| (j.trace, *j)).collect();
+    // A whole run keeps its traces for the bisections after the ranking.
+    let ran =
+        crate::compare::load_and_run(&loader.sizes(), &batch, &work, options.shard.is_none())?;
+    let inputs = ran.sources;
+    let results = ran.results;
     // The first failure in row order, whichever failed first in time.
     let results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     let caveats = caveats(sweep, &results);
@@ -376,6 +398,8 @@ pub fn run(sweep: &Sweep, options: &RunOptions<'_>) -> Result<Outcome, RunError>
     for (t, fit) in summary.traces.iter_mut().zip(fits) {
         t.needs = fit?;
     }
+    // The traces go on every core, not page by page on this one.
+    inputs.into_par_iter().for_each(drop);
     Ok(Outcome {
         records,
         summary: Some(summary),
