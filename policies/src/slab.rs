@@ -1,6 +1,11 @@
 //! A table of values under stable `u32` keys that reuses freed keys: the handles behind
 //! [`crate::Allocation`] and the caching policy's blocks and segments. One definition
 //! for every policy, with its own bookkeeping check.
+//!
+//! [`Slab`] keeps each slot an `Option`; [`DenseSlab`] is the same table for values
+//! that mark their own slot vacant ([`Vacancy`]: the caching policy's blocks, whose
+//! state says so), so a slot is the value alone, and a key the caller knows to be live
+//! is read without testing a tag ([`DenseSlab::live`]).
 
 /// See the module docs.
 #[derive(Debug)]
@@ -85,9 +90,149 @@ impl<T> Slab<T> {
     }
 }
 
+/// A value that can stand for an empty slot of a [`DenseSlab`].
+pub(crate) trait Vacancy {
+    /// Whether this value's slot is empty (see [`Vacancy::vacate`]).
+    fn is_vacant(&self) -> bool;
+    /// Marks this value's slot empty (as cheaply as the type can: the caching policy's
+    /// block sets its state), so that [`Vacancy::is_vacant`] holds.
+    fn vacate(&mut self);
+}
+
+/// [`Slab`] for values that mark their own slot vacant: no `Option` tag per slot. The
+/// table never shrinks, so every key [`DenseSlab::insert`] returned stays in range.
+#[derive(Debug)]
+pub(crate) struct DenseSlab<T> {
+    items: Vec<T>,
+    free: Vec<u32>,
+}
+
+impl<T> Default for DenseSlab<T> {
+    fn default() -> Self {
+        DenseSlab {
+            items: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+}
+
+impl<T: Vacancy> DenseSlab<T> {
+    /// Stores `value` (not vacant) and returns its key (a freed key if there is one).
+    #[inline]
+    pub(crate) fn insert(&mut self, value: T) -> u32 {
+        debug_assert!(!value.is_vacant(), "a vacant value stored");
+        match self.free.pop() {
+            Some(key) => {
+                self.items[key as usize] = value;
+                key
+            }
+            None => {
+                self.items.push(value);
+                u32::try_from(self.items.len() - 1).expect("more than 4 billion live entries")
+            }
+        }
+    }
+
+    /// Empties `key`'s slot without moving its value out ([`Vacancy::vacate`]); its
+    /// key becomes free. Whether the key held a value.
+    #[inline]
+    pub(crate) fn vacate(&mut self, key: u32) -> bool {
+        let Some(slot) = self.items.get_mut(key as usize) else {
+            return false;
+        };
+        if slot.is_vacant() {
+            return false;
+        }
+        slot.vacate();
+        self.free.push(key);
+        true
+    }
+
+    /// The value under `key`, if any.
+    #[inline]
+    pub(crate) fn get(&self, key: u32) -> Option<&T> {
+        self.items.get(key as usize).filter(|v| !v.is_vacant())
+    }
+
+    /// The value under `key`, which the caller knows to be live (a key its own links
+    /// hold): checked against the table's length always, against vacancy only in
+    /// debug builds (a vacant slot reads as the value it held last).
+    #[inline(always)]
+    pub(crate) fn live(&self, key: u32) -> &T {
+        let value = &self.items[key as usize];
+        debug_assert!(!value.is_vacant(), "key {key} is vacant");
+        value
+    }
+
+    /// [`DenseSlab::live`], mutably.
+    #[inline(always)]
+    pub(crate) fn live_mut(&mut self, key: u32) -> &mut T {
+        let value = &mut self.items[key as usize];
+        debug_assert!(!value.is_vacant(), "key {key} is vacant");
+        value
+    }
+
+    /// Live entries with their keys, in key order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
+        self.items
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_vacant())
+            .map(|(k, v)| (k as u32, v))
+    }
+
+    /// Panics if the free list and the table disagree (`what` names the owner).
+    pub(crate) fn check(&self, what: &str) {
+        let live = self.items.iter().filter(|v| !v.is_vacant()).count();
+        assert_eq!(
+            live + self.free.len(),
+            self.items.len(),
+            "{what}: slot bookkeeping"
+        );
+        assert!(
+            self.free
+                .iter()
+                .all(|&k| self.items[k as usize].is_vacant()),
+            "{what}: a free slot holds a value"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Vacancy for &'static str {
+        fn is_vacant(&self) -> bool {
+            self.is_empty()
+        }
+        fn vacate(&mut self) {
+            *self = "";
+        }
+    }
+
+    /// A dense slab keeps keys stable, reuses freed ones, tells vacant slots from live
+    /// ones and keeps its counts consistent, as the slab of options does.
+    #[test]
+    fn dense_keys_are_stable_and_reused() {
+        let mut s: DenseSlab<&'static str> = DenseSlab::default();
+        let a = s.insert("a");
+        let b = s.insert("b");
+        assert!(s.vacate(a));
+        assert!(!s.vacate(a), "a vacant slot holds nothing");
+        assert_eq!(s.get(a), None);
+        assert!(!s.vacate(7), "a key past the table holds nothing");
+        let c = s.insert("c");
+        assert_eq!(c, a, "freed key reused");
+        assert_eq!((s.get(b), s.live(c)), (Some(&"b"), &"c"));
+        *s.live_mut(b) = "d";
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![(a, &"c"), (b, &"d")]);
+        s.check("test");
+        assert!(s.vacate(b));
+        assert_eq!(s.get(b), None);
+        assert_eq!(s.insert("e"), b, "a vacated key is reused");
+        s.check("test");
+    }
 
     /// Keys are stable, freed keys are reused, and the counts stay consistent.
     #[test]

@@ -49,7 +49,7 @@ impl CachingPolicy {
         self.pools[owner as usize]
             .get_mut(pool)
             .blocks
-            .remove(&mut self.free_nodes, candidate);
+            .remove(&mut self.blocks, candidate);
         Ok(Some(candidate))
     }
 
@@ -63,7 +63,7 @@ impl CachingPolicy {
         stream: StreamId,
         size: u64,
     ) -> Result<u32, DeviceError> {
-        let allocatable = |blocks: &Slab<Block>, id: u32| {
+        let allocatable = |blocks: &DenseSlab<Block>, id: u32| {
             id != NIL && blocks.get(id).is_some_and(|b| b.state == State::Free)
         };
         let unmapped: Vec<u32> = self
@@ -129,7 +129,7 @@ impl CachingPolicy {
         id: u32,
         size: u64,
     ) -> Result<bool, DeviceError> {
-        let b = self.block(id).clone();
+        let b = *self.block(id);
         debug_assert!(!b.mapped && size <= b.size);
         let es = self.expandables[b.segment as usize]
             .as_mut()
@@ -186,7 +186,7 @@ impl CachingPolicy {
         device: &mut dyn Device,
         id: u32,
     ) -> Result<(), DeviceError> {
-        let b = self.block(id).clone();
+        let b = *self.block(id);
         let es = self.expandables[b.segment as usize]
             .as_mut()
             .expect("dead expandable segment");
@@ -207,7 +207,7 @@ impl CachingPolicy {
         self.pools[b.owner as usize]
             .get_mut(b.pool)
             .blocks
-            .remove(&mut self.free_nodes, id);
+            .remove(&mut self.blocks, id);
         let before_size = unmapped_addr - b.addr;
         if before_size > 0 {
             let before = self.insert_block(b.piece(b.addr, before_size, true, b.prev, id));
@@ -258,7 +258,7 @@ impl CachingPolicy {
         device: &mut dyn Device,
         id: u32,
     ) -> Result<(), DeviceError> {
-        let b = self.block(id).clone();
+        let b = *self.block(id);
         let es = self.expandables[b.segment as usize]
             .take()
             .expect("dead expandable segment");

@@ -88,7 +88,6 @@ impl CachingPolicy {
                 net_bytes -= n_size as i64;
             }
         }
-        let clock = self.insert_free(owner, pool, stream, size, addr, id);
         let b = self.block_mut(id);
         b.addr = addr;
         b.size = size;
@@ -96,7 +95,8 @@ impl CachingPolicy {
         b.next = next;
         b.state = State::Free;
         b.serial = 0;
-        b.gc_count_base = clock;
+        let clock = self.insert_free(owner, pool, stream, size, addr, id);
+        self.block_mut(id).gc_count_base = clock;
         if prev != NIL || next != NIL {
             net_blocks += 1;
             net_bytes += size as i64;
@@ -117,15 +117,18 @@ impl CachingPolicy {
     /// unmapped set) and out of the block table.
     #[inline(always)]
     fn forget_free(&mut self, id: u32) {
-        let Some(s) = self.blocks.remove(id) else {
-            panic!("dead block");
-        };
-        let pool = self.pools[s.owner as usize].get_mut(s.pool);
-        if s.mapped {
-            pool.blocks.remove(&mut self.free_nodes, id);
+        let s = self.block(id);
+        let (owner, pool_kind, mapped, stream, addr) =
+            (s.owner, s.pool, s.mapped, s.stream.0, s.addr);
+        let pool = self.pools[owner as usize].get_mut(pool_kind);
+        if mapped {
+            // Free and mapped: in its pool's free set.
+            pool.blocks.remove_linked(&mut self.blocks, id);
         } else {
-            pool.unmapped.remove(&(s.stream.0, s.addr));
+            pool.unmapped.remove(&(stream, addr));
         }
+        let live = self.blocks.vacate(id);
+        debug_assert!(live, "dead block");
     }
 
     /// `try_merge_blocks`: absorbs a free neighbour; returns its size, or 0.
@@ -156,7 +159,7 @@ impl CachingPolicy {
         }
         let pool = self.pools[s_owner as usize].get_mut(s_pool);
         if s_mapped {
-            pool.blocks.remove(&mut self.free_nodes, src);
+            pool.blocks.remove(&mut self.blocks, src);
         } else {
             pool.unmapped.remove(&(s_stream, s_addr));
         }

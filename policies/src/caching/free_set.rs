@@ -11,10 +11,12 @@
 //! every block of a lower class is smaller than every block of a higher one; a bitmap
 //! (one bit per class, and a summary bit per word) finds the next non-empty class in a
 //! few instructions. Each class is a doubly linked list of its blocks sorted by (size,
-//! address), usually of one or two blocks, whose links live in [`Nodes`], one table
-//! indexed by block id shared by every set of a policy (a block is in at most one
-//! set): a block is removed by its id without a search, and a set's own memory is a
-//! head and a length per class. A class holding many blocks (thousands of equal
+//! address), usually of one or two blocks, whose links ([`Link`]) live in the blocks'
+//! own records, beside the size and address that are their keys ([`NodeTable`]: the
+//! caching policy's block table, shared by every set of a policy; a block is in at
+//! most one set): a block is removed by its id without a search, a set reads a
+//! block's key and links from one record, and a set's own memory is a head and a
+//! length per class. A class holding many blocks (thousands of equal
 //! tensors freed between live ones) also keeps an ordered map of them, which finds
 //! where a block goes without walking the list. Positions ([`Cursor`]) walk the order
 //! forwards and backwards, as PyTorch's set iterators do.
@@ -64,15 +66,16 @@ const GROW_ABOVE: u32 = 64;
 /// See [`GROW_ABOVE`].
 const SHRINK_BELOW: u32 = 16;
 
-/// One block's place in its class list.
+/// One block's place in its class list: kept in the block's own record (the caching
+/// policy's `Block`), beside the size, address and stream that are its key.
 #[derive(Clone, Copy, Debug)]
-struct Node {
-    size: u64,
-    addr: u64,
-    stream: u64,
+pub(super) struct Link {
     prev: u32,
     next: u32,
-    /// Its stream's slot in [`FreeSet::streams`] (slots never move).
+    /// Its stream's slot in [`FreeSet::streams`] (slots never move), [`NO_SLOT`] until
+    /// the block first goes into its set. A block goes into one set only (its pool's,
+    /// on its stream), so the slot is found once and kept, also by the blocks split
+    /// from it.
     slot: u32,
     /// Its size class (`class_of(size)`), kept so a removal need not recompute it.
     class: u16,
@@ -80,47 +83,74 @@ struct Node {
     linked: bool,
 }
 
-impl Node {
-    const EMPTY: Node = Node {
-        size: 0,
-        addr: 0,
-        stream: 0,
+impl Link {
+    /// Not in a set.
+    pub(super) const UNLINKED: Link = Link {
         prev: NIL,
         next: NIL,
-        slot: 0,
+        slot: NO_SLOT,
         class: 0,
         linked: false,
     };
 
-    fn key(&self) -> (u64, u64) {
-        (self.size, self.addr)
-    }
-
-    fn entry(&self, id: u32) -> Entry {
-        Entry {
-            size: self.size,
-            addr: self.addr,
-            id,
-        }
+    /// In a free set now.
+    pub(super) fn linked(&self) -> bool {
+        self.linked
     }
 }
 
-/// The list links of every block of a policy's free sets, by block id (see the
-/// module docs). Grows to the highest id inserted.
+/// [`Link::slot`] before the block's first insert.
+const NO_SLOT: u32 = u32::MAX;
+
+/// Where the blocks of a policy's free sets keep their keys and their [`Link`]s, by
+/// block id (a block is in one set at most): the caching policy's block table, whose
+/// records hold both, so a set reads a block's key and links from one place.
+pub(super) trait NodeTable {
+    /// Block `id`'s size and address (its key within its stream).
+    fn key(&self, id: u32) -> (u64, u64);
+    /// Block `id`'s stream.
+    fn stream(&self, id: u32) -> u64;
+    /// Block `id`'s links.
+    fn link(&self, id: u32) -> &Link;
+    /// Block `id`'s links, mutably.
+    fn link_mut(&mut self, id: u32) -> &mut Link;
+    /// Called by [`FreeSet::insert`] before block `id` goes in with this key: a table
+    /// whose records hold the key already only checks it (in debug builds).
+    fn set_key(&mut self, id: u32, stream: u64, size: u64, addr: u64);
+}
+
+/// A table of keys and links of its own, for sets without a block table (the tests).
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub(super) struct Nodes {
-    nodes: Vec<Node>,
+    nodes: Vec<((u64, u64, u64), Link)>,
 }
 
-impl Nodes {
-    #[inline]
-    fn get(&self, id: u32) -> &Node {
-        &self.nodes[id as usize]
+#[cfg(test)]
+impl NodeTable for Nodes {
+    fn key(&self, id: u32) -> (u64, u64) {
+        let (_, size, addr) = self.nodes[id as usize].0;
+        (size, addr)
     }
 
-    #[inline]
-    fn get_mut(&mut self, id: u32) -> &mut Node {
-        &mut self.nodes[id as usize]
+    fn stream(&self, id: u32) -> u64 {
+        self.nodes[id as usize].0 .0
+    }
+
+    fn link(&self, id: u32) -> &Link {
+        &self.nodes[id as usize].1
+    }
+
+    fn link_mut(&mut self, id: u32) -> &mut Link {
+        &mut self.nodes[id as usize].1
+    }
+
+    fn set_key(&mut self, id: u32, stream: u64, size: u64, addr: u64) {
+        let at = id as usize;
+        if self.nodes.len() <= at {
+            self.nodes.resize(at + 1, ((0, 0, 0), Link::UNLINKED));
+        }
+        self.nodes[at].0 = (stream, size, addr);
     }
 }
 
@@ -234,15 +264,15 @@ impl StreamBlocks {
     /// Links `id` (its node's key set) into its class list, in order; `false` if a
     /// block with its key is there already.
     #[inline(always)]
-    fn insert(&mut self, nodes: &mut Nodes, id: u32) -> bool {
-        let size = nodes.get(id).size;
+    fn insert(&mut self, nodes: &mut impl NodeTable, id: u32) -> bool {
+        let size = nodes.key(id).0;
         let class = class_of(size);
         match self.classes.get_mut(class) {
             Some(list) if list.len == 0 => {
                 // The usual case: the class is empty (96 % of the inserts of a random
                 // trace).
                 *list = Class { head: id, len: 1 };
-                self.link(nodes.get_mut(id), NIL, NIL, class);
+                Self::link(nodes.link_mut(id), NIL, NIL, class);
                 self.set_bit(class);
                 true
             }
@@ -251,13 +281,12 @@ impl StreamBlocks {
     }
 
     /// Writes into `node`, being linked between `prev` and `next` of class list `class`,
-    /// its links and where it is (this stream's slot, the class), so that a removal
-    /// finds its list without a search.
+    /// its links and its class (its stream's slot is written already), so that a
+    /// removal finds its list without a search.
     #[inline(always)]
-    fn link(&self, node: &mut Node, prev: u32, next: u32, class: usize) {
+    fn link(node: &mut Link, prev: u32, next: u32, class: usize) {
         node.prev = prev;
         node.next = next;
-        node.stream = self.stream;
         node.class = class as u16;
         node.linked = true;
     }
@@ -265,8 +294,8 @@ impl StreamBlocks {
     /// [`StreamBlocks::insert`] into a class that holds blocks already, or past the
     /// classes used so far.
     #[inline(never)]
-    fn insert_among(&mut self, nodes: &mut Nodes, id: u32, class: usize) -> bool {
-        let key = nodes.get(id).key();
+    fn insert_among(&mut self, nodes: &mut impl NodeTable, id: u32, class: usize) -> bool {
+        let key = nodes.key(id);
         if self.classes.len() <= class {
             self.classes.resize(class + 1, Class::EMPTY);
         }
@@ -287,32 +316,32 @@ impl StreamBlocks {
             let next = if prev == NIL {
                 list.head
             } else {
-                nodes.get(prev).next
+                nodes.link(prev).next
             };
             (prev, next)
         } else {
             let (mut prev, mut cur) = (NIL, list.head);
             while cur != NIL {
-                let n = nodes.get(cur);
-                if n.key() >= key {
-                    if n.key() == key {
+                let k = nodes.key(cur);
+                if k >= key {
+                    if k == key {
                         return false;
                     }
                     break;
                 }
                 prev = cur;
-                cur = n.next;
+                cur = nodes.link(cur).next;
             }
             (prev, cur)
         };
-        self.link(nodes.get_mut(id), prev, next, class);
+        Self::link(nodes.link_mut(id), prev, next, class);
         if prev == NIL {
             self.classes[class].head = id;
         } else {
-            nodes.get_mut(prev).next = id;
+            nodes.link_mut(prev).next = id;
         }
         if next != NIL {
-            nodes.get_mut(next).prev = id;
+            nodes.link_mut(next).prev = id;
         }
         let list = &mut self.classes[class];
         list.len += 1;
@@ -323,9 +352,8 @@ impl StreamBlocks {
             let mut map = BTreeMap::new();
             let mut cur = list.head;
             while cur != NIL {
-                let n = nodes.get(cur);
-                map.insert(n.key(), cur);
-                cur = n.next;
+                map.insert(nodes.key(cur), cur);
+                cur = nodes.link(cur).next;
             }
             self.crowded.insert(class, map);
         }
@@ -334,28 +362,28 @@ impl StreamBlocks {
 
     /// Unlinks `id`, which is in this stream's lists.
     #[inline(always)]
-    fn remove(&mut self, nodes: &mut Nodes, id: u32) {
-        let node = *nodes.get(id);
+    fn remove(&mut self, nodes: &mut impl NodeTable, id: u32) {
+        let node = *nodes.link(id);
         let class = usize::from(node.class);
-        debug_assert_eq!(class, class_of(node.size));
+        debug_assert_eq!(class, class_of(nodes.key(id).0));
         let list = &mut self.classes[class];
         if list.crowded() {
-            self.forget_crowded(class, node.key());
+            self.forget_crowded(class, nodes.key(id));
         }
         let list = &mut self.classes[class];
         if node.prev == NIL {
             list.head = node.next;
         } else {
-            nodes.get_mut(node.prev).next = node.next;
+            nodes.link_mut(node.prev).next = node.next;
         }
         if node.next != NIL {
-            nodes.get_mut(node.next).prev = node.prev;
+            nodes.link_mut(node.next).prev = node.prev;
         }
         list.len -= 1;
         if list.count() == 0 {
             self.clear_bit(class);
         }
-        nodes.get_mut(id).linked = false;
+        nodes.link_mut(id).linked = false;
     }
 
     /// Takes `key` out of crowded class `class`'s map, and the map away when the class
@@ -375,7 +403,7 @@ impl StreamBlocks {
     }
 
     /// The block with this key in class list `class`.
-    fn find(&self, nodes: &Nodes, size: u64, addr: u64) -> Option<u32> {
+    fn find(&self, nodes: &impl NodeTable, size: u64, addr: u64) -> Option<u32> {
         let class = class_of(size);
         let list = self.class(class);
         if list.crowded() {
@@ -383,29 +411,32 @@ impl StreamBlocks {
         }
         let mut cur = list.head;
         while cur != NIL {
-            let n = nodes.get(cur);
-            if n.key() == (size, addr) {
+            if nodes.key(cur) == (size, addr) {
                 return Some(cur);
             }
-            cur = n.next;
+            cur = nodes.link(cur).next;
         }
         None
     }
 
     /// The first block of class `class` at or after `key`.
     #[inline(always)]
-    fn first_in_class_from(&self, nodes: &Nodes, class: usize, key: (u64, u64)) -> Option<u32> {
+    fn first_in_class_from(
+        &self,
+        nodes: &impl NodeTable,
+        class: usize,
+        key: (u64, u64),
+    ) -> Option<u32> {
         let list = self.class(class);
         if list.crowded() {
             return self.crowded_first_from(class, key);
         }
         let mut cur = list.head;
         while cur != NIL {
-            let n = nodes.get(cur);
-            if n.key() >= key {
+            if nodes.key(cur) >= key {
                 return Some(cur);
             }
-            cur = n.next;
+            cur = nodes.link(cur).next;
         }
         None
     }
@@ -417,7 +448,12 @@ impl StreamBlocks {
     }
 
     /// The last block of class `class` before `key`.
-    fn last_in_class_before(&self, nodes: &Nodes, class: usize, key: (u64, u64)) -> Option<u32> {
+    fn last_in_class_before(
+        &self,
+        nodes: &impl NodeTable,
+        class: usize,
+        key: (u64, u64),
+    ) -> Option<u32> {
         let list = self.class(class);
         if list.crowded() {
             return self.crowded[&class]
@@ -427,25 +463,24 @@ impl StreamBlocks {
         }
         let (mut last, mut cur) = (None, list.head);
         while cur != NIL {
-            let n = nodes.get(cur);
-            if n.key() >= key {
+            if nodes.key(cur) >= key {
                 break;
             }
             last = Some(cur);
-            cur = n.next;
+            cur = nodes.link(cur).next;
         }
         last
     }
 
     /// The last block of class `class`, which holds one.
-    fn last_of(&self, nodes: &Nodes, class: usize) -> Option<u32> {
+    fn last_of(&self, nodes: &impl NodeTable, class: usize) -> Option<u32> {
         let list = self.class(class);
         if list.crowded() {
             return self.crowded[&class].values().next_back().copied();
         }
         let mut cur = list.head;
         while cur != NIL {
-            let next = nodes.get(cur).next;
+            let next = nodes.link(cur).next;
             if next == NIL {
                 return Some(cur);
             }
@@ -456,7 +491,7 @@ impl StreamBlocks {
 
     /// The first block at or after `key`.
     #[inline(always)]
-    fn first_from(&self, nodes: &Nodes, key: (u64, u64)) -> Option<u32> {
+    fn first_from(&self, nodes: &impl NodeTable, key: (u64, u64)) -> Option<u32> {
         let class = class_of(key.0);
         if let Some(id) = self.first_in_class_from(nodes, class, key) {
             return Some(id);
@@ -465,7 +500,7 @@ impl StreamBlocks {
     }
 
     /// The last block before `key`.
-    fn last_before(&self, nodes: &Nodes, key: (u64, u64)) -> Option<u32> {
+    fn last_before(&self, nodes: &impl NodeTable, key: (u64, u64)) -> Option<u32> {
         let class = class_of(key.0);
         if let Some(id) = self.last_in_class_before(nodes, class, key) {
             return Some(id);
@@ -474,8 +509,8 @@ impl StreamBlocks {
     }
 
     /// The block after `id` (in this stream's lists).
-    fn after(&self, nodes: &Nodes, id: u32) -> Option<u32> {
-        let node = nodes.get(id);
+    fn after(&self, nodes: &impl NodeTable, id: u32) -> Option<u32> {
+        let node = nodes.link(id);
         if node.next != NIL {
             return Some(node.next);
         }
@@ -483,8 +518,8 @@ impl StreamBlocks {
     }
 
     /// The block before `id` (in this stream's lists).
-    fn before(&self, nodes: &Nodes, id: u32) -> Option<u32> {
-        let node = nodes.get(id);
+    fn before(&self, nodes: &impl NodeTable, id: u32) -> Option<u32> {
+        let node = nodes.link(id);
         if node.prev != NIL {
             return Some(node.prev);
         }
@@ -517,10 +552,13 @@ impl FreeSet {
         self.streams.iter().position(|s| s.stream == stream)
     }
 
-    fn at(&self, nodes: &Nodes, stream: usize, id: Option<u32>) -> Option<Cursor> {
-        id.map(|id| Cursor {
-            stream: stream as u32,
-            entry: nodes.get(id).entry(id),
+    fn at(&self, nodes: &impl NodeTable, stream: usize, id: Option<u32>) -> Option<Cursor> {
+        id.map(|id| {
+            let (size, addr) = nodes.key(id);
+            Cursor {
+                stream: stream as u32,
+                entry: Entry { size, addr, id },
+            }
         })
     }
 
@@ -535,45 +573,71 @@ impl FreeSet {
     #[inline(always)]
     pub(super) fn insert(
         &mut self,
-        nodes: &mut Nodes,
+        nodes: &mut impl NodeTable,
         stream: u64,
         size: u64,
         addr: u64,
         id: u32,
     ) -> bool {
-        let i = match self.stream_index(stream) {
-            Some(i) => i,
-            None => {
-                self.streams.push(StreamBlocks::new(stream));
-                self.streams.len() - 1
-            }
+        nodes.set_key(id, stream, size, addr);
+        let known = nodes.link(id).slot;
+        let i = if known != NO_SLOT {
+            known as usize
+        } else {
+            self.slot_of(stream)
         };
-        let at = id as usize;
-        if nodes.nodes.len() <= at {
-            nodes.nodes.resize(at + 1, Node::EMPTY);
-        }
-        let node = &mut nodes.nodes[at];
+        debug_assert_eq!(
+            self.streams[i].stream, stream,
+            "block {id} goes into another set than before"
+        );
+        let node = nodes.link_mut(id);
         debug_assert!(!node.linked, "block {id} is in a free set already");
-        node.size = size;
-        node.addr = addr;
         node.slot = i as u32;
         let added = self.streams[i].insert(nodes, id);
         self.len += usize::from(added);
         added
     }
 
+    /// The slot of `stream`, made if it has none.
+    #[inline(never)]
+    fn slot_of(&mut self, stream: u64) -> usize {
+        match self.stream_index(stream) {
+            Some(i) => i,
+            None => {
+                self.streams.push(StreamBlocks::new(stream));
+                self.streams.len() - 1
+            }
+        }
+    }
+
+    /// Removes block `id`, which is in this set (the caller knows: the caching policy
+    /// removes a free mapped block), without [`FreeSet::remove`]'s checks but in debug
+    /// builds.
+    #[inline(always)]
+    pub(super) fn remove_linked(&mut self, nodes: &mut impl NodeTable, id: u32) {
+        let node = nodes.link(id);
+        let s = node.slot as usize;
+        debug_assert!(
+            node.linked && self.streams[s].stream == nodes.stream(id),
+            "block {id} is not in this set"
+        );
+        self.streams[s].remove(nodes, id);
+        self.len -= 1;
+    }
+
     /// Removes block `id` if it is in this set (a block of another set of `nodes`
     /// must not be named); whether it was.
     #[inline(always)]
-    pub(super) fn remove(&mut self, nodes: &mut Nodes, id: u32) -> bool {
-        let Some(node) = nodes.nodes.get(id as usize).filter(|n| n.linked) else {
+    pub(super) fn remove(&mut self, nodes: &mut impl NodeTable, id: u32) -> bool {
+        let node = nodes.link(id);
+        if !node.linked {
             return false;
-        };
+        }
         let s = node.slot as usize;
         if self
             .streams
             .get(s)
-            .is_none_or(|st| st.stream != node.stream)
+            .is_none_or(|st| st.stream != nodes.stream(id))
         {
             return false;
         }
@@ -583,7 +647,13 @@ impl FreeSet {
     }
 
     /// The id of the block with this key, if it is there.
-    pub(super) fn get(&self, nodes: &Nodes, stream: u64, size: u64, addr: u64) -> Option<u32> {
+    pub(super) fn get(
+        &self,
+        nodes: &impl NodeTable,
+        stream: u64,
+        size: u64,
+        addr: u64,
+    ) -> Option<u32> {
         let s = &self.streams[self.stream_index(stream)?];
         s.find(nodes, size, addr)
     }
@@ -591,41 +661,54 @@ impl FreeSet {
     /// The first block of `stream` at or after `(size, 0)`: the smallest block of at
     /// least `size` bytes, lowest address first.
     #[inline(always)]
-    pub(super) fn first_at_least(&self, nodes: &Nodes, stream: u64, size: u64) -> Option<Cursor> {
+    pub(super) fn first_at_least(
+        &self,
+        nodes: &impl NodeTable,
+        stream: u64,
+        size: u64,
+    ) -> Option<Cursor> {
         let si = self.stream_index(stream)?;
         self.at(nodes, si, self.streams[si].first_from(nodes, (size, 0)))
     }
 
     /// The last block of `stream` before `(size, 0)`: the largest block smaller than
     /// `size` bytes, highest address first.
-    pub(super) fn last_below(&self, nodes: &Nodes, stream: u64, size: u64) -> Option<Cursor> {
+    pub(super) fn last_below(
+        &self,
+        nodes: &impl NodeTable,
+        stream: u64,
+        size: u64,
+    ) -> Option<Cursor> {
         let si = self.stream_index(stream)?;
         self.at(nodes, si, self.streams[si].last_before(nodes, (size, 0)))
     }
 
     /// The block after `at` in the same stream.
     #[inline]
-    pub(super) fn next(&self, nodes: &Nodes, at: Cursor) -> Option<Cursor> {
+    pub(super) fn next(&self, nodes: &impl NodeTable, at: Cursor) -> Option<Cursor> {
         let s = at.stream as usize;
         self.at(nodes, s, self.streams[s].after(nodes, at.entry.id))
     }
 
     /// The block before `at` in the same stream.
-    pub(super) fn prev(&self, nodes: &Nodes, at: Cursor) -> Option<Cursor> {
+    pub(super) fn prev(&self, nodes: &impl NodeTable, at: Cursor) -> Option<Cursor> {
         let s = at.stream as usize;
         self.at(nodes, s, self.streams[s].before(nodes, at.entry.id))
     }
 
     /// Removes the block at `at` (every cursor becomes stale).
     #[inline(always)]
-    pub(super) fn remove_at(&mut self, nodes: &mut Nodes, at: Cursor) -> Entry {
+    pub(super) fn remove_at(&mut self, nodes: &mut impl NodeTable, at: Cursor) -> Entry {
         self.streams[at.stream as usize].remove(nodes, at.entry.id);
         self.len -= 1;
         at.entry
     }
 
     /// Every block in order, with its stream.
-    pub(super) fn iter<'a>(&'a self, nodes: &'a Nodes) -> impl Iterator<Item = (u64, Entry)> + 'a {
+    pub(super) fn iter<'a, N: NodeTable>(
+        &'a self,
+        nodes: &'a N,
+    ) -> impl Iterator<Item = (u64, Entry)> + 'a {
         let mut all = Vec::with_capacity(self.len);
         let mut streams: Vec<&StreamBlocks> = self.streams.iter().collect();
         streams.sort_unstable_by_key(|s| s.stream);
@@ -634,9 +717,16 @@ impl FreeSet {
             while let Some(c) = class {
                 let mut cur = s.classes[c].head;
                 while cur != NIL {
-                    let n = nodes.get(cur);
-                    all.push((s.stream, n.entry(cur)));
-                    cur = n.next;
+                    let (size, addr) = nodes.key(cur);
+                    all.push((
+                        s.stream,
+                        Entry {
+                            size,
+                            addr,
+                            id: cur,
+                        },
+                    ));
+                    cur = nodes.link(cur).next;
                 }
                 class = s.next_class(c + 1);
             }
@@ -645,7 +735,7 @@ impl FreeSet {
     }
 
     /// The ids of every block, in order.
-    pub(super) fn ids(&self, nodes: &Nodes) -> Vec<u32> {
+    pub(super) fn ids(&self, nodes: &impl NodeTable) -> Vec<u32> {
         self.iter(nodes).map(|(_, e)| e.id).collect()
     }
 }
@@ -769,6 +859,29 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A block that leaves its set and goes back under another key (a split's rest, a
+    /// merged block) returns to its own stream's lists by the slot it kept, in order,
+    /// with another stream's blocks untouched.
+    #[test]
+    fn a_block_returns_to_its_stream_under_a_new_key() {
+        let mut set = FreeSet::default();
+        let mut nodes = Nodes::default();
+        assert!(set.insert(&mut nodes, 7, 4096, 0, 1));
+        assert!(set.insert(&mut nodes, 3, 4096, 0, 2));
+        assert!(set.insert(&mut nodes, 7, 1 << 20, 8192, 3));
+        set.remove_linked(&mut nodes, 3);
+        assert!(set.insert(&mut nodes, 7, 2048, 8192, 3));
+        let all: Vec<_> = set.iter(&nodes).map(|(s, e)| (s, e.size, e.id)).collect();
+        assert_eq!(all, vec![(3, 4096, 2), (7, 2048, 3), (7, 4096, 1)]);
+        assert_eq!(
+            set.first_at_least(&nodes, 7, 1).map(|at| at.entry.id),
+            Some(3)
+        );
+        assert!(set.remove(&mut nodes, 3));
+        assert!(!set.remove(&mut nodes, 3));
+        assert_eq!(set.len(), 2);
     }
 
     /// Removing at a cursor keeps the bitmap right: the class empties and the walk

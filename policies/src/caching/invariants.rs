@@ -11,7 +11,13 @@ impl CachingPolicy {
         let mut free_mapped = 0usize;
         let mut unmapped = 0usize;
         let mut reserved = 0u64;
+        self.blocks.check("caching blocks");
         for (id, b) in self.blocks.iter() {
+            assert_eq!(
+                b.link.linked(),
+                b.state == State::Free && b.mapped,
+                "a block is in a free set exactly while it is free and mapped"
+            );
             assert!(
                 b.size > 0 && b.size % MIN_BLOCK_BYTES == 0,
                 "block size {} not a positive multiple of 512",
@@ -51,7 +57,7 @@ impl CachingPolicy {
                     assert_eq!(
                         self.pool(b.owner, b.pool)
                             .blocks
-                            .get(&self.free_nodes, b.stream.0, b.size, b.addr)
+                            .get(&self.blocks, b.stream.0, b.size, b.addr)
                             .as_ref(),
                         Some(&id),
                         "free block missing from its pool"
@@ -85,6 +91,7 @@ impl CachingPolicy {
                     active.1 += b.size;
                     active.2 += b.requested;
                 }
+                (State::Vacant, _) => unreachable!("the block table lists no vacant slot"),
             }
             if b.prev == NIL && !b.expandable {
                 let seg = self

@@ -36,44 +36,72 @@ impl CachingPolicy {
         let allowed = self.allowed_bytes(device);
         let size = self.round_size(orig_size);
         let (owner, pool) = self.get_pool(size, stream);
-        let alloc_size = self.allocation_size(size);
         // Expandable segments serve private pools too (only a MemPool with a custom
         // allocator, not modelled, would turn them off).
-        let mut expandable = self.config.expandable_segments;
+        let expandable = self.config.expandable_segments;
         let gc_enabled = allowed.is_some() && self.config.garbage_collection_threshold > 0.0;
-
-        let mut found = self.get_free_block(owner, pool, stream, size, expandable, gc_enabled);
-        if found.is_none() {
-            if let (true, Some(allowed)) = (gc_enabled, allowed) {
-                self.garbage_collect_cached_blocks(device, allowed)?;
-            }
-            let args = AllocArgs {
-                owner,
-                pool,
-                stream,
-                size,
-                alloc_size,
-                expandable,
-                allowed,
-            };
-            found = self.alloc_block(device, &args, false)?;
-            if found.is_none() && owner == 0 {
-                // try_mempool_fallback: a use_on_oom MemPool's cached block, if it fits.
-                found = self.try_mempool_fallback(size, stream, gc_enabled);
-                if found.is_some() {
-                    expandable = false;
+        let (block, expandable) =
+            match self.get_free_block(owner, pool, stream, size, expandable, gc_enabled) {
+                Some(block) => (block, expandable),
+                None => {
+                    let args = AllocArgs {
+                        owner,
+                        pool,
+                        stream,
+                        size,
+                        alloc_size: self.allocation_size(size),
+                        expandable,
+                        allowed,
+                    };
+                    self.malloc_without_cached_block(device, &args, orig_size, gc_enabled)?
                 }
+            };
+        Ok(self.alloc_found_block(block, size, orig_size, expandable))
+    }
+
+    /// The rest of the malloc ladder when no cached block fits: garbage collection, a
+    /// new segment, a MemPool's block, cache releases and the retry, or OOM. Returns the
+    /// block and whether expandable segments still apply to it. Out of line, so the
+    /// usual malloc (a cached block found) keeps few values live.
+    #[cold]
+    #[inline(never)]
+    fn malloc_without_cached_block(
+        &mut self,
+        device: &mut dyn Device,
+        args: &AllocArgs,
+        orig_size: u64,
+        gc_enabled: bool,
+    ) -> Result<(u32, bool), AllocError> {
+        let AllocArgs {
+            owner,
+            pool,
+            stream,
+            size,
+            alloc_size,
+            allowed,
+            ..
+        } = *args;
+        let mut expandable = args.expandable;
+        if let (true, Some(allowed)) = (gc_enabled, allowed) {
+            self.garbage_collect_cached_blocks(device, allowed)?;
+        }
+        let mut found = self.alloc_block(device, args, false)?;
+        if found.is_none() && owner == 0 {
+            // try_mempool_fallback: a use_on_oom MemPool's cached block, if it fits.
+            found = self.try_mempool_fallback(size, stream, gc_enabled);
+            if found.is_some() {
+                expandable = false;
             }
-            if found.is_none()
-                && self.release_available_cached_blocks(device, owner, pool, stream, size)?
-            {
-                found = self.alloc_block(device, &args, false)?;
-            }
-            if found.is_none() && self.captures.is_empty() {
-                // No cache release and no retry while a capture is under way.
-                self.release_cached_blocks(device, PoolId::DEFAULT)?;
-                found = self.alloc_block(device, &args, true)?;
-            }
+        }
+        if found.is_none()
+            && self.release_available_cached_blocks(device, owner, pool, stream, size)?
+        {
+            found = self.alloc_block(device, args, false)?;
+        }
+        if found.is_none() && self.captures.is_empty() {
+            // No cache release and no retry while a capture is under way.
+            self.release_cached_blocks(device, PoolId::DEFAULT)?;
+            found = self.alloc_block(device, args, true)?;
         }
         let Some(block) = found else {
             self.stats.num_ooms += 1;
@@ -83,7 +111,7 @@ impl CachingPolicy {
                 stats: self.stats(),
             });
         };
-        Ok(self.alloc_found_block(block, size, orig_size, expandable))
+        Ok((block, expandable))
     }
 
     /// `get_free_block`: the smallest free block of the stream that fits, subject to the
@@ -100,12 +128,11 @@ impl CachingPolicy {
         let max_split = self.config.max_split_size_bytes;
         let rounding = self.config.max_non_split_rounding_bytes;
         let blocks = &self.blocks;
-        let nodes = &mut self.free_nodes;
         let pool = self.pools[owner as usize].get_mut(pool_kind);
         if gc_enabled {
             pool.get_free_blocks_call_count += 1;
         }
-        let b = |id: u32| blocks.get(id).expect("pool holds a dead block");
+        let b = |id: u32| blocks.live(id);
         let expandable_size = |id: u32| {
             let blk = b(id);
             let next_unmapped = match blk.next {
@@ -116,13 +143,13 @@ impl CachingPolicy {
             blk.size + next_unmapped
         };
         let set = &pool.blocks;
-        let mut at = set.first_at_least(nodes, stream.0, size)?;
+        let mut at = set.first_at_least(blocks, stream.0, size)?;
         let mut cur = at.entry.id;
         if b(cur).expandable {
             if expandable_active {
                 // Judge a block that touches unmapped space by what it can grow to.
                 while b(cur).expandable {
-                    match set.next(nodes, at) {
+                    match set.next(blocks, at) {
                         Some(n) if expandable_size(n.entry.id) < expandable_size(cur) => {
                             at = n;
                             cur = n.entry.id;
@@ -133,7 +160,7 @@ impl CachingPolicy {
             } else {
                 // Expandable segments were turned off: skip expandable blocks.
                 loop {
-                    at = set.next(nodes, at)?;
+                    at = set.next(blocks, at)?;
                     cur = at.entry.id;
                     if !b(cur).expandable {
                         break;
@@ -151,7 +178,7 @@ impl CachingPolicy {
         if size >= max_split && found.size >= size.saturating_add(rounding) {
             return None;
         }
-        pool.blocks.remove_at(nodes, at);
+        pool.blocks.remove_at(&mut self.blocks, at);
         Some(cur)
     }
 
@@ -187,7 +214,7 @@ impl CachingPolicy {
     ) -> Allocation {
         let serial = self.next_serial;
         self.next_serial += 1;
-        let b = self.block(id);
+        let b = *self.block(id);
         let (addr, block_size, stream, pool, owner, prev, next, expandable) = (
             b.addr,
             b.size,
@@ -198,36 +225,27 @@ impl CachingPolicy {
             b.next,
             b.expandable,
         );
-        let (mapped, segment, gc_count_base) = (b.mapped, b.segment, b.gc_count_base);
         let split = self.should_split(owner, pool, block_size, size, expandable_active);
         let already_split = prev != NIL || next != NIL;
         let (block_id, block_size) = if split {
             // The request takes the front; the block keeps the rest and goes back to its
             // pool.
             let front = Block {
-                addr,
                 size,
                 requested: orig_size,
-                stream,
-                pool,
-                owner,
-                prev,
                 next: id,
                 state: State::Allocated,
-                mapped,
-                expandable,
-                segment,
-                gc_count_base,
                 serial,
+                ..b
             };
             let (rest_size, rest_addr) = (block_size - size, addr + size);
             let front_id = self.blocks.insert(front);
-            let clock = self.insert_free(owner, pool, stream.0, rest_size, rest_addr, id);
             let rest = self.block_mut(id);
             rest.addr = rest_addr;
             rest.size = rest_size;
             rest.prev = front_id;
-            rest.gc_count_base = clock;
+            let clock = self.insert_free(owner, pool, stream.0, rest_size, rest_addr, id);
+            self.block_mut(id).gc_count_base = clock;
             if prev != NIL {
                 self.block_mut(prev).next = front_id;
             }
@@ -318,6 +336,7 @@ impl CachingPolicy {
 }
 
 /// What one malloc asks of `alloc_block`.
+#[derive(Clone, Copy)]
 struct AllocArgs {
     owner: u32,
     pool: PoolKind,

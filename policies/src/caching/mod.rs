@@ -80,7 +80,7 @@ use crate::policy::{
     Policy, PolicyStats, PoolId, PoolStreams, Request, SegmentSnapshot, StreamId,
     MAX_REQUEST_BYTES,
 };
-use crate::slab::Slab;
+use crate::slab::{DenseSlab, Slab, Vacancy};
 
 const NIL: u32 = u32::MAX;
 
@@ -92,9 +92,12 @@ enum State {
     Allocated,
     /// `free()` was called but the block waits for other streams.
     Pending,
+    /// No block: an empty slot of the block table (the block it held last is kept
+    /// only as this slot's bytes, never read).
+    Vacant,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 struct Block {
     addr: u64,
     size: u64,
@@ -113,6 +116,8 @@ struct Block {
     gc_count_base: u64,
     /// Serial of the current tenant; 0 while free.
     serial: u64,
+    /// Its place in its pool's free set (while it is in one).
+    link: free_set::Link,
 }
 
 impl Block {
@@ -143,6 +148,7 @@ impl Block {
             segment,
             gc_count_base: 0,
             serial: 0,
+            link: free_set::Link::UNLINKED,
         }
     }
 
@@ -162,6 +168,52 @@ impl Block {
                 mapped,
             )
         }
+    }
+}
+
+impl Vacancy for Block {
+    #[inline(always)]
+    fn is_vacant(&self) -> bool {
+        self.state == State::Vacant
+    }
+
+    #[inline(always)]
+    fn vacate(&mut self) {
+        self.state = State::Vacant;
+    }
+}
+
+/// The free sets read a block's key and links from its record in the block table.
+impl free_set::NodeTable for DenseSlab<Block> {
+    #[inline(always)]
+    fn key(&self, id: u32) -> (u64, u64) {
+        let b = self.live(id);
+        (b.size, b.addr)
+    }
+
+    #[inline(always)]
+    fn stream(&self, id: u32) -> u64 {
+        self.live(id).stream.0
+    }
+
+    #[inline(always)]
+    fn link(&self, id: u32) -> &free_set::Link {
+        &self.live(id).link
+    }
+
+    #[inline(always)]
+    fn link_mut(&mut self, id: u32) -> &mut free_set::Link {
+        &mut self.live_mut(id).link
+    }
+
+    #[inline(always)]
+    fn set_key(&mut self, id: u32, stream: u64, size: u64, addr: u64) {
+        let b = self.live(id);
+        debug_assert_eq!(
+            (b.stream.0, b.size, b.addr),
+            (stream, size, addr),
+            "block {id} goes into a free set under another key"
+        );
     }
 }
 
@@ -267,9 +319,8 @@ pub struct CachingPolicy {
     /// then, but copied where read, and from that event on kept
     /// ([`CachingPolicy::keep_active_stats`]).
     active_mirrors_allocation: bool,
-    blocks: Slab<Block>,
-    /// The free sets' list links, by block id (one table for every pool's set).
-    free_nodes: free_set::Nodes,
+    /// The blocks by id; a vacant slot's block is [`State::Vacant`].
+    blocks: DenseSlab<Block>,
     /// Free blocks by owner: slot 0 the default pools, then one pair per private pool
     /// ever created (slots are not reused).
     pools: Vec<PoolPair>,
@@ -330,8 +381,7 @@ impl CachingPolicy {
             config,
             stats: CachingStats::default(),
             active_mirrors_allocation: true,
-            blocks: Slab::default(),
-            free_nodes: free_set::Nodes::default(),
+            blocks: DenseSlab::default(),
             pools: vec![PoolPair::default()],
             private: BTreeMap::new(),
             freeable: BTreeSet::new(),
@@ -494,12 +544,17 @@ impl CachingPolicy {
 
     // ------------------------------------------------------------- plumbing
 
+    /// Block `id`, which a link or a free set names (live by the policy's invariants:
+    /// only debug builds check that the slot is not vacant).
+    #[inline(always)]
     fn block(&self, id: u32) -> &Block {
-        self.blocks.get(id).expect("dead block")
+        self.blocks.live(id)
     }
 
+    /// [`CachingPolicy::block`], mutably.
+    #[inline(always)]
     fn block_mut(&mut self, id: u32) -> &mut Block {
-        self.blocks.get_mut(id).expect("dead block")
+        self.blocks.live_mut(id)
     }
 
     fn is_split(&self, id: u32) -> bool {
@@ -520,7 +575,7 @@ impl CachingPolicy {
     }
 
     fn delete_block(&mut self, id: u32) {
-        self.blocks.remove(id);
+        self.blocks.vacate(id);
     }
 
     /// `BlockPool::insert_into_blocks`: into the free set, stamped with the GC clock.
@@ -550,9 +605,7 @@ impl CachingPolicy {
         id: u32,
     ) -> u64 {
         let pool = self.pools[owner as usize].get_mut(pool_kind);
-        let added = pool
-            .blocks
-            .insert(&mut self.free_nodes, stream, size, addr, id);
+        let added = pool.blocks.insert(&mut self.blocks, stream, size, addr, id);
         debug_assert!(added, "two free blocks with one key");
         pool.get_free_blocks_call_count
     }
@@ -739,6 +792,7 @@ impl Policy for CachingPolicy {
                         State::Allocated => BlockState::Allocated,
                         State::Pending => BlockState::PendingFree,
                         State::Free => BlockState::Free,
+                        State::Vacant => unreachable!("a vacant slot is no block"),
                     },
                 });
                 cur = c.next;

@@ -270,8 +270,8 @@ impl CachingPolicy {
                 let pair = &self.pools[p.slot as usize];
                 pair.small
                     .blocks
-                    .iter(&self.free_nodes)
-                    .chain(pair.large.blocks.iter(&self.free_nodes))
+                    .iter(&self.blocks)
+                    .chain(pair.large.blocks.iter(&self.blocks))
                     .map(|(_, e)| e.size)
                     .sum::<u64>()
             })

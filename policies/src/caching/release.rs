@@ -22,7 +22,7 @@ impl CachingPolicy {
         let key_size = size.max(max_split);
         let set = &self.pool(owner, pool_kind).blocks;
         let hit = set
-            .first_at_least(&self.free_nodes, stream.0, key_size)
+            .first_at_least(&self.blocks, stream.0, key_size)
             .map(|at| at.entry.id);
         let usable = hit.filter(|&id| {
             let b = self.block(id);
@@ -36,7 +36,7 @@ impl CachingPolicy {
         // The walk goes down the stream's blocks only (PyTorch's walk stops at another
         // stream's block).
         let set = &self.pool(owner, pool_kind).blocks;
-        let mut cursor = set.last_below(&self.free_nodes, stream.0, key_size);
+        let mut cursor = set.last_below(&self.blocks, stream.0, key_size);
         let mut total_released = 0u64;
         while let Some(at) = cursor {
             let cur = at.entry.id;
@@ -47,10 +47,7 @@ impl CachingPolicy {
             if !(total_released < key_size && cur_size >= max_split) {
                 break;
             }
-            cursor = self
-                .pool(owner, pool_kind)
-                .blocks
-                .prev(&self.free_nodes, at);
+            cursor = self.pool(owner, pool_kind).blocks.prev(&self.blocks, at);
             if !cur_expandable {
                 total_released += cur_size;
                 self.release_block(device, cur)?;
@@ -123,7 +120,7 @@ impl CachingPolicy {
         owner: u32,
         pool_kind: PoolKind,
     ) -> Result<(), DeviceError> {
-        let ids: Vec<u32> = self.pool(owner, pool_kind).blocks.ids(&self.free_nodes);
+        let ids: Vec<u32> = self.pool(owner, pool_kind).blocks.ids(&self.blocks);
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = self.block(id);
@@ -145,7 +142,7 @@ impl CachingPolicy {
 
     /// `release_block`: `cudaFree` of a whole free segment.
     fn release_block(&mut self, device: &mut dyn Device, id: u32) -> Result<(), DeviceError> {
-        let b = self.block(id).clone();
+        let b = *self.block(id);
         debug_assert!(!b.expandable && b.prev == NIL && b.next == NIL);
         self.stats.num_device_free += 1;
         let segment = self
@@ -163,7 +160,7 @@ impl CachingPolicy {
         self.pools[b.owner as usize]
             .get_mut(b.pool)
             .blocks
-            .remove(&mut self.free_nodes, id);
+            .remove(&mut self.blocks, id);
         self.delete_block(id);
         Ok(())
     }
@@ -183,7 +180,7 @@ impl CachingPolicy {
         let clock = self.pools[0].large.get_free_blocks_call_count;
         let mut total_age = 0u64;
         let mut freeable = 0u64;
-        for (_, entry) in self.pools[0].large.blocks.iter(&self.free_nodes) {
+        for (_, entry) in self.pools[0].large.blocks.iter(&self.blocks) {
             let id = entry.id;
             if !self.is_split(id) {
                 total_age += clock - self.block(id).gc_count_base;
@@ -198,7 +195,7 @@ impl CachingPolicy {
         while reclaimed < target && block_freed && freeable > 0 {
             let age_threshold = total_age as f64 / freeable as f64;
             block_freed = false;
-            let ids: Vec<u32> = self.pools[0].large.blocks.ids(&self.free_nodes);
+            let ids: Vec<u32> = self.pools[0].large.blocks.ids(&self.blocks);
             for id in ids {
                 let b = self.block(id);
                 let age = clock - b.gc_count_base;

@@ -19,7 +19,10 @@ impl Stat {
     #[inline]
     pub fn increase(&mut self, amount: u64) {
         self.current += amount;
-        self.peak = self.peak.max(self.current);
+        // A branch, not a conditional store: the peak rarely moves.
+        if self.current > self.peak {
+            self.peak = self.current;
+        }
         self.allocated += amount;
     }
 
