@@ -203,12 +203,13 @@ pub struct Ran<T, R> {
 /// `(source, job)`; a source no job names is not loaded.
 ///
 /// Each step (a load or a job) is one task, and a task takes the best step there is
-/// when it starts: a load while fewer jobs wait than there are threads (so no thread
-/// idles while sources remain, and memory holds the sources the jobs need soon rather
-/// than all of them), else the costliest waiting job (longest first: the long jobs do
-/// not start last and finish alone). Without `keep`, a source is freed on the thread
-/// that ends its last job, while others still run: freeing gigabytes of traces after
-/// the batch was a serial tail (docs/performance.md, "compare on 16 cores").
+/// when it starts: a load while any remains (loads are short beside the jobs, and a
+/// thread that replays while another loads ran slower on 2 cores), else the costliest
+/// waiting job (longest first: the long jobs do not start last and finish alone). A
+/// thread whose load ends while others still load starts a job at once. Without
+/// `keep`, a source is freed on the thread that ends its last job, while others still
+/// run: freeing gigabytes of traces after the batch was a serial tail
+/// (docs/performance.md, "compare on 16 cores").
 ///
 /// Results come back in input order whatever ran first. A load that fails stops jobs
 /// from starting (those running finish) and loads after it in input order; the error
@@ -259,7 +260,6 @@ where
         failed: None,
     });
     let results: Vec<Mutex<Option<R>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
-    let threads = rayon::current_num_threads();
     enum Step<T> {
         Load(usize),
         Job(usize, Arc<T>),
@@ -281,7 +281,7 @@ where
                 s.ready.clear();
                 s.loads.retain(|&i| i < cut);
             }
-            let load_now = !s.loads.is_empty() && (s.ready.len() < ctx.threads || cut.is_some());
+            let load_now = !s.loads.is_empty();
             if load_now {
                 s.loads.pop().map(Step::Load)
             } else {
@@ -355,7 +355,6 @@ where
         by_source: &'s [Vec<usize>],
         results: &'s [Mutex<Option<R>>],
         work: &'s Work<'s, T, J, R, E>,
-        threads: usize,
         keep: bool,
     }
     impl<T, J, R, E> Ctx<'_, T, J, R, E> {
@@ -369,7 +368,6 @@ where
         by_source: &by_source,
         results: &results,
         work,
-        threads,
         keep,
     };
     rayon::scope(|scope| {
@@ -668,15 +666,45 @@ mod tests {
         }
     }
 
-    /// On one thread a source is freed once its last job ends, before the next one is
-    /// loaded: one source live at a time (all of them with `keep`).
+    /// A source is freed once its last job ends, while other jobs still run: on one
+    /// thread, with the jobs of the last source costliest (run first), each job sees
+    /// its own source and those not yet done live (all of them with `keep`).
     #[test]
     fn load_and_run_frees_each_source_after_its_last_job() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let live = Arc::new(AtomicUsize::new(0));
         let jobs: Vec<(usize, usize)> = (0..5).flat_map(|s| (0..3).map(move |k| (s, k))).collect();
-        let (_, most, _, _) = batch(1, &jobs, false);
-        assert_eq!(most, 1);
-        let (_, most, _, _) = batch(1, &jobs, true);
-        assert_eq!(most, 5);
+        let load = |i: usize| -> Result<Counted, String> {
+            live.fetch_add(1, Ordering::SeqCst);
+            Ok(Counted {
+                source: i,
+                live: Arc::clone(&live),
+            })
+        };
+        let cost = |&k: &usize, t: &Counted| (t.source * 10 + k) as f64;
+        let run = |_: &usize, _: &Counted| live.load(Ordering::SeqCst);
+        let work = Work {
+            load: &load,
+            cost: &cost,
+            run: &run,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        for keep in [false, true] {
+            let ran = pool
+                .install(|| load_and_run(&[0; 5], &jobs, &work, keep))
+                .unwrap();
+            let want: Vec<usize> = jobs
+                .iter()
+                .map(|&(s, _)| if keep { 5 } else { s + 1 })
+                .collect();
+            assert_eq!(ran.results, want, "keep {keep}");
+            drop(ran);
+            assert_eq!(live.load(Ordering::SeqCst), 0);
+        }
     }
 
     /// Two loads fail: the error is the first in input order, though the other (a

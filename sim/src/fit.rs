@@ -36,6 +36,13 @@ pub struct FitOptions {
     pub probes: u64,
     /// The largest total tried; above it the trace is reported as not fitting.
     pub max_bytes: u64,
+    /// Levels of the bisection replayed ahead, in parallel, where cores would idle
+    /// (a batch of fewer bisections than threads: [`speculation_for`]): every size the
+    /// next `speculate` halvings may try (2^`speculate` − 1 replays), then the halvings
+    /// themselves, which find their answers there. The sizes the bisection did not
+    /// reach are not reported, so the result is the same for every value; 0 and 1
+    /// replay one size at a time.
+    pub speculate: u32,
 }
 
 impl Default for FitOptions {
@@ -44,8 +51,18 @@ impl Default for FitOptions {
             page_bytes: 2 << 20,
             probes: 4,
             max_bytes: 1 << 50,
+            speculate: 0,
         }
     }
+}
+
+/// The levels to replay ahead ([`FitOptions::speculate`]) when `bisections` run
+/// side by side on `threads` threads: each gets its share of the threads, and `k`
+/// levels take 2^k − 1 of them (0 when there are at least as many bisections as
+/// threads).
+pub fn speculation_for(bisections: usize, threads: usize) -> u32 {
+    let share = threads / bisections.max(1) + 1;
+    share.ilog2()
 }
 
 /// The smallest device a trace fits on, for one policy.
@@ -213,18 +230,50 @@ pub fn fit(
     let page = options.page_bytes.max(1);
     let kept = device.reserved_by_driver_bytes();
     let requested_bytes_peak = requested_bytes_peak(trace);
+    // The sizes the search asked for (reported), and the answers replayed ahead.
     let tried: Mutex<BTreeMap<u64, bool>> = Mutex::new(BTreeMap::new());
+    let ahead: Mutex<BTreeMap<u64, bool>> = Mutex::new(BTreeMap::new());
+    let replay_at = |total: u64| -> Result<bool, CompareError> {
+        match device.clone().with_total(total) {
+            Some(d) => fits(trace, hints, config, &d, replay),
+            None => Ok(false),
+        }
+    };
     let try_pages = |pages: u64| -> Result<bool, CompareError> {
         let total = pages.saturating_mul(page);
         if let Some(&known) = tried.lock().expect("not poisoned").get(&total) {
             return Ok(known);
         }
-        let ok = match device.clone().with_total(total) {
-            Some(d) => fits(trace, hints, config, &d, replay)?,
-            None => false,
+        let known = ahead.lock().expect("not poisoned").get(&total).copied();
+        let ok = match known {
+            Some(ok) => ok,
+            None => replay_at(total)?,
         };
         tried.lock().expect("not poisoned").insert(total, ok);
         Ok(ok)
+    };
+    // Replays ahead every size the next `levels` halvings of (lo, hi) may try. A
+    // replay that fails is left for the bisection to meet (and report) if it gets there.
+    let replay_ahead = |lo: u64, hi: u64, levels: u32| {
+        let mut sizes = Vec::new();
+        let mut spans = vec![(lo, hi)];
+        for _ in 0..levels {
+            let mut next = Vec::new();
+            for (l, h) in spans {
+                if h - l > 1 {
+                    let m = l + (h - l) / 2;
+                    sizes.push(m.saturating_mul(page));
+                    next.extend([(l, m), (m, h)]);
+                }
+            }
+            spans = next;
+        }
+        sizes.retain(|t| !tried.lock().expect("not poisoned").contains_key(t));
+        sizes.par_iter().for_each(|&total| {
+            if let Ok(ok) = replay_at(total) {
+                ahead.lock().expect("not poisoned").insert(total, ok);
+            }
+        });
     };
     // Below the requested peak (plus what the driver keeps) nothing fits: the device
     // charges at least the bytes of every live request.
@@ -251,11 +300,19 @@ pub fn fit(
         hi = hi.saturating_mul(2);
     }
     while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if try_pages(mid)? {
-            hi = mid;
-        } else {
-            lo = mid;
+        if options.speculate > 1 {
+            replay_ahead(lo, hi, options.speculate);
+        }
+        for _ in 0..options.speculate.max(1) {
+            if hi - lo <= 1 {
+                break;
+            }
+            let mid = lo + (hi - lo) / 2;
+            if try_pages(mid)? {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
         }
     }
     // Check the answer and the pages around it (in parallel: each is a replay).
@@ -481,5 +538,73 @@ mod tests {
         )
         .unwrap();
         assert_eq!(g.min_capacity_with_spread_bytes, g.min_capacity_bytes);
+    }
+
+    /// Replaying ahead changes nothing in the answer: on pseudo-random traces, under
+    /// every policy and caching options whose fit depends on the size (memory fraction,
+    /// garbage collection), each level of speculation gives the same `Fit` as one size
+    /// at a time, the sizes tried included.
+    #[test]
+    fn speculation_gives_the_same_fit() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..3 {
+            let mut events = Vec::new();
+            let mut live: Vec<u64> = Vec::new();
+            for id in 0..200u64 {
+                events.push(alloc(id, (next() % (64 * MIB)).max(1)));
+                live.push(id);
+                if next() % 3 == 0 {
+                    let at = (next() % live.len() as u64) as usize;
+                    events.push(Event::Free {
+                        id: AllocId(live.swap_remove(at)),
+                    });
+                }
+            }
+            let t = Trace::new("t", events);
+            for spec in [
+                "caching",
+                "caching:garbage_collection_threshold=0.6,memory_fraction=0.8",
+                "caching:expandable_segments=True",
+                "immediate",
+                "buddy",
+                "arena",
+            ] {
+                let at = |speculate| {
+                    fit(
+                        &t,
+                        &AddressHints::default(),
+                        &config(spec),
+                        &SimDeviceOptions::default(),
+                        &ReplayOptions::default(),
+                        &FitOptions {
+                            speculate,
+                            ..FitOptions::default()
+                        },
+                    )
+                    .unwrap()
+                };
+                let one = at(0);
+                for speculate in [1, 2, 3, 5] {
+                    assert_eq!(at(speculate), one, "{spec}, speculate {speculate}");
+                }
+            }
+        }
+    }
+
+    /// Each bisection's share of the threads decides the levels replayed ahead.
+    #[test]
+    fn speculation_follows_the_idle_threads() {
+        assert_eq!(speculation_for(1, 16), 4);
+        assert_eq!(speculation_for(4, 16), 2);
+        assert_eq!(speculation_for(16, 16), 1);
+        assert_eq!(speculation_for(64, 16), 0);
+        assert_eq!(speculation_for(1, 2), 1);
+        assert_eq!(speculation_for(0, 1), 1);
     }
 }

@@ -79,6 +79,11 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
     // Longest first (a bisection is a dozen replays of its trace).
     let cost =
         |&p: &usize, input: &sim::CompareInput| sim::replay_cost(&input.trace, &specs[p].config);
+    // Fewer bisections than threads: each replays ahead on its share of them.
+    let fit_options = FitOptions {
+        speculate: sim::fit::speculation_for(jobs.len(), rayon::current_num_threads()),
+        ..FitOptions::default()
+    };
     let run = |&p: &usize, input: &sim::CompareInput| -> anyhow::Result<FitResult> {
         let _tick = Tick(&bar);
         let config = &specs[p].config;
@@ -88,7 +93,7 @@ pub fn run(args: FitArgs) -> anyhow::Result<Exit> {
             config,
             &setup.options,
             &setup.replay,
-            &FitOptions::default(),
+            &fit_options,
         )?;
         // Each GPU: whether it fits, and whether that could change in another process
         // (the GPU's spread of usable memory between processes).

@@ -367,6 +367,16 @@ pub fn run(sweep: &Sweep, options: &RunOptions<'_>) -> Result<Outcome, RunError>
     }
     finish(&mut records);
     let mut summary = summarize(&records);
+    // Fewer bisections than threads: each replays ahead on its share of them.
+    let bisections = summary
+        .traces
+        .iter()
+        .filter(|t| t.recommended.is_some())
+        .count();
+    let fit_options = crate::FitOptions {
+        speculate: crate::fit::speculation_for(bisections, rayon::current_num_threads()),
+        ..crate::FitOptions::default()
+    };
     let fits: Vec<Result<Option<crate::Fit>, CompareError>> = summary
         .traces
         .par_iter()
@@ -386,7 +396,7 @@ pub fn run(sweep: &Sweep, options: &RunOptions<'_>) -> Result<Outcome, RunError>
                         &sweep.combinations[job.policy].spec.config,
                         &sweep.devices[job.device].options,
                         &options.replay,
-                        &crate::FitOptions::default(),
+                        &fit_options,
                     )?)
                 }
                 None => None,
