@@ -20,10 +20,12 @@
 #         (e.g. "GLIBC_TUNABLES=glibc.malloc.arena_max=1")
 # Each timed run prints one line: build, round, part, threads (or processes=16x1), wall,
 # user and system seconds, minor faults, switches, peak RSS.
-# Run on the 16-core GPU machine, old against new (about 5 minutes for the default
-# compare part at 1e6 and 4e6 events, fit and sweep at 1e5):
-#   for n in 1000000 4000000; do SCALE_EVENTS=$n OUT=out tools/gpu/scaling-probe.sh old new; done
-#   PARTS="fit sweep" OUT=out tools/gpu/scaling-probe.sh old new
+# Run on the 16-core GPU machine, old against new: compare, fit and sweep at 1e6 (1e5
+# for fit and sweep) in two rounds, then compare at 4e6 in one (about 5 minutes;
+# docs/performance.md, "Batches on many cores, late night"):
+#   for n in 1000000 4000000; do SCALE_EVENTS=$n ROUNDS=$([ $n = 1000000 ] && echo 2 || echo 1) \
+#     PARTS=$([ $n = 1000000 ] && echo "compare fit sweep" || echo compare) \
+#     OUT=out tools/gpu/scaling-probe.sh .device-carry/rel/allocsim-old .device-carry/rel/allocsim; done
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
 gpu_setup "PATH/TO/allocsim [PATH/TO/allocsim...]" 1 8 "$@"
