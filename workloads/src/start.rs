@@ -174,6 +174,15 @@ impl Segs {
         self.note(key);
         self.map.remove(&key)
     }
+
+    /// Whether a segment starting before `addr + size` reaches past `addr`: the one
+    /// nearest below the range's end overlaps `[addr, addr + size)`.
+    fn overlaps(&self, addr: u64, size: u64) -> bool {
+        self.map
+            .range(..addr + size)
+            .next_back()
+            .is_some_and(|(&a, s)| a + s.size > addr)
+    }
 }
 
 /// Joins the expandable run at `addr` with the runs right after it (one stream): PyTorch
@@ -351,12 +360,7 @@ impl Undo {
                 segs.remove(e.addr);
             }
             Action::SegmentFree => {
-                if segs
-                    .map
-                    .range(..e.addr + e.size)
-                    .next_back()
-                    .is_some_and(|(&a, s)| a + s.size > e.addr)
-                {
+                if segs.overlaps(e.addr, e.size) {
                     return Err(format!(
                         "segment_free at {:#x}, a segment that overlaps a live one after it",
                         e.addr
@@ -415,12 +419,7 @@ impl Undo {
                 }
             }
             Action::SegmentUnmap => {
-                if segs
-                    .map
-                    .range(..e.addr + e.size)
-                    .next_back()
-                    .is_some_and(|(&a, s)| a + s.size > e.addr)
-                {
+                if segs.overlaps(e.addr, e.size) {
                     return Err(format!(
                         "segment_unmap at {:#x}, pages that are mapped after it",
                         e.addr
