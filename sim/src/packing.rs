@@ -111,70 +111,63 @@ impl std::ops::IndexMut<u32> for Blocks {
     }
 }
 
-/// Bins of every index: one per alignment unit of a page up to [`MAX_BINS`] units,
-/// and one more (a geometry with fewer units leaves the bins above its page empty).
-const BINS: usize = MAX_BINS as usize + 1;
-/// Words of the bitmap of non-empty bins.
-const WORDS: usize = BINS.div_ceil(64);
-/// Words of the summary bitmap (one bit per word of the bitmap).
-const SUMMARY: usize = WORDS.div_ceil(64);
-
-/// One length bin: its list of holes.
-#[derive(Clone, Copy, Debug)]
-struct Bin {
-    /// First hole of the list ([`NIL`] when empty).
-    head: u32,
-    /// Holes in it.
-    count: u32,
-    /// Whether it keeps an ordered map in [`HoleIndex::crowded`].
-    mapped: bool,
-}
-
-const EMPTY_BIN: Bin = Bin {
-    head: NIL,
-    count: 0,
-    mapped: false,
-};
-
-/// Every hole of every page, in best-fit order (see the module docs). The bins and
-/// bitmaps are arrays of fixed size, so a bin's index, clamped to the last bin, needs
-/// no bounds check.
+/// Every hole of every page, in best-fit order (see the module docs).
 #[derive(Debug)]
 struct HoleIndex {
     /// log2 of the bin width in bytes.
     shift: u32,
-    bins: [Bin; BINS],
+    /// First hole of each bin's list ([`NIL`] when empty).
+    heads: Vec<u32>,
+    /// Holes in each bin.
+    counts: Vec<u32>,
+    /// Whether each bin keeps an ordered map in `crowded`.
+    has_map: Vec<bool>,
     /// The ordered maps of bins that grew past [`GROW_ABOVE`] holes, by bin.
     crowded: BTreeMap<usize, BTreeMap<Key, u32>>,
     /// One bit per non-empty bin.
-    bits: [u64; WORDS],
+    bits: Vec<u64>,
     /// One bit per non-zero word of `bits`.
-    summary: [u64; SUMMARY],
+    summary: Vec<u64>,
 }
 
 impl HoleIndex {
     /// An index for holes shorter than `page_bytes`, binned by `align`-byte units
-    /// (widened so that there are at most [`MAX_BINS`] bins below the page size).
-    fn new(page_bytes: u64, align: u64) -> Box<HoleIndex> {
+    /// (widened so that there are at most [`MAX_BINS`] bins).
+    fn new(page_bytes: u64, align: u64) -> HoleIndex {
         let mut shift = align.max(1).ilog2();
         while page_bytes >> shift > MAX_BINS {
             shift += 1;
         }
-        Box::new(HoleIndex {
+        let count = (page_bytes >> shift) as usize + 1;
+        let words = count.div_ceil(64);
+        HoleIndex {
             shift,
-            bins: [EMPTY_BIN; BINS],
+            heads: vec![NIL; count],
+            counts: vec![0; count],
+            has_map: vec![false; count],
             crowded: BTreeMap::new(),
-            bits: [0; WORDS],
-            summary: [0; SUMMARY],
-        })
+            bits: vec![0; words],
+            summary: vec![0; words.div_ceil(64)],
+        }
     }
 
-    /// The bin of a hole of `len` bytes: non-decreasing in `len`. (Every hole is
-    /// shorter than a page, so its bin is at most `page_bytes >> shift`; a request
-    /// beyond that lands in a bin no hole reaches, and finds none, as it must.)
+    /// An index with no bins, for a device that has packed nothing yet.
+    fn unbuilt() -> HoleIndex {
+        HoleIndex {
+            shift: 0,
+            heads: Vec::new(),
+            counts: Vec::new(),
+            has_map: Vec::new(),
+            crowded: BTreeMap::new(),
+            bits: Vec::new(),
+            summary: Vec::new(),
+        }
+    }
+
+    /// The bin of a hole of `len` bytes: non-decreasing in `len`.
     #[inline(always)]
     fn bin_of(&self, len: u64) -> usize {
-        (len >> self.shift).min(BINS as u64 - 1) as usize
+        ((len >> self.shift) as usize).min(self.heads.len() - 1)
     }
 
     /// Puts hole `id` (its key read from `blocks`) in its place in the index.
@@ -182,21 +175,21 @@ impl HoleIndex {
     fn insert(&mut self, blocks: &mut Blocks, id: u32) {
         let key = blocks[id].key();
         let b = self.bin_of(key.0);
-        let bin = self.bins[b];
-        self.bins[b].count = bin.count + 1;
-        if bin.count == 0 {
+        let count = self.counts[b];
+        self.counts[b] = count + 1;
+        if count == 0 {
             self.bits[b / 64] |= 1 << (b % 64);
             self.summary[b / 4096] |= 1 << (b / 64 % 64);
-            self.bins[b].head = id;
+            self.heads[b] = id;
             let h = &mut blocks[id];
             h.bin_prev = NIL;
             h.bin_next = NIL;
             return;
         }
-        let prev = if bin.count < GROW_ABOVE && !bin.mapped {
+        let prev = if count < GROW_ABOVE && !self.has_map[b] {
             // A short list: walk it to the first hole after `key`.
             let mut prev = NIL;
-            let mut cur = bin.head;
+            let mut cur = self.heads[b];
             while cur != NIL && blocks[cur].key() < key {
                 prev = cur;
                 cur = blocks[cur].bin_next;
@@ -206,7 +199,7 @@ impl HoleIndex {
             self.crowded_prev(blocks, b, key, id)
         };
         let next = if prev == NIL {
-            std::mem::replace(&mut self.bins[b].head, id)
+            std::mem::replace(&mut self.heads[b], id)
         } else {
             std::mem::replace(&mut blocks[prev].bin_next, id)
         };
@@ -223,11 +216,11 @@ impl HoleIndex {
     #[cold]
     #[inline(never)]
     fn crowded_prev(&mut self, blocks: &Blocks, b: usize, key: Key, id: u32) -> u32 {
-        let head = self.bins[b].head;
-        self.bins[b].mapped = true;
+        self.has_map[b] = true;
+        let heads = &self.heads;
         let map = self.crowded.entry(b).or_insert_with(|| {
             let mut map = BTreeMap::new();
-            let mut cur = head;
+            let mut cur = heads[b];
             while cur != NIL {
                 map.insert(blocks[cur].key(), cur);
                 cur = blocks[cur].bin_next;
@@ -250,20 +243,19 @@ impl HoleIndex {
         );
         let b = self.bin_of(h.len);
         if h.bin_prev == NIL {
-            if self.bins[b].head != id {
+            if self.heads[b] != id {
                 missing_hole();
             }
-            self.bins[b].head = h.bin_next;
+            self.heads[b] = h.bin_next;
         } else {
             blocks[h.bin_prev].bin_next = h.bin_next;
         }
         if h.bin_next != NIL {
             blocks[h.bin_next].bin_prev = h.bin_prev;
         }
-        let bin = &mut self.bins[b];
-        bin.count -= 1;
-        let (count, mapped) = (bin.count, bin.mapped);
-        if mapped {
+        let count = self.counts[b] - 1;
+        self.counts[b] = count;
+        if self.has_map[b] {
             self.forget_crowded(b, h.key(), count);
         }
         if count == 0 {
@@ -274,8 +266,8 @@ impl HoleIndex {
         }
     }
 
-    /// Takes `key` out of bin `b`'s ordered map and drops the map when the bin holds
-    /// fewer than [`SHRINK_BELOW`] holes.
+    /// Takes `key` out of bin `b`'s ordered map, if it keeps one, and drops the map
+    /// when the bin holds fewer than [`SHRINK_BELOW`] holes.
     #[cold]
     #[inline(never)]
     fn forget_crowded(&mut self, b: usize, key: Key, count: u32) {
@@ -285,7 +277,7 @@ impl HoleIndex {
         }
         if count < SHRINK_BELOW {
             self.crowded.remove(&b);
-            self.bins[b].mapped = false;
+            self.has_map[b] = false;
         }
     }
 
@@ -294,7 +286,7 @@ impl HoleIndex {
     fn next_bin_after(&self, bin: usize) -> Option<usize> {
         let from = bin + 1;
         let w = from / 64;
-        if w >= WORDS {
+        if w >= self.bits.len() {
             return None;
         }
         let m = self.bits[w] & (!0u64 << (from % 64));
@@ -308,7 +300,7 @@ impl HoleIndex {
         } else {
             !0u64 << (next_word % 64)
         };
-        while s < SUMMARY {
+        while s < self.summary.len() {
             let m = self.summary[s] & mask;
             if m != 0 {
                 let word = s * 64 + m.trailing_zeros() as usize;
@@ -324,7 +316,7 @@ impl HoleIndex {
     /// length is: its head).
     #[inline(always)]
     fn first_at_least(&self, blocks: &Blocks, b: usize, len: u64) -> Option<u32> {
-        let head = self.bins[b].head;
+        let head = self.heads[b];
         if head == NIL || blocks[head].len >= len {
             return (head != NIL).then_some(head);
         }
@@ -339,7 +331,7 @@ impl HoleIndex {
         if let Some(map) = self.crowded.get(&b) {
             return map.range((len, 0, 0)..).next().map(|(_, &id)| id);
         }
-        let mut cur = self.bins[b].head;
+        let mut cur = self.heads[b];
         while cur != NIL && blocks[cur].len < len {
             cur = blocks[cur].bin_next;
         }
@@ -350,19 +342,14 @@ impl HoleIndex {
     /// at least `len` long.
     #[inline(always)]
     fn best_fit(&self, blocks: &Blocks, len: u64) -> Option<u32> {
+        if self.heads.is_empty() {
+            return None;
+        }
         let b = self.bin_of(len);
         match self.first_at_least(blocks, b, len) {
             Some(id) => Some(id),
-            None => Some(self.bins[self.next_bin_after(b)?].head),
+            None => Some(self.heads[self.next_bin_after(b)?]),
         }
-    }
-
-    /// Whether no hole is indexed (for the tests' final checks).
-    #[cfg(test)]
-    fn is_empty(&self) -> bool {
-        self.bits.iter().all(|&w| w == 0)
-            && self.bins.iter().all(|b| b.count == 0 && !b.mapped)
-            && self.crowded.is_empty()
     }
 }
 
@@ -394,8 +381,7 @@ pub(crate) struct PackedPages {
     /// Every page's blocks.
     blocks: Blocks,
     next_seq: u64,
-    /// Built with the first page: devices that never pack keep no bins.
-    index: Option<Box<HoleIndex>>,
+    index: HoleIndex,
 }
 
 impl PackedPages {
@@ -409,7 +395,7 @@ impl PackedPages {
             free_slots: Vec::new(),
             blocks: Blocks::default(),
             next_seq: 0,
-            index: None,
+            index: HoleIndex::unbuilt(),
         }
     }
 
@@ -441,9 +427,8 @@ impl PackedPages {
     #[inline]
     pub(crate) fn take(&mut self, size: u64) -> Option<(u32, u64)> {
         let len = self.footprint(size);
-        let index = self.index.as_deref_mut()?;
-        let id = index.best_fit(&self.blocks, len)?;
-        index.remove(&mut self.blocks, id);
+        let id = self.index.best_fit(&self.blocks, len)?;
+        self.index.remove(&mut self.blocks, id);
         let hole = self.blocks[id];
         if hole.len > len {
             // The rest of the hole stays a hole, just after the allocation.
@@ -464,7 +449,7 @@ impl PackedPages {
             let b = &mut self.blocks[id];
             b.next = rest;
             b.len = len;
-            index.insert(&mut self.blocks, rest);
+            self.index.insert(&mut self.blocks, rest);
         }
         self.blocks[id].free = false;
         let page = self.page_mut(hole.page);
@@ -475,9 +460,9 @@ impl PackedPages {
     /// Opens a new page at `base` (placed as `va`) with one allocation of `size` bytes
     /// at its start; returns the allocation's handle.
     pub(crate) fn open(&mut self, base: u64, size: u64, va: Option<Placed>) -> u32 {
-        if self.index.is_none() {
+        if self.index.heads.is_empty() {
             // Built with the first page: devices that never pack keep no bins.
-            self.index = Some(HoleIndex::new(self.page_bytes, self.align));
+            self.index = HoleIndex::new(self.page_bytes, self.align);
         }
         let len = self.footprint(size);
         let seq = self.next_seq;
@@ -517,9 +502,7 @@ impl PackedPages {
                 free: true,
             });
             self.blocks[id].next = hole;
-            if let Some(index) = self.index.as_deref_mut() {
-                index.insert(&mut self.blocks, hole);
-            }
+            self.index.insert(&mut self.blocks, hole);
         }
         id
     }
@@ -537,58 +520,50 @@ impl PackedPages {
         let block = self.blocks[id];
         debug_assert!(!block.free, "SimDevice: a packed allocation freed twice");
         debug_assert_eq!(block.len, self.footprint(size));
-        let page = self.pages[block.page as usize]
-            .as_mut()
-            .expect("SimDevice: packed page of a live allocation");
+        let page = self.page_mut(block.page);
         debug_assert_eq!(page.base + block.offset, addr);
         page.live -= 1;
-        let live = page.live;
-        let index = self
-            .index
-            .as_deref_mut()
-            .expect("SimDevice: packed pages without a hole index");
-        let blocks = &mut self.blocks;
-        if live == 0 {
+        if page.live == 0 {
             // Only holes are left beside it (holes are never side by side).
             let page = self.pages[block.page as usize].take().expect("live page");
             for other in [block.prev, block.next] {
                 if other != NIL {
-                    index.remove(blocks, other);
-                    blocks.drop_block(other);
+                    self.index.remove(&mut self.blocks, other);
+                    self.blocks.drop_block(other);
                 }
             }
-            blocks.drop_block(id);
+            self.blocks.drop_block(id);
             self.free_slots.push(block.page);
             return Some((page.base, page.va));
         }
         let mut merged = id;
-        if block.prev != NIL && blocks[block.prev].free {
+        if block.prev != NIL && self.blocks[block.prev].free {
             // The hole before takes this block in.
             let prev = block.prev;
-            index.remove(blocks, prev);
-            let p = &mut blocks[prev];
+            self.index.remove(&mut self.blocks, prev);
+            let p = &mut self.blocks[prev];
             p.len += block.len;
             p.next = block.next;
             if block.next != NIL {
-                blocks[block.next].prev = prev;
+                self.blocks[block.next].prev = prev;
             }
-            blocks.drop_block(id);
+            self.blocks.drop_block(id);
             merged = prev;
         }
-        if block.next != NIL && blocks[block.next].free {
+        if block.next != NIL && self.blocks[block.next].free {
             // And the hole after.
-            let next = blocks[block.next];
-            index.remove(blocks, block.next);
-            let m = &mut blocks[merged];
+            let next = self.blocks[block.next];
+            self.index.remove(&mut self.blocks, block.next);
+            let m = &mut self.blocks[merged];
             m.len += next.len;
             m.next = next.next;
             if next.next != NIL {
-                blocks[next.next].prev = merged;
+                self.blocks[next.next].prev = merged;
             }
-            blocks.drop_block(block.next);
+            self.blocks.drop_block(block.next);
         }
-        blocks[merged].free = true;
-        index.insert(blocks, merged);
+        self.blocks[merged].free = true;
+        self.index.insert(&mut self.blocks, merged);
         None
     }
 }
@@ -716,7 +691,7 @@ mod tests {
         let mut live: Vec<(u32, u64, u64)> = Vec::new();
         let mut next_base = 1u64 << 40;
         for step in 0..steps {
-            most_crowded = most_crowded.max(fast.index.as_ref().map_or(0, |i| i.crowded.len()));
+            most_crowded = most_crowded.max(fast.index.crowded.len());
             // Bias towards allocation while few are live, so pages fill up.
             let bias = if step < steps / 2 { grow } else { 110 - grow };
             if live.is_empty() || rng.below(100) < bias {
@@ -763,9 +738,11 @@ mod tests {
         }
         assert!(fast.pages.iter().all(Option::is_none));
         assert!(
-            fast.index.as_ref().is_none_or(|i| i.is_empty()),
+            fast.index.bits.iter().all(|&w| w == 0),
             "index left non-empty"
         );
+        assert!(fast.index.counts.iter().all(|&c| c == 0));
+        assert!(fast.index.crowded.is_empty() && !fast.index.has_map.contains(&true));
         assert_eq!(
             fast.blocks.free.len(),
             fast.blocks.items.len(),
@@ -821,7 +798,7 @@ mod tests {
     fn next_bin_crosses_words() {
         let mut blocks = Blocks::default();
         let mut index = HoleIndex::new(2 * MIB, 512);
-        let n = index.bins.len();
+        let n = index.heads.len();
         assert_eq!(n, 4097);
         for b in [0, 63, 64, 1000, n - 1] {
             let id = hole(&mut blocks, (b as u64) << index.shift, 0);
@@ -833,7 +810,7 @@ mod tests {
         assert_eq!(index.next_bin_after(1000), Some(n - 1));
         assert_eq!(index.next_bin_after(n - 1), None);
         let mut wide = HoleIndex::new(64 * MIB, 1);
-        assert_eq!(wide.shift, 14);
+        assert!(wide.heads.len() == 4097 && wide.shift == 14);
         let long = hole(&mut blocks, 40_000, 1);
         let short = hole(&mut blocks, 33_000, 0);
         wide.insert(&mut blocks, long);
@@ -865,7 +842,7 @@ mod tests {
         for id in ids {
             index.remove(&mut blocks, id);
         }
-        assert!(index.is_empty());
+        assert!(index.crowded.is_empty() && !index.has_map.contains(&true));
         assert_eq!(index.best_fit(&blocks, 1), None);
     }
 }
