@@ -17,6 +17,10 @@ set -uo pipefail
 . "$(dirname "$0")/common.sh"
 gpu_setup "OLD/allocsim NEW/allocsim [SNAPSHOT_READ]" 2 3 "$@"
 OLD=$(gpu_abs "$1") NEW=$(gpu_abs "$2") SR=${3:+$(gpu_abs "$3")}
+# A build that is not there would fail every run alike, and "output identical" would follow.
+for b in "$OLD" "$NEW" ${SR:+"$SR"}; do
+    [ -f "$b" ] && [ -x "$b" ] || { echo "before-after.sh: no executable at ${b:-(empty path)} (carried?)" >&2; exit 2; }
+done
 W=$(mktemp -d)
 exec > >(tee -a "$OUT/before-after.txt") 2>&1
 date -u; nproc; lscpu | grep -m1 "Model name"
