@@ -163,14 +163,36 @@ struct LiveTable {
 }
 
 impl LiveTable {
-    /// An `alloc` of `id` served.
+    /// An `alloc` of `id` served: written into its slot where the slot's page exists
+    /// and it holds nothing (one lookup, inline; the slot is found before the
+    /// allocation is moved), else out of line.
     #[inline(always)]
     fn insert(&mut self, id: AllocId, allocation: Allocation) {
+        if let Some(place) = self.live.place(id) {
+            if place.get().is_none() {
+                let live = Slot::Live(Live {
+                    allocation,
+                    free_requested: false,
+                });
+                if place.fill(live).is_err() {
+                    unreachable!("the slot was just seen empty");
+                }
+                return;
+            }
+        }
         let live = Live {
             allocation,
             free_requested: false,
         };
-        if let Err(slot) = self.live.insert_vacant(id, Slot::Live(live)) {
+        self.insert_elsewhere(id, Slot::Live(live));
+    }
+
+    /// [`LiveTable::insert`] where the slot's page is missing, the id is sparse or
+    /// its slot holds something (a problem).
+    #[cold]
+    #[inline(never)]
+    fn insert_elsewhere(&mut self, id: AllocId, live: Slot) {
+        if let Err(slot) = self.live.insert_vacant(id, live) {
             self.replace(id, slot);
         }
     }
@@ -605,10 +627,6 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
     let mut dstats = device.stats();
     let stats_every_event = options.check_invariants || observer.needs_stats_every_event();
     let mut stats = before;
-    // The recorder sees a figure again only when it was read again (a figure not
-    // read again is the one it saw: its peaks would not move); the first event's
-    // are shown it either way.
-    let (mut stats_read, mut dstats_read) = (true, true);
     let mut event_count = 0u64;
     // `I::next` itself, not `<&mut I>::next`: a reader's `next` can inline here.
     // The event is used where `next` left it (not moved into a binding of its own).
@@ -715,21 +733,33 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
                     }
                 }
             },
-            Event::Free { id } => match live.freeing(id) {
-                Some(a) => {
-                    // The policy frees the allocation where the table holds it; the
-                    // slot is emptied after, whatever the result.
-                    let (addr, block_bytes) = (a.addr, a.block_bytes);
-                    let freed = policy.free(&mut device, a);
-                    live.discard(id);
-                    freed.map_err(device_error)?;
-                    Outcome::Freed { addr, block_bytes }
+            Event::Free { id } => 'free: {
+                // The policy frees the allocation where the table holds it; the slot
+                // is emptied after, whatever the result. The slot is found once where
+                // its page exists (the usual case), else out of line.
+                if let Some(place) = live.live.place(id) {
+                    if let Some(Slot::Live(l)) = place.get() {
+                        let a = &l.allocation;
+                        let (addr, block_bytes) = (a.addr, a.block_bytes);
+                        let result = policy.free(&mut device, a);
+                        if place.discard() {
+                            live.live.release_if_empty(id);
+                        }
+                        result.map_err(device_error)?;
+                        break 'free Outcome::Freed { addr, block_bytes };
+                    }
                 }
-                None => {
-                    skipped += 1;
-                    Outcome::Skipped(Skip::NotLive)
+                match free_elsewhere(live, policy, &mut device, id) {
+                    Some((result, addr, block_bytes)) => {
+                        result.map_err(device_error)?;
+                        Outcome::Freed { addr, block_bytes }
+                    }
+                    None => {
+                        skipped += 1;
+                        Outcome::Skipped(Skip::NotLive)
+                    }
                 }
-            },
+            }
             Event::EmptyCache => {
                 policy.empty_cache(&mut device).map_err(device_error)?;
                 Outcome::CacheEmptied
@@ -803,9 +833,14 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
             }
         };
         let touched = std::mem::take(&mut device.touched);
+        // The recorder sees the figures read after this event, and the first
+        // event's either way (a figure not read again is the one it saw: its peaks
+        // would not move).
         if touched {
             dstats = device.stats();
-            dstats_read = true;
+            recorder.observe_device(&dstats);
+        } else if index == 0 {
+            recorder.observe_device(&dstats);
         }
         let lowers_only = !touched
             && matches!(
@@ -817,17 +852,11 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
             );
         if stats_every_event || !lowers_only {
             stats = policy.stats();
-            stats_read = true;
+            recorder.observe_policy(event_index, &stats);
+        } else if index == 0 {
+            recorder.observe_policy(event_index, &stats);
         }
         event_count = event_index + 1;
-        if stats_read {
-            recorder.observe_policy(event_index, &stats);
-            stats_read = false;
-        }
-        if dstats_read {
-            recorder.observe_device(&dstats);
-            dstats_read = false;
-        }
         if observer.watches(index, event, &outcome) {
             observer.after_event(&Step {
                 index,
@@ -838,6 +867,26 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
                 device_stats: &dstats,
                 policy: &*policy,
             });
+        }
+        // Only a mark or an allocator call owns memory (a label, settings, streams),
+        // and the outcome, in a register, tells them apart: the usual events are
+        // forgotten, which frees nothing as they own nothing, where their drop
+        // would find the event's variant again from memory after the policy's
+        // calls. (An early return above drops the event as usual.)
+        debug_assert_eq!(
+            matches!(outcome, Outcome::Marked | Outcome::Called { .. }),
+            !matches!(
+                event,
+                Event::Alloc { .. }
+                    | Event::Free { .. }
+                    | Event::FreeRequested { .. }
+                    | Event::EmptyCache
+            )
+        );
+        if matches!(outcome, Outcome::Marked | Outcome::Called { .. }) {
+            drop(next);
+        } else {
+            std::mem::forget(next);
         }
         if stop {
             break;
@@ -862,6 +911,24 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
         final_policy: policy.stats(),
         final_device: device.stats(),
     })
+}
+
+/// A `free` of `id` whose slot was not found in an existing page or holds no live
+/// allocation (a sparse id, an alloc that ran out of memory, an unknown id): the
+/// policy's result and the freed allocation's address and block bytes, if it had one.
+#[cold]
+#[inline(never)]
+fn free_elsewhere(
+    live: &mut LiveTable,
+    policy: &mut dyn Policy,
+    device: &mut dyn Device,
+    id: AllocId,
+) -> Option<(Result<(), DeviceError>, DeviceAddr, u64)> {
+    let a = live.freeing(id)?;
+    let (addr, block_bytes) = (a.addr, a.block_bytes);
+    let result = policy.free(device, a);
+    live.discard(id);
+    Some((result, addr, block_bytes))
 }
 
 /// A trace's pool id as the policies know it.

@@ -139,6 +139,38 @@ impl<T> IdMap<T> {
         Ok(())
     }
 
+    /// `id`'s place, where `id` is below [`DENSE_LIMIT`] and its page exists: found
+    /// once, then read, filled or emptied without a second lookup (a caller that
+    /// borrows the value while it calls something else, then empties the slot).
+    /// `None` for other ids, whose values the other methods take.
+    #[inline(always)]
+    pub fn place(&mut self, id: AllocId) -> Option<Place<'_, T>> {
+        if id.0 >= DENSE_LIMIT {
+            return None;
+        }
+        let (p, s) = Self::split(id);
+        let page = self.pages.get_mut(p)?.as_mut()?;
+        Some(Place {
+            slot: &mut page.slots[s],
+            used: &mut page.used,
+            len: &mut self.len,
+        })
+    }
+
+    /// Drops `id`'s page if no id in it holds a value, or keeps it as a spare (after
+    /// [`Place::discard`] said its page was left empty).
+    #[cold]
+    #[inline(never)]
+    pub fn release_if_empty(&mut self, id: AllocId) {
+        if id.0 >= DENSE_LIMIT {
+            return;
+        }
+        let (p, _) = Self::split(id);
+        if matches!(self.pages.get(p), Some(Some(page)) if page.used == 0) {
+            self.release_page(p);
+        }
+    }
+
     /// Page `p`, made (or taken from the spares) where it is missing.
     #[cold]
     #[inline(never)]
@@ -282,6 +314,55 @@ impl<T> IdMap<T> {
     }
 }
 
+/// A slot of an [`IdMap`] found once ([`IdMap::place`]).
+pub struct Place<'a, T> {
+    slot: &'a mut Option<T>,
+    used: &'a mut u32,
+    len: &'a mut usize,
+}
+
+impl<T> Place<'_, T> {
+    /// The value, if the slot holds one.
+    #[inline(always)]
+    pub fn get(&self) -> Option<&T> {
+        self.slot.as_ref()
+    }
+
+    /// The value, to change it, if the slot holds one.
+    #[inline(always)]
+    pub fn get_mut(&mut self) -> Option<&mut T> {
+        self.slot.as_mut()
+    }
+
+    /// Sets the value of the slot, which holds none: `Err` gives `value` back,
+    /// untouched, where it holds one.
+    #[inline(always)]
+    pub fn fill(self, value: T) -> Result<(), T> {
+        if self.slot.is_some() {
+            return Err(value);
+        }
+        *self.slot = Some(value);
+        *self.used += 1;
+        *self.len += 1;
+        Ok(())
+    }
+
+    /// Drops the value where it lies (nothing is moved out); nothing happens where
+    /// the slot holds none. `true` where the page is left empty: the caller then
+    /// calls [`IdMap::release_if_empty`], as the map keeps no empty page.
+    #[inline(always)]
+    #[must_use = "an emptied page is released by IdMap::release_if_empty"]
+    pub fn discard(self) -> bool {
+        if self.slot.is_none() {
+            return false;
+        }
+        *self.slot = None;
+        *self.used -= 1;
+        *self.len -= 1;
+        *self.used == 0
+    }
+}
+
 /// One bit per id: which ids were ever set (validation's "freed before"), a plain
 /// bitmap below [`DENSE_LIMIT`] (grown to the largest id marked: 12.5 MB for 10⁸
 /// ids) and a hashed set above it.
@@ -386,6 +467,33 @@ mod tests {
         }
         assert!(m.is_empty());
         assert_eq!(m.pages_held(), 0);
+    }
+
+    /// A place found once reads, fills and empties its slot as the map's own
+    /// methods do; emptying the last value of a page and releasing it leaves no page;
+    /// ids without a page, or sparse ones, have no place.
+    #[test]
+    fn places_agree_with_the_map() {
+        let mut m = IdMap::new();
+        assert!(m.place(AllocId(3)).is_none(), "no page yet");
+        m.insert(AllocId(3), 30);
+        assert!(m.place(AllocId(DENSE_LIMIT)).is_none(), "sparse");
+        assert_eq!(m.place(AllocId(3)).unwrap().get(), Some(&30));
+        assert_eq!(m.place(AllocId(4)).unwrap().fill(40), Ok(()));
+        assert_eq!(m.place(AllocId(4)).unwrap().fill(41), Err(41));
+        *m.place(AllocId(4)).unwrap().get_mut().unwrap() += 2;
+        assert_eq!((m.get(AllocId(4)), m.len()), (Some(&42), 2));
+        assert!(!m.place(AllocId(5)).unwrap().discard(), "nothing there");
+        assert!(!m.place(AllocId(3)).unwrap().discard());
+        assert_eq!((m.get(AllocId(3)), m.len()), (None, 1));
+        m.release_if_empty(AllocId(4));
+        assert_eq!(m.pages_held(), 1, "a page holding a value stays");
+        assert!(
+            m.place(AllocId(4)).unwrap().discard(),
+            "the page is left empty"
+        );
+        m.release_if_empty(AllocId(4));
+        assert_eq!((m.len(), m.pages_held()), (0, 0));
     }
 
     /// A sliding window of live ids counting up holds a few pages, not one per id
