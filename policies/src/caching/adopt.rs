@@ -275,18 +275,26 @@ impl CachingPolicy {
         result: &mut [Option<Allocation>],
     ) {
         let max_split = self.config.max_split_size_bytes;
+        let stream_slot = self.stream_slot(stream);
         let split = pieces.len() > 1;
         let mut prev = NIL;
         let mut ids = Vec::with_capacity(pieces.len());
         for p in &pieces {
             let mut block = Block::whole(
-                p.addr, p.size, stream, pool, 0, segment, expandable, p.mapped,
+                p.addr,
+                p.size,
+                stream_slot,
+                pool,
+                0,
+                segment,
+                expandable,
+                p.mapped,
             );
             block.prev = prev;
             if let Some((_, b)) = p.live {
                 block.state = State::Allocated;
                 block.requested = b.requested_bytes;
-                block.serial = self.next_serial;
+                block.stamp = self.next_serial;
                 self.next_serial += 1;
             }
             let id = self.insert_block(block);
@@ -324,7 +332,7 @@ impl CachingPolicy {
                         self.mark_free_requested(id);
                         self.pending.insert(id);
                     }
-                    let serial = self.block(id).serial;
+                    let serial = self.block(id).stamp;
                     result[index] = Some(Allocation {
                         addr: DeviceAddr(p.addr),
                         requested_bytes: b.requested_bytes,

@@ -28,9 +28,10 @@ impl CachingPolicy {
         owner: u32,
         pool: PoolKind,
         stream: StreamId,
+        slot: u32,
         size: u64,
     ) -> Result<Option<u32>, DeviceError> {
-        let mut candidate = self.find_expandable_block(device, owner, pool, stream, size)?;
+        let mut candidate = self.find_expandable_block(device, owner, pool, stream, slot, size)?;
         if !self.block(candidate).mapped {
             let len = self.block(candidate).size.min(size);
             if !self.map_block(device, candidate, len)? {
@@ -61,6 +62,7 @@ impl CachingPolicy {
         owner: u32,
         pool_kind: PoolKind,
         stream: StreamId,
+        slot: u32,
         size: u64,
     ) -> Result<u32, DeviceError> {
         let allocatable = |blocks: &DenseSlab<Block>, id: u32| {
@@ -113,7 +115,7 @@ impl CachingPolicy {
         }));
         let es = (self.expandables.len() - 1) as u32;
         let id = self.insert_block(Block::whole(
-            addr, va_size, stream, pool_kind, owner, es, true, false,
+            addr, va_size, slot, pool_kind, owner, es, true, false,
         ));
         self.pool_mut(owner, pool_kind)
             .unmapped
@@ -148,9 +150,10 @@ impl CachingPolicy {
         }
         self.mapped_expandables += u64::from(!was_mapped && es.mapped_bytes > 0);
         let mapped_size = (end - begin) * page;
+        let stream = self.stream_id(b.stream).0;
         self.pool_mut(b.owner, b.pool)
             .unmapped
-            .remove(&(b.stream.0, b.addr));
+            .remove(&(stream, b.addr));
         self.block_mut(id).mapped = true;
         if mapped_size < b.size {
             let rest = self.insert_block(b.piece(
@@ -166,7 +169,7 @@ impl CachingPolicy {
             self.block_mut(id).next = rest;
             self.pool_mut(b.owner, b.pool)
                 .unmapped
-                .insert((b.stream.0, b.addr + mapped_size), rest);
+                .insert((stream, b.addr + mapped_size), rest);
             self.block_mut(id).size = mapped_size;
         }
         let prev = self.block(id).prev;
@@ -243,7 +246,7 @@ impl CachingPolicy {
         let next = self.block(id).next;
         self.try_merge_blocks(id, next);
         let blk = self.block(id);
-        let key = (blk.stream.0, blk.addr);
+        let key = (self.stream_id(blk.stream).0, blk.addr);
         self.pool_mut(b.owner, b.pool).unmapped.insert(key, id);
         self.total_allocated -= unmapped_size;
         self.count_pool_segment(b.owner, false, true);
@@ -267,9 +270,10 @@ impl CachingPolicy {
             !b.mapped && b.size == es.range.size_bytes,
             "block disagrees with segment"
         );
+        let stream = self.stream_id(b.stream).0;
         self.pool_mut(b.owner, b.pool)
             .unmapped
-            .remove(&(b.stream.0, b.addr));
+            .remove(&(stream, b.addr));
         self.delete_block(id);
         let vm = device.virtual_memory().ok_or(DeviceError::Unsupported {
             what: "virtual memory management (needed by expandable segments)",

@@ -45,7 +45,7 @@ impl CachingPolicy {
             b.expandable,
             b.mapped,
             b.owner,
-            b.stream.0,
+            b.stream,
         );
         let (mut addr, mut size, mut prev, mut next) = (b.addr, b.size, b.prev, b.next);
         if allocated {
@@ -94,9 +94,8 @@ impl CachingPolicy {
         b.prev = prev;
         b.next = next;
         b.state = State::Free;
-        b.serial = 0;
         let clock = self.insert_free(owner, pool, stream, size, addr, id);
-        self.block_mut(id).gc_count_base = clock;
+        self.block_mut(id).stamp = clock;
         if prev != NIL || next != NIL {
             net_blocks += 1;
             net_bytes += size as i64;
@@ -119,13 +118,14 @@ impl CachingPolicy {
     fn forget_free(&mut self, id: u32) {
         let s = self.block(id);
         let (owner, pool_kind, mapped, stream, addr) =
-            (s.owner, s.pool, s.mapped, s.stream.0, s.addr);
+            (s.owner, s.pool, s.mapped, s.stream, s.addr);
         let pool = self.pools[owner as usize].get_mut(pool_kind);
         if mapped {
             // Free and mapped: in its pool's free set.
             pool.blocks.remove_linked(&mut self.blocks, id);
         } else {
-            pool.unmapped.remove(&(stream, addr));
+            pool.unmapped
+                .remove(&(self.streams[stream as usize].0, addr));
         }
         let live = self.blocks.vacate(id);
         debug_assert!(live, "dead block");
@@ -141,7 +141,7 @@ impl CachingPolicy {
             return 0;
         }
         let (s_mapped, s_prev, s_next, s_size, s_addr, s_stream, s_owner, s_pool) = (
-            s.mapped, s.prev, s.next, s.size, s.addr, s.stream.0, s.owner, s.pool,
+            s.mapped, s.prev, s.next, s.size, s.addr, s.stream, s.owner, s.pool,
         );
         let d = self.block_mut(dst);
         d.size += s_size;
@@ -161,7 +161,8 @@ impl CachingPolicy {
         if s_mapped {
             pool.blocks.remove(&mut self.blocks, src);
         } else {
-            pool.unmapped.remove(&(s_stream, s_addr));
+            pool.unmapped
+                .remove(&(self.streams[s_stream as usize].0, s_addr));
         }
         self.delete_block(src);
         s_size

@@ -3,7 +3,8 @@
 //! that order at or after `(stream, size, 0)`); this structure only finds it faster
 //! than an ordered map of triples.
 //!
-//! Per stream (a short vector in the order streams came; each block's node keeps its
+//! Per stream (a vector indexed by the stream's slot, which the caller gives: the caching
+//! policy numbers its streams in the order they came, and a block's record keeps its
 //! stream's slot and its class, so a removal finds both without a search), blocks are
 //! segregated by size class:
 //! one class per 512-byte unit up to 64 KiB, then 64 classes per power of two (the
@@ -22,6 +23,8 @@
 //! forwards and backwards, as PyTorch's set iterators do.
 
 use std::collections::BTreeMap;
+
+use crate::policy::StreamId;
 
 /// Classes below this are one 512-byte unit each (up to 64 KiB).
 const EXACT_UNITS: u64 = 128;
@@ -67,16 +70,11 @@ const GROW_ABOVE: u32 = 64;
 const SHRINK_BELOW: u32 = 16;
 
 /// One block's place in its class list: kept in the block's own record (the caching
-/// policy's `Block`), beside the size, address and stream that are its key.
+/// policy's `Block`), beside the size, address and stream slot that are its key.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Link {
     prev: u32,
     next: u32,
-    /// Its stream's slot in [`FreeSet::streams`] (slots never move), [`NO_SLOT`] until
-    /// the block first goes into its set. A block goes into one set only (its pool's,
-    /// on its stream), so the slot is found once and kept, also by the blocks split
-    /// from it.
-    slot: u32,
     /// Its size class (`class_of(size)`), kept so a removal need not recompute it.
     class: u16,
     /// In a set now.
@@ -88,7 +86,6 @@ impl Link {
     pub(super) const UNLINKED: Link = Link {
         prev: NIL,
         next: NIL,
-        slot: NO_SLOT,
         class: 0,
         linked: false,
     };
@@ -99,31 +96,28 @@ impl Link {
     }
 }
 
-/// [`Link::slot`] before the block's first insert.
-const NO_SLOT: u32 = u32::MAX;
-
 /// Where the blocks of a policy's free sets keep their keys and their [`Link`]s, by
 /// block id (a block is in one set at most): the caching policy's block table, whose
 /// records hold both, so a set reads a block's key and links from one place.
 pub(super) trait NodeTable {
     /// Block `id`'s size and address (its key within its stream).
     fn key(&self, id: u32) -> (u64, u64);
-    /// Block `id`'s stream.
-    fn stream(&self, id: u32) -> u64;
+    /// Block `id`'s stream slot (its index in [`FreeSet::streams`]).
+    fn slot(&self, id: u32) -> u32;
     /// Block `id`'s links.
     fn link(&self, id: u32) -> &Link;
     /// Block `id`'s links, mutably.
     fn link_mut(&mut self, id: u32) -> &mut Link;
     /// Called by [`FreeSet::insert`] before block `id` goes in with this key: a table
     /// whose records hold the key already only checks it (in debug builds).
-    fn set_key(&mut self, id: u32, stream: u64, size: u64, addr: u64);
+    fn set_key(&mut self, id: u32, slot: u32, size: u64, addr: u64);
 }
 
 /// A table of keys and links of its own, for sets without a block table (the tests).
 #[cfg(test)]
 #[derive(Debug, Default)]
 pub(super) struct Nodes {
-    nodes: Vec<((u64, u64, u64), Link)>,
+    nodes: Vec<((u32, u64, u64), Link)>,
 }
 
 #[cfg(test)]
@@ -133,7 +127,7 @@ impl NodeTable for Nodes {
         (size, addr)
     }
 
-    fn stream(&self, id: u32) -> u64 {
+    fn slot(&self, id: u32) -> u32 {
         self.nodes[id as usize].0 .0
     }
 
@@ -145,12 +139,12 @@ impl NodeTable for Nodes {
         &mut self.nodes[id as usize].1
     }
 
-    fn set_key(&mut self, id: u32, stream: u64, size: u64, addr: u64) {
+    fn set_key(&mut self, id: u32, slot: u32, size: u64, addr: u64) {
         let at = id as usize;
         if self.nodes.len() <= at {
             self.nodes.resize(at + 1, ((0, 0, 0), Link::UNLINKED));
         }
-        self.nodes[at].0 = (stream, size, addr);
+        self.nodes[at].0 = (slot, size, addr);
     }
 }
 
@@ -180,7 +174,6 @@ impl Class {
 /// The free blocks of one stream.
 #[derive(Debug)]
 struct StreamBlocks {
-    stream: u64,
     /// Bit `w` set when `words[w]` is not zero.
     summary: u64,
     /// Bit `c` set when class `c` holds a block.
@@ -192,9 +185,8 @@ struct StreamBlocks {
 }
 
 impl StreamBlocks {
-    fn new(stream: u64) -> StreamBlocks {
+    fn new() -> StreamBlocks {
         StreamBlocks {
-            stream,
             summary: 0,
             words: [0; WORDS],
             classes: Vec::new(),
@@ -527,7 +519,7 @@ impl StreamBlocks {
     }
 }
 
-/// A block found in the set, with its stream's place: valid until the set changes.
+/// A block found in the set, with its stream's slot: valid until the set changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Cursor {
     stream: u32,
@@ -538,20 +530,14 @@ pub(super) struct Cursor {
 /// See the module docs.
 #[derive(Debug, Default)]
 pub(super) struct FreeSet {
-    /// In the order streams first came (a stream's slot stays once made, and its
-    /// blocks' nodes keep it): the order of streams is only needed by [`FreeSet::iter`].
+    /// By stream slot (the caller's numbering of streams; a slot of a stream with no
+    /// block here is empty): the order of streams themselves is only needed by
+    /// [`FreeSet::iter`], which is given their ids.
     streams: Vec<StreamBlocks>,
     len: usize,
 }
 
 impl FreeSet {
-    /// The slot of `stream`, if it has one.
-    #[inline]
-    fn stream_index(&self, stream: u64) -> Option<usize> {
-        // Few streams: a linear scan.
-        self.streams.iter().position(|s| s.stream == stream)
-    }
-
     fn at(&self, nodes: &impl NodeTable, stream: usize, id: Option<u32>) -> Option<Cursor> {
         id.map(|id| {
             let (size, addr) = nodes.key(id);
@@ -567,47 +553,36 @@ impl FreeSet {
         self.len
     }
 
-    /// Adds block `id` with this key; `false` (and nothing changes) if a block with
-    /// the same stream, size and address is there already. The block must be in no
-    /// set of `nodes`.
+    /// Adds block `id` with this key (`slot`: its stream's); `false` (and nothing
+    /// changes) if a block with the same stream, size and address is there already.
+    /// The block must be in no set of `nodes`.
     #[inline(always)]
     pub(super) fn insert(
         &mut self,
         nodes: &mut impl NodeTable,
-        stream: u64,
+        slot: u32,
         size: u64,
         addr: u64,
         id: u32,
     ) -> bool {
-        nodes.set_key(id, stream, size, addr);
-        let known = nodes.link(id).slot;
-        let i = if known != NO_SLOT {
-            known as usize
-        } else {
-            self.slot_of(stream)
-        };
-        debug_assert_eq!(
-            self.streams[i].stream, stream,
-            "block {id} goes into another set than before"
+        nodes.set_key(id, slot, size, addr);
+        debug_assert!(
+            !nodes.link(id).linked,
+            "block {id} is in a free set already"
         );
-        let node = nodes.link_mut(id);
-        debug_assert!(!node.linked, "block {id} is in a free set already");
-        node.slot = i as u32;
+        let i = slot as usize;
+        if i >= self.streams.len() {
+            self.add_streams(i);
+        }
         let added = self.streams[i].insert(nodes, id);
         self.len += usize::from(added);
         added
     }
 
-    /// The slot of `stream`, made if it has none.
+    /// Makes the slots up to `slot`.
     #[inline(never)]
-    fn slot_of(&mut self, stream: u64) -> usize {
-        match self.stream_index(stream) {
-            Some(i) => i,
-            None => {
-                self.streams.push(StreamBlocks::new(stream));
-                self.streams.len() - 1
-            }
-        }
+    fn add_streams(&mut self, slot: usize) {
+        self.streams.resize_with(slot + 1, StreamBlocks::new);
     }
 
     /// Removes block `id`, which is in this set (the caller knows: the caching policy
@@ -615,10 +590,9 @@ impl FreeSet {
     /// builds.
     #[inline(always)]
     pub(super) fn remove_linked(&mut self, nodes: &mut impl NodeTable, id: u32) {
-        let node = nodes.link(id);
-        let s = node.slot as usize;
+        let s = nodes.slot(id) as usize;
         debug_assert!(
-            node.linked && self.streams[s].stream == nodes.stream(id),
+            nodes.link(id).linked && s < self.streams.len(),
             "block {id} is not in this set"
         );
         self.streams[s].remove(nodes, id);
@@ -629,58 +603,60 @@ impl FreeSet {
     /// must not be named); whether it was.
     #[inline(always)]
     pub(super) fn remove(&mut self, nodes: &mut impl NodeTable, id: u32) -> bool {
-        let node = nodes.link(id);
-        if !node.linked {
+        if !nodes.link(id).linked {
             return false;
         }
-        let s = node.slot as usize;
-        if self
-            .streams
-            .get(s)
-            .is_none_or(|st| st.stream != nodes.stream(id))
-        {
+        let s = nodes.slot(id) as usize;
+        let Some(st) = self.streams.get_mut(s) else {
             return false;
-        }
-        self.streams[s].remove(nodes, id);
+        };
+        st.remove(nodes, id);
         self.len -= 1;
         true
     }
 
-    /// The id of the block with this key, if it is there.
+    /// The id of the block with this key (`slot`: its stream's), if it is there.
     pub(super) fn get(
         &self,
         nodes: &impl NodeTable,
-        stream: u64,
+        slot: u32,
         size: u64,
         addr: u64,
     ) -> Option<u32> {
-        let s = &self.streams[self.stream_index(stream)?];
-        s.find(nodes, size, addr)
+        self.streams.get(slot as usize)?.find(nodes, size, addr)
     }
 
-    /// The first block of `stream` at or after `(size, 0)`: the smallest block of at
-    /// least `size` bytes, lowest address first.
+    /// The first block of stream `slot` at or after `(size, 0)`: the smallest block of
+    /// at least `size` bytes, lowest address first.
     #[inline(always)]
     pub(super) fn first_at_least(
         &self,
         nodes: &impl NodeTable,
-        stream: u64,
+        slot: u32,
         size: u64,
     ) -> Option<Cursor> {
-        let si = self.stream_index(stream)?;
-        self.at(nodes, si, self.streams[si].first_from(nodes, (size, 0)))
+        let si = slot as usize;
+        self.at(
+            nodes,
+            si,
+            self.streams.get(si)?.first_from(nodes, (size, 0)),
+        )
     }
 
-    /// The last block of `stream` before `(size, 0)`: the largest block smaller than
-    /// `size` bytes, highest address first.
+    /// The last block of stream `slot` before `(size, 0)`: the largest block smaller
+    /// than `size` bytes, highest address first.
     pub(super) fn last_below(
         &self,
         nodes: &impl NodeTable,
-        stream: u64,
+        slot: u32,
         size: u64,
     ) -> Option<Cursor> {
-        let si = self.stream_index(stream)?;
-        self.at(nodes, si, self.streams[si].last_before(nodes, (size, 0)))
+        let si = slot as usize;
+        self.at(
+            nodes,
+            si,
+            self.streams.get(si)?.last_before(nodes, (size, 0)),
+        )
     }
 
     /// The block after `at` in the same stream.
@@ -704,22 +680,29 @@ impl FreeSet {
         at.entry
     }
 
-    /// Every block in order, with its stream.
+    /// Every block in order (streams by their ids, `stream_ids` by slot), with its
+    /// stream's id.
     pub(super) fn iter<'a, N: NodeTable>(
         &'a self,
         nodes: &'a N,
+        stream_ids: &[StreamId],
     ) -> impl Iterator<Item = (u64, Entry)> + 'a {
         let mut all = Vec::with_capacity(self.len);
-        let mut streams: Vec<&StreamBlocks> = self.streams.iter().collect();
-        streams.sort_unstable_by_key(|s| s.stream);
-        for s in streams {
+        let mut streams: Vec<(u64, &StreamBlocks)> = self
+            .streams
+            .iter()
+            .enumerate()
+            .map(|(slot, s)| (stream_ids[slot].0, s))
+            .collect();
+        streams.sort_unstable_by_key(|&(id, _)| id);
+        for (stream, s) in streams {
             let mut class = s.next_class(0);
             while let Some(c) = class {
                 let mut cur = s.classes[c].head;
                 while cur != NIL {
                     let (size, addr) = nodes.key(cur);
                     all.push((
-                        s.stream,
+                        stream,
                         Entry {
                             size,
                             addr,
@@ -734,9 +717,9 @@ impl FreeSet {
         all.into_iter()
     }
 
-    /// The ids of every block, in order.
-    pub(super) fn ids(&self, nodes: &impl NodeTable) -> Vec<u32> {
-        self.iter(nodes).map(|(_, e)| e.id).collect()
+    /// The ids of every block, in order (`stream_ids`: as for [`FreeSet::iter`]).
+    pub(super) fn ids(&self, nodes: &impl NodeTable, stream_ids: &[StreamId]) -> Vec<u32> {
+        self.iter(nodes, stream_ids).map(|(_, e)| e.id).collect()
     }
 }
 
@@ -745,6 +728,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
+
+    /// Stream ids by slot for the tests: slot `s` is stream `s`.
+    fn ids() -> Vec<StreamId> {
+        (0..8).map(StreamId).collect()
+    }
 
     /// Size classes never decrease with size, and cover every size below 2^64.
     #[test]
@@ -769,10 +757,10 @@ mod tests {
 
     #[derive(Clone, Debug)]
     enum Op {
-        Insert(u64, u64, u64),
+        Insert(u32, u64, u64),
         Remove(usize),
-        FirstAtLeast(u64, u64),
-        LastBelow(u64, u64),
+        FirstAtLeast(u32, u64),
+        LastBelow(u32, u64),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -784,11 +772,11 @@ mod tests {
         // Many blocks of two sizes: classes that grow ordered maps and lose them again.
         let crowded = (0u64..2, 0u64..400).prop_map(|(z, a)| Op::Insert(0, 512 << z, a * 4096));
         prop_oneof![
-            4 => (0u64..3, size.clone(), 0u64..64).prop_map(|(s, z, a)| Op::Insert(s, z, a * 512)),
+            4 => (0u32..3, size.clone(), 0u64..64).prop_map(|(s, z, a)| Op::Insert(s, z, a * 512)),
             4 => crowded,
             3 => any::<usize>().prop_map(Op::Remove),
-            2 => (0u64..4, size.clone()).prop_map(|(s, z)| Op::FirstAtLeast(s, z)),
-            2 => (0u64..4, size).prop_map(|(s, z)| Op::LastBelow(s, z)),
+            2 => (0u32..4, size.clone()).prop_map(|(s, z)| Op::FirstAtLeast(s, z)),
+            2 => (0u32..4, size).prop_map(|(s, z)| Op::LastBelow(s, z)),
         ]
     }
 
@@ -799,7 +787,7 @@ mod tests {
         fn agrees_with_an_ordered_map(ops in proptest::collection::vec(op(), 1..600)) {
             let mut set = FreeSet::default();
             let mut nodes = Nodes::default();
-            let mut model: BTreeMap<(u64, u64, u64), u32> = BTreeMap::new();
+            let mut model: BTreeMap<(u32, u64, u64), u32> = BTreeMap::new();
             for (n, op) in ops.into_iter().enumerate() {
                 match op {
                     Op::Insert(s, z, a) => {
@@ -851,7 +839,7 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(set.len(), model.len());
-                let all: Vec<_> = set.iter(&nodes).map(|(s, e)| ((s, e.size, e.addr), e.id)).collect();
+                let all: Vec<_> = set.iter(&nodes, &ids()).map(|(s, e)| ((s as u32, e.size, e.addr), e.id)).collect();
                 let want: Vec<_> = model.iter().map(|(k, v)| (*k, *v)).collect();
                 prop_assert_eq!(all, want);
                 for (&(s, z, a), &id) in &model {
@@ -873,7 +861,10 @@ mod tests {
         assert!(set.insert(&mut nodes, 7, 1 << 20, 8192, 3));
         set.remove_linked(&mut nodes, 3);
         assert!(set.insert(&mut nodes, 7, 2048, 8192, 3));
-        let all: Vec<_> = set.iter(&nodes).map(|(s, e)| (s, e.size, e.id)).collect();
+        let all: Vec<_> = set
+            .iter(&nodes, &ids())
+            .map(|(s, e)| (s, e.size, e.id))
+            .collect();
         assert_eq!(all, vec![(3, 4096, 2), (7, 2048, 3), (7, 4096, 1)]);
         assert_eq!(
             set.first_at_least(&nodes, 7, 1).map(|at| at.entry.id),
@@ -910,7 +901,7 @@ mod tests {
         let mut model: BTreeMap<(u64, u64), u32> = BTreeMap::new();
         let check = |set: &FreeSet, nodes: &Nodes, model: &BTreeMap<(u64, u64), u32>| {
             let all: Vec<_> = set
-                .iter(nodes)
+                .iter(nodes, &ids())
                 .map(|(_, e)| ((e.size, e.addr), e.id))
                 .collect();
             let want: Vec<_> = model.iter().map(|(k, v)| (*k, *v)).collect();

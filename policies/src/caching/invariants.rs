@@ -57,7 +57,7 @@ impl CachingPolicy {
                     assert_eq!(
                         self.pool(b.owner, b.pool)
                             .blocks
-                            .get(&self.blocks, b.stream.0, b.size, b.addr)
+                            .get(&self.blocks, b.stream, b.size, b.addr)
                             .as_ref(),
                         Some(&id),
                         "free block missing from its pool"
@@ -73,14 +73,14 @@ impl CachingPolicy {
                     assert_eq!(
                         self.pool(b.owner, b.pool)
                             .unmapped
-                            .get(&(b.stream.0, b.addr)),
+                            .get(&(self.stream_id(b.stream).0, b.addr)),
                         Some(&id),
                         "unmapped block missing from its pool"
                     );
                 }
                 (State::Allocated, _) | (State::Pending, _) => {
                     assert!(b.mapped, "allocated block is not mapped");
-                    assert!(b.serial > 0, "allocated block without a tenant");
+                    assert!(b.stamp > 0, "allocated block without a tenant");
                     if b.state == State::Allocated {
                         allocated.0 += 1;
                         allocated.1 += b.size;

@@ -36,18 +36,20 @@ impl CachingPolicy {
         let allowed = self.allowed_bytes(device);
         let size = self.round_size(orig_size);
         let (owner, pool) = self.get_pool(size, stream);
+        let slot = self.stream_slot(stream);
         // Expandable segments serve private pools too (only a MemPool with a custom
         // allocator, not modelled, would turn them off).
         let expandable = self.config.expandable_segments;
         let gc_enabled = allowed.is_some() && self.config.garbage_collection_threshold > 0.0;
         let (block, expandable) =
-            match self.get_free_block(owner, pool, stream, size, expandable, gc_enabled) {
+            match self.get_free_block(owner, pool, slot, size, expandable, gc_enabled) {
                 Some(block) => (block, expandable),
                 None => {
                     let args = AllocArgs {
                         owner,
                         pool,
                         stream,
+                        slot,
                         size,
                         alloc_size: self.allocation_size(size),
                         expandable,
@@ -56,7 +58,7 @@ impl CachingPolicy {
                     self.malloc_without_cached_block(device, &args, orig_size, gc_enabled)?
                 }
             };
-        Ok(self.alloc_found_block(block, size, orig_size, expandable))
+        Ok(self.alloc_found_block(block, stream, size, orig_size, expandable))
     }
 
     /// The rest of the malloc ladder when no cached block fits: garbage collection, a
@@ -76,6 +78,7 @@ impl CachingPolicy {
             owner,
             pool,
             stream,
+            slot,
             size,
             alloc_size,
             allowed,
@@ -88,13 +91,13 @@ impl CachingPolicy {
         let mut found = self.alloc_block(device, args, false)?;
         if found.is_none() && owner == 0 {
             // try_mempool_fallback: a use_on_oom MemPool's cached block, if it fits.
-            found = self.try_mempool_fallback(size, stream, gc_enabled);
+            found = self.try_mempool_fallback(size, stream, slot, gc_enabled);
             if found.is_some() {
                 expandable = false;
             }
         }
         if found.is_none()
-            && self.release_available_cached_blocks(device, owner, pool, stream, size)?
+            && self.release_available_cached_blocks(device, owner, pool, slot, size)?
         {
             found = self.alloc_block(device, args, false)?;
         }
@@ -114,13 +117,13 @@ impl CachingPolicy {
         Ok((block, expandable))
     }
 
-    /// `get_free_block`: the smallest free block of the stream that fits, subject to the
-    /// oversize rules; removed from the pool.
+    /// `get_free_block`: the smallest free block of the stream (`slot`: its slot) that
+    /// fits, subject to the oversize rules; removed from the pool.
     pub(super) fn get_free_block(
         &mut self,
         owner: u32,
         pool_kind: PoolKind,
-        stream: StreamId,
+        slot: u32,
         size: u64,
         expandable_active: bool,
         gc_enabled: bool,
@@ -143,7 +146,7 @@ impl CachingPolicy {
             blk.size + next_unmapped
         };
         let set = &pool.blocks;
-        let mut at = set.first_at_least(blocks, stream.0, size)?;
+        let mut at = set.first_at_least(blocks, slot, size)?;
         let mut cur = at.entry.id;
         if b(cur).expandable {
             if expandable_active {
@@ -208,6 +211,7 @@ impl CachingPolicy {
     fn alloc_found_block(
         &mut self,
         id: u32,
+        stream: StreamId,
         size: u64,
         orig_size: u64,
         expandable_active: bool,
@@ -215,7 +219,7 @@ impl CachingPolicy {
         let serial = self.next_serial;
         self.next_serial += 1;
         let b = *self.block(id);
-        let (addr, block_size, stream, pool, owner, prev, next, expandable) = (
+        let (addr, block_size, slot, pool, owner, prev, next, expandable) = (
             b.addr,
             b.size,
             b.stream,
@@ -235,7 +239,7 @@ impl CachingPolicy {
                 requested: orig_size,
                 next: id,
                 state: State::Allocated,
-                serial,
+                stamp: serial,
                 ..b
             };
             let (rest_size, rest_addr) = (block_size - size, addr + size);
@@ -244,8 +248,8 @@ impl CachingPolicy {
             rest.addr = rest_addr;
             rest.size = rest_size;
             rest.prev = front_id;
-            let clock = self.insert_free(owner, pool, stream.0, rest_size, rest_addr, id);
-            self.block_mut(id).gc_count_base = clock;
+            let clock = self.insert_free(owner, pool, slot, rest_size, rest_addr, id);
+            self.block_mut(id).stamp = clock;
             if prev != NIL {
                 self.block_mut(prev).next = front_id;
             }
@@ -260,7 +264,7 @@ impl CachingPolicy {
             let b = self.block_mut(id);
             b.state = State::Allocated;
             b.requested = orig_size;
-            b.serial = serial;
+            b.stamp = serial;
             if already_split && !expandable {
                 self.stats.inactive_split_bytes.decrease(pool, block_size);
                 self.stats.inactive_split.decrease(pool, 1);
@@ -305,8 +309,8 @@ impl CachingPolicy {
             }
         }
         if a.expandable {
-            let found =
-                self.try_allocate_expandable_block(device, a.owner, a.pool, a.stream, a.size)?;
+            let found = self
+                .try_allocate_expandable_block(device, a.owner, a.pool, a.stream, a.slot, a.size)?;
             if found.is_some() {
                 self.count_pool_segment(a.owner, true, true);
             }
@@ -323,7 +327,7 @@ impl CachingPolicy {
         self.total_allocated += size;
         self.count_pool_segment(a.owner, true, false);
         let id = self.insert_block(Block::whole(
-            addr, size, a.stream, a.pool, a.owner, slot, false, true,
+            addr, size, a.slot, a.pool, a.owner, slot, false, true,
         ));
         self.stats.segment.increase(a.pool, 1);
         self.stats.reserved_bytes.increase(a.pool, size);
@@ -341,6 +345,8 @@ struct AllocArgs {
     owner: u32,
     pool: PoolKind,
     stream: StreamId,
+    /// `stream`'s slot in [`CachingPolicy::streams`].
+    slot: u32,
     size: u64,
     alloc_size: u64,
     expandable: bool,

@@ -102,7 +102,12 @@ struct Block {
     addr: u64,
     size: u64,
     requested: u64,
-    stream: StreamId,
+    /// While allocated or pending, the serial of the current tenant (never 0); while
+    /// free, the pool's GC clock when the block went into its free set (PyTorch's
+    /// `gc_count_base`): the two are never needed at once.
+    stamp: u64,
+    /// Its stream's slot in [`CachingPolicy::streams`] (and in its pool's free set).
+    stream: u32,
     pool: PoolKind,
     /// Slot of the owning pool pair in `pools` (0: the default pools).
     owner: u32,
@@ -113,9 +118,6 @@ struct Block {
     expandable: bool,
     /// Index into `segments` (or `expandables` when `expandable`).
     segment: u32,
-    gc_count_base: u64,
-    /// Serial of the current tenant; 0 while free.
-    serial: u64,
     /// Its place in its pool's free set (while it is in one).
     link: free_set::Link,
 }
@@ -126,7 +128,7 @@ impl Block {
     fn whole(
         addr: u64,
         size: u64,
-        stream: StreamId,
+        stream: u32,
         pool: PoolKind,
         owner: u32,
         segment: u32,
@@ -137,6 +139,7 @@ impl Block {
             addr,
             size,
             requested: 0,
+            stamp: 0,
             stream,
             pool,
             owner,
@@ -146,8 +149,6 @@ impl Block {
             mapped,
             expandable,
             segment,
-            gc_count_base: 0,
-            serial: 0,
             link: free_set::Link::UNLINKED,
         }
     }
@@ -192,8 +193,8 @@ impl free_set::NodeTable for DenseSlab<Block> {
     }
 
     #[inline(always)]
-    fn stream(&self, id: u32) -> u64 {
-        self.live(id).stream.0
+    fn slot(&self, id: u32) -> u32 {
+        self.live(id).stream
     }
 
     #[inline(always)]
@@ -207,11 +208,11 @@ impl free_set::NodeTable for DenseSlab<Block> {
     }
 
     #[inline(always)]
-    fn set_key(&mut self, id: u32, stream: u64, size: u64, addr: u64) {
+    fn set_key(&mut self, id: u32, slot: u32, size: u64, addr: u64) {
         let b = self.live(id);
         debug_assert_eq!(
-            (b.stream.0, b.size, b.addr),
-            (stream, size, addr),
+            (b.stream, b.size, b.addr),
+            (slot, size, addr),
             "block {id} goes into a free set under another key"
         );
     }
@@ -321,6 +322,9 @@ pub struct CachingPolicy {
     active_mirrors_allocation: bool,
     /// The blocks by id; a vacant slot's block is [`State::Vacant`].
     blocks: DenseSlab<Block>,
+    /// The streams seen, in the order they came: a block keeps its stream's slot here
+    /// (see [`CachingPolicy::stream_slot`]).
+    streams: Vec<StreamId>,
     /// Free blocks by owner: slot 0 the default pools, then one pair per private pool
     /// ever created (slots are not reused).
     pools: Vec<PoolPair>,
@@ -382,6 +386,7 @@ impl CachingPolicy {
             stats: CachingStats::default(),
             active_mirrors_allocation: true,
             blocks: DenseSlab::default(),
+            streams: Vec::new(),
             pools: vec![PoolPair::default()],
             private: BTreeMap::new(),
             freeable: BTreeSet::new(),
@@ -570,6 +575,27 @@ impl CachingPolicy {
         self.pools[owner as usize].get_mut(kind)
     }
 
+    /// The slot of `stream` in [`CachingPolicy::streams`], made if it has none.
+    #[inline(always)]
+    fn stream_slot(&mut self, stream: StreamId) -> u32 {
+        // Few streams: a linear scan.
+        match self.streams.iter().position(|&s| s == stream) {
+            Some(i) => i as u32,
+            None => self.add_stream(stream),
+        }
+    }
+
+    #[inline(never)]
+    fn add_stream(&mut self, stream: StreamId) -> u32 {
+        self.streams.push(stream);
+        u32::try_from(self.streams.len() - 1).expect("more than 4 billion streams")
+    }
+
+    /// The stream whose slot is `slot`.
+    fn stream_id(&self, slot: u32) -> StreamId {
+        self.streams[slot as usize]
+    }
+
     fn insert_block(&mut self, block: Block) -> u32 {
         self.blocks.insert(block)
     }
@@ -583,15 +609,16 @@ impl CachingPolicy {
     fn insert_into_blocks(&mut self, id: u32) {
         let (owner, pool_kind, stream, size, addr) = {
             let b = self.block(id);
-            (b.owner, b.pool, b.stream.0, b.size, b.addr)
+            (b.owner, b.pool, b.stream, b.size, b.addr)
         };
         let clock = self.insert_free(owner, pool_kind, stream, size, addr, id);
-        self.block_mut(id).gc_count_base = clock;
+        self.block_mut(id).stamp = clock;
     }
 
-    /// Puts block `id` (of pool `owner`'s `pool_kind` pool, on `stream`, `size` bytes at
-    /// `addr`, which its caller has or is about to write into the block) into that pool's
-    /// free set, and returns the pool's GC clock for the block's `gc_count_base`: the
+    /// Puts block `id` (of pool `owner`'s `pool_kind` pool, on stream slot `stream`,
+    /// `size` bytes at `addr`, which its caller has or is about to write into the block)
+    /// into that pool's free set, and returns the pool's GC clock for the block's
+    /// `stamp` (PyTorch's `gc_count_base`): the
     /// heart of [`Self::insert_into_blocks`], for the free and split paths that have the
     /// fields at hand.
     #[inline(always)]
@@ -599,7 +626,7 @@ impl CachingPolicy {
         &mut self,
         owner: u32,
         pool_kind: PoolKind,
-        stream: u64,
+        stream: u32,
         size: u64,
         addr: u64,
         id: u32,
@@ -615,7 +642,7 @@ impl CachingPolicy {
         let block = self
             .blocks
             .get(allocation.block)
-            .filter(|b| b.serial == allocation.serial && b.state != State::Free)
+            .filter(|b| b.stamp == allocation.serial && b.state != State::Free)
             .unwrap_or_else(|| {
                 panic!(
                     "allocation at {} is not live in this caching policy (freed twice, or from another policy)",
@@ -800,7 +827,7 @@ impl Policy for CachingPolicy {
             out.push(SegmentSnapshot {
                 addr: DeviceAddr(b.addr),
                 size_bytes: blocks.iter().map(|x| x.size_bytes).sum(),
-                stream: b.stream,
+                stream: self.stream_id(b.stream),
                 pool: match (b.pool, b.owner) {
                     (PoolKind::Small, 0) => "small",
                     (PoolKind::Large, 0) => "large",

@@ -155,6 +155,7 @@ impl CachingPolicy {
         &mut self,
         size: u64,
         stream: StreamId,
+        stream_slot: u32,
         gc_enabled: bool,
     ) -> Option<u32> {
         let candidates: Vec<PoolId> = self.use_on_oom.iter().copied().collect();
@@ -168,7 +169,7 @@ impl CachingPolicy {
                 continue;
             };
             let (_, kind) = self.get_pool(size, stream);
-            let found = self.get_free_block(slot, kind, stream, size, false, gc_enabled);
+            let found = self.get_free_block(slot, kind, stream_slot, size, false, gc_enabled);
             if found.is_some() {
                 return found;
             }
@@ -190,7 +191,7 @@ impl CachingPolicy {
             .deferred
             .iter()
             .filter(|&(&id, &in_capture)| {
-                stream.is_none_or(|s| in_capture && self.block(id).stream == s)
+                stream.is_none_or(|s| in_capture && self.stream_id(self.block(id).stream) == s)
             })
             .map(|(&id, _)| id)
             .collect();
@@ -270,8 +271,8 @@ impl CachingPolicy {
                 let pair = &self.pools[p.slot as usize];
                 pair.small
                     .blocks
-                    .iter(&self.blocks)
-                    .chain(pair.large.blocks.iter(&self.blocks))
+                    .iter(&self.blocks, &self.streams)
+                    .chain(pair.large.blocks.iter(&self.blocks, &self.streams))
                     .map(|(_, e)| e.size)
                     .sum::<u64>()
             })

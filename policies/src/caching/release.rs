@@ -6,13 +6,13 @@ use super::*;
 impl CachingPolicy {
     /// `release_available_cached_blocks`: with `max_split_size_mb`, frees the smallest
     /// oversize cached block that covers the request, else the largest ones downwards
-    /// until enough is freed (same pool and stream).
+    /// until enough is freed (same pool and stream; `slot`: the stream's).
     pub(super) fn release_available_cached_blocks(
         &mut self,
         device: &mut dyn Device,
         owner: u32,
         pool_kind: PoolKind,
-        stream: StreamId,
+        slot: u32,
         size: u64,
     ) -> Result<bool, DeviceError> {
         let max_split = self.config.max_split_size_bytes;
@@ -22,11 +22,11 @@ impl CachingPolicy {
         let key_size = size.max(max_split);
         let set = &self.pool(owner, pool_kind).blocks;
         let hit = set
-            .first_at_least(&self.blocks, stream.0, key_size)
+            .first_at_least(&self.blocks, slot, key_size)
             .map(|at| at.entry.id);
         let usable = hit.filter(|&id| {
             let b = self.block(id);
-            b.stream == stream && !b.expandable
+            b.stream == slot && !b.expandable
         });
         if let Some(id) = usable {
             self.release_block(device, id)?;
@@ -36,7 +36,7 @@ impl CachingPolicy {
         // The walk goes down the stream's blocks only (PyTorch's walk stops at another
         // stream's block).
         let set = &self.pool(owner, pool_kind).blocks;
-        let mut cursor = set.last_below(&self.blocks, stream.0, key_size);
+        let mut cursor = set.last_below(&self.blocks, slot, key_size);
         let mut total_released = 0u64;
         while let Some(at) = cursor {
             let cur = at.entry.id;
@@ -106,7 +106,7 @@ impl CachingPolicy {
             self.pending.remove(&id);
             if self.deferred.remove(&id).is_none() {
                 // The program's own completed free is still to come.
-                let serial = self.block(id).serial;
+                let serial = self.block(id).stamp;
                 self.completed_early.insert(serial);
             }
             self.free_block(id);
@@ -120,7 +120,10 @@ impl CachingPolicy {
         owner: u32,
         pool_kind: PoolKind,
     ) -> Result<(), DeviceError> {
-        let ids: Vec<u32> = self.pool(owner, pool_kind).blocks.ids(&self.blocks);
+        let ids: Vec<u32> = self
+            .pool(owner, pool_kind)
+            .blocks
+            .ids(&self.blocks, &self.streams);
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = self.block(id);
@@ -180,10 +183,10 @@ impl CachingPolicy {
         let clock = self.pools[0].large.get_free_blocks_call_count;
         let mut total_age = 0u64;
         let mut freeable = 0u64;
-        for (_, entry) in self.pools[0].large.blocks.iter(&self.blocks) {
+        for (_, entry) in self.pools[0].large.blocks.iter(&self.blocks, &self.streams) {
             let id = entry.id;
             if !self.is_split(id) {
-                total_age += clock - self.block(id).gc_count_base;
+                total_age += clock - self.block(id).stamp;
                 freeable += 1;
             }
         }
@@ -195,10 +198,10 @@ impl CachingPolicy {
         while reclaimed < target && block_freed && freeable > 0 {
             let age_threshold = total_age as f64 / freeable as f64;
             block_freed = false;
-            let ids: Vec<u32> = self.pools[0].large.blocks.ids(&self.blocks);
+            let ids: Vec<u32> = self.pools[0].large.blocks.ids(&self.blocks, &self.streams);
             for id in ids {
                 let b = self.block(id);
-                let age = clock - b.gc_count_base;
+                let age = clock - b.stamp;
                 if b.prev == NIL && b.next == NIL && !b.expandable && age as f64 >= age_threshold {
                     block_freed = true;
                     reclaimed += b.size;
