@@ -32,7 +32,7 @@ impl CachingPolicy {
         size: u64,
     ) -> Result<Option<u32>, DeviceError> {
         let mut candidate = self.find_expandable_block(device, owner, pool, stream, slot, size)?;
-        if !self.block(candidate).mapped {
+        if !self.block(candidate).mapped() {
             let len = self.block(candidate).size.min(size);
             if !self.map_block(device, candidate, len)? {
                 return Ok(None);
@@ -132,7 +132,7 @@ impl CachingPolicy {
         size: u64,
     ) -> Result<bool, DeviceError> {
         let b = *self.block(id);
-        debug_assert!(!b.mapped && size <= b.size);
+        debug_assert!(!b.mapped() && size <= b.size);
         let es = self.expandables[b.segment as usize]
             .as_mut()
             .expect("dead expandable segment");
@@ -151,10 +151,10 @@ impl CachingPolicy {
         self.mapped_expandables += u64::from(!was_mapped && es.mapped_bytes > 0);
         let mapped_size = (end - begin) * page;
         let stream = self.stream_id(b.stream).0;
-        self.pool_mut(b.owner, b.pool)
+        self.pool_mut(b.owner, b.pool())
             .unmapped
             .remove(&(stream, b.addr));
-        self.block_mut(id).mapped = true;
+        self.block_mut(id).set_mapped(true);
         if mapped_size < b.size {
             let rest = self.insert_block(b.piece(
                 b.addr + mapped_size,
@@ -167,7 +167,7 @@ impl CachingPolicy {
                 self.block_mut(b.next).prev = rest;
             }
             self.block_mut(id).next = rest;
-            self.pool_mut(b.owner, b.pool)
+            self.pool_mut(b.owner, b.pool())
                 .unmapped
                 .insert((stream, b.addr + mapped_size), rest);
             self.block_mut(id).size = mapped_size;
@@ -178,7 +178,7 @@ impl CachingPolicy {
         self.try_merge_blocks(id, next);
         self.insert_into_blocks(id);
         self.total_allocated += mapped_size;
-        self.stats.reserved_bytes.increase(b.pool, mapped_size);
+        self.stats.reserved_bytes.increase(b.pool(), mapped_size);
         self.stats.num_device_alloc += 1;
         Ok(true)
     }
@@ -208,7 +208,7 @@ impl CachingPolicy {
         let unmapped_addr = base + begin * page;
         let unmapped_size = (end - begin) * page;
         self.pools[b.owner as usize]
-            .get_mut(b.pool)
+            .get_mut(b.pool())
             .blocks
             .remove(&mut self.blocks, id);
         let before_size = unmapped_addr - b.addr;
@@ -239,7 +239,7 @@ impl CachingPolicy {
             let blk = self.block_mut(id);
             blk.addr = unmapped_addr;
             blk.size = unmapped_size;
-            blk.mapped = false;
+            blk.set_mapped(false);
         }
         let prev = self.block(id).prev;
         self.try_merge_blocks(id, prev);
@@ -247,10 +247,10 @@ impl CachingPolicy {
         self.try_merge_blocks(id, next);
         let blk = self.block(id);
         let key = (self.stream_id(blk.stream).0, blk.addr);
-        self.pool_mut(b.owner, b.pool).unmapped.insert(key, id);
+        self.pool_mut(b.owner, b.pool()).unmapped.insert(key, id);
         self.total_allocated -= unmapped_size;
         self.count_pool_segment(b.owner, false, true);
-        self.stats.reserved_bytes.decrease(b.pool, unmapped_size);
+        self.stats.reserved_bytes.decrease(b.pool(), unmapped_size);
         self.stats.num_device_free += 1;
         Ok(())
     }
@@ -267,11 +267,11 @@ impl CachingPolicy {
             .expect("dead expandable segment");
         self.mapped_expandables -= u64::from(es.mapped_bytes > 0);
         assert!(
-            !b.mapped && b.size == es.range.size_bytes,
+            !b.mapped() && b.size == es.range.size_bytes,
             "block disagrees with segment"
         );
         let stream = self.stream_id(b.stream).0;
-        self.pool_mut(b.owner, b.pool)
+        self.pool_mut(b.owner, b.pool())
             .unmapped
             .remove(&(stream, b.addr));
         self.delete_block(id);

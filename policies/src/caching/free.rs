@@ -10,7 +10,7 @@ impl CachingPolicy {
         let max_split = self.config.max_split_size_bytes;
         let block = self.block_mut(id);
         block.state = State::Pending;
-        let (pool, size) = (block.pool, block.size);
+        let (pool, size) = (block.pool(), block.size);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         if size >= max_split {
@@ -41,9 +41,9 @@ impl CachingPolicy {
         let (original_size, requested, pool, expandable, mapped, owner, stream) = (
             b.size,
             b.requested,
-            b.pool,
-            b.expandable,
-            b.mapped,
+            b.pool(),
+            b.expandable(),
+            b.mapped(),
             b.owner,
             b.stream,
         );
@@ -61,7 +61,7 @@ impl CachingPolicy {
         // try_merge_blocks with the block before, then with the block after.
         if prev != NIL {
             let p = self.block(prev);
-            if p.state == State::Free && p.mapped == mapped {
+            if p.state == State::Free && p.mapped() == mapped {
                 let (p_addr, p_size, p_prev) = (p.addr, p.size, p.prev);
                 self.forget_free(prev);
                 addr = p_addr;
@@ -76,7 +76,7 @@ impl CachingPolicy {
         }
         if next != NIL {
             let n = self.block(next);
-            if n.state == State::Free && n.mapped == mapped {
+            if n.state == State::Free && n.mapped() == mapped {
                 let (n_size, n_next) = (n.size, n.next);
                 self.forget_free(next);
                 size += n_size;
@@ -118,7 +118,7 @@ impl CachingPolicy {
     fn forget_free(&mut self, id: u32) {
         let s = self.block(id);
         let (owner, pool_kind, mapped, stream, addr) =
-            (s.owner, s.pool, s.mapped, s.stream, s.addr);
+            (s.owner, s.pool(), s.mapped(), s.stream, s.addr);
         let pool = self.pools[owner as usize].get_mut(pool_kind);
         if mapped {
             // Free and mapped: in its pool's free set.
@@ -137,11 +137,18 @@ impl CachingPolicy {
             return 0;
         }
         let s = self.block(src);
-        if s.state != State::Free || self.block(dst).mapped != s.mapped {
+        if s.state != State::Free || self.block(dst).mapped() != s.mapped() {
             return 0;
         }
         let (s_mapped, s_prev, s_next, s_size, s_addr, s_stream, s_owner, s_pool) = (
-            s.mapped, s.prev, s.next, s.size, s.addr, s.stream, s.owner, s.pool,
+            s.mapped(),
+            s.prev,
+            s.next,
+            s.size,
+            s.addr,
+            s.stream,
+            s.owner,
+            s.pool(),
         );
         let d = self.block_mut(dst);
         d.size += s_size;

@@ -33,7 +33,7 @@ const SUB_BITS: u32 = 6;
 /// Number of classes: enough for any size below 2^64.
 const CLASSES: usize = class_of(u64::MAX) + 1;
 
-const _: () = assert!(CLASSES <= u16::MAX as usize, "a class fits a node's u16");
+const _: () = assert!(CLASSES < NO_CLASS as usize, "a class fits a node's u16");
 /// Words of the class bitmap.
 const WORDS: usize = CLASSES.div_ceil(64);
 
@@ -69,16 +69,13 @@ const GROW_ABOVE: u32 = 64;
 /// See [`GROW_ABOVE`].
 const SHRINK_BELOW: u32 = 16;
 
-/// One block's place in its class list: kept in the block's own record (the caching
-/// policy's `Block`), beside the size, address and stream slot that are its key.
+/// One block's neighbours in its class list: kept in the block's own record (the
+/// caching policy's `Block`), beside the size, address and stream slot that are its key
+/// and its class ([`NodeTable::place`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Link {
     prev: u32,
     next: u32,
-    /// Its size class (`class_of(size)`), kept so a removal need not recompute it.
-    class: u16,
-    /// In a set now.
-    linked: bool,
 }
 
 impl Link {
@@ -86,15 +83,11 @@ impl Link {
     pub(super) const UNLINKED: Link = Link {
         prev: NIL,
         next: NIL,
-        class: 0,
-        linked: false,
     };
-
-    /// In a free set now.
-    pub(super) fn linked(&self) -> bool {
-        self.linked
-    }
 }
+
+/// The class a block not in a set has ([`NodeTable::place`]): no class.
+pub(super) const NO_CLASS: u16 = u16::MAX;
 
 /// Where the blocks of a policy's free sets keep their keys and their [`Link`]s, by
 /// block id (a block is in one set at most): the caching policy's block table, whose
@@ -108,6 +101,11 @@ pub(super) trait NodeTable {
     fn link(&self, id: u32) -> &Link;
     /// Block `id`'s links, mutably.
     fn link_mut(&mut self, id: u32) -> &mut Link;
+    /// Block `id`'s links and its size class while it is in a set ([`NO_CLASS`] while
+    /// it is in none: the class is kept so a removal need not recompute it).
+    fn place(&self, id: u32) -> (Link, u16);
+    /// [`NodeTable::place`], mutably.
+    fn place_mut(&mut self, id: u32) -> (&mut Link, &mut u16);
     /// Called by [`FreeSet::insert`] before block `id` goes in with this key: a table
     /// whose records hold the key already only checks it (in debug builds).
     fn set_key(&mut self, id: u32, slot: u32, size: u64, addr: u64);
@@ -117,7 +115,7 @@ pub(super) trait NodeTable {
 #[cfg(test)]
 #[derive(Debug, Default)]
 pub(super) struct Nodes {
-    nodes: Vec<((u32, u64, u64), Link)>,
+    nodes: Vec<((u32, u64, u64), Link, u16)>,
 }
 
 #[cfg(test)]
@@ -139,10 +137,21 @@ impl NodeTable for Nodes {
         &mut self.nodes[id as usize].1
     }
 
+    fn place(&self, id: u32) -> (Link, u16) {
+        let n = &self.nodes[id as usize];
+        (n.1, n.2)
+    }
+
+    fn place_mut(&mut self, id: u32) -> (&mut Link, &mut u16) {
+        let n = &mut self.nodes[id as usize];
+        (&mut n.1, &mut n.2)
+    }
+
     fn set_key(&mut self, id: u32, slot: u32, size: u64, addr: u64) {
         let at = id as usize;
         if self.nodes.len() <= at {
-            self.nodes.resize(at + 1, ((0, 0, 0), Link::UNLINKED));
+            self.nodes
+                .resize(at + 1, ((0, 0, 0), Link::UNLINKED, NO_CLASS));
         }
         self.nodes[at].0 = (slot, size, addr);
     }
@@ -264,7 +273,7 @@ impl StreamBlocks {
                 // The usual case: the class is empty (96 % of the inserts of a random
                 // trace).
                 *list = Class { head: id, len: 1 };
-                Self::link(nodes.link_mut(id), NIL, NIL, class);
+                Self::link(nodes, id, NIL, NIL, class);
                 self.set_bit(class);
                 true
             }
@@ -272,15 +281,14 @@ impl StreamBlocks {
         }
     }
 
-    /// Writes into `node`, being linked between `prev` and `next` of class list `class`,
-    /// its links and its class (its stream's slot is written already), so that a
-    /// removal finds its list without a search.
+    /// Writes into block `id`, being linked between `prev` and `next` of class list
+    /// `class`, its links and its class (its stream's slot is written already), so that
+    /// a removal finds its list without a search.
     #[inline(always)]
-    fn link(node: &mut Link, prev: u32, next: u32, class: usize) {
-        node.prev = prev;
-        node.next = next;
-        node.class = class as u16;
-        node.linked = true;
+    fn link(nodes: &mut impl NodeTable, id: u32, prev: u32, next: u32, class: usize) {
+        let (node, node_class) = nodes.place_mut(id);
+        *node = Link { prev, next };
+        *node_class = class as u16;
     }
 
     /// [`StreamBlocks::insert`] into a class that holds blocks already, or past the
@@ -326,7 +334,7 @@ impl StreamBlocks {
             }
             (prev, cur)
         };
-        Self::link(nodes.link_mut(id), prev, next, class);
+        Self::link(nodes, id, prev, next, class);
         if prev == NIL {
             self.classes[class].head = id;
         } else {
@@ -355,8 +363,8 @@ impl StreamBlocks {
     /// Unlinks `id`, which is in this stream's lists.
     #[inline(always)]
     fn remove(&mut self, nodes: &mut impl NodeTable, id: u32) {
-        let node = *nodes.link(id);
-        let class = usize::from(node.class);
+        let (node, class) = nodes.place(id);
+        let class = usize::from(class);
         debug_assert_eq!(class, class_of(nodes.key(id).0));
         let list = &mut self.classes[class];
         if list.crowded() {
@@ -375,7 +383,7 @@ impl StreamBlocks {
         if list.count() == 0 {
             self.clear_bit(class);
         }
-        nodes.link_mut(id).linked = false;
+        *nodes.place_mut(id).1 = NO_CLASS;
     }
 
     /// Takes `key` out of crowded class `class`'s map, and the map away when the class
@@ -502,20 +510,20 @@ impl StreamBlocks {
 
     /// The block after `id` (in this stream's lists).
     fn after(&self, nodes: &impl NodeTable, id: u32) -> Option<u32> {
-        let node = nodes.link(id);
+        let (node, class) = nodes.place(id);
         if node.next != NIL {
             return Some(node.next);
         }
-        Some(self.classes[self.next_class(usize::from(node.class) + 1)?].head)
+        Some(self.classes[self.next_class(usize::from(class) + 1)?].head)
     }
 
     /// The block before `id` (in this stream's lists).
     fn before(&self, nodes: &impl NodeTable, id: u32) -> Option<u32> {
-        let node = nodes.link(id);
+        let (node, class) = nodes.place(id);
         if node.prev != NIL {
             return Some(node.prev);
         }
-        self.last_of(nodes, self.prev_class(usize::from(node.class))?)
+        self.last_of(nodes, self.prev_class(usize::from(class))?)
     }
 }
 
@@ -567,7 +575,7 @@ impl FreeSet {
     ) -> bool {
         nodes.set_key(id, slot, size, addr);
         debug_assert!(
-            !nodes.link(id).linked,
+            nodes.place(id).1 == NO_CLASS,
             "block {id} is in a free set already"
         );
         let i = slot as usize;
@@ -592,7 +600,7 @@ impl FreeSet {
     pub(super) fn remove_linked(&mut self, nodes: &mut impl NodeTable, id: u32) {
         let s = nodes.slot(id) as usize;
         debug_assert!(
-            nodes.link(id).linked && s < self.streams.len(),
+            nodes.place(id).1 != NO_CLASS && s < self.streams.len(),
             "block {id} is not in this set"
         );
         self.streams[s].remove(nodes, id);
@@ -603,7 +611,7 @@ impl FreeSet {
     /// must not be named); whether it was.
     #[inline(always)]
     pub(super) fn remove(&mut self, nodes: &mut impl NodeTable, id: u32) -> bool {
-        if !nodes.link(id).linked {
+        if nodes.place(id).1 == NO_CLASS {
             return false;
         }
         let s = nodes.slot(id) as usize;

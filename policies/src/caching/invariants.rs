@@ -14,8 +14,8 @@ impl CachingPolicy {
         self.blocks.check("caching blocks");
         for (id, b) in self.blocks.iter() {
             assert_eq!(
-                b.link.linked(),
-                b.state == State::Free && b.mapped,
+                b.in_free_set(),
+                b.state == State::Free && b.mapped(),
                 "a block is in a free set exactly while it is free and mapped"
             );
             assert!(
@@ -41,37 +41,44 @@ impl CachingPolicy {
                 );
                 assert!(
                     nb.segment == b.segment
-                        && nb.expandable == b.expandable
+                        && nb.expandable() == b.expandable()
                         && nb.stream == b.stream
-                        && nb.pool == b.pool
+                        && nb.pool() == b.pool()
                         && nb.owner == b.owner,
                     "neighbours in different segments"
                 );
                 if forward && b.state == State::Free && nb.state == State::Free {
-                    assert_ne!(b.mapped, nb.mapped, "two free neighbours were not merged");
+                    assert_ne!(
+                        b.mapped(),
+                        nb.mapped(),
+                        "two free neighbours were not merged"
+                    );
                 }
             }
-            match (b.state, b.mapped) {
+            match (b.state, b.mapped()) {
                 (State::Free, true) => {
                     free_mapped += 1;
                     assert_eq!(
-                        self.pool(b.owner, b.pool)
+                        self.pool(b.owner, b.pool())
                             .blocks
                             .get(&self.blocks, b.stream, b.size, b.addr)
                             .as_ref(),
                         Some(&id),
                         "free block missing from its pool"
                     );
-                    if !b.expandable && (b.prev != NIL || b.next != NIL) {
+                    if !b.expandable() && (b.prev != NIL || b.next != NIL) {
                         inactive_split.0 += 1;
                         inactive_split.1 += b.size;
                     }
                 }
                 (State::Free, false) => {
-                    assert!(b.expandable, "unmapped block outside an expandable segment");
+                    assert!(
+                        b.expandable(),
+                        "unmapped block outside an expandable segment"
+                    );
                     unmapped += 1;
                     assert_eq!(
-                        self.pool(b.owner, b.pool)
+                        self.pool(b.owner, b.pool())
                             .unmapped
                             .get(&(self.stream_id(b.stream).0, b.addr)),
                         Some(&id),
@@ -79,7 +86,7 @@ impl CachingPolicy {
                     );
                 }
                 (State::Allocated, _) | (State::Pending, _) => {
-                    assert!(b.mapped, "allocated block is not mapped");
+                    assert!(b.mapped(), "allocated block is not mapped");
                     assert!(b.stamp > 0, "allocated block without a tenant");
                     if b.state == State::Allocated {
                         allocated.0 += 1;
@@ -93,7 +100,7 @@ impl CachingPolicy {
                 }
                 (State::Vacant, _) => unreachable!("the block table lists no vacant slot"),
             }
-            if b.prev == NIL && !b.expandable {
+            if b.prev == NIL && !b.expandable() {
                 let seg = self
                     .segments
                     .get(b.segment)
@@ -111,7 +118,7 @@ impl CachingPolicy {
                 assert_eq!(covered, seg.size_bytes, "blocks do not tile their segment");
                 reserved += seg.size_bytes;
             }
-            if b.prev == NIL && b.expandable {
+            if b.prev == NIL && b.expandable() {
                 let es = self.expandables[b.segment as usize]
                     .as_ref()
                     .expect("block of a released expandable segment");
@@ -125,7 +132,7 @@ impl CachingPolicy {
                     let c = self.block(cur);
                     let first_page = (c.addr - es.range.addr.0) / es.page_bytes;
                     let last_page = (c.addr + c.size - 1 - es.range.addr.0) / es.page_bytes;
-                    if c.mapped {
+                    if c.mapped() {
                         for p in first_page..=last_page {
                             assert!(es.is_mapped(p), "mapped block over an unmapped page");
                         }

@@ -140,7 +140,7 @@ impl CachingPolicy {
             let blk = b(id);
             let next_unmapped = match blk.next {
                 NIL => 0,
-                n if !b(n).mapped => b(n).size,
+                n if !b(n).mapped() => b(n).size,
                 _ => 0,
             };
             blk.size + next_unmapped
@@ -148,10 +148,10 @@ impl CachingPolicy {
         let set = &pool.blocks;
         let mut at = set.first_at_least(blocks, slot, size)?;
         let mut cur = at.entry.id;
-        if b(cur).expandable {
+        if b(cur).expandable() {
             if expandable_active {
                 // Judge a block that touches unmapped space by what it can grow to.
-                while b(cur).expandable {
+                while b(cur).expandable() {
                     match set.next(blocks, at) {
                         Some(n) if expandable_size(n.entry.id) < expandable_size(cur) => {
                             at = n;
@@ -165,7 +165,7 @@ impl CachingPolicy {
                 loop {
                     at = set.next(blocks, at)?;
                     cur = at.entry.id;
-                    if !b(cur).expandable {
+                    if !b(cur).expandable() {
                         break;
                     }
                 }
@@ -223,11 +223,11 @@ impl CachingPolicy {
             b.addr,
             b.size,
             b.stream,
-            b.pool,
+            b.pool(),
             b.owner,
             b.prev,
             b.next,
-            b.expandable,
+            b.expandable(),
         );
         let split = self.should_split(owner, pool, block_size, size, expandable_active);
         let already_split = prev != NIL || next != NIL;

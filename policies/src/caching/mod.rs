@@ -97,6 +97,9 @@ enum State {
     Vacant,
 }
 
+/// One block: 64 bytes, one cache line (the fields most paths read are its first
+/// half; the flags pack its pool, whether it is mapped and whether it is in an
+/// expandable segment).
 #[derive(Clone, Copy, Debug)]
 struct Block {
     addr: u64,
@@ -108,19 +111,32 @@ struct Block {
     stamp: u64,
     /// Its stream's slot in [`CachingPolicy::streams`] (and in its pool's free set).
     stream: u32,
-    pool: PoolKind,
     /// Slot of the owning pool pair in `pools` (0: the default pools).
     owner: u32,
     prev: u32,
     next: u32,
-    state: State,
-    mapped: bool,
-    expandable: bool,
     /// Index into `segments` (or `expandables` when `expandable`).
     segment: u32,
-    /// Its place in its pool's free set (while it is in one).
+    /// Its neighbours in its pool's free set (while it is in one).
     link: free_set::Link,
+    /// Its size class in its pool's free set; [`free_set::NO_CLASS`] while in none.
+    class: u16,
+    state: State,
+    /// [`LARGE`], [`MAPPED`], [`EXPANDABLE`].
+    flags: u8,
 }
+
+const _: () = assert!(
+    std::mem::size_of::<Block>() == 64,
+    "a block is one cache line"
+);
+
+/// [`Block::flags`]: in the large pool (else the small one).
+const LARGE: u8 = 1;
+/// [`Block::flags`]: mapped (only blocks of expandable segments are ever unmapped).
+const MAPPED: u8 = 2;
+/// [`Block::flags`]: part of an expandable segment.
+const EXPANDABLE: u8 = 4;
 
 impl Block {
     /// A free block that never had a tenant, alone in its (new) segment.
@@ -135,21 +151,25 @@ impl Block {
         expandable: bool,
         mapped: bool,
     ) -> Block {
+        let flags = match pool {
+            PoolKind::Small => 0,
+            PoolKind::Large => LARGE,
+        } | if mapped { MAPPED } else { 0 }
+            | if expandable { EXPANDABLE } else { 0 };
         Block {
             addr,
             size,
             requested: 0,
             stamp: 0,
             stream,
-            pool,
             owner,
             prev: NIL,
             next: NIL,
-            state: State::Free,
-            mapped,
-            expandable,
             segment,
             link: free_set::Link::UNLINKED,
+            class: free_set::NO_CLASS,
+            state: State::Free,
+            flags,
         }
     }
 
@@ -162,13 +182,49 @@ impl Block {
                 addr,
                 size,
                 self.stream,
-                self.pool,
+                self.pool(),
                 self.owner,
                 self.segment,
-                self.expandable,
+                self.expandable(),
                 mapped,
             )
         }
+    }
+
+    /// Its pool (small or large).
+    #[inline(always)]
+    fn pool(&self) -> PoolKind {
+        if self.flags & LARGE != 0 {
+            PoolKind::Large
+        } else {
+            PoolKind::Small
+        }
+    }
+
+    /// Whether its memory is mapped.
+    #[inline(always)]
+    fn mapped(&self) -> bool {
+        self.flags & MAPPED != 0
+    }
+
+    /// Whether it is part of an expandable segment.
+    #[inline(always)]
+    fn expandable(&self) -> bool {
+        self.flags & EXPANDABLE != 0
+    }
+
+    /// Marks its memory mapped or not.
+    fn set_mapped(&mut self, mapped: bool) {
+        if mapped {
+            self.flags |= MAPPED;
+        } else {
+            self.flags &= !MAPPED;
+        }
+    }
+
+    /// Whether it is in a free set now.
+    fn in_free_set(&self) -> bool {
+        self.class != free_set::NO_CLASS
     }
 }
 
@@ -205,6 +261,18 @@ impl free_set::NodeTable for DenseSlab<Block> {
     #[inline(always)]
     fn link_mut(&mut self, id: u32) -> &mut free_set::Link {
         &mut self.live_mut(id).link
+    }
+
+    #[inline(always)]
+    fn place(&self, id: u32) -> (free_set::Link, u16) {
+        let b = self.live(id);
+        (b.link, b.class)
+    }
+
+    #[inline(always)]
+    fn place_mut(&mut self, id: u32) -> (&mut free_set::Link, &mut u16) {
+        let b = self.live_mut(id);
+        (&mut b.link, &mut b.class)
     }
 
     #[inline(always)]
@@ -609,7 +677,7 @@ impl CachingPolicy {
     fn insert_into_blocks(&mut self, id: u32) {
         let (owner, pool_kind, stream, size, addr) = {
             let b = self.block(id);
-            (b.owner, b.pool, b.stream, b.size, b.addr)
+            (b.owner, b.pool(), b.stream, b.size, b.addr)
         };
         let clock = self.insert_free(owner, pool_kind, stream, size, addr, id);
         self.block_mut(id).stamp = clock;
@@ -803,13 +871,13 @@ impl Policy for CachingPolicy {
     fn snapshot(&self) -> Vec<SegmentSnapshot> {
         let mut out = Vec::new();
         for (id, b) in self.blocks.iter() {
-            let head = b.mapped && (b.prev == NIL || !self.block(b.prev).mapped);
+            let head = b.mapped() && (b.prev == NIL || !self.block(b.prev).mapped());
             if !head {
                 continue;
             }
             let mut blocks = Vec::new();
             let mut cur = id;
-            while cur != NIL && self.block(cur).mapped {
+            while cur != NIL && self.block(cur).mapped() {
                 let c = self.block(cur);
                 blocks.push(BlockSnapshot {
                     addr: DeviceAddr(c.addr),
@@ -828,7 +896,7 @@ impl Policy for CachingPolicy {
                 addr: DeviceAddr(b.addr),
                 size_bytes: blocks.iter().map(|x| x.size_bytes).sum(),
                 stream: self.stream_id(b.stream),
-                pool: match (b.pool, b.owner) {
+                pool: match (b.pool(), b.owner) {
                     (PoolKind::Small, 0) => "small",
                     (PoolKind::Large, 0) => "large",
                     (PoolKind::Small, _) => "private small",

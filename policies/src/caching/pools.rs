@@ -42,9 +42,9 @@ impl CachingPolicy {
                     active_bytes: 0,
                 };
                 for (_, b) in self.blocks.iter().filter(|(_, b)| b.owner == p.slot) {
-                    if b.mapped {
+                    if b.mapped() {
                         info.reserved_bytes += b.size;
-                        if b.prev == NIL || !self.block(b.prev).mapped {
+                        if b.prev == NIL || !self.block(b.prev).mapped() {
                             info.segments += 1;
                         }
                     }
@@ -364,7 +364,7 @@ impl CachingPolicy {
                 || self
                     .blocks
                     .iter()
-                    .any(|(_, b)| b.owner == p.slot && b.expandable);
+                    .any(|(_, b)| b.owner == p.slot && b.expandable());
             if !expandable {
                 let heads = self
                     .blocks

@@ -26,7 +26,7 @@ impl CachingPolicy {
             .map(|at| at.entry.id);
         let usable = hit.filter(|&id| {
             let b = self.block(id);
-            b.stream == slot && !b.expandable
+            b.stream == slot && !b.expandable()
         });
         if let Some(id) = usable {
             self.release_block(device, id)?;
@@ -42,7 +42,7 @@ impl CachingPolicy {
             let cur = at.entry.id;
             let (cur_size, cur_expandable) = {
                 let b = self.block(cur);
-                (b.size, b.expandable)
+                (b.size, b.expandable())
             };
             if !(total_released < key_size && cur_size >= max_split) {
                 break;
@@ -127,7 +127,7 @@ impl CachingPolicy {
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = self.block(id);
-            if b.expandable {
+            if b.expandable() {
                 to_unmap.push(id);
             } else if b.prev == NIL && b.next == NIL {
                 self.release_block(device, id)?;
@@ -146,7 +146,7 @@ impl CachingPolicy {
     /// `release_block`: `cudaFree` of a whole free segment.
     fn release_block(&mut self, device: &mut dyn Device, id: u32) -> Result<(), DeviceError> {
         let b = *self.block(id);
-        debug_assert!(!b.expandable && b.prev == NIL && b.next == NIL);
+        debug_assert!(!b.expandable() && b.prev == NIL && b.next == NIL);
         self.stats.num_device_free += 1;
         let segment = self
             .segments
@@ -155,13 +155,13 @@ impl CachingPolicy {
         device.free_segment(segment)?;
         self.total_allocated -= b.size;
         self.count_pool_segment(b.owner, false, false);
-        self.stats.segment.decrease(b.pool, 1);
-        self.stats.reserved_bytes.decrease(b.pool, b.size);
+        self.stats.segment.decrease(b.pool(), 1);
+        self.stats.reserved_bytes.decrease(b.pool(), b.size);
         if b.size >= self.config.max_split_size_bytes {
             self.stats.oversize_segments.decrease(1);
         }
         self.pools[b.owner as usize]
-            .get_mut(b.pool)
+            .get_mut(b.pool())
             .blocks
             .remove(&mut self.blocks, id);
         self.delete_block(id);
@@ -202,7 +202,8 @@ impl CachingPolicy {
             for id in ids {
                 let b = self.block(id);
                 let age = clock - b.stamp;
-                if b.prev == NIL && b.next == NIL && !b.expandable && age as f64 >= age_threshold {
+                if b.prev == NIL && b.next == NIL && !b.expandable() && age as f64 >= age_threshold
+                {
                     block_freed = true;
                     reclaimed += b.size;
                     total_age -= age;
