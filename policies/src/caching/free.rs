@@ -88,14 +88,17 @@ impl CachingPolicy {
                 net_bytes -= n_size as i64;
             }
         }
-        let b = self.block_mut(id);
+        // insert_into_blocks, with the fields at hand: the block written once.
+        let set = self.pools[owner as usize].get_mut(pool);
+        let b = self.blocks.live_mut(id);
         b.addr = addr;
         b.size = size;
         b.prev = prev;
         b.next = next;
         b.state = State::Free;
-        let clock = self.insert_free(owner, pool, stream, size, addr, id);
-        self.block_mut(id).stamp = clock;
+        b.stamp = set.get_free_blocks_call_count;
+        let added = set.blocks.insert(&mut self.blocks, stream, size, addr, id);
+        debug_assert!(added, "two free blocks with one key");
         if prev != NIL || next != NIL {
             net_blocks += 1;
             net_bytes += size as i64;

@@ -262,11 +262,10 @@ impl StreamBlocks {
         self.classes.get(class).copied().unwrap_or(Class::EMPTY)
     }
 
-    /// Links `id` (its node's key set) into its class list, in order; `false` if a
-    /// block with its key is there already.
+    /// Links `id` (its node's key set, `size` its size) into its class list, in order;
+    /// `false` if a block with its key is there already.
     #[inline(always)]
-    fn insert(&mut self, nodes: &mut impl NodeTable, id: u32) -> bool {
-        let size = nodes.key(id).0;
+    fn insert(&mut self, nodes: &mut impl NodeTable, id: u32, size: u64) -> bool {
         let class = class_of(size);
         match self.classes.get_mut(class) {
             Some(list) if list.len == 0 => {
@@ -582,7 +581,7 @@ impl FreeSet {
         if i >= self.streams.len() {
             self.add_streams(i);
         }
-        let added = self.streams[i].insert(nodes, id);
+        let added = self.streams[i].insert(nodes, id, size);
         self.len += usize::from(added);
         added
     }

@@ -244,15 +244,20 @@ impl CachingPolicy {
             };
             let (rest_size, rest_addr) = (block_size - size, addr + size);
             let front_id = self.blocks.insert(front);
-            let rest = self.block_mut(id);
-            rest.addr = rest_addr;
-            rest.size = rest_size;
-            rest.prev = front_id;
-            let clock = self.insert_free(owner, pool, slot, rest_size, rest_addr, id);
-            self.block_mut(id).stamp = clock;
             if prev != NIL {
                 self.block_mut(prev).next = front_id;
             }
+            // insert_into_blocks, with the fields at hand: the rest written once.
+            let set = self.pools[owner as usize].get_mut(pool);
+            let rest = self.blocks.live_mut(id);
+            rest.addr = rest_addr;
+            rest.size = rest_size;
+            rest.prev = front_id;
+            rest.stamp = set.get_free_blocks_call_count;
+            let added = set
+                .blocks
+                .insert(&mut self.blocks, slot, rest_size, rest_addr, id);
+            debug_assert!(added, "two free blocks with one key");
             if already_split && !expandable {
                 self.stats.inactive_split_bytes.decrease(pool, size);
             } else if !expandable {

@@ -673,36 +673,13 @@ impl CachingPolicy {
     }
 
     /// `BlockPool::insert_into_blocks`: into the free set, stamped with the GC clock.
-    #[inline(always)]
     fn insert_into_blocks(&mut self, id: u32) {
-        let (owner, pool_kind, stream, size, addr) = {
-            let b = self.block(id);
-            (b.owner, b.pool(), b.stream, b.size, b.addr)
-        };
-        let clock = self.insert_free(owner, pool_kind, stream, size, addr, id);
-        self.block_mut(id).stamp = clock;
-    }
-
-    /// Puts block `id` (of pool `owner`'s `pool_kind` pool, on stream slot `stream`,
-    /// `size` bytes at `addr`, which its caller has or is about to write into the block)
-    /// into that pool's free set, and returns the pool's GC clock for the block's
-    /// `stamp` (PyTorch's `gc_count_base`): the
-    /// heart of [`Self::insert_into_blocks`], for the free and split paths that have the
-    /// fields at hand.
-    #[inline(always)]
-    fn insert_free(
-        &mut self,
-        owner: u32,
-        pool_kind: PoolKind,
-        stream: u32,
-        size: u64,
-        addr: u64,
-        id: u32,
-    ) -> u64 {
+        let b = self.blocks.live_mut(id);
+        let (owner, pool_kind, stream, size, addr) = (b.owner, b.pool(), b.stream, b.size, b.addr);
         let pool = self.pools[owner as usize].get_mut(pool_kind);
+        b.stamp = pool.get_free_blocks_call_count;
         let added = pool.blocks.insert(&mut self.blocks, stream, size, addr, id);
         debug_assert!(added, "two free blocks with one key");
-        pool.get_free_blocks_call_count
     }
 
     /// The block of a live allocation, checking that the allocation is its tenant.
