@@ -577,19 +577,26 @@ impl FreeSet {
             nodes.place(id).1 == NO_CLASS,
             "block {id} is in a free set already"
         );
-        let i = slot as usize;
-        if i >= self.streams.len() {
-            self.add_streams(i);
-        }
-        let added = self.streams[i].insert(nodes, id, size);
+        let added = match self.streams.get_mut(slot as usize) {
+            Some(stream) => stream.insert(nodes, id, size),
+            None => self.insert_new_stream(nodes, slot as usize, id, size),
+        };
         self.len += usize::from(added);
         added
     }
 
-    /// Makes the slots up to `slot`.
+    /// [`FreeSet::insert`] into a stream that has no slot here yet: makes the slots up
+    /// to `slot`.
     #[inline(never)]
-    fn add_streams(&mut self, slot: usize) {
+    fn insert_new_stream(
+        &mut self,
+        nodes: &mut impl NodeTable,
+        slot: usize,
+        id: u32,
+        size: u64,
+    ) -> bool {
         self.streams.resize_with(slot + 1, StreamBlocks::new);
+        self.streams[slot].insert(nodes, id, size)
     }
 
     /// Removes block `id`, which is in this set (the caller knows: the caching policy

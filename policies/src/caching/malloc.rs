@@ -218,7 +218,7 @@ impl CachingPolicy {
     ) -> Allocation {
         let serial = self.next_serial;
         self.next_serial += 1;
-        let b = *self.block(id);
+        let b = self.block(id);
         let (addr, block_size, slot, pool, owner, prev, next, expandable) = (
             b.addr,
             b.size,
@@ -233,14 +233,15 @@ impl CachingPolicy {
         let already_split = prev != NIL || next != NIL;
         let (block_id, block_size) = if split {
             // The request takes the front; the block keeps the rest and goes back to its
-            // pool.
+            // pool. The front is the block's record copied (read here, not kept live
+            // from above) with its own size, tenant and links.
             let front = Block {
                 size,
                 requested: orig_size,
                 next: id,
                 state: State::Allocated,
                 stamp: serial,
-                ..b
+                ..*self.block(id)
             };
             let (rest_size, rest_addr) = (block_size - size, addr + size);
             let front_id = self.blocks.insert(front);
