@@ -365,10 +365,7 @@ impl StreamBlocks {
         let (node, class) = nodes.place(id);
         let class = usize::from(class);
         debug_assert_eq!(class, class_of(nodes.key(id).0));
-        let list = &mut self.classes[class];
-        if list.crowded() {
-            self.forget_crowded(class, nodes.key(id));
-        }
+        // The class list is looked up once (its neighbours' links are in `nodes`).
         let list = &mut self.classes[class];
         if node.prev == NIL {
             list.head = node.next;
@@ -379,14 +376,19 @@ impl StreamBlocks {
             nodes.link_mut(node.next).prev = node.prev;
         }
         list.len -= 1;
-        if list.count() == 0 {
+        let (crowded, empty) = (list.crowded(), list.count() == 0);
+        if crowded {
+            self.forget_crowded(class, nodes.key(id));
+        }
+        if empty {
             self.clear_bit(class);
         }
         *nodes.place_mut(id).1 = NO_CLASS;
     }
 
-    /// Takes `key` out of crowded class `class`'s map, and the map away when the class
-    /// is about to hold fewer than [`SHRINK_BELOW`] blocks.
+    /// Takes `key` out of crowded class `class`'s map (its list has lost the block
+    /// already), and the map away when the class holds fewer than [`SHRINK_BELOW`]
+    /// blocks now.
     #[inline(never)]
     fn forget_crowded(&mut self, class: usize, key: (u64, u64)) {
         let list = &mut self.classes[class];
@@ -395,7 +397,7 @@ impl StreamBlocks {
             .get_mut(&class)
             .expect("a crowded class has a map");
         map.remove(&key);
-        if list.count() - 1 < SHRINK_BELOW {
+        if list.count() < SHRINK_BELOW {
             list.len &= !CROWDED;
             self.crowded.remove(&class);
         }

@@ -146,16 +146,15 @@ impl CachingPolicy {
             blk.size + next_unmapped
         };
         let set = &pool.blocks;
+        // The cursor holds the block's id and size (`at.entry`).
         let mut at = set.first_at_least(blocks, slot, size)?;
-        let mut cur = at.entry.id;
-        if b(cur).expandable() {
+        if b(at.entry.id).expandable() {
             if expandable_active {
                 // Judge a block that touches unmapped space by what it can grow to.
-                while b(cur).expandable() {
+                while b(at.entry.id).expandable() {
                     match set.next(blocks, at) {
-                        Some(n) if expandable_size(n.entry.id) < expandable_size(cur) => {
+                        Some(n) if expandable_size(n.entry.id) < expandable_size(at.entry.id) => {
                             at = n;
-                            cur = n.entry.id;
                         }
                         _ => break,
                     }
@@ -164,25 +163,24 @@ impl CachingPolicy {
                 // Expandable segments were turned off: skip expandable blocks.
                 loop {
                     at = set.next(blocks, at)?;
-                    cur = at.entry.id;
-                    if !b(cur).expandable() {
+                    if !b(at.entry.id).expandable() {
                         break;
                     }
                 }
             }
         }
-        let found = b(cur);
+        let found_size = at.entry.size;
         // Rule A: a normal request never takes an oversize block.
-        if size < max_split && found.size >= max_split {
+        if size < max_split && found_size >= max_split {
             return None;
         }
         // Rule B: an oversize request takes a larger oversize block only within the
         // rounding tolerance.
-        if size >= max_split && found.size >= size.saturating_add(rounding) {
+        if size >= max_split && found_size >= size.saturating_add(rounding) {
             return None;
         }
         pool.blocks.remove_at(&mut self.blocks, at);
-        Some(cur)
+        Some(at.entry.id)
     }
 
     /// `should_split` for a block of `pool` and `block_size` bytes of `owner`'s pools.
