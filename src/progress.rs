@@ -92,6 +92,10 @@ impl sim::Observer for EventSpinner {
         false
     }
 
+    fn wants_device_ops(&self) -> bool {
+        false
+    }
+
     /// Every 65 536th event.
     #[inline(always)]
     fn watches(&self, index: usize, _event: &workloads::Event, _outcome: &sim::Outcome) -> bool {

@@ -258,6 +258,10 @@ impl Observer for OomWatch {
         false
     }
 
+    fn wants_device_ops(&self) -> bool {
+        false
+    }
+
     /// Marks, and the first out-of-memory.
     #[inline(always)]
     fn watches(&self, _index: usize, event: &Event, outcome: &Outcome) -> bool {

@@ -106,7 +106,8 @@ pub struct Step<'a> {
     pub event: &'a Event,
     /// What the policy did with it.
     pub outcome: Outcome,
-    /// The device operations the event caused, in order (usually none).
+    /// The device operations the event caused, in order (usually none); always empty
+    /// for an observer that does not ask for them ([`Observer::wants_device_ops`]).
     pub device_ops: &'a [DeviceOp],
     /// Policy accounting after the event (for an observer that does not need it
     /// after every event, [`Observer::needs_stats_every_event`], after a free it may
@@ -138,6 +139,14 @@ pub trait Observer {
         true
     }
 
+    /// Whether [`Step::device_ops`] is read: an observer that never reads it says
+    /// `false`, and the engine then does not write the device operations down (a
+    /// vector push per device call; every request of `immediate` is one). The
+    /// default: it is read.
+    fn wants_device_ops(&self) -> bool {
+        true
+    }
+
     /// Whether [`Observer::after_event`] does anything with the step of event
     /// `index`, `event`, whose outcome is `outcome`: the engine makes the [`Step`] and
     /// calls `after_event` only where this says yes (an observer of marks and
@@ -152,6 +161,10 @@ pub trait Observer {
 /// The observer that watches nothing ([`crate::replay`]).
 impl Observer for () {
     fn needs_stats_every_event(&self) -> bool {
+        false
+    }
+
+    fn wants_device_ops(&self) -> bool {
         false
     }
 
@@ -174,6 +187,10 @@ impl<O: Observer + ?Sized> Observer for &mut O {
 
     fn needs_stats_every_event(&self) -> bool {
         (**self).needs_stats_every_event()
+    }
+
+    fn wants_device_ops(&self) -> bool {
+        (**self).wants_device_ops()
     }
 
     #[inline(always)]
@@ -202,6 +219,10 @@ impl<O: Observer> Observer for Option<O> {
         self.as_ref().is_some_and(O::needs_stats_every_event)
     }
 
+    fn wants_device_ops(&self) -> bool {
+        self.as_ref().is_some_and(O::wants_device_ops)
+    }
+
     #[inline(always)]
     fn watches(&self, index: usize, event: &Event, outcome: &Outcome) -> bool {
         self.as_ref()
@@ -225,6 +246,10 @@ impl<A: Observer, B: Observer> Observer for (A, B) {
 
     fn needs_stats_every_event(&self) -> bool {
         self.0.needs_stats_every_event() || self.1.needs_stats_every_event()
+    }
+
+    fn wants_device_ops(&self) -> bool {
+        self.0.wants_device_ops() || self.1.wants_device_ops()
     }
 
     /// Either watches it; each is then shown the step (an observer must do right by
@@ -257,33 +282,51 @@ impl Observer for Timeline {
             charged_bytes: step.device_stats.charged_bytes,
         });
     }
+
+    fn wants_device_ops(&self) -> bool {
+        false
+    }
 }
 
 /// The device as the engine hands it to the policy: every call goes to the real device,
-/// and each segment operation is written down for the observer. Segment operations are
-/// rare, so this costs one indirection per call. Every `Device` method is forwarded
-/// (a method left to its default here would hide the real device's).
+/// and each segment operation is written down for the observer (only where it reads
+/// them, [`Observer::wants_device_ops`]). Segment operations are rare except under
+/// `immediate`, so this costs one indirection per call. Every `Device` method is
+/// forwarded (a method left to its default here would hide the real device's).
 pub(crate) struct OpLog<'d> {
     pub(crate) device: &'d mut dyn Device,
     pub(crate) ops: Vec<DeviceOp>,
+    /// Whether operations are written down in `ops` (else it stays empty).
+    logging: bool,
     /// Set by every call that may change the device (its `&mut` methods): until one,
     /// [`Device::stats`] is what it was, and the engine does not read it again.
     pub(crate) touched: bool,
 }
 
 impl<'d> OpLog<'d> {
-    /// `device`, with nothing written down yet.
-    pub(crate) fn new(device: &'d mut dyn Device) -> OpLog<'d> {
+    /// `device`, with nothing written down yet; operations are written down only if
+    /// `logging`.
+    pub(crate) fn new(device: &'d mut dyn Device, logging: bool) -> OpLog<'d> {
         OpLog {
             device,
             ops: Vec::new(),
+            logging,
             touched: false,
         }
     }
 }
 
 impl OpLog<'_> {
+    #[inline(always)]
     fn log(&mut self, kind: DeviceOpKind, addr: u64, bytes: u64) {
+        if self.logging {
+            self.push(kind, addr, bytes);
+        }
+    }
+
+    /// Writes an operation down (out of line: the forwarding calls stay short).
+    #[inline(never)]
+    fn push(&mut self, kind: DeviceOpKind, addr: u64, bytes: u64) {
         self.ops.push(DeviceOp {
             kind,
             addr: DeviceAddr(addr),
@@ -302,19 +345,25 @@ impl OpLog<'_> {
 }
 
 impl Device for OpLog<'_> {
+    // The device's answer is handed back as it came (not taken apart by `?` and
+    // rebuilt).
     fn allocate_segment(&mut self, size_bytes: u64) -> Result<Segment, DeviceError> {
         self.touched = true;
-        let segment = self.device.allocate_segment(size_bytes)?;
-        self.log(DeviceOpKind::SegmentAlloc, segment.addr.0, size_bytes);
-        Ok(segment)
+        let result = self.device.allocate_segment(size_bytes);
+        if let Ok(segment) = &result {
+            self.log(DeviceOpKind::SegmentAlloc, segment.addr.0, size_bytes);
+        }
+        result
     }
 
     fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError> {
         let (addr, bytes) = (segment.addr.0, segment.size_bytes);
         self.touched = true;
-        self.device.free_segment(segment)?;
-        self.log(DeviceOpKind::SegmentFree, addr, bytes);
-        Ok(())
+        let result = self.device.free_segment(segment);
+        if result.is_ok() {
+            self.log(DeviceOpKind::SegmentFree, addr, bytes);
+        }
+        result
     }
 
     fn stats(&self) -> DeviceStats {
@@ -405,7 +454,7 @@ mod tests {
     #[test]
     fn adoption_reaches_the_real_device() {
         let mut device = SimDevice::new(SimDeviceOptions::default());
-        let mut log = OpLog::new(&mut device);
+        let mut log = OpLog::new(&mut device, true);
         let addr = DeviceAddr(0x7f00_0000_0000);
         let segment = log.adopt_segment(addr, 2 << 20).expect("adopted segment");
         assert_eq!((segment.addr, segment.size_bytes), (addr, 2 << 20));
@@ -417,5 +466,62 @@ mod tests {
         assert_eq!(range.addr, DeviceAddr(0x7e00_0000_0000));
         assert!(log.ops.is_empty());
         assert_eq!(log.stats().reserved_bytes, 2 << 20);
+    }
+
+    /// An observer that asks for no device operations is shown none, and the replay
+    /// (figures, device calls) is the same as one that reads them; one that reads
+    /// them is shown every segment allocation and free of `immediate`.
+    #[test]
+    fn device_ops_only_where_asked() {
+        use policies::immediate::ImmediatePolicy;
+        use workloads::{AllocId, Trace};
+
+        /// Counts the device operations it is shown; `wants` is its answer.
+        struct Count {
+            wants: bool,
+            ops: usize,
+            steps: usize,
+        }
+        impl Observer for Count {
+            fn after_event(&mut self, step: &Step<'_>) {
+                self.ops += step.device_ops.len();
+                self.steps += 1;
+            }
+            fn wants_device_ops(&self) -> bool {
+                self.wants
+            }
+        }
+        let alloc = |id, size_bytes| Event::Alloc {
+            id: AllocId(id),
+            size_bytes,
+            stream: 0,
+        };
+        let free = |id| Event::Free { id: AllocId(id) };
+        let t = Trace::new(
+            "t",
+            vec![alloc(0, 100), alloc(1, 3 << 20), free(0), free(1)],
+        );
+        let mut runs = Vec::new();
+        for wants in [true, false] {
+            let mut device = SimDevice::new(SimDeviceOptions::default());
+            let mut count = Count {
+                wants,
+                ops: 0,
+                steps: 0,
+            };
+            let r = crate::replay_with(
+                &t,
+                &mut ImmediatePolicy::default(),
+                &mut device,
+                &crate::ReplayOptions::default(),
+                &mut count,
+            )
+            .expect("replay");
+            assert_eq!(count.steps, 4);
+            runs.push((count.ops, r.summary, device.stats()));
+        }
+        assert_eq!(runs[0].0, 4, "two allocations and two frees");
+        assert_eq!(runs[1].0, 0, "nothing written down where not asked");
+        assert_eq!((&runs[0].1, runs[0].2), (&runs[1].1, runs[1].2));
     }
 }

@@ -613,7 +613,7 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
             check_state(&*policy, &stats, &dstats, live, 0);
         }
     }
-    let mut device = OpLog::new(device);
+    let mut device = OpLog::new(device, observer.wants_device_ops());
     let mut oom: Option<Oom> = None;
     let mut oom_count = 0u64;
     let mut skipped = 0u64;
