@@ -54,24 +54,39 @@ struct Chunk {
 
 impl Chunk {
     /// The lowest [`PLACEMENT_ALIGN_BYTES`]-aligned address in this chunk where `span`
-    /// bytes are free. (A constant alignment: rounding up is a mask, not a division.)
+    /// bytes are free, and where a placement there goes in `live` (for
+    /// [`Chunk::record_fit`]). (A constant alignment: rounding up is a mask, not a
+    /// division.)
     #[inline]
-    fn lowest_fit(&self, span: u64) -> Option<u64> {
+    fn lowest_fit(&self, span: u64) -> Option<(u64, usize)> {
         let align = PLACEMENT_ALIGN_BYTES;
         if self.disjoint && self.size.saturating_sub(self.used) < span {
             // Fewer free bytes than `span`: no free run holds it.
             return None;
         }
         let mut cur = self.base;
-        for &(addr, end) in &self.live {
+        for (i, &(addr, end)) in self.live.iter().enumerate() {
             let start = cur.next_multiple_of(align);
             if start.checked_add(span).is_some_and(|e| e <= addr) {
-                return Some(start);
+                return Some((start, i));
             }
             cur = cur.max(end);
         }
         let start = cur.next_multiple_of(align);
-        (start.checked_add(span)? <= self.base + self.size).then_some(start)
+        (start.checked_add(span)? <= self.base + self.size).then_some((start, self.live.len()))
+    }
+
+    /// Records a placement [`Chunk::lowest_fit`] found, at `i` in `live`: it starts at
+    /// or after every end before `i` and ends at or before the start at `i`, so it
+    /// touches nothing and goes there as [`Chunk::record`] would put it, without
+    /// searching again.
+    #[inline(always)]
+    fn record_fit(&mut self, i: usize, addr: u64, end: u64) {
+        debug_assert_eq!(i, self.live.partition_point(|&(a, _)| a < addr));
+        debug_assert!(i == 0 || self.live[..i].iter().all(|&(_, e)| e <= addr));
+        debug_assert!(self.live.get(i).is_none_or(|&(a, _)| end <= a));
+        self.live.insert(i, (addr, end));
+        self.used += end - addr;
     }
 
     /// Records a placement (replacing one at the same address, as a map would).
@@ -192,6 +207,21 @@ pub struct Placed {
     pub addr: u64,
     /// Slot of its chunk.
     chunk: u32,
+}
+
+impl Placed {
+    /// The placement at `addr` in the chunk of slot `chunk` ([`Placed::chunk`]), for a
+    /// holder that keeps the two apart.
+    #[inline(always)]
+    pub(crate) fn at(addr: u64, chunk: u32) -> Placed {
+        Placed { addr, chunk }
+    }
+
+    /// The slot of its chunk.
+    #[inline(always)]
+    pub(crate) fn chunk(&self) -> u32 {
+        self.chunk
+    }
 }
 
 /// The driver's address space as the model sees it (see the module docs).
@@ -341,9 +371,10 @@ impl VaSpace {
             .by_seq
             .iter()
             .rev()
-            .find_map(|&(_, slot)| self.chunk(slot).lowest_fit(span).map(|addr| (slot, addr)));
-        if let Some((slot, addr)) = found {
-            return Some(self.record(slot, addr, addr + span));
+            .find_map(|&(_, slot)| self.chunk(slot).lowest_fit(span).map(|fit| (slot, fit)));
+        if let Some((slot, (addr, i))) = found {
+            self.chunk_mut(slot).record_fit(i, addr, addr + span);
+            return Some(Placed { addr, chunk: slot });
         }
         // Rule 3: a new chunk, from the highest hole strictly larger than it, else
         // below everything.

@@ -216,17 +216,38 @@ impl AddressHints {
     }
 }
 
+/// No handle (a [`LiveSegment`] that is not packed, or not placed by the driver model).
+const NONE: u32 = u32::MAX;
+
+/// A live segment: 24 bytes. What it is charged follows from it: nothing of its own
+/// when packed (its page is charged), else its size rounded up to whole pages
+/// ([`SimDevice::charge_for`]).
 #[derive(Debug)]
 struct LiveSegment {
     addr: u64,
     size: u64,
-    charge: u64,
     /// A packed allocation's handle in [`PackedPages`] (its page and the holes beside
-    /// it are found through it).
-    packed: Option<u32>,
-    /// Its placement in the driver's address space ([`AddressModel::Driver`]; a packed
+    /// it are found through it), or [`NONE`].
+    packed: u32,
+    /// The slot of its chunk in the driver's address space ([`AddressModel::Driver`];
+    /// its placement there is at `addr`, [`Placed::at`]), or [`NONE`] (a packed
     /// allocation's page holds the placement).
-    va: Option<Placed>,
+    va_chunk: u32,
+}
+
+impl LiveSegment {
+    /// A segment that is not packed, placed as `va` (if anywhere in the driver model).
+    fn whole(addr: u64, size: u64, va: Option<Placed>) -> LiveSegment {
+        LiveSegment {
+            addr,
+            size,
+            packed: NONE,
+            va_chunk: va.map_or(NONE, |p| {
+                debug_assert_eq!(p.addr, addr, "a segment is placed at its address");
+                p.chunk()
+            }),
+        }
+    }
 }
 
 /// The simulated device. See the module docs for the charge model.
@@ -323,7 +344,7 @@ impl SimDevice {
         self.regions_kept = true;
         let span = |size: u64| size.max(1).next_multiple_of(2 * MIB);
         for s in self.segments.iter().flatten() {
-            if s.packed.is_none() {
+            if s.packed == NONE {
                 self.regions.insert(s.addr, span(s.size));
             }
         }
@@ -546,19 +567,25 @@ impl Device for SimDevice {
         }
         let small = size_bytes <= self.options.small_alloc_max_bytes
             && size_bytes < self.options.page_bytes;
-        let (addr, charge, packed, va) = if small {
-            match self.pages.take(size_bytes) {
-                Some((p, addr)) => (addr, 0, Some(p), None),
+        let (live, charge) = if small {
+            let (packed, addr, charge) = match self.pages.take(size_bytes) {
+                Some((p, addr)) => (p, addr, 0),
                 None => {
                     let page = self.options.page_bytes;
                     self.refuse(page, size_bytes)?;
                     let (base, placed) = self.place(page).ok_or(DeviceError::OutOfMemory {
                         requested_bytes: size_bytes,
                     })?;
-                    let p = self.pages.open(base, size_bytes, placed);
-                    (base, page, Some(p), None)
+                    (self.pages.open(base, size_bytes, placed), base, page)
                 }
-            }
+            };
+            let live = LiveSegment {
+                addr,
+                size: size_bytes,
+                packed,
+                va_chunk: NONE,
+            };
+            (live, charge)
         } else {
             let charge = self.charge_for(size_bytes);
             self.refuse(charge, size_bytes)?;
@@ -569,15 +596,10 @@ impl Device for SimDevice {
                     requested_bytes: size_bytes,
                 })?,
             };
-            (addr, charge, None, placed)
+            (LiveSegment::whole(addr, size_bytes, placed), charge)
         };
-        let id = self.insert_segment(LiveSegment {
-            addr,
-            size: size_bytes,
-            charge,
-            packed,
-            va,
-        });
+        let addr = live.addr;
+        let id = self.insert_segment(live);
         let s = &mut self.stats;
         s.reserved_bytes += size_bytes;
         s.charged_bytes += charge;
@@ -591,36 +613,35 @@ impl Device for SimDevice {
     }
 
     fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError> {
-        let slot = usize::try_from(segment.id.0).ok().filter(|&s| {
-            self.segments.get(s).is_some_and(|l| {
-                l.as_ref()
-                    .is_some_and(|l| l.addr == segment.addr.0 && l.size == segment.size_bytes)
-            })
-        });
-        let live = slot
-            .and_then(|s| {
-                self.free_segments.push(s);
-                self.segments[s].take()
-            })
-            .unwrap_or_else(|| {
-                panic!(
-                    "SimDevice: freeing segment {:?} it did not hand out",
-                    segment
-                )
-            });
+        // One lookup: the slot its id names, holding a segment at its address and of
+        // its size.
+        let slot = usize::try_from(segment.id.0).unwrap_or(usize::MAX);
+        let live = match self.segments.get_mut(slot) {
+            Some(entry)
+                if entry
+                    .as_ref()
+                    .is_some_and(|l| l.addr == segment.addr.0 && l.size == segment.size_bytes) =>
+            {
+                entry.take()
+            }
+            _ => None,
+        };
+        let Some(live) = live else {
+            not_handed_out(&segment)
+        };
+        self.free_segments.push(slot);
         // A packed allocation's page is charged once, to the page; it is returned with
         // the page's last allocation.
-        let released = match live.packed {
-            None => {
-                if self.regions_kept {
-                    self.regions.remove(&segment.addr.0);
-                }
-                if let Some(p) = live.va {
-                    self.va.release(p);
-                }
-                live.charge
+        let released = if live.packed == NONE {
+            if self.regions_kept {
+                self.regions.remove(&segment.addr.0);
             }
-            Some(p) => self.unpack(p, segment.addr.0, live.size),
+            if live.va_chunk != NONE {
+                self.va.release(Placed::at(live.addr, live.va_chunk));
+            }
+            self.charge_for(live.size)
+        } else {
+            self.unpack(live.packed, segment.addr.0, live.size)
         };
         let s = &mut self.stats;
         s.reserved_bytes -= live.size;
@@ -649,13 +670,7 @@ impl Device for SimDevice {
         let charge = self.charge_for(size_bytes);
         self.refuse(charge, size_bytes)?;
         let va = self.va.place_at(addr.0, size_bytes);
-        let id = self.insert_segment(LiveSegment {
-            addr: addr.0,
-            size: size_bytes,
-            charge,
-            packed: None,
-            va,
-        });
+        let id = self.insert_segment(LiveSegment::whole(addr.0, size_bytes, va));
         self.regions.insert(addr.0, size_bytes);
         let s = &mut self.stats;
         s.reserved_bytes += size_bytes;
@@ -667,6 +682,17 @@ impl Device for SimDevice {
             size_bytes,
         })
     }
+}
+
+/// The panic of a segment freed that the device did not hand out (or freed twice), out
+/// of line.
+#[cold]
+#[inline(never)]
+fn not_handed_out(segment: &Segment) -> ! {
+    panic!(
+        "SimDevice: freeing segment {:?} it did not hand out",
+        segment
+    )
 }
 
 /// A recorded segment or range that cannot be placed where the recording says.

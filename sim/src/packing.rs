@@ -233,9 +233,9 @@ impl HoleIndex {
         prev
     }
 
-    /// Takes hole `id` out of the index.
+    /// Takes hole `id` out of the index; returns the hole as it was read.
     #[inline(always)]
-    fn remove(&mut self, blocks: &mut Blocks, id: u32) {
+    fn remove(&mut self, blocks: &mut Blocks, id: u32) -> Block {
         let h = blocks[id];
         debug_assert!(
             h.free,
@@ -264,6 +264,7 @@ impl HoleIndex {
                 self.summary[b / 4096] &= !(1 << (b / 64 % 64));
             }
         }
+        h
     }
 
     /// Takes `key` out of bin `b`'s ordered map, if it keeps one, and drops the map
@@ -428,8 +429,7 @@ impl PackedPages {
     pub(crate) fn take(&mut self, size: u64) -> Option<(u32, u64)> {
         let len = self.footprint(size);
         let id = self.index.best_fit(&self.blocks, len)?;
-        self.index.remove(&mut self.blocks, id);
-        let hole = self.blocks[id];
+        let hole = self.index.remove(&mut self.blocks, id);
         if hole.len > len {
             // The rest of the hole stays a hole, just after the allocation.
             let rest = self.blocks.add(Block {
