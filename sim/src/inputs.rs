@@ -358,9 +358,11 @@ pub fn stream_replay<O: Observer + ?Sized>(
     })
 }
 
-/// A snapshot pickle's replay as the file is read, in two passes that hold neither
-/// its entries nor its events (`workloads::snapshot::stream`): memory follows the live
-/// blocks and segments, plus 40 bytes per segment operation (the address hints).
+/// A snapshot pickle's replay as the file is read, in two passes (three with private
+/// pools) that hold neither its entries nor its events (`workloads::snapshot::stream`):
+/// memory follows the live blocks and segments, plus 40 bytes per segment operation
+/// (the address hints) and, with private pools, a few hundred bytes per run of one pool's
+/// requests (their windows).
 pub struct SnapshotStream {
     plan: workloads::snapshot::StreamPlan,
     shell: Trace,
@@ -384,7 +386,7 @@ pub struct StreamedSnapshot {
 impl SnapshotStream {
     /// The first pass over `path` when it is a snapshot pickle whose replay can
     /// stream (`workloads::snapshot::plan_stream`: from an empty allocator or from the
-    /// state rebuilt at its first entry, no private pools, no problem), with its
+    /// state rebuilt at its first entry, with or without private pools, no problem), with its
     /// recorded addresses as hints for a device like
     /// `model`; `None` for anything else, which [`load`] reads whole (and reports).
     pub fn open(

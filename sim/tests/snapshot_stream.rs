@@ -173,9 +173,10 @@ fn compare(path: &Path, configs: &[PolicyConfig]) -> (bool, usize, usize) {
 }
 
 /// Every snapshot pickle of the repository replays the same streamed as held, and the
-/// ones without private pools do stream, from an empty allocator or from the state
-/// rebuilt at their first entry (the ring-buffer and late-start cuts); those that show
-/// private pools, or that the held path refuses, do not.
+/// ones the held path replays do stream, from an empty allocator or from the state
+/// rebuilt at their first entry (the ring-buffer and late-start cuts), with private
+/// pools (CUDA graphs, MemPools; by entry and by address) or without; those that the
+/// held path refuses do not.
 #[test]
 fn repository_snapshots_stream_as_held() {
     let mut files = Vec::new();
@@ -210,6 +211,12 @@ fn repository_snapshots_stream_as_held() {
         "tests/data/oracle/h100-torch2.11-pickles/random_stress__cap5120M.pickle",
         "tests/data/oracle/h100-torch2.11-pickles/seed000.pickle",
         "tests/data/oracle/h100-torch2.11-pickles/seed002_retain.pickle",
+        "tests/data/pools/graph_capture.pickle",
+        "tests/data/pools/graph_capture__expandable_segments-True.pickle",
+        "tests/data/pools/graph_capture__expandable_segments-True__torch215.pickle",
+        "tests/data/pools/graph_capture__torch215.pickle",
+        "tests/data/pools/mempool_phases__use_on_oom-1__cap1265M.pickle",
+        "tests/data/pools/mempool_phases__use_on_oom-1__cap1265M__torch215.pickle",
         "tests/data/torch/cut/gpt_train_small__late59.pickle",
         "tests/data/torch/cut/gpt_train_small__wrap2000.pickle",
         "tests/data/torch/cut/multistream__wrap100.pickle",
@@ -220,6 +227,12 @@ fn repository_snapshots_stream_as_held() {
         "tests/data/torch/multistream.pickle",
         "tests/data/torch/seed002_retain.pickle",
         "tests/data/torch/synthetic/torch215_default_pool.pickle",
+        "tests/data/torch/synthetic/torch215_frames.pickle",
+        "tests/data/torch/synthetic/torch215_frames_p0.pickle",
+        "tests/data/torch/synthetic/torch215_p0.pickle",
+        "tests/data/torch/synthetic/torch215_p2.pickle",
+        "tests/data/torch/synthetic/torch215_p4.pickle",
+        "tests/data/torch/synthetic/torch215_p5.pickle",
     ];
     assert_eq!(streamed, expected);
 }
@@ -377,5 +390,46 @@ fn ring_buffer_cuts_stream_as_held() {
         mutants_streamed > 0 && mutants_streamed < mutants,
         "{mutants_streamed} of {mutants}"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Ring-buffer cuts of the real snapshots with private pools recorded by PyTorch 2.11
+/// (CUDA graph captures, with and without expandable segments, and MemPools): the
+/// whole-trace path refuses to rebuild a private pool's segments at the first entry,
+/// and the streamed path hands those cuts over to it rather than replaying them.
+#[test]
+fn cuts_with_private_pools_hand_over_as_held() {
+    let dir = std::env::temp_dir().join(format!("allocsim-pool-cuts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let some = &policies()[..1];
+    let mut refused = 0;
+    for name in [
+        "graph_capture",
+        "graph_capture__expandable_segments-True",
+        "mempool_phases__use_on_oom-1__cap1265M",
+    ] {
+        let file = root().join(format!("tests/data/pools/{name}.pickle"));
+        let run = workloads::read_snapshot_pickle(&file, 0).unwrap();
+        assert!(!run.calls.is_empty(), "{name}");
+        let entries: Vec<workloads::RecordedEntry> = run
+            .entries
+            .iter()
+            .copied()
+            .filter(|e| e.action != workloads::Action::EmptyCache)
+            .collect();
+        let n = entries.len();
+        for k in 1..6 {
+            let path = dir.join(format!("{name}-{k}.pickle"));
+            write_cut(&run, &entries[n * k / 6..], &path);
+            let held = workloads::read_snapshot_pickle(&path, 0).unwrap();
+            if held.starts_empty() || held.to_trace().is_ok() {
+                continue;
+            }
+            refused += 1;
+            let (yes, _, _) = compare(&path, some);
+            assert!(!yes, "{}: streamed", path.display());
+        }
+    }
+    assert!(refused >= 10, "{refused}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

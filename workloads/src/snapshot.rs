@@ -735,13 +735,7 @@ impl Snapshot<'_> {
         let every_entry = !entries.is_empty() && pool_ids == entries.len() as u64;
         let attribution = pools::attribute(&entries, &entry_pools, every_entry, &segments);
         let mut pool_caches = Vec::new();
-        // Garbage collection gives back default-pool segments inside any malloc; it
-        // runs only with a threshold above 0 (unknown before 2.5: assumed on).
-        let gc_possible = match info.setting("garbage_collection_threshold") {
-            Some(SettingValue::Float(t)) => *t > 0.0,
-            Some(SettingValue::Int(t)) => *t > 0,
-            _ => true,
-        };
+        let gc_possible = gc_possible(&info);
         let points = empty_cache_points(&entries, |start, end, inside_malloc| {
             match attribution.release_run(start, end, inside_malloc, gc_possible) {
                 pools::ReleaseRun::Malloc => false,
@@ -802,6 +796,16 @@ impl Snapshot<'_> {
             times_us,
             ..RecordedRun::default()
         })
+    }
+}
+
+/// Whether garbage collection may give back default-pool segments inside any malloc:
+/// it runs only with a threshold above 0 (unknown before 2.5: assumed on).
+fn gc_possible(info: &SnapshotInfo) -> bool {
+    match info.setting("garbage_collection_threshold") {
+        Some(SettingValue::Float(t)) => *t > 0.0,
+        Some(SettingValue::Int(t)) => *t > 0,
+        _ => true,
     }
 }
 

@@ -43,6 +43,58 @@ const UNKNOWN: u32 = u32::MAX;
 /// The default pools' slot in the table.
 const DEFAULT: u32 = 0;
 
+fn names(pools: &[PoolId]) -> String {
+    pools
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The first five of a list of `total` entry indexes (`first` holds at least those).
+fn some(first: &[u64], total: usize) -> String {
+    let shown: Vec<String> = first.iter().take(5).map(u64::to_string).collect();
+    format!(
+        "{}{}",
+        shown.join(", "),
+        if total > 5 { ", ..." } else { "" }
+    )
+}
+
+/// The caveat for the requests of no pool the snapshot says (`first`: the first of
+/// them, `count` in all, of `requests`).
+fn unattributed_caveat(shown: &[PoolId], first: &[u64], count: usize, requests: usize) -> String {
+    format!(
+        "the snapshot shows private pools {} (CUDA graphs or MemPools) but does not say the pool of \
+         {count} of its {requests} requests (entries {}): their memory was given back before the snapshot \
+         was taken, and PyTorch before 2.15 records no pool on trace entries; they replay from the \
+         default pools",
+        names(shown),
+        some(first, count)
+    )
+}
+
+/// The caveat for the frees waiting for other streams within or right after a pool's
+/// requests (`first`: the first of them, `count` in all).
+fn delayed_caveat(first: &[u64], count: usize) -> String {
+    format!(
+        "the snapshot does not record when allocation to its private pools began and ended: {count} free(s) \
+         waiting for other streams (entries {}) come during or right after a pool's requests, where a \
+         CUDA graph capture under way would have deferred them; the replay takes each pool's windows \
+         to span its requests only",
+        some(first, count)
+    )
+}
+
+/// The caveat for MemPools whose requests never shared a segment.
+fn no_split_caveat(unsure: &[PoolId]) -> String {
+    format!(
+        "the snapshot does not say whether MemPool(s) {} were created with no_split (their requests \
+         never shared a segment): they replay splitting blocks, as a MemPool does by default",
+        names(unsure)
+    )
+}
+
 /// What a snapshot says about its private pools, per request.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotPools {
@@ -418,31 +470,12 @@ impl Attribution {
         calls.sort_by_key(|(at, rank, _)| (at.map_or(0, |a| a + 1), *rank));
 
         let mut caveats = Vec::new();
-        let names = |pools: &[PoolId]| {
-            pools
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let some = |list: &[u64]| {
-            let shown: Vec<String> = list.iter().take(5).map(u64::to_string).collect();
-            format!(
-                "{}{}",
-                shown.join(", "),
-                if list.len() > 5 { ", ..." } else { "" }
-            )
-        };
         if !summary.unattributed.is_empty() {
-            let requests = self.requests.len();
-            caveats.push(format!(
-                "the snapshot shows private pools {} (CUDA graphs or MemPools) but does not say the pool of \
-                 {} of its {requests} requests (entries {}): their memory was given back before the snapshot \
-                 was taken, and PyTorch before 2.15 records no pool on trace entries; they replay from the \
-                 default pools",
-                names(&self.shown),
+            caveats.push(unattributed_caveat(
+                &self.shown,
+                &summary.unattributed,
                 summary.unattributed.len(),
-                some(&summary.unattributed)
+                self.requests.len(),
             ));
         }
         // Frees that wait for other streams inside a pool's run of requests or right
@@ -472,22 +505,11 @@ impl Attribution {
             }
         }
         if !delayed.is_empty() {
-            caveats.push(format!(
-                "the snapshot does not record when allocation to its private pools began and ended: {} free(s) \
-                 waiting for other streams (entries {}) come during or right after a pool's requests, where a \
-                 CUDA graph capture under way would have deferred them; the replay takes each pool's windows \
-                 to span its requests only",
-                delayed.len(),
-                some(&delayed)
-            ));
+            caveats.push(delayed_caveat(&delayed, delayed.len()));
         }
         let unsure = self.unsure_no_split(entries);
         if !unsure.is_empty() {
-            caveats.push(format!(
-                "the snapshot does not say whether MemPool(s) {} were created with no_split (their requests \
-                 never shared a segment): they replay splitting blocks, as a MemPool does by default",
-                names(&unsure)
-            ));
+            caveats.push(no_split_caveat(&unsure));
         }
         Routing {
             calls: calls.into_iter().map(|(at, _, e)| (at, e)).collect(),
@@ -545,6 +567,514 @@ impl Attribution {
             .map(|s| self.table[s])
             .collect()
     }
+}
+
+/// The listed segments' memory for the attribution by address, forward: start →
+/// (end, slot, the last entry before the snapshot that allocated or unmapped it, if
+/// any). A request at an address in it is the slot's when it comes after that entry:
+/// what [`attribute`] finds walking the trace back.
+type AddressPools = BTreeMap<u64, (u64, u32, Option<u64>)>;
+
+/// A run of consecutive segment releases, as [`PoolStream`] follows it.
+struct Releases {
+    start: u64,
+    /// The slot of its first entry, and whether all its entries have it.
+    first: u32,
+    uniform: bool,
+    /// The distinct slots of its entries.
+    slots: Vec<u32>,
+}
+
+/// What was made of a run of releases (before the pools' last requests are known).
+#[derive(Clone, Copy)]
+enum Decided {
+    EmptyCache,
+    /// A private pool's own `emptyCache` if none of its requests comes after the run,
+    /// else `empty_cache()`.
+    PoolCacheIfLast(u32),
+}
+
+/// A run of consecutive requests of one private pool.
+struct RequestRun {
+    slot: u32,
+    first: u64,
+    last: u64,
+    streams: Vec<u64>,
+}
+
+/// What [`PoolStream::finish`] gives the second pass: the allocator calls at their
+/// positions, the entries before which an `empty_cache` entry is inferred, and the
+/// caveats, each exactly as the held reader has them.
+#[derive(Debug)]
+pub(super) struct PoolPlan {
+    /// As [`crate::RecordedRun::calls`]: each after the entry it names, counted with
+    /// the inferred `empty_cache` entries.
+    pub calls: Vec<(Option<u64>, Event)>,
+    /// File indexes of the entries an inferred `empty_cache` goes before, ascending.
+    pub points: Vec<u64>,
+    /// As [`crate::TraceMeta::caveats`].
+    pub caveats: Vec<String>,
+}
+
+/// A list of entry indexes of which only the first few are shown.
+#[derive(Default)]
+struct Some5 {
+    first: Vec<u64>,
+    count: usize,
+}
+
+impl Some5 {
+    fn push(&mut self, i: u64) {
+        if self.first.len() < 6 {
+            self.first.push(i);
+        }
+        self.count += 1;
+    }
+}
+
+/// The private pools of a snapshot's trace followed forward, one entry at a time, in
+/// memory that follows the segments, the live blocks of private pools and the runs of
+/// requests rather than the entries: the same pool of each request as [`attribute`]
+/// (by entry, or by address from the final segments and the last entry that allocated
+/// or unmapped each of their bytes, which the first pass of a streamed read keeps), the
+/// same release runs as [`Attribution::release_run`] (decided as the entries that
+/// settle them come: the next entry, the next request, the pools' last requests at the
+/// end) and the same calls and caveats as [`Attribution::events`]. The streamed replay
+/// (`snapshot::stream`) reads the file once with it, then splices its calls in.
+pub(super) struct PoolStream {
+    table: Vec<PoolId>,
+    slots: HashMap<PoolId, u32>,
+    shown: Vec<PoolId>,
+    every_entry: bool,
+    gc_possible: bool,
+    /// `alloc` and `oom` entries of the trace (the first pass counted them).
+    requests: u64,
+    addresses: AddressPools,
+    len: u64,
+    /// An entry names a pool the first pass did not see (the file changed).
+    pub failed: bool,
+    unattributed: Some5,
+    run: Option<RequestRun>,
+    runs: Vec<RequestRun>,
+    last_request: Vec<Option<u64>>,
+    /// The latest request is a private pool's: a free waiting for other streams now is
+    /// within or right after its run.
+    in_span: bool,
+    /// Per slot, the start of the run of releases holding its first release since its
+    /// latest request.
+    first_release: Vec<Option<u64>>,
+    /// The run of releases open.
+    open: Option<Releases>,
+    /// Runs of releases waiting for the next entry that is not a `snapshot` or
+    /// `annotate` (inside a malloc or not).
+    awaiting_next: Vec<Releases>,
+    /// Runs of releases inside a malloc waiting for the next request's pool.
+    awaiting_request: Vec<Releases>,
+    decided: Vec<(u64, Decided)>,
+    // `Attribution::unsure_no_split`, forward.
+    used: Vec<bool>,
+    splits: Vec<bool>,
+    segments: BTreeMap<u64, (u64, u32)>,
+    blocks: HashMap<u64, u64>,
+    /// A `free_requested` within a pool's span waiting for the next entry.
+    pending_free: Option<(u64, u64)>,
+    delayed: Some5,
+}
+
+impl PoolStream {
+    /// Before the trace: `entry_pools` are the private pools the entries name, in the
+    /// order they first come; `every_entry` whether every entry carries a `pool_id`;
+    /// `segments` the segments listed; `segment_ops` the trace's segment operations
+    /// with their indexes; `requests` its `alloc` and `oom` entries.
+    pub(super) fn new(
+        entry_pools: &[PoolId],
+        every_entry: bool,
+        segments: &[RecordedSegment],
+        segment_ops: &[(u64, RecordedEntry)],
+        gc_possible: bool,
+        requests: u64,
+    ) -> PoolStream {
+        let mut table = Table {
+            ids: vec![PoolId::default()],
+            slots: HashMap::new(),
+        };
+        for &pool in entry_pools {
+            table.slot(pool);
+        }
+        let mut shown: Vec<PoolId> = entry_pools.to_vec();
+        let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+        for s in segments {
+            let pool = PoolId(s.pool_id.0, s.pool_id.1);
+            if !pool.is_default() {
+                shown.push(pool);
+            }
+            if s.total_size > 0 {
+                let slot = table.slot(pool);
+                let end = s.address.saturating_add(s.total_size);
+                remove_range(&mut live, s.address, end);
+                live.insert(s.address, (end, slot));
+            }
+        }
+        shown.sort_unstable();
+        shown.dedup();
+        // Walked back as `attribute` walks the entries: each piece taken away by an
+        // allocation or unmapping is the slot's for the requests after that entry.
+        let mut addresses: AddressPools = BTreeMap::new();
+        for &(index, e) in segment_ops.iter().rev() {
+            if !matches!(e.action, Action::SegmentAlloc | Action::SegmentUnmap) {
+                continue;
+            }
+            let (start, end) = (e.addr, e.addr.saturating_add(e.size));
+            let hit: Vec<(u64, u64, u32)> = live
+                .range(..end)
+                .rev()
+                .take_while(|(_, &(e, _))| e > start)
+                .map(|(&s, &(e, p))| (s, e, p))
+                .collect();
+            for (s, e, p) in hit {
+                addresses.insert(s.max(start), (e.min(end), p, Some(index)));
+            }
+            remove_range(&mut live, start, end);
+        }
+        for (s, (e, p)) in live {
+            addresses.insert(s, (e, p, None));
+        }
+        let n = table.ids.len();
+        PoolStream {
+            slots: table.slots,
+            table: table.ids,
+            shown,
+            every_entry,
+            gc_possible,
+            requests,
+            addresses,
+            len: 0,
+            failed: false,
+            unattributed: Some5::default(),
+            run: None,
+            runs: Vec::new(),
+            last_request: vec![None; n],
+            in_span: false,
+            first_release: vec![None; n],
+            open: None,
+            awaiting_next: Vec::new(),
+            awaiting_request: Vec::new(),
+            decided: Vec::new(),
+            used: vec![false; n],
+            splits: vec![false; n],
+            segments: BTreeMap::new(),
+            blocks: HashMap::new(),
+            pending_free: None,
+            delayed: Some5::default(),
+        }
+    }
+
+    /// Entries seen.
+    pub(super) fn entries(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the snapshot shows private pools (otherwise the default rules hold and
+    /// nothing is routed).
+    pub(super) fn shows_pools(&self) -> bool {
+        !self.shown.is_empty()
+    }
+
+    fn private(slot: u32) -> bool {
+        slot != UNKNOWN && slot != DEFAULT
+    }
+
+    /// A run of releases whose next entry is no malloc's (or ends the trace):
+    /// [`Attribution::pool_empty_cache`], the pool's last request still to come.
+    fn outside_malloc(&mut self, run: Releases) {
+        let decided = if run.uniform && Self::private(run.first) {
+            Decided::PoolCacheIfLast(run.first)
+        } else {
+            Decided::EmptyCache
+        };
+        self.decided.push((run.start, decided));
+    }
+
+    /// A run of releases inside a malloc whose request is of `slot` (`None`: no request
+    /// follows): [`Attribution::release_run`].
+    fn inside_malloc(&mut self, run: Releases, slot: Option<u32>) {
+        let Some(slot) = slot.filter(|&s| Self::private(s)) else {
+            return;
+        };
+        let gc = self.gc_possible;
+        let foreign = run
+            .slots
+            .iter()
+            .any(|&s| s != UNKNOWN && s != slot && !(gc && s == DEFAULT));
+        if foreign {
+            self.outside_malloc(run);
+        }
+    }
+
+    /// Entry `index` of the trace, with the private pool its `pool_id` names.
+    pub(super) fn entry(&mut self, index: u64, e: &RecordedEntry, pool: Option<PoolId>) {
+        self.len = index + 1;
+        let mut slot = match pool {
+            Some(p) => match self.slots.get(&p) {
+                Some(&s) => s,
+                None => {
+                    self.failed = true;
+                    return;
+                }
+            },
+            None if self.every_entry => DEFAULT,
+            None => UNKNOWN,
+        };
+        if let Some((at, addr)) = self.pending_free.take() {
+            if !(e.action == Action::FreeCompleted && e.addr == addr) {
+                self.delayed.push(at);
+            }
+        }
+        // `empty_cache_points`' runs of releases, and what settles them.
+        let release = is_release(e.action);
+        if !release {
+            if let Some(run) = self.open.take() {
+                self.awaiting_next.push(run);
+            }
+        }
+        if !matches!(e.action, Action::Snapshot | Action::Annotate)
+            && !self.awaiting_next.is_empty()
+        {
+            let inside = matches!(
+                e.action,
+                Action::SegmentAlloc | Action::SegmentMap | Action::Oom
+            );
+            for run in std::mem::take(&mut self.awaiting_next) {
+                if inside {
+                    self.awaiting_request.push(run);
+                } else {
+                    self.outside_malloc(run);
+                }
+            }
+        }
+        match e.action {
+            a if is_release(a) => {
+                let run = self.open.get_or_insert_with(|| Releases {
+                    start: index,
+                    first: slot,
+                    uniform: true,
+                    slots: Vec::new(),
+                });
+                run.uniform &= run.first == slot;
+                if !run.slots.contains(&slot) {
+                    run.slots.push(slot);
+                }
+                let start = run.start;
+                if Self::private(slot) && self.first_release[slot as usize].is_none() {
+                    self.first_release[slot as usize] = Some(start);
+                }
+            }
+            a if is_request(a) => {
+                // By address: the listed segment's, if nothing allocated or unmapped
+                // that memory after the request.
+                if slot == UNKNOWN && a == Action::Alloc {
+                    if let Some((_, &(end, s, after))) = self.addresses.range(..=e.addr).next_back()
+                    {
+                        if end > e.addr && after.is_none_or(|j| index > j) {
+                            slot = s;
+                        }
+                    }
+                }
+                if slot == UNKNOWN {
+                    self.unattributed.push(index);
+                }
+                for run in std::mem::take(&mut self.awaiting_request) {
+                    self.inside_malloc(run, Some(slot));
+                }
+                let private = Self::private(slot);
+                if slot != UNKNOWN {
+                    self.last_request[slot as usize] = Some(index);
+                    self.first_release[slot as usize] = None;
+                }
+                match &mut self.run {
+                    Some(r) if private && r.slot == slot => {
+                        r.last = index;
+                        if !r.streams.contains(&e.stream) {
+                            r.streams.push(e.stream);
+                        }
+                    }
+                    _ => {
+                        self.runs.extend(self.run.take());
+                        if private {
+                            self.run = Some(RequestRun {
+                                slot,
+                                first: index,
+                                last: index,
+                                streams: vec![e.stream],
+                            });
+                        }
+                    }
+                }
+                self.in_span = private;
+                if a == Action::Alloc && private {
+                    self.used[slot as usize] = true;
+                    if let Some((&start, (end, count))) =
+                        self.segments.range_mut(..=e.addr).next_back()
+                    {
+                        if *end > e.addr {
+                            *count += 1;
+                            if *count >= 2 {
+                                self.splits[slot as usize] = true;
+                            }
+                            self.blocks.insert(e.addr, start);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        match e.action {
+            Action::SegmentAlloc => {
+                self.segments
+                    .insert(e.addr, (e.addr.saturating_add(e.size), 0));
+            }
+            Action::SegmentFree => {
+                self.segments.remove(&e.addr);
+            }
+            Action::FreeCompleted => {
+                if let Some(start) = self.blocks.remove(&e.addr) {
+                    if let Some((_, count)) = self.segments.get_mut(&start) {
+                        *count = count.saturating_sub(1);
+                    }
+                }
+            }
+            Action::FreeRequested if self.in_span => self.pending_free = Some((index, e.addr)),
+            _ => {}
+        }
+    }
+
+    /// After the last entry: the calls, the inferred `empty_cache` points and the
+    /// caveats ([`PoolPlan`]).
+    pub(super) fn finish(mut self) -> PoolPlan {
+        if let Some((at, _)) = self.pending_free.take() {
+            self.delayed.push(at);
+        }
+        self.awaiting_next.extend(self.open.take());
+        for run in std::mem::take(&mut self.awaiting_next) {
+            self.outside_malloc(run);
+        }
+        for run in std::mem::take(&mut self.awaiting_request) {
+            self.inside_malloc(run, None);
+        }
+        self.runs.extend(self.run.take());
+        self.decided.sort_by_key(|&(start, _)| start);
+        let mut points = Vec::new();
+        let mut pool_caches = Vec::new();
+        for &(start, d) in &self.decided {
+            match d {
+                Decided::EmptyCache => points.push(start),
+                Decided::PoolCacheIfLast(slot) => {
+                    if self.last_request[slot as usize].is_some_and(|last| start > last) {
+                        pool_caches.push((start, slot));
+                    } else {
+                        points.push(start);
+                    }
+                }
+            }
+        }
+        // Positions counted with the inferred entries: raw entry `x` lands at
+        // `x + (points before or at it)`, its inferred entry (if any) just before.
+        let before = |x: u64| -> Option<u64> {
+            let k = x + points.partition_point(|&p| p < x) as u64;
+            k.checked_sub(1)
+        };
+        let after =
+            |x: u64| -> Option<u64> { Some(x + points.partition_point(|&p| p <= x) as u64) };
+        let pool = |slot: u32| self.table[slot as usize];
+        let mut calls: Vec<(Option<u64>, u8, Event)> = Vec::new();
+        let mut alive = vec![false; self.table.len()];
+        for run in &self.runs {
+            let id = pool(run.slot);
+            if !alive[run.slot as usize] {
+                alive[run.slot as usize] = true;
+                calls.push((
+                    before(run.first),
+                    4,
+                    Event::CreatePool {
+                        pool: id,
+                        use_on_oom: false,
+                        no_split: false,
+                    },
+                ));
+            }
+            let mut streams = run.streams.clone();
+            streams.sort_unstable();
+            calls.push((
+                before(run.first),
+                5,
+                Event::BeginAllocateToPool {
+                    pool: id,
+                    streams: PoolStreams::Only(streams),
+                },
+            ));
+            calls.push((after(run.last), 0, Event::EndAllocateToPool { pool: id }));
+            calls.push((after(run.last), 1, Event::ReleasePool { pool: id }));
+        }
+        // The kept use ends before the run of releases holding the pool's first release
+        // after its last request; in the held order (latest last request first).
+        let mut drops: Vec<(u64, u64, u32)> = (1..self.table.len())
+            .filter_map(|s| {
+                let last = self.last_request[s]?;
+                let run = self.first_release[s]?;
+                Some((last, run.max(last + 1), s as u32))
+            })
+            .collect();
+        drops.sort_by_key(|&(last, _, _)| std::cmp::Reverse(last));
+        for (_, at, slot) in drops {
+            calls.push((before(at), 2, Event::ReleasePool { pool: pool(slot) }));
+        }
+        for &(start, slot) in &pool_caches {
+            calls.push((before(start), 3, Event::EmptyPoolCache { pool: pool(slot) }));
+        }
+        calls.sort_by_key(|(at, rank, _)| (at.map_or(0, |a| a + 1), *rank));
+        let mut caveats = Vec::new();
+        if self.unattributed.count > 0 {
+            caveats.push(unattributed_caveat(
+                &self.shown,
+                &self.unattributed.first,
+                self.unattributed.count,
+                self.requests as usize,
+            ));
+        }
+        if self.delayed.count > 0 {
+            caveats.push(delayed_caveat(&self.delayed.first, self.delayed.count));
+        }
+        let unsure: Vec<PoolId> = (1..self.table.len())
+            .filter(|&s| self.used[s] && !self.splits[s] && self.table[s].0 == 0)
+            .map(|s| self.table[s])
+            .collect();
+        if !unsure.is_empty() {
+            caveats.push(no_split_caveat(&unsure));
+        }
+        PoolPlan {
+            calls: calls.into_iter().map(|(at, _, e)| (at, e)).collect(),
+            points,
+            caveats,
+        }
+    }
+}
+
+/// The file index of the entry at `at` among the entries with `points`' inferred
+/// `empty_cache` entries (each at the index of the entry it goes before), as
+/// [`crate::RecordedRun::source_index`] gives it from the held run.
+pub(super) fn source_of(points: &[u64], at: u64) -> u64 {
+    // The first raw entry whose position (counted with the insertions) is `at` or
+    // after: the entry itself, or the one its inferred entry goes before.
+    let (mut lo, mut hi) = (0u64, at);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if mid + points.partition_point(|&p| p <= mid) as u64 >= at {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
 }
 
 #[cfg(test)]

@@ -615,8 +615,8 @@ pub(crate) struct EntryStore {
     /// How many entries the pickle machine's entry lane read from start to end (the
     /// others went, at least in part, through its general path): for tests.
     pub by_lane: u64,
-    /// Where a streamed read sends each entry (index, record, `time_us`) instead of
-    /// keeping it in `entries` and `times` (see `snapshot::stream`).
+    /// Where a streamed read sends each entry (index, record, private pool) instead of
+    /// keeping it in `entries`, `times` and `pools` (see `snapshot::stream`).
     pub sink: Option<EntrySink>,
     /// Which list of entries of the pickle this is, counted from 0 in the order the
     /// lists received their first entry (set where a sink is).
@@ -625,8 +625,8 @@ pub(crate) struct EntryStore {
 }
 
 /// Where a streamed read sends each entry of one list: (index in the list, record,
-/// `time_us` or 0).
-pub(crate) type EntrySink = Box<dyn FnMut(u64, RecordedEntry, u64)>;
+/// its `pool_id` where that is a private pool, not `(0, 0)`).
+pub(crate) type EntrySink = Box<dyn FnMut(u64, RecordedEntry, Option<PoolId>)>;
 
 impl EntryStore {
     /// Converts and keeps one entry; after a bad one, only counts.
@@ -733,10 +733,16 @@ impl EntryStore {
         if let Some(free) = device_free {
             self.device_free.push((index, free));
         }
+        let mut private = None;
         if let Some(pool) = raw.pool_id {
             self.pool_ids += 1;
             if pool != PoolId(0, 0) {
-                self.pools.push((index, pool));
+                private = Some(pool);
+                // A streamed read's sink has them (a list of them would grow with the
+                // trace).
+                if self.sink.is_none() {
+                    self.pools.push((index, pool));
+                }
             }
         }
         if action == Action::Annotate {
@@ -765,7 +771,7 @@ impl EntryStore {
             stream,
         };
         match &mut self.sink {
-            Some(sink) => sink(index, entry, raw.time_us.unwrap_or(0)),
+            Some(sink) => sink(index, entry, private),
             None => {
                 self.times.push(raw.time_us.unwrap_or(0));
                 self.entries.push(entry);

@@ -1,5 +1,5 @@
-//! A snapshot pickle's replay, streamed: two passes over the file, neither holding
-//! its entries.
+//! A snapshot pickle's replay, streamed: two passes over the file (three with private
+//! pools), none holding its entries.
 //!
 //! Turning a snapshot's entries into a trace needs the whole of them ([`RecordedRun::to_trace`]):
 //! whether the trace starts from an empty allocator, and if not the state at its first
@@ -34,29 +34,45 @@
 //! would have failed, and [`StreamEvents::finish`] says so: the replay is then the
 //! whole-trace path's.
 //!
-//! What streams: a snapshot that shows no private pool (no entry's `pool_id`, no
-//! listed segment of one), that [`RecordedRun::check_replayable`] and `to_trace`
-//! accept, starting from an empty allocator (its trace frees nothing it did not
-//! allocate and leaves exactly the segments it lists) or mid-run (a ring buffer that
-//! wrapped, a recording started late) from a state that undoing the trace rebuilds.
-//! The rest (private pools, whose windows need every request's pool; any problem,
-//! which the whole-trace reader reports with all its details) answers [`WholeTrace`]:
-//! read it whole.
+//! **Private pools** (CUDA graphs, MemPools) take a pass of their own between the
+//! two, when the snapshot shows any (an entry's `pool_id`, a listed segment of one):
+//! `pools::PoolStream` follows the pools forward, one entry at a time, and makes what
+//! the held reader's attribution makes from the whole trace (`pools::attribute`,
+//! `Attribution::events`): the pool of each request (by entry, or by address from the
+//! final segments and, for each of their bytes, the last segment operation that
+//! allocated or unmapped it, which the first pass kept), the runs of requests of one
+//! pool and their windows, the kept use dropped before a pool's first release after
+//! its last request, which runs of releases were a pool's own `emptyCache` or an
+//! `empty_cache()` (decided as the entry, the request or the end of the trace that
+//! settles each comes), and the caveats. It keeps the segments, the live blocks of
+//! private pools, the runs of requests (the windows' calls: a few hundred bytes a run) and
+//! the runs of releases, not the entries. The second pass then places the calls and
+//! the inferred `empty_cache` entries where `to_trace` places them.
+//!
+//! What streams: a snapshot that [`RecordedRun::check_replayable`] and `to_trace`
+//! accept, with or without private pools, starting from an empty allocator (its trace
+//! frees nothing it did not allocate and leaves exactly the segments it lists) or
+//! mid-run (a ring buffer that wrapped, a recording started late) from a state that
+//! undoing the trace rebuilds (not a private pool's segments: the held path refuses
+//! those). The rest (any problem, which the whole-trace reader reports with all its
+//! details) answers [`WholeTrace`]: read it whole.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::pickle::{self, Limits, SinkFactory, Value};
-use super::schema::EntrySink;
+use super::pools::{self, PoolPlan, PoolStream};
+use super::schema::{self, EntrySink};
 use super::{Parts, Snapshot, SnapshotOptions};
 use crate::csv::file_stem;
 use crate::recorded::{Action, RecordedEntry, RecordedRun, RecordedSegment};
 use crate::start::{past_the_end, Journal, Live, StartState, Undo};
-use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
+use crate::trace::{AllocId, Event, LocationKind, PoolId, Trace, TraceMeta};
 use crate::Format;
 
 /// Why a snapshot's replay cannot stream: read it whole ([`crate::read_source`]),
@@ -69,8 +85,6 @@ pub enum WholeTrace {
     /// The snapshot cannot be replayed as it is (no trace, actions left out, an
     /// address allocated twice): the whole-trace reader says what is missing.
     NotReplayable,
-    /// The snapshot shows private pools, whose windows need every request's pool.
-    PrivatePools,
     /// The trace starts mid-run (or ends with other segments than the snapshot
     /// lists) and undoing it on the final segments fails (or its entries run past the
     /// end of the address space): the whole-trace reader says why, or replays it from
@@ -99,6 +113,9 @@ pub struct StreamPlan {
     limits: Limits,
     /// A trace that starts mid-run: its state at the first entry.
     start: Option<MidRun>,
+    /// A snapshot that shows private pools: the calls that route its requests and the
+    /// inferred `empty_cache` entries, as the held reader places them.
+    routed: Option<Arc<PoolPlan>>,
 }
 
 /// What the first pass keeps of one list of entries.
@@ -127,6 +144,10 @@ struct Tally {
     past_end: bool,
     /// The segment operations, with their indexes.
     segment_ops: Vec<(u64, RecordedEntry)>,
+    /// The private pools entries name (`pool_id`, PyTorch 2.15 on), in the order they
+    /// first come.
+    entry_pools: Vec<PoolId>,
+    pools_seen: HashMap<PoolId, ()>,
 }
 
 /// What the first free of a block live at the first entry says of it.
@@ -162,8 +183,11 @@ impl Tally {
     /// and for a trace that starts mid-run, the blocks live at its start, as undoing
     /// the trace from its end finds them (`crate::start`): a block whose first entry is
     /// a free.
-    fn entry(&mut self, index: u64, e: RecordedEntry) {
+    fn entry(&mut self, index: u64, e: RecordedEntry, pool: Option<schema::PoolId>) {
         self.len = index + 1;
+        if let Some(p) = pool {
+            self.pool(PoolId(p.0, p.1));
+        }
         self.counts[slot(e.action)] += 1;
         self.past_end |= e.addr.checked_add(e.size).is_none();
         if e.action.is_segment_op() {
@@ -231,6 +255,14 @@ impl Tally {
         }
     }
 
+    /// An entry of a private pool.
+    #[cold]
+    fn pool(&mut self, pool: PoolId) {
+        if self.pools_seen.insert(pool, ()).is_none() {
+            self.entry_pools.push(pool);
+        }
+    }
+
     fn count(&self, a: Action) -> u64 {
         self.counts[slot(a)]
     }
@@ -284,7 +316,7 @@ pub fn plan_stream_with(
         shared.borrow_mut().push(Tally::default());
         let tallies = Rc::clone(&shared);
         let at = serial as usize;
-        Box::new(move |index, entry, _| tallies.borrow_mut()[at].entry(index, entry))
+        Box::new(move |index, entry, pool| tallies.borrow_mut()[at].entry(index, entry, pool))
     });
     let root = pickle::read_value_streaming(std::io::BufReader::new(file), limits, factory)
         .map_err(|_| WholeTrace::Problem)?;
@@ -324,9 +356,6 @@ pub fn plan_stream_with(
     {
         return Err(WholeTrace::NotReplayable);
     }
-    if !store.pools.is_empty() || segments.iter().any(|s| s.pool_id != (0, 0)) {
-        return Err(WholeTrace::PrivatePools);
-    }
     // `leaves_listed_segments`.
     let leaves_listed = segments.is_empty() || {
         let listed: HashMap<u64, u64> = segments
@@ -350,6 +379,22 @@ pub fn plan_stream_with(
         Some(rebuild(&tally, &segments)?)
     };
     let allocs = tally.count(Action::Alloc) + tally.count(Action::Oom);
+    // Private pools: a pass of its own over the file routes the requests as the held
+    // reader does (`pools::PoolStream`).
+    let every_entry = store.pool_ids == tally.len;
+    let pools = PoolStream::new(
+        &tally.entry_pools,
+        every_entry,
+        &segments,
+        &tally.segment_ops,
+        super::gc_possible(&info),
+        allocs,
+    );
+    let routed = if pools.shows_pools() {
+        Some(Arc::new(pool_pass(path, serial, limits, tally.len, pools)?))
+    } else {
+        None
+    };
     let (source_indexes, entries): (Vec<u64>, Vec<RecordedEntry>) =
         tally.segment_ops.into_iter().unzip();
     Ok(StreamPlan {
@@ -359,6 +404,10 @@ pub fn plan_stream_with(
             meta: TraceMeta {
                 format: Some(Format::TorchPickle),
                 alloc_conf,
+                caveats: routed
+                    .as_ref()
+                    .map(|r| r.caveats.clone())
+                    .unwrap_or_default(),
                 ..TraceMeta::default()
             },
             entries,
@@ -371,7 +420,46 @@ pub fn plan_stream_with(
         serial,
         limits,
         start,
+        routed,
     })
+}
+
+/// The pass over the file that routes a snapshot's requests to its private pools
+/// (`pools::PoolStream`), before the events are made.
+fn pool_pass(
+    path: &Path,
+    serial: u32,
+    limits: Limits,
+    expected: u64,
+    pools: PoolStream,
+) -> Result<PoolPlan, WholeTrace> {
+    let file = std::fs::File::open(path).map_err(|_| WholeTrace::Changed)?;
+    let limits = Limits {
+        skip_segments: true,
+        ..limits
+    };
+    let shared = Rc::new(RefCell::new(Some(pools)));
+    let sink = Rc::clone(&shared);
+    let factory: SinkFactory = Box::new(move |s| -> EntrySink {
+        if s == serial {
+            let pools = Rc::clone(&sink);
+            Box::new(move |index, entry, pool| {
+                if let Some(p) = pools.borrow_mut().as_mut() {
+                    p.entry(index, &entry, pool.map(|p| PoolId(p.0, p.1)));
+                }
+            })
+        } else {
+            Box::new(|_, _, _| {})
+        }
+    });
+    let root = pickle::read_value_streaming(std::io::BufReader::new(file), limits, factory);
+    let read = matches!(root, Ok(Value::Dict(_)));
+    drop(root);
+    let pools = shared.borrow_mut().take().ok_or(WholeTrace::Changed)?;
+    if !read || pools.failed || pools.entries() != expected {
+        return Err(WholeTrace::Changed);
+    }
+    Ok(pools.finish())
 }
 
 /// The state at the first entry of a trace that starts mid-run, as
@@ -384,7 +472,12 @@ pub fn plan_stream_with(
 /// no block in a segment allocated or pages mapped right after) are the second pass's,
 /// forward from this state ([`Verify`]), which ends where the final segments do.
 fn rebuild(tally: &Tally, segments: &[RecordedSegment]) -> Result<MidRun, WholeTrace> {
-    if tally.broken || tally.past_end || past_the_end(segments).is_some() {
+    // The held path does not rebuild private pools' segments (`rebuild_start` says so).
+    if tally.broken
+        || tally.past_end
+        || past_the_end(segments).is_some()
+        || segments.iter().any(|s| s.pool_id != (0, 0))
+    {
         return Err(WholeTrace::StartsMidRun);
     }
     let mut state = Undo::at_end(segments);
@@ -550,12 +643,22 @@ impl StreamPlan {
 
     /// The trace without its events, for reports: name, path, metadata, locations
     /// counted in entries of the file, and the state at its first entry
-    /// ([`StreamPlan::start`]).
+    /// ([`StreamPlan::start`]). Of the events it holds only, for a snapshot with
+    /// private pools, the first call that names each pool, in the trace's order, so
+    /// that [`Trace::pools`] names them as it does on the whole trace.
     pub fn shell(&self) -> Trace {
+        let mut events: Vec<Event> = Vec::new();
+        for (_, e) in self.routed.iter().flat_map(|r| &r.calls) {
+            if e.pool()
+                .is_some_and(|p| !events.iter().any(|k| k.pool() == Some(p)))
+            {
+                events.push(e.clone());
+            }
+        }
         Trace {
             name: self.run.name.clone(),
             path: Some(self.run.path.clone()),
-            events: Vec::new(),
+            events,
             locations: Vec::new(),
             location_kind: LocationKind::Entry,
             meta: self.run.meta.clone(),
@@ -585,9 +688,10 @@ impl StreamPlan {
         };
         let (serial, expected) = (self.serial, self.entries);
         let start = self.start.clone();
+        let routed = self.routed.clone();
         let handle = std::thread::Builder::new()
             .name("snapshot-reader".into())
-            .spawn(move || second_pass(&path, serial, limits, expected, start, tx))
+            .spawn(move || second_pass(&path, serial, limits, expected, start, routed, tx))
             .ok();
         StreamEvents {
             rx,
@@ -665,6 +769,8 @@ struct Events {
     entries: u64,
     /// The checks of a trace that starts mid-run.
     verify: Option<Verify>,
+    /// A snapshot with private pools: its calls and inferred `empty_cache` entries.
+    splice: Option<Splice>,
     /// The entries do not make a trace (the file changed since the first pass).
     failed: bool,
     /// The receiver is gone (the replay stopped): nothing more is sent.
@@ -703,6 +809,10 @@ impl Events {
                 return;
             }
         }
+        if let Some(splice) = self.splice.take() {
+            self.spliced(index, e, splice);
+            return;
+        }
         if let Some((at, addr, id)) = self.pending.take() {
             if !(e.action == Action::FreeCompleted && e.addr == addr) {
                 self.push(Event::FreeRequested { id }, at);
@@ -735,6 +845,12 @@ impl Events {
                 }
             }
         }
+        self.event(index, e);
+    }
+
+    /// The events of entry `index` itself (`to_trace`'s).
+    #[inline]
+    fn event(&mut self, index: u64, e: RecordedEntry) {
         match e.action {
             Action::Alloc | Action::Oom => {
                 let id = AllocId(self.next_id);
@@ -765,16 +881,60 @@ impl Events {
         }
     }
 
+    /// Entry `index` of a snapshot with private pools: the inferred `empty_cache`
+    /// entries are the pool pass's, and the calls go in after the entries they name,
+    /// counted with those (as `to_trace` pushes them).
+    fn spliced(&mut self, index: u64, e: RecordedEntry, mut splice: Splice) {
+        if let Some((at, addr, id)) = self.pending.take() {
+            if !(e.action == Action::FreeCompleted && e.addr == addr) {
+                self.push(Event::FreeRequested { id }, at);
+            }
+        }
+        if splice.plan.points.get(splice.next_point) == Some(&index) {
+            let position = index + splice.next_point as u64;
+            self.calls_through(&mut splice, position);
+            self.push(Event::EmptyCache, index);
+            splice.next_point += 1;
+        }
+        let position = index + splice.next_point as u64;
+        self.calls_through(&mut splice, position);
+        self.splice = Some(splice);
+        self.event(index, e);
+    }
+
+    /// The calls placed before the entry at `position` (counted with the inferred
+    /// `empty_cache` entries).
+    fn calls_through(&mut self, splice: &mut Splice, position: u64) {
+        while let Some((at, event)) = splice.plan.calls.get(splice.next_call) {
+            if at.map_or(0, |a| a + 1) > position {
+                break;
+            }
+            let location = pools::source_of(&splice.plan.points, at.unwrap_or(0));
+            self.push(event.clone(), location);
+            splice.next_call += 1;
+        }
+    }
+
     /// After the last entry: the `free_requested` and the run of releases still open.
     fn end(&mut self) {
         if let Some((at, _, id)) = self.pending.take() {
             self.push(Event::FreeRequested { id }, at);
+        }
+        if let Some(mut splice) = self.splice.take() {
+            self.calls_through(&mut splice, u64::MAX);
         }
         if let Some((start, _)) = self.run.take() {
             self.push(Event::EmptyCache, start);
         }
         self.send();
     }
+}
+
+/// Where the second pass of a snapshot with private pools is in its [`PoolPlan`].
+struct Splice {
+    plan: Arc<PoolPlan>,
+    next_call: usize,
+    next_point: usize,
 }
 
 /// The reading thread of [`StreamPlan::events`].
@@ -784,6 +944,7 @@ fn second_pass(
     limits: Limits,
     expected: u64,
     start: Option<MidRun>,
+    routed: Option<Arc<PoolPlan>>,
     tx: SyncSender<Vec<(Event, u64)>>,
 ) -> Result<(), WholeTrace> {
     let file = std::fs::File::open(path).map_err(|_| WholeTrace::Changed)?;
@@ -809,6 +970,11 @@ fn second_pass(
         run: None,
         entries: 0,
         verify,
+        splice: routed.map(|plan| Splice {
+            plan,
+            next_call: 0,
+            next_point: 0,
+        }),
         failed: false,
         stopped: false,
     }));
@@ -1044,5 +1210,284 @@ mod tests {
             (Fc, S),
         ];
         assert_eq!(streams(vec![segment(S, &[])], &twice), None);
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use serde_pickle::{HashableValue, Value as P};
+
+    use super::*;
+
+    const SEG: i64 = 2 << 20;
+    const BASE: i64 = 0x7f00_0000_0000;
+
+    fn dict(pairs: Vec<(&str, P)>) -> P {
+        P::Dict(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (HashableValue::String(k.into()), v))
+                .collect(),
+        )
+    }
+
+    fn pool(p: (i64, i64)) -> P {
+        P::Tuple(vec![P::I64(p.0), P::I64(p.1)])
+    }
+
+    struct Seg {
+        addr: i64,
+        pool: (i64, i64),
+        /// Block offsets: free, live, or live with its free requested.
+        blocks: [u8; 8],
+    }
+
+    /// A random trace of four pools (the default ones, two graphs' and a MemPool's)
+    /// from an empty allocator: segments allocated and given back at reused
+    /// addresses (one at a time or in runs, followed or not by a malloc's segment, an
+    /// `oom` or a `snapshot` entry), blocks allocated and freed at once or after
+    /// waiting for other streams, on three streams. `mode` 0: every entry carries its
+    /// `pool_id` (2.15); 1: none does (2.11: by address); 2: only the private pools'
+    /// entries do. Some of the pools' segments are given back at the end.
+    fn pool_trace(seed: u64, mode: u8) -> P {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let pools = [(0, 0), (1, 0), (0, 1), (2, 0)];
+        let mut segs: Vec<Seg> = Vec::new();
+        let mut entries: Vec<P> = Vec::new();
+        let mut time = 0;
+        let mut push = |entries: &mut Vec<P>,
+                        action: &str,
+                        addr: i64,
+                        size: i64,
+                        stream: i64,
+                        p: (i64, i64)| {
+            time += 1;
+            let mut items = vec![
+                ("action", P::String(action.into())),
+                (
+                    if action == "oom" {
+                        "device_free"
+                    } else {
+                        "addr"
+                    },
+                    P::I64(addr),
+                ),
+                ("size", P::I64(size)),
+                ("stream", P::I64(stream)),
+                ("time_us", P::I64(time)),
+            ];
+            if mode == 0 || (mode == 2 && p != (0, 0)) {
+                items.push(("pool_id", pool(p)));
+            }
+            entries.push(dict(items));
+        };
+        let n = rng.gen_range(20..160);
+        let pick_pool = |rng: &mut ChaCha8Rng| pools[rng.gen_range(0..4usize)];
+        for _ in 0..n {
+            let r = rng.gen_range(0..100);
+            if r < 12 {
+                let used: Vec<i64> = segs.iter().map(|s| s.addr).collect();
+                let free: Vec<i64> = (0..6)
+                    .map(|k| BASE + k * SEG)
+                    .filter(|a| !used.contains(a))
+                    .collect();
+                if let Some(&addr) = free.get(rng.gen_range(0..free.len().max(1))) {
+                    let p = pick_pool(&mut rng);
+                    push(&mut entries, "segment_alloc", addr, SEG, 0, p);
+                    segs.push(Seg {
+                        addr,
+                        pool: p,
+                        blocks: [0; 8],
+                    });
+                }
+            } else if r < 22 {
+                // A run of releases of empty segments, then what may follow.
+                let empty: Vec<usize> = (0..segs.len())
+                    .filter(|&i| segs[i].blocks.iter().all(|&b| b == 0))
+                    .collect();
+                let take = rng.gen_range(1..=3usize).min(empty.len());
+                for &i in empty.iter().rev().take(take) {
+                    let s = segs.remove(i);
+                    push(&mut entries, "segment_free", s.addr, SEG, 0, s.pool);
+                }
+                match rng.gen_range(0..4) {
+                    0 => push(&mut entries, "snapshot", 0, 0, 0, (0, 0)),
+                    1 => {
+                        let p = pick_pool(&mut rng);
+                        push(&mut entries, "oom", 1 << 20, 1 << 40, 0, p);
+                    }
+                    _ => {}
+                }
+            } else if r < 60 {
+                if segs.is_empty() {
+                    continue;
+                }
+                let i = rng.gen_range(0..segs.len());
+                if let Some(k) = segs[i].blocks.iter().position(|&b| b == 0) {
+                    segs[i].blocks[k] = 1;
+                    let (addr, p) = (segs[i].addr + 512 * k as i64, segs[i].pool);
+                    let stream = rng.gen_range(0..3);
+                    push(&mut entries, "alloc", addr, 512, stream, p);
+                }
+            } else if r < 92 {
+                let live: Vec<(usize, usize)> = (0..segs.len())
+                    .flat_map(|i| (0..8).map(move |k| (i, k)))
+                    .filter(|&(i, k)| segs[i].blocks[k] != 0)
+                    .collect();
+                if live.is_empty() {
+                    continue;
+                }
+                let (i, k) = live[rng.gen_range(0..live.len())];
+                let (addr, p) = (segs[i].addr + 512 * k as i64, segs[i].pool);
+                if segs[i].blocks[k] == 1 && rng.gen_range(0..4) == 0 {
+                    push(&mut entries, "free_requested", addr, 512, 0, p);
+                    segs[i].blocks[k] = 2;
+                } else {
+                    if segs[i].blocks[k] == 1 && rng.gen_bool(0.5) {
+                        push(&mut entries, "free_requested", addr, 512, 0, p);
+                    }
+                    push(&mut entries, "free_completed", addr, 512, 0, p);
+                    segs[i].blocks[k] = 0;
+                }
+            } else if r < 96 {
+                let p = pick_pool(&mut rng);
+                push(
+                    &mut entries,
+                    "oom",
+                    1 << 20,
+                    1 << 40,
+                    rng.gen_range(0..3),
+                    p,
+                );
+            } else {
+                push(&mut entries, "snapshot", 0, 0, 0, (0, 0));
+            }
+        }
+        // Everything freed; some segments given back.
+        for s in &mut segs {
+            for k in 0..8 {
+                if s.blocks[k] != 0 {
+                    let addr = s.addr + 512 * k as i64;
+                    push(&mut entries, "free_completed", addr, 512, 0, s.pool);
+                    s.blocks[k] = 0;
+                }
+            }
+        }
+        segs.retain(|s| {
+            let back = rng.gen_bool(0.3);
+            if back {
+                push(&mut entries, "segment_free", s.addr, SEG, 0, s.pool);
+            }
+            !back
+        });
+        let segments: Vec<P> = segs
+            .iter()
+            .map(|s| {
+                dict(vec![
+                    ("device", P::I64(0)),
+                    ("address", P::I64(s.addr)),
+                    ("total_size", P::I64(SEG)),
+                    ("allocated_size", P::I64(0)),
+                    ("stream", P::I64(0)),
+                    ("segment_type", P::String("large".into())),
+                    ("segment_pool_id", pool(s.pool)),
+                    ("is_expandable", P::Bool(false)),
+                    (
+                        "blocks",
+                        P::List(vec![dict(vec![
+                            ("address", P::I64(s.addr)),
+                            ("size", P::I64(SEG)),
+                            ("requested_size", P::I64(0)),
+                            ("state", P::String("inactive".into())),
+                        ])]),
+                    ),
+                ])
+            })
+            .collect();
+        let mut top = vec![
+            ("segments", P::List(segments)),
+            ("device_traces", P::List(vec![P::List(entries)])),
+        ];
+        if seed % 3 == 0 {
+            top.push((
+                "allocator_settings",
+                dict(vec![("garbage_collection_threshold", P::F64(0.0))]),
+            ));
+        }
+        dict(top)
+    }
+
+    /// Snapshots with private pools stream exactly as the held reader turns them into
+    /// a trace: the same events at the same entries (the pool windows, the kept uses
+    /// dropped, the pools' own `emptyCache`, the inferred `empty_cache` calls), the
+    /// same caveats and pools, on random traces of every kind of pool attribution
+    /// (by entry, by address, mixed), with and without garbage collection.
+    #[test]
+    fn private_pools_stream_as_held() {
+        let dir = std::env::temp_dir().join(format!("allocsim-pools-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (mut streamed, mut calls, mut caveats) = (0, 0, 0);
+        let (mut empty_caches, mut pool_caches) = (0, 0);
+        for seed in 0..600u64 {
+            let mode = (seed % 3) as u8;
+            let path = dir.join(format!("{seed}.pickle"));
+            let bytes = serde_pickle::value_to_vec(
+                &pool_trace(seed, mode),
+                serde_pickle::SerOptions::new(),
+            )
+            .unwrap();
+            std::fs::write(&path, bytes).unwrap();
+            let held = crate::read_snapshot_pickle(&path, 0).and_then(|r| r.to_trace());
+            let plan = plan_stream(&path, 0);
+            match (held, plan) {
+                (Ok(trace), Ok(plan)) => {
+                    let mut events = plan.events();
+                    let got: Vec<(Event, u64)> = events.by_ref().collect();
+                    events.finish().unwrap();
+                    let expected: Vec<(Event, u64)> = trace
+                        .events
+                        .iter()
+                        .cloned()
+                        .zip(trace.locations.clone())
+                        .collect();
+                    assert!(got == expected, "seed {seed}: {got:?}\n{expected:?}");
+                    let shell = plan.shell();
+                    assert_eq!(shell.meta, trace.meta, "seed {seed}");
+                    assert_eq!(shell.pools(), trace.pools(), "seed {seed}");
+                    streamed += 1;
+                    calls += trace.events.iter().filter(|e| e.pool().is_some()).count();
+                    for e in &trace.events {
+                        match e {
+                            Event::EmptyCache => empty_caches += 1,
+                            Event::EmptyPoolCache { .. } => pool_caches += 1,
+                            _ => {}
+                        }
+                    }
+                    caveats += trace.meta.caveats.len();
+                }
+                (Err(_), Ok(plan)) => {
+                    let mut events = plan.events();
+                    events.by_ref().for_each(drop);
+                    assert!(
+                        events.finish().is_err(),
+                        "seed {seed}: streamed what held refuses"
+                    );
+                }
+                (Ok(_), Err(why)) => panic!("seed {seed}: did not stream: {why:?}"),
+                (Err(_), Err(_)) => {}
+            }
+            std::fs::remove_file(&path).unwrap();
+        }
+        // Every rule had work to do.
+        assert!(
+            streamed > 500
+                && calls > 2000
+                && caveats > 300
+                && empty_caches > 300
+                && pool_caches > 50,
+            "{streamed} {calls} {caveats} {empty_caches} {pool_caches}"
+        );
     }
 }
