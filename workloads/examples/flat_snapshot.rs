@@ -4,7 +4,7 @@
 //! (`tools/flat_snapshot.py` writes the same bytes at about 100 k entries a second).
 //!
 //! ```sh
-//! cargo run --release -p workloads --example flat_snapshot -- N OUT.pickle [--wrapped]
+//! cargo run --release -p workloads --example flat_snapshot -- N OUT.pickle [--wrapped | --pools]
 //! ```
 //!
 //! Without `--wrapped`: the snapshot `tools/flat_snapshot.py N OUT` writes, byte for
@@ -22,8 +22,15 @@
 //! state rebuilt at its first entry. The run is simulated twice (the final segments
 //! come first in the file), the first time without writing.
 //!
-//! `docs/performance.md` ("Snapshots, late night") replays these to show memory flat
-//! in the file's length.
+//! With `--pools`: the run without `--wrapped`, with a private pool, as PyTorch 2.11
+//! records a CUDA graph's (no `pool_id` on entries: the pool is known by address from
+//! the final segments): a second 2 GiB segment, of pool `(1, 0)`, allocated after the
+//! first, and in one block of 64 steps out of 16 the allocations and frees are those of
+//! 512 more slots in it (a capture, each a run of the pool's requests); all freed at the
+//! end, both segments listed, free. Its replay routes each run to the pool.
+//!
+//! `docs/performance.md` ("Snapshots, late night", "Snapshots, early morning") replays
+//! these to show memory flat in the file's length.
 
 use std::io::{self, Write};
 
@@ -33,6 +40,11 @@ const SLOT: u64 = 4 << 20;
 const SLOTS: usize = 512;
 /// Entries of a `--wrapped` run that the ring buffer lost.
 const LOST: u64 = 20_000;
+/// The private pool's segment (`--pools`), right after the default one.
+const POOL_BASE: u64 = BASE + SEG;
+/// Steps in a block of `--pools` steps; the first of every [`PHASES`] is a capture's.
+const PHASE: u64 = 64;
+const PHASES: u64 = 16;
 
 /// The pickle, as `tools/flat_snapshot.py` writes it.
 struct Out<W: Write> {
@@ -118,14 +130,19 @@ struct Run {
     state: u64,
     slots: [Option<(u64, u64)>; SLOTS],
     wrapped: bool,
+    /// `--pools`: the private pool's slots, and the steps taken.
+    pool: Option<Box<[Option<(u64, u64)>; SLOTS]>>,
+    steps: u64,
 }
 
 impl Run {
-    fn new(wrapped: bool) -> Run {
+    fn new(wrapped: bool, pools: bool) -> Run {
         Run {
             state: 0x2545_F491_4F6C_DD1D,
             slots: [None; SLOTS],
             wrapped,
+            pool: pools.then(|| Box::new([None; SLOTS])),
+            steps: 0,
         }
     }
 
@@ -139,6 +156,23 @@ impl Run {
     /// The next step's entries (one, or a free's two), as `(action, addr, size)`.
     fn step(&mut self, mut entry: impl FnMut(&'static str, u64, u64)) {
         let i = (self.rnd() % SLOTS as u64) as usize;
+        let capture = self.steps / PHASE % PHASES == 0;
+        self.steps += 1;
+        if let Some(pool) = self.pool.as_mut().filter(|_| capture) {
+            match pool[i] {
+                None => {
+                    let size = 512 * (1 + self.state % 8192);
+                    let addr = POOL_BASE + i as u64 * SLOT;
+                    entry("alloc", addr, size);
+                    pool[i] = Some((addr, size));
+                }
+                Some((addr, size)) => {
+                    entry("free_completed", addr, size);
+                    pool[i] = None;
+                }
+            }
+            return;
+        }
         match self.slots[i] {
             None => {
                 let size = if self.wrapped {
@@ -221,26 +255,122 @@ impl Trace {
     }
 }
 
+/// Writes one segment of the final segments list (at `base`, of `pool`, with the
+/// blocks `live` live) as `tools/flat_snapshot.py` writes its one segment; its frames
+/// the empty list memoized at `empty`, or a new one. Returns that list's memo slot.
+fn segment<W: Write>(
+    p: &mut Out<W>,
+    base: u64,
+    pool: (u64, u64),
+    live: &[(u64, u64)],
+    empty: Option<u32>,
+) -> io::Result<u32> {
+    p.bytes(b"}")?;
+    p.memoize()?;
+    p.bytes(b"(")?;
+    let allocated: u64 = live.iter().map(|&(_, s)| s).sum();
+    for (k, v) in [
+        ("device", 0),
+        ("address", base),
+        ("total_size", SEG),
+        ("allocated_size", allocated),
+        ("active_size", allocated),
+        ("requested_size", allocated),
+        ("stream", 0),
+    ] {
+        p.key(k)?;
+        p.uint(v)?;
+    }
+    p.key("segment_type")?;
+    p.key("large")?;
+    p.key("segment_pool_id")?;
+    p.uint(pool.0)?;
+    p.uint(pool.1)?;
+    p.bytes(&[0x86])?;
+    p.memoize()?;
+    p.key("is_expandable")?;
+    p.bytes(&[0x89])?;
+    p.key("frames")?;
+    let empty = match empty {
+        Some(slot) => {
+            p.get(slot)?;
+            slot
+        }
+        None => {
+            p.bytes(b"]")?;
+            p.memoize()?
+        }
+    };
+    p.key("blocks")?;
+    p.bytes(b"]")?;
+    p.memoize()?;
+    p.bytes(b"(")?;
+    // The blocks tiling the segment: the live ones, the free gaps between them.
+    let mut blocks: Vec<(u64, u64, u64, &'static str)> = Vec::new();
+    let mut at = base;
+    for &(addr, size) in live {
+        if addr > at {
+            blocks.push((at, addr - at, 0, "inactive"));
+        }
+        blocks.push((addr, size, size, "active_allocated"));
+        at = addr + size;
+    }
+    if at < base + SEG {
+        blocks.push((at, base + SEG - at, 0, "inactive"));
+    }
+    for (addr, size, requested, state) in blocks {
+        p.bytes(b"}")?;
+        p.memoize()?;
+        p.bytes(b"(")?;
+        p.key("address")?;
+        p.uint(addr)?;
+        p.key("size")?;
+        p.uint(size)?;
+        p.key("requested_size")?;
+        p.uint(requested)?;
+        p.key("state")?;
+        p.key(state)?;
+        p.key("frames")?;
+        p.get(empty)?;
+        p.bytes(b"u")?;
+    }
+    p.bytes(b"eu")?;
+    Ok(empty)
+}
+
 fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let wrapped = args.iter().any(|a| a == "--wrapped");
-    let rest: Vec<&String> = args.iter().filter(|a| *a != "--wrapped").collect();
+    let pools = args.iter().any(|a| a == "--pools");
+    let rest: Vec<&String> = args
+        .iter()
+        .filter(|a| *a != "--wrapped" && *a != "--pools")
+        .collect();
     let (Some(n), Some(path), None) = (
         rest.first().and_then(|n| n.parse::<u64>().ok()),
         rest.get(1),
         rest.get(2),
     ) else {
-        eprintln!("usage: flat_snapshot N_ENTRIES OUT.pickle [--wrapped]");
+        eprintln!("usage: flat_snapshot N_ENTRIES OUT.pickle [--wrapped | --pools]");
         std::process::exit(2);
     };
-    if n < 2000 {
-        eprintln!("flat_snapshot: N_ENTRIES must be at least 2000");
+    if wrapped && pools {
+        // Its start state would hold a private pool's segment, which the replay does
+        // not rebuild.
+        eprintln!("flat_snapshot: --wrapped and --pools do not go together");
+        std::process::exit(2);
+    }
+    if n < 2000 || (pools && n < 4000) {
+        eprintln!(
+            "flat_snapshot: N_ENTRIES must be at least {}",
+            if pools { 4000 } else { 2000 }
+        );
         std::process::exit(2);
     }
     // The live blocks at the end of a wrapped run, by slot.
     let mut at_end = [None; SLOTS];
     if wrapped {
-        let mut run = Run::new(true);
+        let mut run = Run::new(true, false);
         let mut count = 1u64; // the segment's allocation
         while count < LOST + n {
             run.step(|_, _, _| count += 1);
@@ -261,69 +391,13 @@ fn main() -> io::Result<()> {
     p.key("segments")?;
     p.bytes(b"]")?;
     p.memoize()?;
-    p.bytes(b"(}")?;
-    p.memoize()?;
     p.bytes(b"(")?;
     let live: Vec<(u64, u64)> = at_end.iter().flatten().copied().collect();
-    let allocated: u64 = live.iter().map(|&(_, s)| s).sum();
-    for (k, v) in [
-        ("device", 0),
-        ("address", BASE),
-        ("total_size", SEG),
-        ("allocated_size", allocated),
-        ("active_size", allocated),
-        ("requested_size", allocated),
-        ("stream", 0),
-    ] {
-        p.key(k)?;
-        p.uint(v)?;
+    let empty = segment(&mut p, BASE, (0, 0), &live, None)?;
+    if pools {
+        segment(&mut p, POOL_BASE, (1, 0), &[], Some(empty))?;
     }
-    p.key("segment_type")?;
-    p.key("large")?;
-    p.key("segment_pool_id")?;
-    p.uint(0)?;
-    p.uint(0)?;
-    p.bytes(&[0x86])?;
-    p.memoize()?;
-    p.key("is_expandable")?;
-    p.bytes(&[0x89])?;
-    p.key("frames")?;
-    p.bytes(b"]")?;
-    let empty = p.memoize()?;
-    p.key("blocks")?;
-    p.bytes(b"]")?;
-    p.memoize()?;
-    p.bytes(b"(")?;
-    // The blocks tiling the segment: the live ones, the free gaps between them.
-    let mut blocks: Vec<(u64, u64, u64, &'static str)> = Vec::new();
-    let mut at = BASE;
-    for &(addr, size) in &live {
-        if addr > at {
-            blocks.push((at, addr - at, 0, "inactive"));
-        }
-        blocks.push((addr, size, size, "active_allocated"));
-        at = addr + size;
-    }
-    if at < BASE + SEG {
-        blocks.push((at, BASE + SEG - at, 0, "inactive"));
-    }
-    for (addr, size, requested, state) in blocks {
-        p.bytes(b"}")?;
-        p.memoize()?;
-        p.bytes(b"(")?;
-        p.key("address")?;
-        p.uint(addr)?;
-        p.key("size")?;
-        p.uint(size)?;
-        p.key("requested_size")?;
-        p.uint(requested)?;
-        p.key("state")?;
-        p.key(state)?;
-        p.key("frames")?;
-        p.get(empty)?;
-        p.bytes(b"u")?;
-    }
-    p.bytes(b"eue")?;
+    p.bytes(b"e")?;
     p.key("device_traces")?;
     p.bytes(b"]")?;
     p.memoize()?;
@@ -338,8 +412,15 @@ fn main() -> io::Result<()> {
         empty,
     };
     trace.entry(&mut p, "segment_alloc", BASE, SEG)?;
-    let mut run = Run::new(wrapped);
-    let end = if wrapped { n } else { n - 1100 };
+    if pools {
+        trace.entry(&mut p, "segment_alloc", POOL_BASE, SEG)?;
+    }
+    let mut run = Run::new(wrapped, pools);
+    let end = match (wrapped, pools) {
+        (true, _) => n,
+        (false, false) => n - 1100,
+        (false, true) => n - 1612,
+    };
     let mut result = Ok(());
     while trace.count < end && result.is_ok() {
         run.step(|action, addr, size| {
@@ -353,6 +434,13 @@ fn main() -> io::Result<()> {
         for i in 0..SLOTS {
             if let Some((addr, size)) = run.slots[i].take() {
                 trace.entry(&mut p, "free_completed", addr, size)?;
+            }
+        }
+        if let Some(pool) = run.pool.as_mut() {
+            for slot in pool.iter_mut() {
+                if let Some((addr, size)) = slot.take() {
+                    trace.entry(&mut p, "free_completed", addr, size)?;
+                }
             }
         }
     }
