@@ -125,13 +125,16 @@ impl<W: Write> Out<W> {
     }
 }
 
+/// Slots of live blocks (address, size), by slot index.
+type Slots = [Option<(u64, u64)>; SLOTS];
+
 /// The run: the random choices and the live blocks, entry by entry.
 struct Run {
     state: u64,
     slots: [Option<(u64, u64)>; SLOTS],
     wrapped: bool,
     /// `--pools`: the private pool's slots, and the steps taken.
-    pool: Option<Box<[Option<(u64, u64)>; SLOTS]>>,
+    pool: Option<Box<Slots>>,
     steps: u64,
 }
 
