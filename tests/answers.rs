@@ -556,13 +556,12 @@ fn yaml_carries_address_hints() {
 fn streamed_replay_prints_the_whole_trace_summary() {
     let dir = TempDir::new("streamed");
     let timeline = dir.path().join("t.csv");
-    for (policy, capacity) in [
-        ("caching", "80GiB"),
-        ("caching:expandable_segments=True", "80GiB"),
-        ("buddy", "80GiB"),
-        ("arena", "80GiB"),
-        ("caching", "1GiB"),
-    ] {
+    let every = policies::testing::every_policy();
+    let runs = every
+        .iter()
+        .map(|s| (s.label.as_str(), "80GiB"))
+        .chain([("caching", "1GiB")]);
+    for (policy, capacity) in runs {
         let args = |extra: &[&std::ffi::OsStr]| {
             let mut a: Vec<&std::ffi::OsStr> = vec![
                 "replay".as_ref(),

@@ -500,15 +500,17 @@ fn free_requested_traces_replay_and_convert() {
     );
 }
 
-/// `compare` writes exactly the documented header, then one row per trace and policy.
+/// `compare` writes exactly the documented header, then one row per trace and policy,
+/// every policy's, in input order.
 #[test]
 fn compare_header_and_rows() {
+    let every = policies::testing::every_policy();
     let o = allocsim([
         "compare",
         "examples/seed000.yaml",
         "examples/training_loop.yaml",
         "--policies",
-        "caching,immediate,buddy,arena",
+        &policies::testing::every_policy_list(),
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
@@ -518,13 +520,27 @@ fn compare_header_and_rows() {
         "trace,policy,capacity_bytes,events,requested_bytes_peak,allocated_bytes_peak,reserved_bytes_peak,utilization,oom_event_index,oom_requested_bytes"
     ));
     let rows: Vec<&str> = lines.collect();
-    assert_eq!(rows.len(), 8);
-    assert!(
-        rows[0].starts_with("seed000,caching,85899345920,"),
-        "{}",
-        rows[0]
-    );
-    assert!(rows[4].starts_with("training_loop,caching,"), "{}", rows[4]);
+    assert_eq!(rows.len(), 2 * every.len());
+    let mut at = rows.iter();
+    for trace in ["seed000", "training_loop"] {
+        for spec in &every {
+            let row = at.next().unwrap();
+            let want = csv_field(&spec.label);
+            assert!(
+                row.starts_with(&format!("{trace},{want},85899345920,")),
+                "{row}"
+            );
+        }
+    }
+}
+
+/// `text` as a CSV field: quoted where it holds a comma or a quote.
+fn csv_field(text: &str) -> String {
+    if text.contains([',', '"']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_string()
+    }
 }
 
 /// Several capacities give one row each, and the CSV is byte-identical run to run.

@@ -506,13 +506,8 @@ fn replay_numbers(args: &[&str]) -> Vec<String> {
 #[test]
 fn export_replays_to_the_same_numbers() {
     let dir = TempDir::new("export");
-    for policy in [
-        "caching",
-        "caching:expandable_segments=True",
-        "immediate",
-        "buddy",
-        "arena",
-    ] {
+    for spec in policies::testing::every_policy() {
+        let policy = spec.label.as_str();
         let out = dir
             .path()
             .join(format!("{}.pickle", policy.replace([':', '='], "_")));
@@ -706,13 +701,8 @@ fn exports_pass_the_viewer_walk() {
     };
     let dir = TempDir::new("export-viewer");
     let mut files = Vec::new();
-    for policy in [
-        "caching",
-        "caching:expandable_segments=True",
-        "immediate",
-        "buddy",
-        "arena",
-    ] {
+    for spec in policies::testing::every_policy() {
+        let policy = spec.label.as_str();
         for (i, extra) in [
             vec![],
             vec!["--from", "20", "--to", "45"],

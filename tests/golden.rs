@@ -16,8 +16,13 @@ fn rows(name: &str) -> Vec<Row> {
         .join("tests/data/traces")
         .join(format!("{name}.yaml"));
     let trace = workloads::read(&path, None).unwrap();
-    let specs =
-        parse_policy_list("caching,immediate,buddy,arena", &CachingDefaults::default()).unwrap();
+    // Every registered policy with its defaults: a new one fails here until its rows
+    // are in the expected CSVs (UPDATE_EXPECT=1).
+    let specs = parse_policy_list(
+        &policies::registry::known_names(","),
+        &CachingDefaults::default(),
+    )
+    .unwrap();
     let options = ReplayOptions {
         check_invariants: true,
         ..ReplayOptions::default()

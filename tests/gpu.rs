@@ -49,11 +49,7 @@ fn input(name: &str) -> CompareInput {
 fn golden_traces_on_the_gpu() {
     let Some(mut gpu) = gpu() else { return };
     let free_before = gpu.observed_free_bytes().unwrap();
-    let specs = parse_policy_list(
-        "caching,caching:expandable_segments=True,immediate,buddy,arena",
-        &CachingDefaults::default(),
-    )
-    .unwrap();
+    let specs = policies::testing::every_policy();
     let model = DeviceProfile::builtin("h100").unwrap().to_options();
     for name in [
         "seed000",

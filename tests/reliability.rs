@@ -99,11 +99,12 @@ fn damaged_recorded_addresses_exit_2() {
     let addr_end = addr_start + text[addr_start..].find(',').unwrap();
     let damaged = format!("{}1{}", &text[..addr_start], &text[addr_end..]);
     let path = dir.file("damaged.json", &damaged);
-    for args in [
-        vec!["replay", "--policy", "arena"],
-        vec!["replay", "--policy", "buddy"],
-        vec!["compare", "--policies", "caching,immediate"],
-    ] {
+    let every = policies::testing::every_policy();
+    let list = policies::testing::every_policy_list();
+    let replays = every
+        .iter()
+        .map(|s| vec!["replay", "--policy", s.label.as_str()]);
+    for args in replays.chain([vec!["compare", "--policies", list.as_str()]]) {
         let mut args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
         args.push(path.as_os_str());
         let o = allocsim(&args);
@@ -172,18 +173,14 @@ fn expandable_segments_on_absurd_devices() {
 use policies::{Allocation, Device, DeviceError, Policy, PolicyConfig, Request, StreamId};
 use sim::{FaultKind, FaultOp, FaultPlan, FaultyDevice, SimDevice};
 
-/// Every registered policy with its defaults, and the caching policy with expandable
-/// segments (the only user of virtual memory).
+/// Every policy of the tests' one list (`policies::testing::every_policy`): each
+/// registered policy with its defaults, and the caching policy with expandable segments
+/// (the only user of virtual memory).
 fn every_policy() -> Vec<(String, PolicyConfig)> {
-    let mut out: Vec<(String, PolicyConfig)> = PolicyConfig::defaults()
+    policies::testing::every_policy()
         .into_iter()
-        .map(|c| (c.kind_name().to_string(), c))
-        .collect();
-    let spec =
-        policies::spec::parse_policy("caching:expandable_segments=True", &Default::default())
-            .unwrap();
-    out.push((spec.label, spec.config));
-    out
+        .map(|s| (s.label, s.config))
+        .collect()
 }
 
 /// One step of a hand-driven workload.

@@ -1262,14 +1262,7 @@ fn scenario_name_without_nul() {
 fn replay_every_policy_with_faults(trace: &workloads::Trace) -> Vec<u32> {
     let mut dev = open();
     let mut codes = Vec::new();
-    for spec in [
-        "caching",
-        "caching:expandable_segments=True",
-        "immediate",
-        "buddy",
-        "arena",
-    ] {
-        let spec = policies::spec::parse_policy(spec, &Default::default()).unwrap();
+    for spec in policies::testing::every_policy() {
         for _ in 0..4 {
             let mut policy = spec.config.build().unwrap();
             let options = sim::ReplayOptions {

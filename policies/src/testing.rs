@@ -1,7 +1,8 @@
 //! Test doubles for policies: a device that never has memory, one whose driver fails,
 //! and one with a simple, exact capacity and virtual memory; checks shared by the
 //! policies' unit tests and the conformance suite. Enough to unit-test a policy without
-//! `sim`.
+//! `sim`. And [`every_policy`], the one list of what a test of "every policy" runs,
+//! derived from the registry.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +12,43 @@ use crate::device::{
 };
 use crate::page_table::PageTable;
 use crate::policy::{Allocation, Policy};
+use crate::registry::POLICIES;
+use crate::spec::{parse_policy, PolicySpec};
+
+/// Settings that take a registered policy down a code path of its own, so that every
+/// test of every policy runs them as one more policy: `(policy, settings)`. The caching
+/// policy's expandable segments are the only user of virtual memory.
+const VARIANTS: &[(&str, &str)] = &[("caching", "expandable_segments=True")];
+
+/// What a test of "every policy" runs, in [`POLICIES`] order: each registered policy
+/// with its defaults (labelled by its name), each followed by its variants of
+/// [`VARIANTS`] (`caching:expandable_segments=True`). A policy added to the registry is
+/// in it, so every such test covers it; a test that needs one policy names it instead.
+pub fn every_policy() -> Vec<PolicySpec> {
+    let mut out = Vec::new();
+    for entry in POLICIES {
+        out.push(PolicySpec {
+            label: entry.name.to_string(),
+            config: entry.default_config(),
+        });
+        for (_, settings) in VARIANTS.iter().filter(|(name, _)| *name == entry.name) {
+            let text = format!("{}:{settings}", entry.name);
+            let spec = parse_policy(&text, &Default::default())
+                .unwrap_or_else(|e| panic!("testing::VARIANTS: {text}: {e}"));
+            out.push(spec);
+        }
+    }
+    out
+}
+
+/// The labels of [`every_policy`], comma-separated: a `--policies` value.
+pub fn every_policy_list() -> String {
+    every_policy()
+        .iter()
+        .map(|s| s.label.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
 
 /// A device with no memory at all: every allocation is out of memory.
 #[derive(Debug, Default)]
@@ -434,6 +472,29 @@ pub fn check_stitching(device: &mut dyn Device) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The list of every policy holds each registered policy by its name, in the
+    /// registry's order, and each variant after its policy; each label parses back to
+    /// its configuration.
+    #[test]
+    fn every_policy_follows_the_registry() {
+        let specs = every_policy();
+        let names: Vec<&str> = specs.iter().map(|s| s.config.kind_name()).collect();
+        let mut registered: Vec<&str> = POLICIES.iter().map(|e| e.name).collect();
+        for (name, _) in VARIANTS {
+            let at = registered.iter().position(|n| n == name).unwrap() + 1;
+            registered.insert(at, name);
+        }
+        assert_eq!(names, registered);
+        for s in &specs {
+            assert_eq!(parse_policy(&s.label, &Default::default()).unwrap(), *s);
+        }
+        assert!(
+            every_policy_list().starts_with("caching,caching:expandable_segments=True,"),
+            "{}",
+            every_policy_list()
+        );
+    }
 
     /// Stitching is expressible on the test device.
     #[test]

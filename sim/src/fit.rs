@@ -567,19 +567,20 @@ mod tests {
                 }
             }
             let t = Trace::new("t", events);
-            for spec in [
-                "caching",
-                "caching:garbage_collection_threshold=0.6,memory_fraction=0.8",
-                "caching:expandable_segments=True",
-                "immediate",
-                "buddy",
-                "arena",
-            ] {
+            let mut specs = policies::testing::every_policy();
+            specs.push(
+                policies::spec::parse_policy(
+                    "caching:garbage_collection_threshold=0.6,memory_fraction=0.8",
+                    &Default::default(),
+                )
+                .unwrap(),
+            );
+            for spec in &specs {
                 let at = |speculate| {
                     fit(
                         &t,
                         &AddressHints::default(),
-                        &config(spec),
+                        &spec.config,
                         &SimDeviceOptions::default(),
                         &ReplayOptions::default(),
                         &FitOptions {
@@ -591,7 +592,7 @@ mod tests {
                 };
                 let one = at(0);
                 for speculate in [1, 2, 3, 5] {
-                    assert_eq!(at(speculate), one, "{spec}, speculate {speculate}");
+                    assert_eq!(at(speculate), one, "{}, speculate {speculate}", spec.label);
                 }
             }
         }

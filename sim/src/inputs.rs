@@ -672,15 +672,9 @@ mod tests {
             &SimDeviceOptions::default(),
         )
         .unwrap();
-        for policy in [
-            "caching",
-            "caching:expandable_segments=True",
-            "immediate",
-            "buddy",
-            "arena",
-        ] {
+        for spec in policies::testing::every_policy() {
+            let policy = spec.label.as_str();
             for capacity in [80 << 30, 2 << 30] {
-                let spec = policies::spec::parse_policy(policy, &Default::default()).unwrap();
                 let mut p = spec.config.build().unwrap();
                 let mut d =
                     crate::SimDevice::new(SimDeviceOptions::default().with_capacity(capacity));

@@ -1222,20 +1222,14 @@ mod tests {
             ..workloads::RandomOptions::default()
         })
         .unwrap();
-        for policy in [
-            "caching",
-            "caching:expandable_segments=True",
-            "immediate",
-            "buddy",
-            "arena",
-        ] {
+        for spec in policies::testing::every_policy() {
+            let policy = &spec.label;
             for capacity in [80 * GIB, 2 * GIB] {
                 let options = ReplayOptions {
                     continue_after_oom: true,
                     ..ReplayOptions::default()
                 };
                 let run = |observer: &mut dyn FnMut(&mut dyn Policy, &mut SimDevice) -> Replay| {
-                    let spec = policies::spec::parse_policy(policy, &Default::default()).unwrap();
                     let mut p = spec.config.build().unwrap();
                     let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(capacity));
                     observer(p.as_mut(), &mut d)

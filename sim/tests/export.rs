@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 
-use policies::caching::CachingDefaults;
 use policies::PolicyConfig;
 use sim::inputs::{LoadOptions, TraceSource};
 use sim::{
@@ -40,17 +39,19 @@ const TRACES: &[&str] = &[
 /// Every registered policy with its defaults, and the caching policy with expandable
 /// segments.
 fn policies() -> Vec<PolicyConfig> {
-    let mut out = PolicyConfig::defaults();
-    out.extend(
-        policies::spec::parse_policy_list(
-            "caching:expandable_segments=True",
-            &CachingDefaults::default(),
-        )
-        .unwrap()
+    policies::testing::every_policy()
         .into_iter()
-        .map(|s| s.config),
-    );
-    out
+        .map(|s| s.config)
+        .collect()
+}
+
+/// The caching policy with its defaults, and with expandable segments.
+fn caching_and_expandable() -> [PolicyConfig; 2] {
+    ["caching", "caching:expandable_segments=True"].map(|s| {
+        policies::spec::parse_policy(s, &Default::default())
+            .unwrap()
+            .config
+    })
 }
 
 fn load(path: &Path) -> (Trace, AddressHints) {
@@ -216,8 +217,8 @@ fn export_then_replay_gives_the_same_result() {
 /// state the full run had after the window's last event, with the same segments.
 #[test]
 fn a_window_replays_as_a_mid_run_snapshot() {
-    let caching = &policies()[0];
-    let expandable = policies().pop().unwrap();
+    let [caching, expandable] = caching_and_expandable();
+    let caching = &caching;
     let mut checked = 0;
     for name in [
         "examples/training_loop.yaml",
@@ -253,8 +254,8 @@ fn a_window_replays_as_a_mid_run_snapshot() {
 /// decision) finds every export exact, with and without expandable segments.
 #[test]
 fn caching_exports_are_exact_under_fidelity() {
-    let configs = policies();
-    let caching = [&configs[0], configs.last().unwrap()];
+    let configs = caching_and_expandable();
+    let caching = [&configs[0], &configs[1]];
     for name in TRACES {
         let (trace, hints) = load(&root().join(name));
         for config in caching {
@@ -287,7 +288,7 @@ fn caching_exports_are_exact_under_fidelity() {
 /// than the simulated device's spacing, and the second range moved 20 MiB up).
 #[test]
 fn expandable_exports_keep_both_ranges_on_the_h100() {
-    let config = policies().pop().unwrap();
+    let [_, config] = caching_and_expandable();
     let device = sim::DeviceProfile::builtin("h100").unwrap().to_options();
     let mut two_ranges = 0;
     for name in TRACES {

@@ -208,8 +208,13 @@ fn other_policies_allocate_the_live_blocks_first() {
             },
         ],
     );
-    for spec in ["immediate", "buddy", "arena"] {
-        let config = policies::spec::parse_policy_list(spec, &Default::default()).unwrap();
+    // Every policy but the caching one, the only one that adopts a state.
+    let others = policies::testing::every_policy()
+        .into_iter()
+        .filter(|s| s.config.kind_name() != "caching");
+    for policy_spec in others {
+        let spec = policy_spec.label.as_str();
+        let config = [policy_spec.clone()];
         let mut policy = config[0].config.build().unwrap();
         let mut device = sim::SimDevice::new(sim::SimDeviceOptions::default());
         let r = sim::replay(&trace, policy.as_mut(), &mut device, &checked())

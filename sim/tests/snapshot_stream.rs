@@ -8,7 +8,6 @@
 
 use std::path::{Path, PathBuf};
 
-use policies::caching::CachingDefaults;
 use policies::PolicyConfig;
 use sim::inputs::{load, LoadOptions, SnapshotStream, TraceSource};
 use sim::{replay_with, ReplayOptions, SimDevice, SimDeviceOptions};
@@ -37,17 +36,10 @@ fn pickles(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn policies() -> Vec<PolicyConfig> {
-    let mut out = PolicyConfig::defaults();
-    out.extend(
-        policies::spec::parse_policy_list(
-            "caching:expandable_segments=True",
-            &CachingDefaults::default(),
-        )
-        .unwrap()
+    policies::testing::every_policy()
         .into_iter()
-        .map(|s| s.config),
-    );
-    out
+        .map(|s| s.config)
+        .collect()
 }
 
 /// Compares the two paths on `path`; returns whether it streamed, and the
