@@ -482,13 +482,8 @@ where
 
 /// [`replay_checked`] from the allocator state `start` (a trace that starts mid-run,
 /// whose live blocks the check sees live from the first event, as
-/// [`workloads::validate()`] does) or an empty one.
-///
-/// # Errors
-/// As [`replay`] (in the result; the check's answer comes either way).
-///
-/// # Panics
-/// As [`replay`].
+/// [`workloads::validate()`] does) or an empty one (`None`: [`replay_checked`] is
+/// this); errors and panics as [`replay_checked`].
 #[inline]
 pub fn replay_checked_from<O, E, I>(
     start: Option<&StartState>,
