@@ -162,7 +162,9 @@ pub enum Command {
     Export(ExportArgs),
     /// Measure replay speed: events per second of each policy on each trace (one
     /// core, the thread's CPU time; a warm-up run, then the median and spread of
-    /// several), on two generated traces when none is given.
+    /// several), on two generated traces when none is given. Everything runs on one
+    /// thread: a trace is read, its runs are timed one after another, it is freed, then
+    /// the next is read, so no timed run overlaps a load or another replay.
     Bench(BenchArgs),
 }
 

@@ -52,23 +52,8 @@ pub fn load_trace(
     })
 }
 
-/// Reads and validates every trace, as inputs of `sim::compare` on `model`, each named
-/// for reports by `sim::inputs::report_names` (file stems, unique).
-pub fn load_inputs(
-    paths: &[std::path::PathBuf],
-    input: &InputArgs,
-    model: &SimDeviceOptions,
-) -> anyhow::Result<Vec<CompareInput>> {
-    let sources: Vec<TraceSource> = paths.iter().cloned().map(TraceSource::File).collect();
-    Ok(sim::inputs::load_all(
-        &sources,
-        &load_options(input),
-        model,
-    )?)
-}
-
-/// The traces of a batch (`compare`, `fit`), for [`sim::compare::load_and_run`], which
-/// loads them on every core while their jobs run: each named for reports by
+/// The traces of a batch (`compare`, `fit`, `bench`, `validate`), for
+/// [`sim::compare::load_and_run`], which loads them while their jobs run: each named for reports by
 /// `sim::inputs::report_names` (file stems, unique), loaded through `sim::inputs::load`
 /// (the one loader), counted on the progress bar as it is read.
 pub struct Batch<'a> {
@@ -90,6 +75,16 @@ impl<'a> Batch<'a> {
         bar: &'a indicatif::ProgressBar,
     ) -> Batch<'a> {
         let sources: Vec<TraceSource> = paths.iter().cloned().map(TraceSource::File).collect();
+        Batch::of_sources(sources, input, model, bar)
+    }
+
+    /// The batch of `sources`, files or generated traces (`bench`'s defaults).
+    pub fn of_sources(
+        sources: Vec<TraceSource>,
+        input: &InputArgs,
+        model: &'a SimDeviceOptions,
+        bar: &'a indicatif::ProgressBar,
+    ) -> Batch<'a> {
         Batch {
             names: sim::inputs::report_names(&sources),
             sources,

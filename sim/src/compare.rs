@@ -206,9 +206,12 @@ pub struct Ran<T, R> {
 /// when it starts: a load while any remains (loads are short beside the jobs, and a
 /// thread that replays while another loads ran slower on 2 cores), else the costliest
 /// waiting job (longest first: the long jobs do not start last and finish alone). A
-/// thread whose load ends while others still load starts a job at once. Without
-/// `keep`, a source is freed on the thread that ends its last job, while others still
-/// run: freeing gigabytes of traces after the batch was a serial tail
+/// thread whose load ends while others still load starts a job at once. In a pool of
+/// one thread, where no load can run beside a job, a waiting job comes before a load:
+/// a source is loaded, its jobs run, it is freed, then the next is loaded, so one
+/// source is held at a time (`allocsim bench` and `validate` run so, one step at a
+/// time). Without `keep`, a source is freed on the thread that ends its last job, while
+/// others still run: freeing gigabytes of traces after the batch was a serial tail
 /// (docs/performance.md, "compare on 16 cores").
 ///
 /// Results come back in input order whatever ran first. A load that fails stops jobs
@@ -281,7 +284,7 @@ where
                 s.ready.clear();
                 s.loads.retain(|&i| i < cut);
             }
-            let load_now = !s.loads.is_empty();
+            let load_now = !s.loads.is_empty() && (!ctx.alone || s.ready.is_empty());
             if load_now {
                 s.loads.pop().map(Step::Load)
             } else {
@@ -356,6 +359,8 @@ where
         results: &'s [Mutex<Option<R>>],
         work: &'s Work<'s, T, J, R, E>,
         keep: bool,
+        /// Whether the pool has one thread: a waiting job then comes before a load.
+        alone: bool,
     }
     impl<T, J, R, E> Ctx<'_, T, J, R, E> {
         fn lock(&self) -> std::sync::MutexGuard<'_, State<T, E>> {
@@ -369,6 +374,7 @@ where
         results: &results,
         work,
         keep,
+        alone: rayon::current_num_threads() == 1,
     };
     rayon::scope(|scope| {
         for _ in 0..load_count {
@@ -438,9 +444,7 @@ pub(crate) fn replay_policy<O: Observer + ?Sized>(
     })
 }
 
-/// Replays one (trace, policy, device) row: the replay, the explanation of its first
-/// out-of-memory with the remedies checked, its caveats, and its margin against the
-/// device's variation between processes.
+/// Replays one (trace, policy, device) row: the replay, then [`row_of`] it.
 pub fn run_one(
     input: &CompareInput,
     spec: &PolicySpec,
@@ -457,8 +461,30 @@ pub fn run_one(
         options,
         &mut watch,
     )?;
-    let mut explanation = watch.explanation;
-    if let Some(e) = &mut explanation {
+    row_of(input, spec, device, options, &r, watch.explanation, true)
+}
+
+/// The row of `replay`, a replay of `input` under `spec` on `device`: the explanation of
+/// its first out-of-memory (`explanation`, an [`crate::OomWatch`]'s of that replay),
+/// with the remedies checked (by replaying) where `check_remedies`; its caveats; and
+/// its margin against the device's variation between processes (replays within that
+/// band where the device has a spread). [`run_one`] is a replay and this; the Python
+/// package's `replay` watches its replay with a timeline too, then asks this.
+///
+/// # Errors
+/// A replay of the remedies or of the margin that failed for a reason other than
+/// running out of memory.
+pub fn row_of(
+    input: &CompareInput,
+    spec: &PolicySpec,
+    device: &SimDeviceOptions,
+    options: &ReplayOptions,
+    replay: &Replay,
+    explanation: Option<crate::explain::OomExplanation>,
+    check_remedies: bool,
+) -> Result<Row, CompareError> {
+    let mut explanation = explanation;
+    if let (Some(e), true) = (&mut explanation, check_remedies) {
         crate::explain::check_remedies(
             e,
             &input.trace,
@@ -468,7 +494,7 @@ pub fn run_one(
             options,
         )?;
     }
-    let caveats = crate::caveats(&input.trace, &spec.config, &r);
+    let caveats = crate::caveats(&input.trace, &spec.config, replay);
     // Replays the band's capacities only where the device has a spread.
     let margin = crate::boundary::margin(
         &input.trace,
@@ -476,7 +502,7 @@ pub fn run_one(
         &spec.config,
         device,
         options,
-        r.oom.is_none(),
+        replay.oom.is_none(),
     )?;
     Ok(Row {
         explanation,
@@ -487,9 +513,9 @@ pub fn run_one(
         capacity_bytes: device.capacity_bytes,
         total_bytes: device.total_bytes,
         events: input.trace.events.len() as u64,
-        summary: r.summary,
-        oom: r.oom,
-        live_allocation_count: r.live_allocation_count,
+        summary: replay.summary,
+        oom: replay.oom.clone(),
+        live_allocation_count: replay.live_allocation_count,
     })
 }
 
@@ -656,8 +682,11 @@ mod tests {
         let jobs: Vec<(usize, usize)> = vec![(3, 0), (0, 1), (3, 2), (1, 0), (0, 7), (3, 1)];
         let want: Vec<usize> = jobs.iter().map(|&(s, k)| s * 100 + k).collect();
         for threads in [1, 2, 4] {
-            let (results, _, loaded, kept) = batch(threads, &jobs, false);
+            let (results, most, loaded, kept) = batch(threads, &jobs, false);
             assert_eq!(results, want);
+            if threads == 1 {
+                assert_eq!(most, 1, "one thread holds one source at a time");
+            }
             assert_eq!(loaded, vec![0, 1, 3]);
             assert_eq!(kept, vec![None; 5]);
             let (results, _, _, kept) = batch(threads, &jobs, true);
@@ -666,9 +695,10 @@ mod tests {
         }
     }
 
-    /// A source is freed once its last job ends, while other jobs still run: on one
-    /// thread, with the jobs of the last source costliest (run first), each job sees
-    /// its own source and those not yet done live (all of them with `keep`).
+    /// A source is freed once its last job ends, before the next is loaded on one
+    /// thread: each job sees its own source alone live (with `keep`, every source
+    /// loaded so far: the sources load in input order, their sizes being equal), though
+    /// the jobs of the last source are the costliest.
     #[test]
     fn load_and_run_frees_each_source_after_its_last_job() {
         use std::sync::atomic::{AtomicUsize, Ordering};
@@ -699,7 +729,7 @@ mod tests {
                 .unwrap();
             let want: Vec<usize> = jobs
                 .iter()
-                .map(|&(s, _)| if keep { 5 } else { s + 1 })
+                .map(|&(s, _)| if keep { s + 1 } else { 1 })
                 .collect();
             assert_eq!(ran.results, want, "keep {keep}");
             drop(ran);

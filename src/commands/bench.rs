@@ -1,9 +1,14 @@
 //! `allocsim bench`: how fast each policy replays each trace, in events per second of
 //! the replaying thread's CPU time (steadier than the wall clock on a shared machine):
 //! one warm-up run, then `--runs` timed ones (each repeating the replay until it
-//! lasts at least 0.2 s), their median and spread. Traces are read
-//! and checked once, before any timing; what is timed is the replay alone (the engine,
-//! the policy, the simulated device). Without traces, two generated ones.
+//! lasts at least 0.2 s), their median and spread. What is timed is the replay alone
+//! (the engine, the policy, the simulated device). Without traces, two generated ones.
+//!
+//! Measurement comes first: everything runs on one thread, through the batch pool
+//! (`sim::compare::load_and_run` on one thread): a trace is read and checked, its
+//! (trace, policy) jobs are timed one after another, it is freed, then the next trace
+//! is read. No timed run overlaps a load or another replay of this process, and one
+//! trace is held at a time.
 
 use std::io::Write as _;
 
@@ -96,63 +101,145 @@ impl Measured {
     }
 }
 
+/// A trace of the batch, read, with its policies under its own settings (`None` when
+/// they do not parse: the error is kept apart).
+struct Loaded {
+    input: sim::CompareInput,
+    specs: Option<Vec<policies::spec::PolicySpec>>,
+}
+
+/// Times `spec` replaying `input`: one warm-up run, then `runs` timed ones, each
+/// repeating the replay until it lasts at least [`MIN_RUN_SECONDS`].
+fn measure(
+    input: &sim::CompareInput,
+    spec: &policies::spec::PolicySpec,
+    setup: &load::DeviceSetup,
+    clock: &Clock,
+    runs: usize,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<Measured> {
+    let replay = || -> anyhow::Result<()> {
+        let mut policy = spec.config.build()?;
+        let mut device =
+            SimDevice::with_hints(setup.options.clone(), input.hints.for_policy(&spec.config));
+        let r = sim::replay(&input.trace, policy.as_mut(), &mut device, &setup.replay)
+            .with_context(|| format!("replaying {} under {}", input.trace.name, spec.label))?;
+        std::hint::black_box(r);
+        Ok(())
+    };
+    // The warm-up run (caches, the allocator) is not counted; its wall time says how
+    // many replays make one timed run of at least MIN_RUN_SECONDS, so that the CPU
+    // clock's granularity (a scheduler tick) stays small against it.
+    let t = std::time::Instant::now();
+    replay()?;
+    let warm = t.elapsed().as_secs_f64();
+    let repeat = (MIN_RUN_SECONDS / warm.max(1e-9)).ceil().clamp(1.0, 1e6) as u32;
+    bar.inc(1);
+    let mut seconds = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = clock.now();
+        for _ in 0..repeat {
+            replay()?;
+        }
+        seconds.push((clock.now() - t) / f64::from(repeat));
+        bar.inc(1);
+    }
+    seconds.sort_by(f64::total_cmp);
+    Ok(Measured {
+        trace: input.trace.name.clone(),
+        events: input.trace.events.len() as u64,
+        policy: spec.label.clone(),
+        seconds,
+    })
+}
+
 pub fn run(args: BenchArgs) -> anyhow::Result<Exit> {
     let setup = load::device_setup(&args.device)?;
-    load::policies(&args.policies, &setup.caching)?;
+    // Flags are checked before any trace is read.
+    let per_trace = load::policies(&args.policies, &setup.caching)?.len();
     let sources: Vec<TraceSource> = if args.traces.is_empty() {
         default_sources()
     } else {
         args.traces.iter().cloned().map(TraceSource::File).collect()
     };
-    let inputs = sim::inputs::load_all(&sources, &load::load_options(&args.input), &setup.options)?;
-    let mut jobs = Vec::new();
-    for input in &inputs {
-        let settings = load::settings(&input.trace.meta, &args.device);
-        for spec in load::policies(&args.policies, &settings.caching)? {
-            jobs.push((input, spec));
-        }
-    }
     let clock = Clock::new();
     let runs = args.runs as usize;
-    let bar = crate::progress::jobs_bar((jobs.len() * (runs + 1)) as u64);
+    let bar = crate::progress::jobs_bar((sources.len() * per_trace * (runs + 1)) as u64);
     let _in_order = interrupt::in_order();
-    let mut measured = Vec::with_capacity(jobs.len());
-    for (input, spec) in &jobs {
-        let replay = || -> anyhow::Result<()> {
-            let mut policy = spec.config.build()?;
-            let mut device =
-                SimDevice::with_hints(setup.options.clone(), input.hints.for_policy(&spec.config));
-            let r = sim::replay(&input.trace, policy.as_mut(), &mut device, &setup.replay)
-                .with_context(|| format!("replaying {} under {}", input.trace.name, spec.label))?;
-            std::hint::black_box(r);
-            Ok(())
-        };
-        // The warm-up run (caches, the allocator) is not counted; its wall time says
-        // how many replays make one timed run of at least MIN_RUN_SECONDS, so that the
-        // CPU clock's granularity (a scheduler tick) stays small against it.
-        let t = std::time::Instant::now();
-        replay()?;
-        let warm = t.elapsed().as_secs_f64();
-        let repeat = (MIN_RUN_SECONDS / warm.max(1e-9)).ceil().clamp(1.0, 1e6) as u32;
-        bar.inc(1);
-        let mut seconds = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            let t = clock.now();
-            for _ in 0..repeat {
-                replay()?;
+    let count = sources.len();
+    let batch = load::Batch::of_sources(sources, &args.input, &setup.options, &bar);
+    // Each trace's policies under its own recorded settings (or why they do not
+    // parse), kept apart from the trace, which goes once its last job ends.
+    let errors: Vec<std::sync::Mutex<Option<anyhow::Error>>> =
+        (0..count).map(|_| Default::default()).collect();
+    let load = |i: usize| -> anyhow::Result<Loaded> {
+        let input = batch.load(i)?;
+        let settings = load::settings(&input.trace.meta, &args.device);
+        let specs = match load::policies(&args.policies, &settings.caching) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                *errors[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                None
             }
-            seconds.push((clock.now() - t) / f64::from(repeat));
-            bar.inc(1);
+        };
+        Ok(Loaded { input, specs })
+    };
+    // Every (trace, policy), in the rows' order; each runs once its trace is read.
+    let jobs: Vec<(usize, (usize, usize))> = (0..count)
+        .flat_map(|t| (0..per_trace).map(move |p| (t, (t, p))))
+        .collect();
+    // After a failed replay, or a trace whose policies do not parse, the jobs after it
+    // in input order are not measured: the error is the first in input order, as when
+    // they ran one after another.
+    let failed = std::sync::atomic::AtomicUsize::new(usize::MAX);
+    let job_index = |t: usize, p: usize| t * per_trace + p;
+    let cost = |_: &(usize, usize), _: &Loaded| 0.0;
+    let run = |&(t, p): &(usize, usize), l: &Loaded| -> Option<anyhow::Result<Measured>> {
+        let spec = &l.specs.as_ref()?[p];
+        let k = job_index(t, p);
+        let refused = |e: &std::sync::Mutex<Option<anyhow::Error>>| {
+            e.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        };
+        if failed.load(std::sync::atomic::Ordering::Relaxed) < k || errors[..t].iter().any(refused)
+        {
+            return None;
         }
-        seconds.sort_by(f64::total_cmp);
-        measured.push(Measured {
-            trace: input.trace.name.clone(),
-            events: input.trace.events.len() as u64,
-            policy: spec.label.clone(),
-            seconds,
-        });
-    }
+        let measured = measure(&l.input, spec, &setup, &clock, runs, &bar);
+        if measured.is_err() {
+            failed.fetch_min(k, std::sync::atomic::Ordering::Relaxed);
+        }
+        Some(measured)
+    };
+    let work = sim::compare::Work {
+        load: &load,
+        cost: &cost,
+        run: &run,
+    };
+    // One thread: a trace is read, its jobs timed one after another with nothing else
+    // running, and it is freed before the next is read (`load_and_run` on one thread),
+    // so no timed run shares the machine with a load or another replay of this
+    // process, and one trace is held at a time. Equal sizes: the traces in input
+    // order.
+    let sizes = vec![0; count];
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .context("starting the benchmark's thread")?;
+    let ran = pool.install(|| sim::compare::load_and_run(&sizes, &jobs, &work, false));
     bar.finish_and_clear();
+    let ran = ran?;
+    // The first trace whose policies do not parse, then the first failed replay, in
+    // input order.
+    for error in errors {
+        if let Some(e) = error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(e);
+        }
+    }
+    // A job not measured (after a failed one) comes after that one's error.
+    let mut measured = Vec::with_capacity(jobs.len());
+    for result in ran.results.into_iter().flatten() {
+        measured.push(result?);
+    }
     let clock_name = if clock.cpu {
         "CPU time of the replaying thread"
     } else {

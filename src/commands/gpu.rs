@@ -2,6 +2,7 @@
 
 use std::io::Write as _;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
 use gpu_backend::{CudaDevice, ProbeReport};
@@ -215,6 +216,43 @@ fn placement_comments(p: &gpu_backend::PlacementProbe, chunk: u64) -> String {
     text
 }
 
+/// The GPU `validate` runs on and the model its predictions use.
+struct Gpu {
+    device: CudaDevice,
+    model: sim::SimDeviceOptions,
+}
+
+thread_local! {
+    /// `validate`'s GPU, opened by the first run on the GPU's thread (a `CudaDevice`
+    /// stays on the thread that opened it), taken and closed there at the end.
+    static GPU: std::cell::RefCell<Option<Gpu>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Opens the GPU `args` names, with the model predictions use on it: the flags' model
+/// `model` when they name a profile, else the GPU's own measured profile when there is
+/// one (its driver's reserve of free memory decides the capacity near the limit), else
+/// the H100's, with a note saying so.
+fn open_gpu(
+    args: &ValidateArgs,
+    model: &sim::SimDeviceOptions,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<Gpu> {
+    let device = CudaDevice::open(args.gpu)?;
+    let mut model = model.clone();
+    if args.device.gpu_profile.is_none() {
+        match DeviceProfile::measured_for_gpu(&device.info().name) {
+            Some(profile) => model = profile.to_options(),
+            None => bar.suspend(|| {
+                eprintln!(
+                    "note: predicting with the built-in H100 model on a {}; `allocsim probe -o p.yaml` and --gpu-profile p.yaml model this GPU",
+                    device.info().name
+                )
+            }),
+        }
+    }
+    Ok(Gpu { device, model })
+}
+
 pub fn validate(args: ValidateArgs) -> anyhow::Result<Exit> {
     let mut inputs: Vec<&Path> = args.traces.iter().map(|p| p.as_path()).collect();
     inputs.extend(load::profile_file(&args.device));
@@ -243,44 +281,89 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<Exit> {
             .to_options();
     }
     let specs = load::policies(&args.policies, &setup.caching)?;
-    let inputs = load::load_inputs(&args.traces, &args.input, &setup.options)?;
-    // Ctrl-C stops the replay at the next event; everything allocated is then freed.
-    let in_order = interrupt::in_order();
-    let mut gpu = CudaDevice::open(args.gpu)?;
-    if args.device.gpu_profile.is_none() {
-        // The GPU's own measured profile when there is one (its driver's reserve of free
-        // memory decides the capacity near the limit), else the H100's.
-        match DeviceProfile::measured_for_gpu(&gpu.info().name) {
-            Some(profile) => setup.options = profile.to_options(),
-            None => eprintln!(
-                "note: predicting with the built-in H100 model on a {}; `allocsim probe -o p.yaml` and --gpu-profile p.yaml model this GPU",
-                gpu.info().name
-            ),
-        }
-    }
     let capacities: Vec<Option<u64>> = match args.device.capacity.as_slice() {
         [] => vec![None],
         list => list.iter().map(|&c| Some(c)).collect(),
     };
-    let mut rows = Vec::new();
-    for input in &inputs {
-        for spec in &specs {
-            for &capacity in &capacities {
-                let v = gpu_backend::validate_one(
-                    &mut gpu,
-                    input,
-                    spec,
-                    capacity,
-                    &setup.options,
-                    Some(interrupt::flag()),
-                )?;
-                eprintln!("{}", sim::validation::summary_line(&v));
-                rows.push(v);
+    // Every (trace, policy, capacity), in the rows' order: `jobs` names each by its
+    // index in `runs`.
+    let runs: Vec<(usize, usize, usize)> = (0..args.traces.len())
+        .flat_map(|t| {
+            let capacities = capacities.len();
+            (0..specs.len()).flat_map(move |p| (0..capacities).map(move |c| (t, p, c)))
+        })
+        .collect();
+    let jobs: Vec<(usize, usize)> = runs.iter().enumerate().map(|(k, r)| (r.0, k)).collect();
+    let bar = crate::progress::jobs_bar(jobs.len() as u64);
+    // Ctrl-C stops the replay at the next event, and loading before the next trace;
+    // everything allocated is then freed.
+    let in_order = interrupt::in_order();
+    // The traces are read for the model the flags name (a recorded run's addresses
+    // become hints for it), before the GPU's own profile replaces it for predictions.
+    let batch = load::Batch::new(&args.traces, &args.input, &setup.options, &bar);
+    let load = |i: usize| batch.load(i);
+    // After a failure (the GPU does not open, a run fails), the jobs after it in input
+    // order do not run: the error is the first in input order, as when they ran one
+    // after another. A failed load comes first, whichever failed first in time.
+    let failed = AtomicUsize::new(usize::MAX);
+    let cost = |_: &usize, _: &sim::CompareInput| 0.0;
+    let run = |&k: &usize, input: &sim::CompareInput| {
+        let (_, p, c) = runs[k];
+        if failed.load(Ordering::Relaxed) < k {
+            return None;
+        }
+        let v = GPU.with(|cell| -> anyhow::Result<sim::validation::Validation> {
+            let mut cell = cell.borrow_mut();
+            if cell.is_none() {
+                *cell = Some(open_gpu(&args, &setup.options, &bar)?);
+            }
+            let gpu = cell.as_mut().expect("opened");
+            Ok(gpu_backend::validate_one(
+                &mut gpu.device,
+                input,
+                &specs[p],
+                capacities[c],
+                &gpu.model,
+                Some(interrupt::flag()),
+            )?)
+        });
+        match &v {
+            Ok(v) => bar.suspend(|| eprintln!("{}", sim::validation::summary_line(v))),
+            Err(_) => {
+                failed.fetch_min(k, Ordering::Relaxed);
             }
         }
-    }
-    drop(gpu);
+        bar.inc(1);
+        Some(v)
+    };
+    let work = sim::compare::Work {
+        load: &load,
+        cost: &cost,
+        run: &run,
+    };
+    // One thread, the GPU's (a `CudaDevice` stays on the thread that opened it): a
+    // trace is read, its runs go to the GPU one after another, it is freed, then the
+    // next is read (`load_and_run` on one thread). Equal sizes: in input order, as the
+    // rows.
+    let sizes = vec![0; args.traces.len()];
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .context("starting the GPU's thread")?;
+    let ran = pool.install(|| sim::compare::load_and_run(&sizes, &jobs, &work, false));
+    // The GPU is closed on its thread, everything it allocated freed.
+    let model = pool.install(|| GPU.with(|cell| cell.borrow_mut().take().map(|g| g.model)));
+    drop(pool);
     drop(in_order);
+    bar.finish_and_clear();
+    let mut rows = Vec::with_capacity(jobs.len());
+    for v in ran?.results.into_iter().flatten() {
+        rows.push(v?);
+    }
+    // The model predictions ran with (the GPU's own profile, or the flags').
+    if let Some(model) = model {
+        setup.options = model;
+    }
     let mut out = output::create(args.output.as_deref())?;
     sim::validation::write_validation_csv(&rows, &mut out).context("writing the CSV")?;
     out.finish()?;
