@@ -260,40 +260,53 @@ impl<'a> Source<'a> {
     }
 }
 
-/// Loads every trace (validated, with a recorded run's addresses as hints), named for
-/// reports as the command line names them (`sim::inputs::report_names`).
-fn load_all(
-    sources: &[Source<'_>],
-    options: &LoadOptions,
-    model: &SimDeviceOptions,
-) -> Result<Vec<(CompareInput, Option<RecordedRun>)>, LoadError> {
-    let names = sim::inputs::report_names(
+/// Each trace's name in reports, as the command line names them
+/// (`sim::inputs::report_names`).
+fn report_names(sources: &[Source<'_>]) -> Vec<String> {
+    sim::inputs::report_names(
         &sources
             .iter()
             .map(|s| TraceSource::File(s.as_path()))
             .collect::<Vec<_>>(),
-    );
-    let mut out = Vec::with_capacity(sources.len());
-    for (source, name) in sources.iter().zip(names) {
-        let (mut input, run) = match source {
-            Source::File(p) => {
-                sim::inputs::load_with_run(&TraceSource::File(p.clone()), options, model)?
-            }
-            Source::Pickle { name, data } => {
-                let run = workloads::snapshot::read_snapshot_pickle_from(
-                    Cursor::new(data),
-                    Path::new(name),
-                    options.snapshot_device,
-                )
-                .map_err(LoadError::Read)?;
-                let (input, run) = sim::inputs::load_recorded(run, options, model)?;
-                (input, Some(run))
-            }
-        };
-        input.trace.name = name;
-        out.push((input, run));
-    }
-    Ok(out)
+    )
+}
+
+/// Loads one trace (validated, with a recorded run's addresses as hints), named `name`.
+fn load_one(
+    source: &Source<'_>,
+    name: &str,
+    options: &LoadOptions,
+    model: &SimDeviceOptions,
+) -> Result<(CompareInput, Option<RecordedRun>), LoadError> {
+    let (mut input, run) = match source {
+        Source::File(p) => {
+            sim::inputs::load_with_run(&TraceSource::File(p.clone()), options, model)?
+        }
+        Source::Pickle { name, data } => {
+            let run = workloads::snapshot::read_snapshot_pickle_from(
+                Cursor::new(data),
+                Path::new(name),
+                options.snapshot_device,
+            )
+            .map_err(LoadError::Read)?;
+            let (input, run) = sim::inputs::load_recorded(run, options, model)?;
+            (input, Some(run))
+        }
+    };
+    input.trace.name = name.to_string();
+    Ok((input, run))
+}
+
+/// Each source's expected load (a file's bytes, a snapshot's), so that the batch pool
+/// reads the biggest first.
+fn sizes(sources: &[Source<'_>]) -> Vec<u64> {
+    sources
+        .iter()
+        .map(|s| match s {
+            Source::File(p) => std::fs::metadata(p).map_or(0, |m| m.len()),
+            Source::Pickle { data, .. } => data.len() as u64,
+        })
+        .collect()
 }
 
 /// The traces of a list, each kept (`items`) for the sources that borrow from it.
@@ -488,14 +501,9 @@ fn replay<'py>(
     }
     let device = devices.into_iter().next().expect("one device");
     let replay_options = o.replay();
-    let loaded = work(py, || {
-        load_all(std::slice::from_ref(&source), &load, &device)
-    })?;
-    let (input, _run) = loaded
-        .map_err(trace_err)?
-        .into_iter()
-        .next()
-        .expect("one trace");
+    let name = report_names(std::slice::from_ref(&source)).remove(0);
+    let (input, _run) =
+        work(py, || load_one(&source, &name, &load, &device))?.map_err(trace_err)?;
     let (specs, note) = o.specs(&input.trace.meta)?;
     let [spec] = specs.as_slice() else {
         return Err(config_err(
@@ -518,44 +526,21 @@ fn replay<'py>(
         )
         .map_err(|e| format!("{}: {e}", input.trace.name))?;
         let (timeline, watch) = observer;
-        let mut why = watch.explanation;
-        if let (Some(e), true) = (&mut why, explain) {
-            sim::explain::check_remedies(
-                e,
-                &input.trace,
-                &input.hints,
-                &spec.config,
-                &device,
-                &replay_options,
-            )
-            .map_err(|e| e.to_string())?;
-        }
-        let caveats = sim::caveats(&input.trace, &spec.config, &r);
-        let margin = sim::boundary::margin(
-            &input.trace,
-            &input.hints,
-            &spec.config,
+        // The row as `compare` makes it (`sim::compare::row_of`), the remedies of an
+        // out-of-memory checked only with `explain`.
+        let row = sim::compare::row_of(
+            &input,
+            spec,
             &device,
             &replay_options,
-            r.oom.is_none(),
+            &r,
+            watch.explanation,
+            explain,
         )
         .map_err(|e| e.to_string())?;
-        Ok((r, why, caveats, margin, timeline.map(|t| t.samples)))
+        Ok((r, row, timeline.map(|t| t.samples)))
     })?;
-    let (r, why, caveats, margin, samples) = result.map_err(ReplayError::new_err)?;
-    let row = sim::Row {
-        trace: input.trace.name.clone(),
-        policy: spec.label.clone(),
-        capacity_bytes: device.capacity_bytes,
-        total_bytes: device.total_bytes,
-        events: input.trace.events.len() as u64,
-        summary: r.summary,
-        oom: r.oom.clone(),
-        live_allocation_count: r.live_allocation_count,
-        explanation: why,
-        caveats: caveats.clone(),
-        margin,
-    };
+    let (r, row, samples) = result.map_err(ReplayError::new_err)?;
     let oom = r.oom.as_ref();
     let answer = ReplayAnswer {
         record: sim::report::CompareRecord::from(&row),
@@ -578,7 +563,7 @@ fn replay<'py>(
         },
         skipped_events: r.skipped_event_count,
         explanation: row.explanation.as_ref().map(Explanation::of),
-        caveats: &caveats,
+        caveats: &row.caveats,
         timeline_op: samples.as_ref().map(|s| s.iter().map(|s| s.op).collect()),
         timeline_id: samples.as_ref().map(|s| s.iter().map(|s| s.id).collect()),
         timeline_bytes: samples
@@ -620,33 +605,84 @@ fn compare(
     let sources = sources(&items)?;
     let load = o.load()?;
     let (model, devices) = devices(&o)?;
-    let loaded = work(py, || load_all(&sources, &load, &model))?.map_err(trace_err)?;
-    let mut runs = Vec::with_capacity(loaded.len());
-    let mut notes = Vec::new();
-    for (input, _) in loaded {
-        let (specs, note) = o.specs(&input.trace.meta)?;
-        if let Some(note) = note {
-            notes.push((input.trace.name.clone(), note));
-        }
-        runs.push((input, specs));
-    }
+    let names = report_names(&sources);
     let replay = o.replay();
-    let rows = work(py, || -> Result<Vec<sim::Row>, sim::CompareError> {
-        let mut rows = Vec::new();
-        for (input, specs) in &runs {
-            rows.extend(sim::compare(
-                std::slice::from_ref(input),
-                specs,
-                &devices,
+    // Every (trace, policy, capacity) in one pool with the loads (as `allocsim
+    // compare`): a trace's jobs start once it is read, and it goes after its last job.
+    // Each trace's policies (under its recorded settings) and note are kept apart.
+    // Every trace has as many policies as the arguments name (recorded settings change
+    // their defaults, not their number); where they do not parse, every trace's fail.
+    let per_trace = o
+        .specs(&workloads::TraceMeta::default())
+        .map_or(1, |(specs, _)| specs.len());
+    let jobs: Vec<(usize, (usize, usize))> = (0..sources.len())
+        .flat_map(|t| {
+            let devices = devices.len();
+            (0..per_trace).flat_map(move |p| (0..devices).map(move |d| (t, (p, d))))
+        })
+        .collect();
+    let prepared: Vec<std::sync::Mutex<Option<PyResult<Option<String>>>>> =
+        sources.iter().map(|_| Default::default()).collect();
+    let ran = work(py, || {
+        let load = |i: usize| -> Result<Loaded, LoadError> {
+            let (input, _) = load_one(&sources[i], &names[i], &load, &model)?;
+            let (specs, note) = match o.specs(&input.trace.meta) {
+                Ok((specs, note)) => (Some(specs), Ok(note)),
+                Err(e) => (None, Err(e)),
+            };
+            *prepared[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(note);
+            Ok(Loaded { input, specs })
+        };
+        let cost = |&(p, _): &(usize, usize), l: &Loaded| {
+            l.specs
+                .as_ref()
+                .map_or(0.0, |s| sim::replay_cost(&l.input.trace, &s[p].config))
+        };
+        let run = |&(p, d): &(usize, usize), l: &Loaded| {
+            let specs = l.specs.as_ref()?;
+            Some(sim::compare::run_one(
+                &l.input,
+                &specs[p],
+                &devices[d],
                 &replay,
-            )?);
-        }
-        Ok(rows)
+            ))
+        };
+        let work = sim::compare::Work {
+            load: &load,
+            cost: &cost,
+            run: &run,
+        };
+        sim::compare::load_and_run(&sizes(&sources), &jobs, &work, false)
     })?
-    .map_err(|e| ReplayError::new_err(e.to_string()))?;
+    .map_err(trace_err)?;
+    // The notes in input order, up to the first trace whose policies do not parse.
+    let mut notes = Vec::new();
+    for (name, prepared) in names.iter().zip(prepared) {
+        let note = prepared
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .expect("every trace loaded")?;
+        if let Some(note) = note {
+            notes.push((name.clone(), note));
+        }
+    }
+    // The first failed replay in input order, whichever failed first in time.
+    let rows = ran
+        .results
+        .into_iter()
+        .map(|r| r.expect("every trace's policies parse"))
+        .collect::<Result<Vec<sim::Row>, sim::CompareError>>()
+        .map_err(|e| ReplayError::new_err(e.to_string()))?;
     let records: Vec<sim::report::CompareRecord<'_>> =
         rows.iter().map(sim::report::CompareRecord::from).collect();
     Ok((serde_json::to_string(&records).map_err(json_err)?, notes))
+}
+
+/// A trace of a batch, loaded, with its policies under its own settings (`None` where
+/// they do not parse: the error is kept apart).
+struct Loaded {
+    input: CompareInput,
+    specs: Option<Vec<PolicySpec>>,
 }
 
 /// The least memory each trace × policy runs in (`allocsim fit`): the fit CSV's rows as
@@ -680,24 +716,45 @@ fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<Str
             _ => gpus.push((name.clone(), profile(name, "gpus")?.to_options())),
         }
     }
-    let loaded = work(py, || load_all(&sources, &load, &model))?.map_err(trace_err)?;
-    // As `allocsim fit`: the policies under the arguments' settings.
-    let (specs, _) = o.specs(&workloads::TraceMeta::default())?;
+    let names = report_names(&sources);
+    // As `allocsim fit`: the policies under the arguments' settings; where they do not
+    // parse, the traces are still read first (a trace that does not read is the error).
+    let specs = o
+        .specs(&workloads::TraceMeta::default())
+        .map(|(specs, _)| specs);
+    let per_trace = specs.as_ref().map_or(1, Vec::len);
+    let jobs: Vec<(usize, usize)> = (0..sources.len())
+        .flat_map(|t| (0..per_trace).map(move |p| (t, p)))
+        .collect();
     let replay = o.replay();
-    let results = work(py, || -> Result<Vec<FitOn>, sim::CompareError> {
-        let mut out = Vec::new();
-        for (input, _) in &loaded {
-            for spec in &specs {
+    // Every (trace, policy) bisection in one pool with the loads (as `allocsim fit`).
+    let ran = work(py, || {
+        let load =
+            |i: usize| load_one(&sources[i], &names[i], &load, &model).map(|(input, _)| input);
+        let cost = |&p: &usize, input: &CompareInput| {
+            specs
+                .as_ref()
+                .map_or(0.0, |s| sim::replay_cost(&input.trace, &s[p].config))
+        };
+        // Fewer bisections than threads: each replays ahead on its share of them (the
+        // same fit).
+        let fit_options = sim::FitOptions {
+            speculate: sim::fit::speculation_for(jobs.len(), rayon::current_num_threads()),
+            ..sim::FitOptions::default()
+        };
+        let run = |&p: &usize, input: &CompareInput| -> Option<Result<FitOn, sim::CompareError>> {
+            let spec = &specs.as_ref().ok()?[p];
+            let fit = (|| {
                 let fit = sim::fit(
                     &input.trace,
                     &input.hints,
                     &spec.config,
                     &model,
                     &replay,
-                    &sim::FitOptions::default(),
+                    &fit_options,
                 )?;
-                // Each GPU: whether it fits, and whether that could change in
-                // another process (as `allocsim fit`).
+                // Each GPU: whether it fits, and whether that could change in another
+                // process (as `allocsim fit`).
                 let (t, h, c) = (&input.trace, &input.hints, &spec.config);
                 let on = gpus
                     .iter()
@@ -707,35 +764,44 @@ fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<Str
                         Ok((ok, m.is_marginal()))
                     })
                     .collect::<Result<Vec<(bool, bool)>, sim::CompareError>>()?;
-                out.push((fit, on));
-            }
-        }
-        Ok(out)
+                Ok((fit, on))
+            })();
+            Some(fit)
+        };
+        let work = sim::compare::Work {
+            load: &load,
+            cost: &cost,
+            run: &run,
+        };
+        sim::compare::load_and_run(&sizes(&sources), &jobs, &work, false)
     })?
-    .map_err(|e| ReplayError::new_err(e.to_string()))?;
+    .map_err(trace_err)?;
+    let specs = specs?;
+    // The first failed fit in input order, whichever failed first in time.
+    let results = ran
+        .results
+        .into_iter()
+        .map(|r| r.expect("the policies parse"))
+        .collect::<Result<Vec<FitOn>, sim::CompareError>>()
+        .map_err(|e| ReplayError::new_err(e.to_string()))?;
     let mut rows = Vec::new();
-    let mut i = 0;
-    for (input, _) in &loaded {
-        for spec in &specs {
-            let (fit, on) = &results[i];
-            i += 1;
-            let marginal: Vec<&str> = gpus
-                .iter()
-                .zip(on)
-                .filter(|(_, &(_, m))| m)
-                .map(|((n, _), _)| n.as_str())
-                .collect();
-            let record = sim::fit::FitRecord::of(&input.trace.name, &spec.label, fit)
-                .with_marginal_gpus(&marginal);
-            let mut row = match serde_json::to_value(&record).map_err(json_err)? {
-                serde_json::Value::Object(m) => m,
-                _ => unreachable!("a record is an object"),
-            };
-            for ((name, _), (fits, _)) in gpus.iter().zip(on) {
-                row.insert(name.clone(), serde_json::Value::Bool(*fits));
-            }
-            rows.push(row);
+    for (&(t, p), (fit, on)) in jobs.iter().zip(&results) {
+        let marginal: Vec<&str> = gpus
+            .iter()
+            .zip(on)
+            .filter(|(_, &(_, m))| m)
+            .map(|((n, _), _)| n.as_str())
+            .collect();
+        let record =
+            sim::fit::FitRecord::of(&names[t], &specs[p].label, fit).with_marginal_gpus(&marginal);
+        let mut row = match serde_json::to_value(&record).map_err(json_err)? {
+            serde_json::Value::Object(m) => m,
+            _ => unreachable!("a record is an object"),
+        };
+        for ((name, _), (fits, _)) in gpus.iter().zip(on) {
+            row.insert(name.clone(), serde_json::Value::Bool(*fits));
         }
+        rows.push(row);
     }
     let mut columns = sim::report::columns::<sim::fit::FitRecord<'_>>();
     columns.extend(gpus.iter().map(|(n, _)| n.clone()));
