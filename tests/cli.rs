@@ -1352,6 +1352,85 @@ fn why_it_ran_out() {
     );
 }
 
+/// With stderr not a terminal (a pipe here), every command that can run longer than a
+/// second and shows a bar or spinner on a terminal (`replay` reading a whole trace,
+/// explaining an out-of-memory and reading a snapshot's first pass, `compare`, `fit`,
+/// `sweep`, `bench`, `export`, `plot`, `fidelity`) writes none of it: no cursor codes,
+/// no carriage returns, no progress text.
+#[test]
+fn no_progress_from_long_commands_when_stderr_is_not_a_terminal() {
+    let dir = TempDir::new("cli-no-progress-long");
+    let out = |name: &str| dir.path().join(name).display().to_string();
+    let sweep = dir.file(
+        "s.yaml",
+        &format!(
+            "traces: [{}]\npolicies: [caching, buddy]\n",
+            root().join("examples/random_small.csv").display()
+        ),
+    );
+    let snapshot = "tests/data/torch/multistream.pickle";
+    let recorded = "tests/data/oracle/h100-torch2.11/seed002_retain.json";
+    let cases: Vec<Vec<String>> = vec![
+        vec![
+            "replay",
+            "examples/training_loop.yaml",
+            "--timeline",
+            &out("t.csv"),
+        ],
+        vec![
+            "replay",
+            "examples/training_loop.yaml",
+            "--capacity",
+            "300MiB",
+        ],
+        vec!["replay", snapshot],
+        vec![
+            "compare",
+            "examples/random_small.csv",
+            "examples/seed000.yaml",
+        ],
+        vec!["fit", "examples/random_small.csv", "--gpus", "h100"],
+        vec!["sweep", sweep.to_str().unwrap()],
+        vec![
+            "bench",
+            "examples/seed000.yaml",
+            "--policies",
+            "buddy",
+            "--runs",
+            "1",
+        ],
+        vec![
+            "export",
+            "examples/training_loop.yaml",
+            "-o",
+            &out("e.pickle"),
+        ],
+        vec!["export", snapshot, "-o", &out("s.pickle")],
+        vec!["plot", "examples/training_loop.yaml", "-o", &out("p.svg")],
+        vec!["fidelity", recorded],
+    ]
+    .into_iter()
+    .map(|a| a.into_iter().map(String::from).collect())
+    .collect();
+    for args in cases {
+        let o = allocsim(&args);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {e}");
+        assert!(!e.contains(['\u{1b}', '\r']), "{args:?}: {e:?}");
+        for progress in [
+            "replays",
+            "traces read",
+            "events replayed",
+            "reading ",
+            "replaying",
+            "writing ",
+            "generating",
+        ] {
+            assert!(!e.contains(progress), "{args:?}: {e:?}");
+        }
+    }
+}
+
 /// With stderr not a terminal (a pipe here), the commands that show a spinner or bar
 /// on a terminal (check, convert, diff, generate, replay, compare) write nothing to
 /// stderr but their own lines: no progress, no cursor codes.

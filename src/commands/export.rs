@@ -44,7 +44,9 @@ pub fn run(args: ExportArgs) -> anyhow::Result<Exit> {
     if setup.capacities.len() > 1 {
         bail!("--capacity: export takes one capacity; `allocsim compare` takes several");
     }
+    let stage = crate::progress::Stage::start(format!("reading {}", args.trace.display()));
     let (loaded, frames) = load_with_frames(&args, &setup.options)?;
+    drop(stage);
     let trace = &loaded.trace;
     let n = trace.events.len();
     for (flag, event) in [("--from", args.from), ("--to", args.to)] {
@@ -96,10 +98,12 @@ pub fn run(args: ExportArgs) -> anyhow::Result<Exit> {
         );
     }
     crate::commands::replay::warn_caveats(caveats.into_iter());
+    let stage = crate::progress::Stage::start(format!("writing {}", args.output.display()));
     let mut out = output::create(Some(&args.output))?;
     write_snapshot(&snapshot, encoding, &mut out)
         .with_context(|| format!("writing {}", args.output.display()))?;
     out.finish()?;
+    drop(stage);
     let window = match (args.from, args.to) {
         (None, None) => String::new(),
         _ => format!(

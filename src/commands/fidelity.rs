@@ -11,6 +11,7 @@ use workloads::size::format_size_human;
 use workloads::RecordedRun;
 
 use crate::flags::FidelityArgs;
+use crate::progress::Stage;
 use crate::Exit;
 
 pub fn run(args: FidelityArgs) -> anyhow::Result<Exit> {
@@ -42,14 +43,18 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<Exit> {
         .files
         .iter()
         .map(|path| {
+            let stage = Stage::start(format!("reading {}", path.display()));
             let run = read(path)?;
+            drop(stage);
             if let Some(note) = settings_note(&run, &args) {
                 eprintln!("{}: {note}", path.display());
             }
+            let stage = Stage::start(format!("replaying {}", path.display()));
             let report = match &requests {
                 Some(a) => fidelity_with_requests(&run, a, &options)?,
                 None => fidelity(&run, &options)?,
             };
+            drop(stage);
             crate::commands::replay::warn_caveats(
                 run.meta
                     .caveats

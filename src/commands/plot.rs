@@ -42,7 +42,10 @@ pub fn run(args: PlotArgs) -> anyhow::Result<Exit> {
     let loaded = args
         .traces
         .iter()
-        .map(|p| load::load_trace(p, &args.input, &setup.options))
+        .map(|p| {
+            let _stage = crate::progress::Stage::start(format!("reading {}", p.display()));
+            load::load_trace(p, &args.input, &setup.options)
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let bytes = match args.segments {
         None => {

@@ -11,7 +11,7 @@ use workloads::Trace;
 
 use crate::flags::ReplayArgs;
 use crate::output::{self, Kind, Planned};
-use crate::progress::EventSpinner;
+use crate::progress::{EventSpinner, Stage};
 use crate::{interrupt, load, Exit};
 
 pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
@@ -48,7 +48,9 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
             return Ok(exit);
         }
     }
+    let stage = Stage::start(format!("reading {}", args.trace.display()));
     let loaded = load::load_trace(&args.trace, &args.input, &setup.options)?;
+    drop(stage);
     let settings = load::settings(&loaded.trace.meta, &args.device);
     let specs = load::policies(std::slice::from_ref(&args.policy), &settings.caching)?;
     let [spec] = specs.as_slice() else {
@@ -82,6 +84,11 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     drop(spinner);
     let windows = windows.map(|w| w.finish(r.oom.as_ref().map(|o| o.event_index)));
     let mut why = watch.explanation;
+    // The remedies and the margin replay the trace again, and the stack of the
+    // out-of-memory reads a snapshot again.
+    let stage = (why.is_some() || setup.options.usable_spread_bytes > 0)
+        .then(|| Stage::start("replaying again for the explanation and the margin".to_string()))
+        .flatten();
     if let Some(e) = &mut why {
         sim::explain::check_remedies(
             e,
@@ -107,6 +114,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         Some(e) => frames_of(&args, &loaded.trace, e.event_index),
         None => Vec::new(),
     };
+    drop(stage);
     let label = policy_label(spec);
     let caveats = sim::caveats(&loaded.trace, &spec.config, &r);
     warn_caveats(caveats.iter().cloned());
@@ -213,7 +221,10 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
         return Ok(None);
     }
     let options = load::load_options(&args.input);
-    if let Some(stream) = sim::inputs::SnapshotStream::open(&args.trace, &options, &setup.options) {
+    let stage = Stage::start(format!("reading {} (first pass)", args.trace.display()));
+    let stream = sim::inputs::SnapshotStream::open(&args.trace, &options, &setup.options);
+    drop(stage);
+    if let Some(stream) = stream {
         return streamed_snapshot(args, setup, &stream, options.lenient);
     }
     let meta = workloads::TraceMeta::of_format(workloads::Format::Csv);
