@@ -245,8 +245,9 @@ where
     loads.sort_by(|&a, &b| sizes[a].cmp(&sizes[b]).then(b.cmp(&a)));
     struct State<T, E> {
         loads: Vec<usize>,
-        /// Waiting jobs: (cost, job index); the costliest, then the first, runs next.
-        ready: Vec<(f64, usize)>,
+        /// Waiting jobs; the costliest, then the first, runs next (a heap: a batch of
+        /// tens of thousands of jobs took quadratic time to pick them by a scan).
+        ready: std::collections::BinaryHeap<Waiting>,
         remaining: Vec<usize>,
         loaded: Vec<Option<Arc<T>>>,
         kept: Vec<Option<Arc<T>>>,
@@ -256,7 +257,7 @@ where
     let load_count = loads.len();
     let state = Mutex::new(State {
         loads,
-        ready: Vec::new(),
+        ready: std::collections::BinaryHeap::new(),
         remaining,
         loaded: (0..n).map(|_| None).collect(),
         kept: (0..n).map(|_| None).collect(),
@@ -289,14 +290,7 @@ where
                 s.loads.pop().map(Step::Load)
             } else {
                 // The costliest, ties to the first in input order.
-                let best = s
-                    .ready
-                    .iter()
-                    .enumerate()
-                    .max_by(|(_, a), (_, b)| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)))
-                    .map(|(at, _)| at);
-                best.map(|at| {
-                    let (_, k) = s.ready.swap_remove(at);
+                s.ready.pop().map(|Waiting(_, k)| {
                     let source = ctx.jobs[k].0;
                     let trace = Arc::clone(s.loaded[source].as_ref().expect("loaded"));
                     Step::Job(k, trace)
@@ -308,9 +302,9 @@ where
             Some(Step::Load(i)) => match (ctx.work.load)(i) {
                 Ok(trace) => {
                     let trace = Arc::new(trace);
-                    let costed: Vec<(f64, usize)> = ctx.by_source[i]
+                    let costed: Vec<Waiting> = ctx.by_source[i]
                         .iter()
-                        .map(|&k| ((ctx.work.cost)(&ctx.jobs[k].1, &trace), k))
+                        .map(|&k| Waiting((ctx.work.cost)(&ctx.jobs[k].1, &trace), k))
                         .collect();
                     let spawn = costed.len();
                     {
@@ -400,6 +394,30 @@ where
         .collect();
     Ok(Ran { results, sources })
 }
+
+/// A job of [`load_and_run`] waiting for a thread: its cost and its index. The
+/// greatest is the costliest, among equal costs the first in input order.
+struct Waiting(f64, usize);
+
+impl Ord for Waiting {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0).then(other.1.cmp(&self.1))
+    }
+}
+
+impl PartialOrd for Waiting {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Waiting {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Waiting {}
 
 /// A replay's expected cost, only to order jobs (longest first): the trace's events
 /// times the policy's relative cost per event, as `allocsim bench` measured it in the
@@ -672,6 +690,30 @@ mod tests {
         let mut loaded = loaded.into_inner().unwrap();
         loaded.sort();
         (ran.results, most.load(Ordering::SeqCst), loaded, kept)
+    }
+
+    /// On one thread the waiting jobs run costliest first, ties in input order (the
+    /// order a scan of the waiting jobs gave before they were kept in a heap).
+    #[test]
+    fn load_and_run_runs_the_costliest_waiting_job_first() {
+        let costs = [1.0, 3.0, 3.0, 2.0, 3.0, 0.5];
+        let jobs: Vec<(usize, usize)> = (0..costs.len()).map(|k| (0, k)).collect();
+        let order = std::sync::Mutex::new(Vec::new());
+        let load = |_: usize| -> Result<(), String> { Ok(()) };
+        let cost = |&k: &usize, _: &()| costs[k];
+        let run = |&k: &usize, _: &()| order.lock().unwrap().push(k);
+        let work = Work {
+            load: &load,
+            cost: &cost,
+            run: &run,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        pool.install(|| load_and_run(&[0], &jobs, &work, false))
+            .unwrap();
+        assert_eq!(order.into_inner().unwrap(), [1, 2, 4, 3, 0, 5]);
     }
 
     /// Every job's result comes back in input order, whatever ran first; a source no
