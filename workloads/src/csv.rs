@@ -1185,23 +1185,28 @@ fn word_at(buf: &[u8], at: usize) -> u64 {
 }
 
 /// The number of leading decimal digits of the 8 bytes of `word` (little-endian:
-/// the first byte lowest), found without a branch per byte.
+/// the first byte lowest), found without a branch per byte, and the word less b'0'
+/// in each byte, whose bytes below the first non-digit are the digits' values (for
+/// [`digits_value`]).
 #[inline]
-fn digit_run(word: u64) -> u32 {
-    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    // Each byte minus b'0': a digit is 0..=9. Bytes above 9 (or "below 0", which wrap
-    // past 0x7f) get their high bit set.
-    let x = word ^ 0x3030_3030_3030_3030;
-    let over = ((x & LOW7) + 0x7676_7676_7676_7676) | x;
-    (over & HIGH).trailing_zeros() / 8
+fn digit_run(word: u64) -> (u32, u64) {
+    // The word less b'0' in each byte: a digit is 0..=9, and no borrow reaches a
+    // byte from the digits below it (a borrow only runs up from a byte below b'0').
+    // Every other byte has its high bit set by the subtraction (below b'0', or
+    // from b'0' + 0x80 up) or by adding 0x76 (from 10 up); no carry reaches a byte
+    // from the digits below it either. Bytes past the first non-digit do not count.
+    let x = word.wrapping_sub(0x3030_3030_3030_3030);
+    let over = (x.wrapping_add(0x7676_7676_7676_7676) | x) & 0x8080_8080_8080_8080;
+    (over.trailing_zeros() / 8, x)
 }
 
-/// The value of the `n` (1 to 8) decimal digits at the start of `word`.
+/// The value of the `n` (1 to 8) decimal digits whose values are the first `n`
+/// bytes of `x` (as [`digit_run`] gives them).
 #[inline]
-fn digits_value(word: u64, n: u32) -> u64 {
-    // The digits to the top bytes, zeros below: the same as leading '0's.
-    let mut v = (word << (8 * (8 - n))) & 0x0f0f_0f0f_0f0f_0f0f;
+fn digits_value(x: u64, n: u32) -> u64 {
+    // The digits to the top bytes, zeros below: the same as leading '0's; the
+    // bytes past them shift out.
+    let mut v = x << (8 * (8 - n));
     v = (v.wrapping_mul(10) + (v >> 8)) & 0x00ff_00ff_00ff_00ff;
     v = (v.wrapping_mul(100) + (v >> 16)) & 0x0000_ffff_0000_ffff;
     (v.wrapping_mul(10000) + (v >> 32)) & 0xffff_ffff
@@ -1215,16 +1220,14 @@ const POW10: [u64; 8] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_0
 /// takes those).
 #[inline(always)]
 fn scan_number(buf: &[u8], at: usize) -> Option<(u64, usize)> {
-    let first = word_at(buf, at);
-    let n = digit_run(first);
+    let (n, first) = digit_run(word_at(buf, at));
     if n == 0 {
         return None;
     }
     if n < 8 {
         return Some((digits_value(first, n), at + n as usize));
     }
-    let second = word_at(buf, at + 8);
-    let m = digit_run(second);
+    let (m, second) = digit_run(word_at(buf, at + 8));
     let high = digits_value(first, 8);
     match m {
         0 => Some((high, at + 8)),
@@ -1518,6 +1521,31 @@ mod stream_tests {
                         && op != "empty_cache"
                         && fields.iter().all(|f| f.len() <= 16);
                     proptest::prop_assert!(slow.is_none() || !usual, "{row:?} declined");
+                }
+            }
+        }
+    }
+
+    /// A run of digits ends at the first byte that is not one, whatever its value
+    /// (each of the 256 in each of the 8 places, with anything past it), and its
+    /// value is that of its digits.
+    #[test]
+    fn digit_runs_end_at_every_other_byte() {
+        for k in 0..8usize {
+            for b in 0..=255u8 {
+                for above in [b'9', 0x00, 0xff, b'/'] {
+                    let mut bytes = [above; 8];
+                    for (i, d) in bytes.iter_mut().take(k).enumerate() {
+                        *d = b'1' + (i as u8 + 3) % 9;
+                    }
+                    bytes[k] = b;
+                    let (n, x) = digit_run(u64::from_le_bytes(bytes));
+                    let run = bytes.iter().take_while(|c| c.is_ascii_digit()).count();
+                    assert_eq!(n as usize, run, "{bytes:?}");
+                    if run > 0 {
+                        let text = std::str::from_utf8(&bytes[..run]).unwrap();
+                        assert_eq!(digits_value(x, n), text.parse::<u64>().unwrap());
+                    }
                 }
             }
         }
