@@ -602,18 +602,159 @@ struct RequestRun {
     streams: Vec<u64>,
 }
 
+/// A run of one private pool's requests, closed: its streams are
+/// `streams[previous run's streams_end..streams_end]`, sorted.
+#[derive(Debug)]
+struct ClosedRun {
+    first: u64,
+    last: u64,
+    streams_end: u64,
+    slot: u32,
+}
+
+/// A run's window as the second pass places it: `begin` the position of its
+/// `create_pool` (if `create`) and `begin_allocate_to_pool`, `end` that of its
+/// `end_allocate_to_pool` and `release_pool` (positions as [`crate::RecordedRun::calls`]
+/// counts them).
+#[derive(Debug)]
+struct Window {
+    begin: Option<u64>,
+    end: u64,
+    streams_end: u64,
+    slot: u32,
+    create: bool,
+}
+
 /// What [`PoolStream::finish`] gives the second pass: the allocator calls at their
 /// positions, the entries before which an `empty_cache` entry is inferred, and the
-/// caveats, each exactly as the held reader has them.
+/// caveats, each exactly as the held reader has them. The windows' calls are made as
+/// they are taken ([`PoolPlan::next_call`]): a run of requests is kept in 40 bytes
+/// and its streams.
 #[derive(Debug)]
 pub(super) struct PoolPlan {
-    /// As [`crate::RecordedRun::calls`]: each after the entry it names, counted with
-    /// the inferred `empty_cache` entries.
-    pub calls: Vec<(Option<u64>, Event)>,
+    table: Vec<PoolId>,
+    windows: Vec<Window>,
+    streams: Vec<u64>,
+    /// The other calls (kept uses dropped, pools' own `emptyCache`) with their ranks
+    /// among the calls at one position, in order.
+    others: Vec<(Option<u64>, u8, Event)>,
     /// File indexes of the entries an inferred `empty_cache` goes before, ascending.
     pub points: Vec<u64>,
     /// As [`crate::TraceMeta::caveats`].
     pub caveats: Vec<String>,
+}
+
+/// Where the second pass is in a [`PoolPlan`]'s calls.
+#[derive(Debug, Default)]
+pub(super) struct CallCursor {
+    window: usize,
+    /// The window's next call: 0 `create_pool`, 1 `begin_allocate_to_pool`, 2
+    /// `end_allocate_to_pool`, 3 `release_pool`.
+    step: u8,
+    other: usize,
+}
+
+/// The order of calls: after the entry at the position (`None`: before the first), by
+/// rank at one position, as `Attribution::events` sorts them.
+fn order(at: Option<u64>, rank: u8) -> (u64, u8) {
+    (at.map_or(0, |a| a + 1), rank)
+}
+
+impl PoolPlan {
+    /// The window call at `cursor`, if any: its order and position.
+    fn window_call(&self, cursor: &mut CallCursor) -> Option<((u64, u8), Option<u64>)> {
+        loop {
+            let w = self.windows.get(cursor.window)?;
+            let at = match cursor.step {
+                0 if !w.create => {
+                    cursor.step = 1;
+                    continue;
+                }
+                0 => return Some((order(w.begin, 4), w.begin)),
+                1 => return Some((order(w.begin, 5), w.begin)),
+                2 => Some(w.end),
+                _ => Some(w.end),
+            };
+            return Some((order(at, cursor.step - 2), at));
+        }
+    }
+
+    /// The next call at or before `position` (counted with the inferred `empty_cache`
+    /// entries; `u64::MAX`: any), with the position it was placed at, in the held
+    /// trace's order: the windows' calls (made here) merged with the others (no two
+    /// calls of the two kinds share a rank).
+    pub(super) fn next_call(
+        &self,
+        cursor: &mut CallCursor,
+        position: u64,
+    ) -> Option<(Option<u64>, Event)> {
+        let window = self.window_call(cursor);
+        let other = self
+            .others
+            .get(cursor.other)
+            .map(|(at, rank, _)| (order(*at, *rank), *at));
+        let take_window = match (window, other) {
+            (Some((w, _)), Some((o, _))) => w < o,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => return None,
+        };
+        if take_window {
+            let ((key, _), at) = window?;
+            if key > position {
+                return None;
+            }
+            let w = &self.windows[cursor.window];
+            let pool = self.table[w.slot as usize];
+            let event = match cursor.step {
+                0 => Event::CreatePool {
+                    pool,
+                    use_on_oom: false,
+                    no_split: false,
+                },
+                1 => {
+                    let start = match cursor.window {
+                        0 => 0,
+                        i => self.windows[i - 1].streams_end,
+                    };
+                    Event::BeginAllocateToPool {
+                        pool,
+                        streams: PoolStreams::Only(
+                            self.streams[start as usize..w.streams_end as usize].to_vec(),
+                        ),
+                    }
+                }
+                2 => Event::EndAllocateToPool { pool },
+                _ => Event::ReleasePool { pool },
+            };
+            cursor.step += 1;
+            if cursor.step == 4 {
+                cursor.step = 0;
+                cursor.window += 1;
+            }
+            Some((at, event))
+        } else {
+            let ((key, _), at) = other?;
+            if key > position {
+                return None;
+            }
+            let event = self.others[cursor.other].2.clone();
+            cursor.other += 1;
+            Some((at, event))
+        }
+    }
+
+    /// The pools the calls name, in the order they first come.
+    pub(super) fn pools(&self) -> Vec<PoolId> {
+        let mut out: Vec<PoolId> = Vec::new();
+        let mut cursor = CallCursor::default();
+        while let Some((_, e)) = self.next_call(&mut cursor, u64::MAX) {
+            if let Some(p) = e.pool().filter(|p| !out.contains(p)) {
+                out.push(p);
+            }
+        }
+        out
+    }
 }
 
 /// A list of entry indexes of which only the first few are shown.
@@ -655,7 +796,9 @@ pub(super) struct PoolStream {
     pub failed: bool,
     unattributed: Some5,
     run: Option<RequestRun>,
-    runs: Vec<RequestRun>,
+    runs: Vec<ClosedRun>,
+    /// The streams of the closed runs, one run after the other.
+    run_streams: Vec<u64>,
     last_request: Vec<Option<u64>>,
     /// The latest request is a private pool's: a free waiting for other streams now is
     /// within or right after its run.
@@ -753,6 +896,7 @@ impl PoolStream {
             unattributed: Some5::default(),
             run: None,
             runs: Vec::new(),
+            run_streams: Vec::new(),
             last_request: vec![None; n],
             in_span: false,
             first_release: vec![None; n],
@@ -899,7 +1043,7 @@ impl PoolStream {
                         }
                     }
                     _ => {
-                        self.runs.extend(self.run.take());
+                        self.close_run();
                         if private {
                             self.run = Some(RequestRun {
                                 slot,
@@ -948,6 +1092,20 @@ impl PoolStream {
         }
     }
 
+    /// Keeps the run of requests open, if any, in a few bytes.
+    fn close_run(&mut self) {
+        if let Some(mut run) = self.run.take() {
+            run.streams.sort_unstable();
+            self.run_streams.extend_from_slice(&run.streams);
+            self.runs.push(ClosedRun {
+                first: run.first,
+                last: run.last,
+                streams_end: self.run_streams.len() as u64,
+                slot: run.slot,
+            });
+        }
+    }
+
     /// After the last entry: the calls, the inferred `empty_cache` points and the
     /// caveats ([`PoolPlan`]).
     pub(super) fn finish(mut self) -> PoolPlan {
@@ -961,7 +1119,7 @@ impl PoolStream {
         for run in std::mem::take(&mut self.awaiting_request) {
             self.inside_malloc(run, None);
         }
-        self.runs.extend(self.run.take());
+        self.close_run();
         self.decided.sort_by_key(|&(start, _)| start);
         let mut points = Vec::new();
         let mut pool_caches = Vec::new();
@@ -986,35 +1144,25 @@ impl PoolStream {
         let after =
             |x: u64| -> Option<u64> { Some(x + points.partition_point(|&p| p <= x) as u64) };
         let pool = |slot: u32| self.table[slot as usize];
-        let mut calls: Vec<(Option<u64>, u8, Event)> = Vec::new();
+        // The windows' calls come in the held order as the runs do: a run's
+        // `create_pool` and `begin_allocate_to_pool` go before its first request, its
+        // `end_allocate_to_pool` and `release_pool` after its last, and the next
+        // run's first position is at or after that (ranked after it there).
         let mut alive = vec![false; self.table.len()];
-        for run in &self.runs {
-            let id = pool(run.slot);
-            if !alive[run.slot as usize] {
-                alive[run.slot as usize] = true;
-                calls.push((
-                    before(run.first),
-                    4,
-                    Event::CreatePool {
-                        pool: id,
-                        use_on_oom: false,
-                        no_split: false,
-                    },
-                ));
-            }
-            let mut streams = run.streams.clone();
-            streams.sort_unstable();
-            calls.push((
-                before(run.first),
-                5,
-                Event::BeginAllocateToPool {
-                    pool: id,
-                    streams: PoolStreams::Only(streams),
-                },
-            ));
-            calls.push((after(run.last), 0, Event::EndAllocateToPool { pool: id }));
-            calls.push((after(run.last), 1, Event::ReleasePool { pool: id }));
-        }
+        let windows: Vec<Window> = std::mem::take(&mut self.runs)
+            .into_iter()
+            .map(|run| {
+                let create = !std::mem::replace(&mut alive[run.slot as usize], true);
+                Window {
+                    begin: before(run.first),
+                    end: after(run.last).unwrap_or(0),
+                    streams_end: run.streams_end,
+                    slot: run.slot,
+                    create,
+                }
+            })
+            .collect();
+        let mut calls: Vec<(Option<u64>, u8, Event)> = Vec::new();
         // The kept use ends before the run of releases holding the pool's first release
         // after its last request; in the held order (latest last request first).
         let mut drops: Vec<(u64, u64, u32)> = (1..self.table.len())
@@ -1031,7 +1179,7 @@ impl PoolStream {
         for &(start, slot) in &pool_caches {
             calls.push((before(start), 3, Event::EmptyPoolCache { pool: pool(slot) }));
         }
-        calls.sort_by_key(|(at, rank, _)| (at.map_or(0, |a| a + 1), *rank));
+        calls.sort_by_key(|(at, rank, _)| order(*at, *rank));
         let mut caveats = Vec::new();
         if self.unattributed.count > 0 {
             caveats.push(unattributed_caveat(
@@ -1052,7 +1200,10 @@ impl PoolStream {
             caveats.push(no_split_caveat(&unsure));
         }
         PoolPlan {
-            calls: calls.into_iter().map(|(at, _, e)| (at, e)).collect(),
+            table: self.table,
+            windows,
+            streams: self.run_streams,
+            others: calls,
             points,
             caveats,
         }

@@ -66,7 +66,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::pickle::{self, Limits, SinkFactory, Value};
-use super::pools::{self, PoolPlan, PoolStream};
+use super::pools::{self, CallCursor, PoolPlan, PoolStream};
 use super::schema::{self, EntrySink};
 use super::{Parts, Snapshot, SnapshotOptions};
 use crate::csv::file_stem;
@@ -644,17 +644,13 @@ impl StreamPlan {
     /// The trace without its events, for reports: name, path, metadata, locations
     /// counted in entries of the file, and the state at its first entry
     /// ([`StreamPlan::start`]). Of the events it holds only, for a snapshot with
-    /// private pools, the first call that names each pool, in the trace's order, so
-    /// that [`Trace::pools`] names them as it does on the whole trace.
+    /// private pools, one call naming each pool (`release_pool`), in the order the
+    /// trace first names them, so that [`Trace::pools`] names them as it does on the
+    /// whole trace.
     pub fn shell(&self) -> Trace {
-        let mut events: Vec<Event> = Vec::new();
-        for (_, e) in self.routed.iter().flat_map(|r| &r.calls) {
-            if e.pool()
-                .is_some_and(|p| !events.iter().any(|k| k.pool() == Some(p)))
-            {
-                events.push(e.clone());
-            }
-        }
+        let events: Vec<Event> = (self.routed.iter().flat_map(|r| r.pools()))
+            .map(|pool| Event::ReleasePool { pool })
+            .collect();
         Trace {
             name: self.run.name.clone(),
             path: Some(self.run.path.clone()),
@@ -905,13 +901,9 @@ impl Events {
     /// The calls placed before the entry at `position` (counted with the inferred
     /// `empty_cache` entries).
     fn calls_through(&mut self, splice: &mut Splice, position: u64) {
-        while let Some((at, event)) = splice.plan.calls.get(splice.next_call) {
-            if at.map_or(0, |a| a + 1) > position {
-                break;
-            }
+        while let Some((at, event)) = splice.plan.next_call(&mut splice.next_call, position) {
             let location = pools::source_of(&splice.plan.points, at.unwrap_or(0));
-            self.push(event.clone(), location);
-            splice.next_call += 1;
+            self.push(event, location);
         }
     }
 
@@ -933,7 +925,7 @@ impl Events {
 /// Where the second pass of a snapshot with private pools is in its [`PoolPlan`].
 struct Splice {
     plan: Arc<PoolPlan>,
-    next_call: usize,
+    next_call: CallCursor,
     next_point: usize,
 }
 
@@ -972,7 +964,7 @@ fn second_pass(
         verify,
         splice: routed.map(|plan| Splice {
             plan,
-            next_call: 0,
+            next_call: CallCursor::default(),
             next_point: 0,
         }),
         failed: false,
