@@ -361,7 +361,7 @@ pub fn stream_replay<O: Observer + ?Sized>(
 /// A snapshot pickle's replay as the file is read, in two passes (three with private
 /// pools) that hold neither its entries nor its events (`workloads::snapshot::stream`):
 /// memory follows the live blocks and segments, plus 40 bytes per segment operation
-/// (the address hints) and, with private pools, a few hundred bytes per run of one pool's
+/// (the address hints) and, with private pools, about 50 bytes per run of one pool's
 /// requests (their windows).
 pub struct SnapshotStream {
     plan: workloads::snapshot::StreamPlan,

@@ -45,7 +45,7 @@
 //! its last request, which runs of releases were a pool's own `emptyCache` or an
 //! `empty_cache()` (decided as the entry, the request or the end of the trace that
 //! settles each comes), and the caveats. It keeps the segments, the live blocks of
-//! private pools, the runs of requests (the windows' calls: a few hundred bytes a run) and
+//! private pools, the runs of requests (the windows: about 50 bytes a run) and
 //! the runs of releases, not the entries. The second pass then places the calls and
 //! the inferred `empty_cache` entries where `to_trace` places them.
 //!
