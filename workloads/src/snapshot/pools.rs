@@ -156,6 +156,37 @@ struct Table {
 }
 
 impl Table {
+    fn new() -> Table {
+        Table {
+            ids: vec![PoolId::default()],
+            slots: HashMap::new(),
+        }
+    }
+
+    /// The listed segments' memory, each range with its pool's slot (a later listed
+    /// segment over an earlier one's range replaces it); the private pools they show
+    /// are added to `shown`.
+    fn listed(
+        &mut self,
+        segments: &[RecordedSegment],
+        shown: &mut Vec<PoolId>,
+    ) -> BTreeMap<u64, (u64, u32)> {
+        let mut live = BTreeMap::new();
+        for s in segments {
+            let pool = PoolId(s.pool_id.0, s.pool_id.1);
+            if !pool.is_default() {
+                shown.push(pool);
+            }
+            if s.total_size > 0 {
+                let slot = self.slot(pool);
+                let end = s.address.saturating_add(s.total_size);
+                remove_range(&mut live, s.address, end);
+                live.insert(s.address, (end, slot));
+            }
+        }
+        live
+    }
+
     fn slot(&mut self, pool: PoolId) -> u32 {
         if pool.is_default() {
             return DEFAULT;
@@ -204,10 +235,7 @@ pub(super) fn attribute(
     every_entry: bool,
     segments: &[RecordedSegment],
 ) -> Attribution {
-    let mut table = Table {
-        ids: vec![PoolId::default()],
-        slots: HashMap::new(),
-    };
+    let mut table = Table::new();
     let n = entries.len();
     let mut of = vec![if every_entry { DEFAULT } else { UNKNOWN }; n];
     for &(i, pool) in entry_pools {
@@ -220,19 +248,7 @@ pub(super) fn attribute(
     let mut by_address = 0;
     // The listed segments' memory, walked back from the end: an entry that allocates
     // or unmaps memory ends what is known to be the listed segment's before it.
-    let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
-    for s in segments {
-        let pool = PoolId(s.pool_id.0, s.pool_id.1);
-        if !pool.is_default() {
-            shown.push(pool);
-        }
-        if s.total_size > 0 {
-            let slot = table.slot(pool);
-            let end = s.address.saturating_add(s.total_size);
-            remove_range(&mut live, s.address, end);
-            live.insert(s.address, (end, slot));
-        }
-    }
+    let mut live = table.listed(segments, &mut shown);
     for i in (0..n).rev() {
         let e = &entries[i];
         match e.action {
@@ -837,27 +853,12 @@ impl PoolStream {
         gc_possible: bool,
         requests: u64,
     ) -> PoolStream {
-        let mut table = Table {
-            ids: vec![PoolId::default()],
-            slots: HashMap::new(),
-        };
+        let mut table = Table::new();
         for &pool in entry_pools {
             table.slot(pool);
         }
         let mut shown: Vec<PoolId> = entry_pools.to_vec();
-        let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
-        for s in segments {
-            let pool = PoolId(s.pool_id.0, s.pool_id.1);
-            if !pool.is_default() {
-                shown.push(pool);
-            }
-            if s.total_size > 0 {
-                let slot = table.slot(pool);
-                let end = s.address.saturating_add(s.total_size);
-                remove_range(&mut live, s.address, end);
-                live.insert(s.address, (end, slot));
-            }
-        }
+        let mut live = table.listed(segments, &mut shown);
         shown.sort_unstable();
         shown.dedup();
         // Walked back as `attribute` walks the entries: each piece taken away by an
