@@ -686,7 +686,8 @@ fn validate_runs_any_capacity_with_a_profile() {
 /// `probe --processes 3` fills the device in three processes and writes the spread of
 /// what the driver held back between them (the mock holds back 0, 1 and 2 pages more in
 /// successive processes: 4 MiB), with each process's figure as a comment; one process
-/// measures no spread and says so; nothing is left allocated in any process.
+/// measures no spread and says so; nothing is left allocated in any process; with
+/// stderr not a terminal no spinner is drawn.
 #[test]
 fn probe_measures_the_spread_between_processes() {
     let Some(mock) = mock_libcuda() else { return };
@@ -702,6 +703,11 @@ fn probe_measures_the_spread_between_processes() {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(err.contains(CLEAN_MOCK), "{err}");
+    // Its spinner is for terminals only: stderr is a pipe here.
+    assert!(
+        !err.contains(['\u{1b}', '\r']) && !err.contains("probing GPU"),
+        "{err:?}"
+    );
     let count = std::fs::read_to_string(counter).unwrap();
     assert!(count.starts_with("3 "), "{count}");
     let text = std::fs::read_to_string(&out).unwrap();

@@ -28,14 +28,27 @@ pub fn probe(args: ProbeArgs) -> anyhow::Result<Exit> {
         println!("{} {}", h.free_at_start_bytes, h.usable_bytes);
         return Ok(Exit::Ran);
     }
+    // A probe fills the GPU and places segments (seconds to a minute); a spinner on a
+    // terminal only (the other processes' stderr is captured, so they show none).
+    let stage = crate::progress::Stage::start(format!("probing GPU {}", args.gpu));
     let report = gpu_backend::probe(args.gpu)?;
     let mut processes = vec![gpu_backend::HoldBack {
         free_at_start_bytes: report.free_at_start_bytes,
         usable_bytes: report.fill.usable_bytes,
     }];
-    for _ in 1..args.processes {
+    for i in 1..args.processes {
+        crate::progress::Stage::set(
+            &stage,
+            format!(
+                "probing GPU {}: filling it in process {} of {}",
+                args.gpu,
+                i + 1,
+                args.processes
+            ),
+        );
         processes.push(fill_in_another_process(args.gpu)?);
     }
+    drop(stage);
     let (spread, _) = usable_spread(&processes);
     if spread > sim::MAX_USABLE_SPREAD_BYTES {
         anyhow::bail!(
