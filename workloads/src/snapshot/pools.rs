@@ -206,15 +206,21 @@ fn is_release(a: Action) -> bool {
     matches!(a, Action::SegmentFree | Action::SegmentUnmap)
 }
 
-/// Removes `[start, end)` from a set of disjoint intervals (start → (end, slot)).
-fn remove_range(live: &mut BTreeMap<u64, (u64, u32)>, start: u64, end: u64) {
-    let hit: Vec<(u64, u64, u32)> = live
+/// Removes `[start, end)` from a set of disjoint intervals (start → (end, slot)) and
+/// gives back the pieces removed, each clipped to `[start, end)` with its slot.
+fn remove_range(
+    live: &mut BTreeMap<u64, (u64, u32)>,
+    start: u64,
+    end: u64,
+) -> Vec<(u64, u64, u32)> {
+    let mut hit: Vec<(u64, u64, u32)> = live
         .range(..end)
         .rev()
         .take_while(|(_, &(e, _))| e > start)
         .map(|(&s, &(e, p))| (s, e, p))
         .collect();
-    for (s, e, p) in hit {
+    for piece in &mut hit {
+        let (s, e, p) = *piece;
         live.remove(&s);
         if s < start {
             live.insert(s, (start, p));
@@ -222,7 +228,9 @@ fn remove_range(live: &mut BTreeMap<u64, (u64, u32)>, start: u64, end: u64) {
         if e > end {
             live.insert(end, (e, p));
         }
+        *piece = (s.max(start), e.min(end), p);
     }
+    hit
 }
 
 /// The pool of every entry the snapshot says: `entry_pools` are the entries whose
@@ -869,16 +877,9 @@ impl PoolStream {
                 continue;
             }
             let (start, end) = (e.addr, e.addr.saturating_add(e.size));
-            let hit: Vec<(u64, u64, u32)> = live
-                .range(..end)
-                .rev()
-                .take_while(|(_, &(e, _))| e > start)
-                .map(|(&s, &(e, p))| (s, e, p))
-                .collect();
-            for (s, e, p) in hit {
-                addresses.insert(s.max(start), (e.min(end), p, Some(index)));
+            for (s, e, p) in remove_range(&mut live, start, end) {
+                addresses.insert(s, (e, p, Some(index)));
             }
-            remove_range(&mut live, start, end);
         }
         for (s, (e, p)) in live {
             addresses.insert(s, (e, p, None));
