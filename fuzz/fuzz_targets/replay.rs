@@ -1,6 +1,6 @@
-//! A CSV trace replayed under every policy (and expandable segments) on a device whose
-//! capacity comes from the input, with every invariant checked after every event: no
-//! trace panics or wraps a policy.
+//! A CSV trace replayed under every registered policy and its tested variants
+//! (`policies::testing::every_policy`) on a device whose capacity comes from the input,
+//! with every invariant checked after every event: no trace panics or wraps a policy.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
@@ -27,14 +27,9 @@ fuzz_target!(|data: &[u8]| {
         continue_after_oom: true,
         ..sim::ReplayOptions::default()
     };
-    let mut configs = policies::PolicyConfig::defaults();
-    configs.push(
-        policies::spec::parse_policy("caching:expandable_segments=True", &Default::default())
-            .unwrap()
-            .config,
-    );
-    for config in configs {
-        let mut policy = config.build().unwrap();
+    // Every registered policy and its tested variants: one list for the tests and here.
+    for spec in policies::testing::every_policy() {
+        let mut policy = spec.config.build().unwrap();
         let mut device =
             sim::SimDevice::new(sim::SimDeviceOptions::default().with_capacity(capacity));
         let _ = sim::replay(&trace, policy.as_mut(), &mut device, &options);
