@@ -297,16 +297,32 @@ fn load_one(
     Ok((input, run))
 }
 
-/// Each source's expected load (a file's bytes, a snapshot's), so that the batch pool
-/// reads the biggest first.
-fn sizes(sources: &[Source<'_>]) -> Vec<u64> {
-    sources
+/// Loads `sources` and runs `jobs` on them in one pool (`sim::compare::load_and_run`,
+/// as `allocsim compare` and `fit` do): each source is read once, its jobs start once it
+/// is read, and it is dropped after its last job; the biggest (a file's bytes, a
+/// snapshot's) is read first.
+fn pooled<T, J, R, E>(
+    sources: &[Source<'_>],
+    jobs: &[(usize, J)],
+    load: &(dyn Fn(usize) -> Result<T, E> + Sync),
+    cost: &(dyn Fn(&J, &T) -> f64 + Sync),
+    run: &(dyn Fn(&J, &T) -> R + Sync),
+) -> Result<sim::compare::Ran<T, R>, E>
+where
+    T: Send + Sync,
+    J: Sync,
+    R: Send,
+    E: Send,
+{
+    let sizes: Vec<u64> = sources
         .iter()
         .map(|s| match s {
             Source::File(p) => std::fs::metadata(p).map_or(0, |m| m.len()),
             Source::Pickle { data, .. } => data.len() as u64,
         })
-        .collect()
+        .collect();
+    let work = sim::compare::Work { load, cost, run };
+    sim::compare::load_and_run(&sizes, jobs, &work, false)
 }
 
 /// The traces of a list, each kept (`items`) for the sources that borrow from it.
@@ -647,12 +663,7 @@ fn compare(
                 &replay,
             ))
         };
-        let work = sim::compare::Work {
-            load: &load,
-            cost: &cost,
-            run: &run,
-        };
-        sim::compare::load_and_run(&sizes(&sources), &jobs, &work, false)
+        pooled(&sources, &jobs, &load, &cost, &run)
     })?
     .map_err(trace_err)?;
     // The notes in input order, up to the first trace whose policies do not parse.
@@ -768,12 +779,7 @@ fn fit(py: Python<'_>, traces: &Bound<'_, PyAny>, options: &str) -> PyResult<Str
             })();
             Some(fit)
         };
-        let work = sim::compare::Work {
-            load: &load,
-            cost: &cost,
-            run: &run,
-        };
-        sim::compare::load_and_run(&sizes(&sources), &jobs, &work, false)
+        pooled(&sources, &jobs, &load, &cost, &run)
     })?
     .map_err(trace_err)?;
     let specs = specs?;
