@@ -316,7 +316,7 @@ fn unseen_midrun_recordings_are_current() {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     files.sort();
-    assert_eq!(files.len(), 4, "{files:?}");
+    assert_eq!(files.len(), 6, "{files:?}");
     let mut out = String::from(
         "| run | entries | state at the first entry | unsized blocks | exact | exact without addresses | checkpoints |\n| --- | ---: | --- | ---: | --- | --- | --- |\n",
     );
