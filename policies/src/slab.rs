@@ -133,6 +133,18 @@ impl<T: Vacancy> DenseSlab<T> {
         }
     }
 
+    /// Stores a copy of the live value under `key` and returns the copy's key (a freed
+    /// key if there is one): the value is copied whole, slot to slot, for the caller
+    /// to change a few fields of through [`DenseSlab::live_mut`].
+    #[inline]
+    pub(crate) fn insert_copy(&mut self, key: u32) -> u32
+    where
+        T: Copy,
+    {
+        let value = self.items[key as usize];
+        self.insert(value)
+    }
+
     /// Empties `key`'s slot without moving its value out ([`Vacancy::vacate`]); its
     /// key becomes free. Whether the key held a value.
     #[inline]
@@ -146,6 +158,17 @@ impl<T: Vacancy> DenseSlab<T> {
         slot.vacate();
         self.free.push(key);
         true
+    }
+
+    /// [`DenseSlab::vacate`] of a key the caller knows to be live (a key its own links
+    /// hold): checked against the table's length always, against vacancy only in
+    /// debug builds.
+    #[inline]
+    pub(crate) fn vacate_live(&mut self, key: u32) {
+        let slot = &mut self.items[key as usize];
+        debug_assert!(!slot.is_vacant(), "key {key} is vacant");
+        slot.vacate();
+        self.free.push(key);
     }
 
     /// The value under `key`, if any.
@@ -227,6 +250,11 @@ mod tests {
         assert_eq!((s.get(b), s.live(c)), (Some(&"b"), &"c"));
         *s.live_mut(b) = "d";
         assert_eq!(s.iter().collect::<Vec<_>>(), vec![(a, &"c"), (b, &"d")]);
+        s.check("test");
+        let copy = s.insert_copy(b);
+        assert_eq!((copy, s.live(copy), s.live(b)), (2, &"d", &"d"));
+        s.vacate_live(copy);
+        assert_eq!(s.get(copy), None);
         s.check("test");
         assert!(s.vacate(b));
         assert_eq!(s.get(b), None);

@@ -58,46 +58,60 @@ impl CachingPolicy {
         }
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
+        // The neighbours are pieces of the same segment: of the same pool and stream.
+        // The pool, the block table and the streams are borrowed once, apart.
+        let set = self.pools[owner as usize].get_mut(pool);
+        let blocks = &mut self.blocks;
+        let streams = &self.streams;
         // try_merge_blocks with the block before, then with the block after.
         if prev != NIL {
-            let p = self.block(prev);
+            let p = blocks.live(prev);
             if p.state == State::Free && p.mapped() == mapped {
+                debug_assert_eq!(
+                    (p.owner, p.pool()),
+                    (owner, pool),
+                    "a piece of another pool"
+                );
                 let (p_addr, p_size, p_prev) = (p.addr, p.size, p.prev);
-                self.forget_free(prev);
+                Self::forget_free(set, blocks, streams, prev, mapped);
                 addr = p_addr;
                 size += p_size;
                 prev = p_prev;
                 if p_prev != NIL {
-                    self.block_mut(p_prev).next = id;
+                    blocks.live_mut(p_prev).next = id;
                 }
                 net_blocks -= 1;
                 net_bytes -= p_size as i64;
             }
         }
         if next != NIL {
-            let n = self.block(next);
+            let n = blocks.live(next);
             if n.state == State::Free && n.mapped() == mapped {
+                debug_assert_eq!(
+                    (n.owner, n.pool()),
+                    (owner, pool),
+                    "a piece of another pool"
+                );
                 let (n_size, n_next) = (n.size, n.next);
-                self.forget_free(next);
+                Self::forget_free(set, blocks, streams, next, mapped);
                 size += n_size;
                 next = n_next;
                 if n_next != NIL {
-                    self.block_mut(n_next).prev = id;
+                    blocks.live_mut(n_next).prev = id;
                 }
                 net_blocks -= 1;
                 net_bytes -= n_size as i64;
             }
         }
         // insert_into_blocks, with the fields at hand: the block written once.
-        let set = self.pools[owner as usize].get_mut(pool);
-        let b = self.blocks.live_mut(id);
+        let b = blocks.live_mut(id);
         b.addr = addr;
         b.size = size;
         b.prev = prev;
         b.next = next;
         b.state = State::Free;
         b.stamp = set.get_free_blocks_call_count;
-        let added = set.blocks.insert(&mut self.blocks, stream, size, addr, id);
+        let added = set.blocks.insert(blocks, stream, size, addr, id);
         debug_assert!(added, "two free blocks with one key");
         if prev != NIL || next != NIL {
             net_blocks += 1;
@@ -115,23 +129,25 @@ impl CachingPolicy {
         s.requested_bytes.decrease(pool, requested);
     }
 
-    /// A free neighbour absorbed by a merge: out of its pool's free set (or the
-    /// unmapped set) and out of the block table.
+    /// A free neighbour absorbed by a merge (`mapped`: whether it is): out of its
+    /// pool's free set (`set`; or the unmapped set) and out of the block table.
     #[inline(always)]
-    fn forget_free(&mut self, id: u32) {
-        let s = self.block(id);
-        let (owner, pool_kind, mapped, stream, addr) =
-            (s.owner, s.pool(), s.mapped(), s.stream, s.addr);
-        let pool = self.pools[owner as usize].get_mut(pool_kind);
+    fn forget_free(
+        set: &mut BlockPool,
+        blocks: &mut DenseSlab<Block>,
+        streams: &[StreamId],
+        id: u32,
+        mapped: bool,
+    ) {
+        debug_assert_eq!(blocks.live(id).mapped(), mapped);
         if mapped {
             // Free and mapped: in its pool's free set.
-            pool.blocks.remove_linked(&mut self.blocks, id);
+            set.blocks.remove_linked(blocks, id);
         } else {
-            pool.unmapped
-                .remove(&(self.streams[stream as usize].0, addr));
+            let s = blocks.live(id);
+            set.unmapped.remove(&(streams[s.stream as usize].0, s.addr));
         }
-        let live = self.blocks.vacate(id);
-        debug_assert!(live, "dead block");
+        blocks.vacate_live(id);
     }
 
     /// `try_merge_blocks`: absorbs a free neighbour; returns its size, or 0.

@@ -490,14 +490,20 @@ impl StreamBlocks {
         None
     }
 
-    /// The first block at or after `key`.
+    /// The first block at or after `key`. The bitmap is asked first: the class of
+    /// `key` is usually empty (a best fit is usually found in a higher class, whose
+    /// first block is the one), and its list is walked only when it holds blocks.
     #[inline(always)]
     fn first_from(&self, nodes: &impl NodeTable, key: (u64, u64)) -> Option<u32> {
         let class = class_of(key.0);
-        if let Some(id) = self.first_in_class_from(nodes, class, key) {
-            return Some(id);
+        let found = self.next_class(class)?;
+        if found == class {
+            if let Some(id) = self.first_in_class_from(nodes, class, key) {
+                return Some(id);
+            }
+            return Some(self.classes[self.next_class(class + 1)?].head);
         }
-        Some(self.classes[self.next_class(class + 1)?].head)
+        Some(self.classes[found].head)
     }
 
     /// The last block before `key`.

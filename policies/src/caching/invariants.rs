@@ -12,6 +12,11 @@ impl CachingPolicy {
         let mut unmapped = 0usize;
         let mut reserved = 0u64;
         self.blocks.check("caching blocks");
+        assert_eq!(
+            self.power2_divisions,
+            CachingPolicy::rounds_to_divisions(&self.config),
+            "the power-of-two rounding flag disagrees with the settings"
+        );
         for (id, b) in self.blocks.iter() {
             assert_eq!(
                 b.in_free_set(),

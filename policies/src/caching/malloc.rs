@@ -231,18 +231,16 @@ impl CachingPolicy {
         let already_split = prev != NIL || next != NIL;
         let (block_id, block_size) = if split {
             // The request takes the front; the block keeps the rest and goes back to its
-            // pool. The front is the block's record copied (read here, not kept live
-            // from above) with its own size, tenant and links.
-            let front = Block {
-                size,
-                requested: orig_size,
-                next: id,
-                state: State::Allocated,
-                stamp: serial,
-                ..*self.block(id)
-            };
+            // pool. The front is the block's record copied whole, slot to slot, then
+            // given its own size, tenant and links.
             let (rest_size, rest_addr) = (block_size - size, addr + size);
-            let front_id = self.blocks.insert(front);
+            let front_id = self.blocks.insert_copy(id);
+            let front = self.blocks.live_mut(front_id);
+            front.size = size;
+            front.requested = orig_size;
+            front.next = id;
+            front.state = State::Allocated;
+            front.stamp = serial;
             if prev != NIL {
                 self.block_mut(prev).next = front_id;
             }

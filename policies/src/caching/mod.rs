@@ -65,6 +65,7 @@ pub use config::{
     SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES,
 };
 pub use expandable::expandable_range_bytes;
+use stats::Tallies;
 pub use stats::{CachingStats, PoolKind, Stat, StatArray};
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -386,8 +387,9 @@ pub struct CachingPolicy {
     label: String,
     config: CachingConfig,
     /// PyTorch's statistics, except `active` and `active_bytes` while
-    /// `active_mirrors_allocation` (read them through [`CachingPolicy::caching_stats`]).
-    stats: CachingStats,
+    /// `active_mirrors_allocation` (read them through [`CachingPolicy::caching_stats`]),
+    /// each `StatArray` kept as a [`stats::Tally`].
+    stats: Tallies,
     /// Until the first free that waits for other streams (`free_requested`) or an
     /// adopted state, every block stops being allocated and active in the same call, so
     /// `active` and `active_bytes` equal `allocation` and `allocated_bytes` field for
@@ -426,6 +428,8 @@ pub struct CachingPolicy {
     uncached: Slab<(Segment, u64)>,
     /// The allocations of `uncached`, summed (read after every event by [`Policy::stats`]).
     uncached_totals: UncachedTotals,
+    /// [`CachingPolicy::rounds_to_divisions`] of `config`, kept as the settings change.
+    power2_divisions: bool,
     /// The last out-of-memory came from a request made while disabled.
     last_oom_uncached: bool,
     /// `max_split_size` of `memory_stats()`: the setting when the allocator was created
@@ -455,10 +459,11 @@ impl CachingPolicy {
             conf => format!("caching[{conf}]"),
         };
         let stats_max_split_size = config.max_split_size_bytes;
+        let power2_divisions = CachingPolicy::rounds_to_divisions(&config);
         CachingPolicy {
             label,
             config,
-            stats: CachingStats::default(),
+            stats: Tallies::default(),
             active_mirrors_allocation: true,
             blocks: DenseSlab::default(),
             streams: Vec::new(),
@@ -474,6 +479,7 @@ impl CachingPolicy {
             uncached: Slab::default(),
             uncached_totals: UncachedTotals::default(),
             last_oom_uncached: false,
+            power2_divisions,
             stats_max_split_size,
             segments: Slab::default(),
             expandables: Vec::new(),
@@ -499,7 +505,7 @@ impl CachingPolicy {
 
     /// PyTorch's statistics (`torch.cuda.memory_stats()`).
     pub fn caching_stats(&self) -> CachingStats {
-        let mut stats = self.stats.clone();
+        let mut stats = self.stats.stats();
         if self.active_mirrors_allocation {
             stats.active = stats.allocation;
             stats.active_bytes = stats.allocated_bytes;
@@ -541,12 +547,20 @@ impl CachingPolicy {
         if size < MIN_BLOCK_BYTES {
             return MIN_BLOCK_BYTES;
         }
-        let divisions = self.config.divisions_for(size);
-        if divisions > 1 && size > MIN_BLOCK_BYTES * divisions {
-            roundup_power2_next_division(size, divisions)
-        } else {
-            size.div_ceil(MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+        if self.power2_divisions {
+            let divisions = self.config.divisions_for(size);
+            if divisions > 1 && size > MIN_BLOCK_BYTES * divisions {
+                return roundup_power2_next_division(size, divisions);
+            }
         }
+        size.div_ceil(MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+    }
+
+    /// Whether `config` rounds any size to power-of-two divisions (some interval of
+    /// `roundup_power2_divisions` above 1): else [`CachingPolicy::round_size`] need
+    /// not look its size's interval up.
+    fn rounds_to_divisions(config: &CachingConfig) -> bool {
+        config.roundup_power2_divisions.iter().any(|&d| d > 1)
     }
 
     /// `get_allocation_size`: the segment size `cudaMalloc` is asked for when a rounded
@@ -575,8 +589,8 @@ impl CachingPolicy {
             .allowed_bytes(device)
             .map(|a| format!("{} allowed; ", format_size(a)))
             .unwrap_or_default();
-        let allocated = self.stats.allocated_bytes.all.current;
-        let reserved = self.stats.reserved_bytes.all.current;
+        let allocated = self.stats.allocated_bytes.current();
+        let reserved = self.stats.reserved_bytes.current();
         let private = self.free_bytes_in_private_pools();
         let private_msg = if private > 0 {
             format!(
@@ -842,13 +856,13 @@ impl Policy for CachingPolicy {
         // PyTorch's statistics.
         let u = self.uncached_totals;
         PolicyStats {
-            requested_bytes: s.requested_bytes.all.current + u.requested,
-            allocated_bytes: s.allocated_bytes.all.current + u.bytes,
-            reserved_bytes: s.reserved_bytes.all.current + u.bytes,
-            allocation_count: s.allocation.all.current + u.count,
+            requested_bytes: s.requested_bytes.current() + u.requested,
+            allocated_bytes: s.allocated_bytes.current() + u.bytes,
+            reserved_bytes: s.reserved_bytes.current() + u.bytes,
+            allocation_count: s.allocation.current() + u.count,
             // An expandable segment counts while it holds memory; one whose first
             // mapping failed is only address space (PyTorch keeps it for reuse too).
-            segment_count: s.segment.all.current + u.count + self.mapped_expandables,
+            segment_count: s.segment.current() + u.count + self.mapped_expandables,
         }
     }
 

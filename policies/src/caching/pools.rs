@@ -327,9 +327,9 @@ impl CachingPolicy {
                 // The memory limit was set when the allocator was created; a new string
                 // does not change it.
                 self.allowed_bytes(device);
-                self.config
-                    .apply_alloc_conf(conf)
-                    .map_err(|e| rejected(e.to_string()))?;
+                let applied = self.config.apply_alloc_conf(conf);
+                self.power2_divisions = CachingPolicy::rounds_to_divisions(&self.config);
+                applied.map_err(|e| rejected(e.to_string()))?;
             }
             AllocatorCall::ResetPeakStats => self.stats.reset_peaks(),
             AllocatorCall::ResetAccumulatedStats => self.stats.reset_accumulated(),

@@ -249,6 +249,211 @@ impl CachingStats {
     }
 }
 
+/// One pool's figures of a [`Tally`]: PyTorch's `Stat` without `freed`, which is
+/// `base + allocated - current` (`base`: the current value when the accumulated figures
+/// were last reset, or 0), so a decrease writes one figure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct PoolTally {
+    current: u64,
+    peak: u64,
+    allocated: u64,
+    base: u64,
+}
+
+impl PoolTally {
+    fn stat(&self) -> Stat {
+        Stat {
+            current: self.current,
+            peak: self.peak,
+            allocated: self.allocated,
+            freed: self.base + self.allocated - self.current,
+        }
+    }
+}
+
+/// A [`StatArray`] as the caching policy keeps it: each pool's figures, and of the
+/// two pools together only the current value and its peak (their `allocated` and
+/// `freed` are the pools' sums, added where read). An increase writes five figures
+/// and a decrease two, where PyTorch's layout writes six and four; every figure read
+/// through [`Tally::array`] is PyTorch's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Tally {
+    all_current: u64,
+    all_peak: u64,
+    /// By [`PoolKind`] (small, large).
+    pools: [PoolTally; 2],
+}
+
+impl Tally {
+    /// Increases both pools' figure and the pool's.
+    #[inline(always)]
+    pub(super) fn increase(&mut self, pool: PoolKind, amount: u64) {
+        self.all_current += amount;
+        // A branch, not a conditional store: the peak rarely moves.
+        if self.all_current > self.all_peak {
+            self.all_peak = self.all_current;
+        }
+        let p = &mut self.pools[pool as usize];
+        p.current += amount;
+        if p.current > p.peak {
+            p.peak = p.current;
+        }
+        p.allocated += amount;
+    }
+
+    /// Decreases both pools' figure and the pool's.
+    ///
+    /// # Panics
+    /// If the pool's figure would go negative (an accounting bug).
+    #[inline(always)]
+    pub(super) fn decrease(&mut self, pool: PoolKind, amount: u64) {
+        let p = &mut self.pools[pool as usize];
+        let (current, negative) = p.current.overflowing_sub(amount);
+        if negative {
+            went_negative();
+        }
+        p.current = current;
+        // Never below the pool's figure, which is not negative.
+        self.all_current -= amount;
+    }
+
+    /// Applies a signed change.
+    #[inline(always)]
+    pub(super) fn change(&mut self, pool: PoolKind, delta: i64) {
+        if delta > 0 {
+            self.increase(pool, delta.unsigned_abs());
+        } else if delta < 0 {
+            self.decrease(pool, delta.unsigned_abs());
+        }
+    }
+
+    /// The current value, both pools together (`.all.current`).
+    #[inline(always)]
+    pub(super) fn current(&self) -> u64 {
+        self.all_current
+    }
+
+    /// PyTorch's `StatArray`, every figure exact.
+    pub(super) fn array(&self) -> StatArray {
+        let [small, large] = self.pools.map(|p| p.stat());
+        StatArray {
+            all: Stat {
+                current: self.all_current,
+                peak: self.all_peak,
+                allocated: small.allocated + large.allocated,
+                freed: small.freed + large.freed,
+            },
+            small_pool: small,
+            large_pool: large,
+        }
+    }
+
+    fn reset_accumulated(&mut self) {
+        for p in &mut self.pools {
+            p.allocated = 0;
+            p.base = p.current;
+        }
+    }
+
+    fn reset_peak(&mut self) {
+        self.all_peak = self.all_current;
+        for p in &mut self.pools {
+            p.peak = p.current;
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn went_negative() -> ! {
+    panic!("caching allocator statistic went negative")
+}
+
+/// [`CachingStats`] as the caching policy keeps them: each `StatArray` a [`Tally`]
+/// (read them through [`Tallies::stats`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Tallies {
+    pub(super) allocation: Tally,
+    pub(super) segment: Tally,
+    pub(super) active: Tally,
+    pub(super) inactive_split: Tally,
+    pub(super) allocated_bytes: Tally,
+    pub(super) reserved_bytes: Tally,
+    pub(super) active_bytes: Tally,
+    pub(super) inactive_split_bytes: Tally,
+    pub(super) requested_bytes: Tally,
+    pub(super) oversize_allocations: Stat,
+    pub(super) oversize_segments: Stat,
+    pub(super) num_alloc_retries: u64,
+    pub(super) num_ooms: u64,
+    pub(super) num_sync_all_streams: u64,
+    pub(super) num_device_alloc: u64,
+    pub(super) num_device_free: u64,
+}
+
+impl Tallies {
+    /// PyTorch's statistics, every figure exact.
+    pub(super) fn stats(&self) -> CachingStats {
+        CachingStats {
+            allocation: self.allocation.array(),
+            segment: self.segment.array(),
+            active: self.active.array(),
+            inactive_split: self.inactive_split.array(),
+            allocated_bytes: self.allocated_bytes.array(),
+            reserved_bytes: self.reserved_bytes.array(),
+            active_bytes: self.active_bytes.array(),
+            inactive_split_bytes: self.inactive_split_bytes.array(),
+            requested_bytes: self.requested_bytes.array(),
+            oversize_allocations: self.oversize_allocations,
+            oversize_segments: self.oversize_segments,
+            num_alloc_retries: self.num_alloc_retries,
+            num_ooms: self.num_ooms,
+            num_sync_all_streams: self.num_sync_all_streams,
+            num_device_alloc: self.num_device_alloc,
+            num_device_free: self.num_device_free,
+        }
+    }
+
+    fn tallies_mut(&mut self) -> [&mut Tally; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+
+    /// [`CachingStats::reset_peaks`].
+    pub(super) fn reset_peaks(&mut self) {
+        for t in self.tallies_mut() {
+            t.reset_peak();
+        }
+        self.oversize_allocations.peak = self.oversize_allocations.current;
+        self.oversize_segments.peak = self.oversize_segments.current;
+    }
+
+    /// [`CachingStats::reset_accumulated`].
+    pub(super) fn reset_accumulated(&mut self) {
+        for t in self.tallies_mut() {
+            t.reset_accumulated();
+        }
+        for s in [&mut self.oversize_allocations, &mut self.oversize_segments] {
+            s.allocated = 0;
+            s.freed = 0;
+        }
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,6 +485,57 @@ mod tests {
         st.reset_peaks();
         assert_eq!(st.reserved_bytes.all.peak, 40);
         assert_eq!(st.reserved_bytes.large_pool.peak, 40);
+    }
+
+    /// A [`Tally`] reads as the [`StatArray`] that PyTorch's layout keeps, every figure
+    /// after every step: increases, decreases and signed changes of either pool, peak
+    /// resets and accumulated resets in any order.
+    #[test]
+    fn tally_reads_as_pytorchs_stat_array() {
+        use proptest::prelude::*;
+        let op = (0u8..5, any::<bool>(), 0u64..1000);
+        proptest!(|(ops in proptest::collection::vec(op, 0..200))| {
+            let (mut reference, mut tally) = (StatArray::default(), Tally::default());
+            for (kind, large, amount) in ops {
+                let pool = if large { PoolKind::Large } else { PoolKind::Small };
+                let held = reference.pool_mut(pool).current;
+                match kind {
+                    0 => {
+                        reference.increase(pool, amount);
+                        tally.increase(pool, amount);
+                    }
+                    1 => {
+                        let amount = amount.min(held);
+                        reference.decrease(pool, amount);
+                        tally.decrease(pool, amount);
+                    }
+                    2 => {
+                        let delta = amount as i64 - held.min(500) as i64;
+                        reference.change(pool, delta);
+                        tally.change(pool, delta);
+                    }
+                    3 => {
+                        reference.reset_peak();
+                        tally.reset_peak();
+                    }
+                    _ => {
+                        reference.reset_accumulated();
+                        tally.reset_accumulated();
+                    }
+                }
+                prop_assert_eq!(tally.array(), reference);
+                prop_assert_eq!(tally.current(), reference.all.current);
+            }
+        });
+    }
+
+    /// A decrease below zero panics, as PyTorch's layout did.
+    #[test]
+    #[should_panic(expected = "went negative")]
+    fn tally_refuses_negative() {
+        let mut t = Tally::default();
+        t.increase(PoolKind::Small, 3);
+        t.decrease(PoolKind::Large, 1);
     }
 
     /// Flattened keys follow PyTorch's naming and `max_split_size` is −1 when unlimited.
