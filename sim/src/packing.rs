@@ -111,16 +111,32 @@ impl std::ops::IndexMut<u32> for Blocks {
     }
 }
 
+/// One length bin of the [`HoleIndex`]: its list of holes.
+#[derive(Clone, Copy, Debug)]
+struct Bin {
+    /// First hole of the list ([`NIL`] when empty).
+    head: u32,
+    /// Holes in it.
+    count: u32,
+}
+
+/// A bin with no holes.
+const EMPTY_BIN: Bin = Bin {
+    head: NIL,
+    count: 0,
+};
+
 /// Every hole of every page, in best-fit order (see the module docs).
 #[derive(Debug)]
 struct HoleIndex {
     /// log2 of the bin width in bytes.
     shift: u32,
-    /// First hole of each bin's list ([`NIL`] when empty).
-    heads: Vec<u32>,
-    /// Holes in each bin.
-    counts: Vec<u32>,
-    /// Whether each bin keeps an ordered map in `crowded`.
+    /// Each bin's head and count, one record (one bounds check and one cache line per
+    /// bin touched).
+    bins: Vec<Bin>,
+    /// Whether each bin keeps an ordered map in `crowded`. Such a bin holds at least
+    /// [`SHRINK_BELOW`] holes (the map goes below that), so this is read only for a bin
+    /// holding that many.
     has_map: Vec<bool>,
     /// The ordered maps of bins that grew past [`GROW_ABOVE`] holes, by bin.
     crowded: BTreeMap<usize, BTreeMap<Key, u32>>,
@@ -142,8 +158,7 @@ impl HoleIndex {
         let words = count.div_ceil(64);
         HoleIndex {
             shift,
-            heads: vec![NIL; count],
-            counts: vec![0; count],
+            bins: vec![EMPTY_BIN; count],
             has_map: vec![false; count],
             crowded: BTreeMap::new(),
             bits: vec![0; words],
@@ -155,8 +170,7 @@ impl HoleIndex {
     fn unbuilt() -> HoleIndex {
         HoleIndex {
             shift: 0,
-            heads: Vec::new(),
-            counts: Vec::new(),
+            bins: Vec::new(),
             has_map: Vec::new(),
             crowded: BTreeMap::new(),
             bits: Vec::new(),
@@ -167,7 +181,24 @@ impl HoleIndex {
     /// The bin of a hole of `len` bytes: non-decreasing in `len`.
     #[inline(always)]
     fn bin_of(&self, len: u64) -> usize {
-        ((len >> self.shift) as usize).min(self.heads.len() - 1)
+        ((len >> self.shift) as usize).min(self.bins.len() - 1)
+    }
+
+    /// Marks bin `b` non-empty in the bitmaps.
+    #[inline(always)]
+    fn mark(&mut self, b: usize) {
+        self.bits[b / 64] |= 1 << (b % 64);
+        self.summary[b / 4096] |= 1 << (b / 64 % 64);
+    }
+
+    /// Marks bin `b` empty in the bitmaps.
+    #[inline(always)]
+    fn unmark(&mut self, b: usize) {
+        let word = &mut self.bits[b / 64];
+        *word &= !(1 << (b % 64));
+        if *word == 0 {
+            self.summary[b / 4096] &= !(1 << (b / 64 % 64));
+        }
     }
 
     /// Puts hole `id` (its key read from `blocks`) in its place in the index.
@@ -175,21 +206,23 @@ impl HoleIndex {
     fn insert(&mut self, blocks: &mut Blocks, id: u32) {
         let key = blocks[id].key();
         let b = self.bin_of(key.0);
-        let count = self.counts[b];
-        self.counts[b] = count + 1;
+        let bin = &mut self.bins[b];
+        let count = bin.count;
+        bin.count = count + 1;
         if count == 0 {
-            self.bits[b / 64] |= 1 << (b % 64);
-            self.summary[b / 4096] |= 1 << (b / 64 % 64);
-            self.heads[b] = id;
+            bin.head = id;
             let h = &mut blocks[id];
             h.bin_prev = NIL;
             h.bin_next = NIL;
+            self.mark(b);
             return;
         }
-        let prev = if count < GROW_ABOVE && !self.has_map[b] {
+        let head = bin.head;
+        debug_assert!(count >= SHRINK_BELOW || !self.has_map[b]);
+        let prev = if count < SHRINK_BELOW || (count < GROW_ABOVE && !self.has_map[b]) {
             // A short list: walk it to the first hole after `key`.
             let mut prev = NIL;
-            let mut cur = self.heads[b];
+            let mut cur = head;
             while cur != NIL && blocks[cur].key() < key {
                 prev = cur;
                 cur = blocks[cur].bin_next;
@@ -199,7 +232,7 @@ impl HoleIndex {
             self.crowded_prev(blocks, b, key, id)
         };
         let next = if prev == NIL {
-            std::mem::replace(&mut self.heads[b], id)
+            std::mem::replace(&mut self.bins[b].head, id)
         } else {
             std::mem::replace(&mut blocks[prev].bin_next, id)
         };
@@ -217,10 +250,10 @@ impl HoleIndex {
     #[inline(never)]
     fn crowded_prev(&mut self, blocks: &Blocks, b: usize, key: Key, id: u32) -> u32 {
         self.has_map[b] = true;
-        let heads = &self.heads;
+        let head = self.bins[b].head;
         let map = self.crowded.entry(b).or_insert_with(|| {
             let mut map = BTreeMap::new();
-            let mut cur = heads[b];
+            let mut cur = head;
             while cur != NIL {
                 map.insert(blocks[cur].key(), cur);
                 cur = blocks[cur].bin_next;
@@ -242,27 +275,24 @@ impl HoleIndex {
             "SimDevice: a live block taken out of the hole index"
         );
         let b = self.bin_of(h.len);
+        let bin = &mut self.bins[b];
         if h.bin_prev == NIL {
-            if self.heads[b] != id {
+            if bin.head != id {
                 missing_hole();
             }
-            self.heads[b] = h.bin_next;
+            bin.head = h.bin_next;
         } else {
             blocks[h.bin_prev].bin_next = h.bin_next;
         }
         if h.bin_next != NIL {
             blocks[h.bin_next].bin_prev = h.bin_prev;
         }
-        let count = self.counts[b] - 1;
-        self.counts[b] = count;
-        if self.has_map[b] {
-            self.forget_crowded(b, h.key(), count);
-        }
+        let count = bin.count - 1;
+        bin.count = count;
         if count == 0 {
-            self.bits[b / 64] &= !(1 << (b % 64));
-            if self.bits[b / 64] == 0 {
-                self.summary[b / 4096] &= !(1 << (b / 64 % 64));
-            }
+            self.unmark(b);
+        } else if count >= SHRINK_BELOW - 1 && self.has_map[b] {
+            self.forget_crowded(b, h.key(), count);
         }
         h
     }
@@ -317,7 +347,7 @@ impl HoleIndex {
     /// length is: its head).
     #[inline(always)]
     fn first_at_least(&self, blocks: &Blocks, b: usize, len: u64) -> Option<u32> {
-        let head = self.heads[b];
+        let head = self.bins[b].head;
         if head == NIL || blocks[head].len >= len {
             return (head != NIL).then_some(head);
         }
@@ -332,7 +362,7 @@ impl HoleIndex {
         if let Some(map) = self.crowded.get(&b) {
             return map.range((len, 0, 0)..).next().map(|(_, &id)| id);
         }
-        let mut cur = self.heads[b];
+        let mut cur = self.bins[b].head;
         while cur != NIL && blocks[cur].len < len {
             cur = blocks[cur].bin_next;
         }
@@ -343,13 +373,13 @@ impl HoleIndex {
     /// at least `len` long.
     #[inline(always)]
     fn best_fit(&self, blocks: &Blocks, len: u64) -> Option<u32> {
-        if self.heads.is_empty() {
+        if self.bins.is_empty() {
             return None;
         }
         let b = self.bin_of(len);
         match self.first_at_least(blocks, b, len) {
             Some(id) => Some(id),
-            None => Some(self.heads[self.next_bin_after(b)?]),
+            None => Some(self.bins[self.next_bin_after(b)?].head),
         }
     }
 }
@@ -460,7 +490,7 @@ impl PackedPages {
     /// Opens a new page at `base` (placed as `va`) with one allocation of `size` bytes
     /// at its start; returns the allocation's handle.
     pub(crate) fn open(&mut self, base: u64, size: u64, va: Option<Placed>) -> u32 {
-        if self.index.heads.is_empty() {
+        if self.index.bins.is_empty() {
             // Built with the first page: devices that never pack keep no bins.
             self.index = HoleIndex::new(self.page_bytes, self.align);
         }
@@ -741,7 +771,7 @@ mod tests {
             fast.index.bits.iter().all(|&w| w == 0),
             "index left non-empty"
         );
-        assert!(fast.index.counts.iter().all(|&c| c == 0));
+        assert!(fast.index.bins.iter().all(|b| b.count == 0 && b.head == NIL));
         assert!(fast.index.crowded.is_empty() && !fast.index.has_map.contains(&true));
         assert_eq!(
             fast.blocks.free.len(),
@@ -798,7 +828,7 @@ mod tests {
     fn next_bin_crosses_words() {
         let mut blocks = Blocks::default();
         let mut index = HoleIndex::new(2 * MIB, 512);
-        let n = index.heads.len();
+        let n = index.bins.len();
         assert_eq!(n, 4097);
         for b in [0, 63, 64, 1000, n - 1] {
             let id = hole(&mut blocks, (b as u64) << index.shift, 0);
@@ -810,7 +840,7 @@ mod tests {
         assert_eq!(index.next_bin_after(1000), Some(n - 1));
         assert_eq!(index.next_bin_after(n - 1), None);
         let mut wide = HoleIndex::new(64 * MIB, 1);
-        assert!(wide.heads.len() == 4097 && wide.shift == 14);
+        assert!(wide.bins.len() == 4097 && wide.shift == 14);
         let long = hole(&mut blocks, 40_000, 1);
         let short = hole(&mut blocks, 33_000, 0);
         wide.insert(&mut blocks, long);
