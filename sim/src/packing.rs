@@ -89,11 +89,6 @@ impl Blocks {
             }
         }
     }
-
-    #[inline(always)]
-    fn drop_block(&mut self, id: u32) {
-        self.free.push(id);
-    }
 }
 
 impl std::ops::Index<u32> for Blocks {
@@ -203,15 +198,15 @@ impl HoleIndex {
 
     /// Puts hole `id` (its key read from `blocks`) in its place in the index.
     #[inline(always)]
-    fn insert(&mut self, blocks: &mut Blocks, id: u32) {
-        let key = blocks[id].key();
+    fn insert(&mut self, blocks: &mut [Block], id: u32) {
+        let key = blocks[id as usize].key();
         let b = self.bin_of(key.0);
         let bin = &mut self.bins[b];
         let count = bin.count;
         bin.count = count + 1;
         if count == 0 {
             bin.head = id;
-            let h = &mut blocks[id];
+            let h = &mut blocks[id as usize];
             h.bin_prev = NIL;
             h.bin_next = NIL;
             self.mark(b);
@@ -223,9 +218,9 @@ impl HoleIndex {
             // A short list: walk it to the first hole after `key`.
             let mut prev = NIL;
             let mut cur = head;
-            while cur != NIL && blocks[cur].key() < key {
+            while cur != NIL && blocks[cur as usize].key() < key {
                 prev = cur;
-                cur = blocks[cur].bin_next;
+                cur = blocks[cur as usize].bin_next;
             }
             prev
         } else {
@@ -234,12 +229,12 @@ impl HoleIndex {
         let next = if prev == NIL {
             std::mem::replace(&mut self.bins[b].head, id)
         } else {
-            std::mem::replace(&mut blocks[prev].bin_next, id)
+            std::mem::replace(&mut blocks[prev as usize].bin_next, id)
         };
         if next != NIL {
-            blocks[next].bin_prev = id;
+            blocks[next as usize].bin_prev = id;
         }
-        let h = &mut blocks[id];
+        let h = &mut blocks[id as usize];
         h.bin_prev = prev;
         h.bin_next = next;
     }
@@ -248,15 +243,15 @@ impl HoleIndex {
     /// built from the list when the bin first grows past [`GROW_ABOVE`].
     #[cold]
     #[inline(never)]
-    fn crowded_prev(&mut self, blocks: &Blocks, b: usize, key: Key, id: u32) -> u32 {
+    fn crowded_prev(&mut self, blocks: &[Block], b: usize, key: Key, id: u32) -> u32 {
         self.has_map[b] = true;
         let head = self.bins[b].head;
         let map = self.crowded.entry(b).or_insert_with(|| {
             let mut map = BTreeMap::new();
             let mut cur = head;
             while cur != NIL {
-                map.insert(blocks[cur].key(), cur);
-                cur = blocks[cur].bin_next;
+                map.insert(blocks[cur as usize].key(), cur);
+                cur = blocks[cur as usize].bin_next;
             }
             map
         });
@@ -268,8 +263,8 @@ impl HoleIndex {
 
     /// Takes hole `id` out of the index; returns the hole as it was read.
     #[inline(always)]
-    fn remove(&mut self, blocks: &mut Blocks, id: u32) -> Block {
-        let h = blocks[id];
+    fn remove(&mut self, blocks: &mut [Block], id: u32) -> Block {
+        let h = blocks[id as usize];
         debug_assert!(
             h.free,
             "SimDevice: a live block taken out of the hole index"
@@ -282,10 +277,10 @@ impl HoleIndex {
             }
             bin.head = h.bin_next;
         } else {
-            blocks[h.bin_prev].bin_next = h.bin_next;
+            blocks[h.bin_prev as usize].bin_next = h.bin_next;
         }
         if h.bin_next != NIL {
-            blocks[h.bin_next].bin_prev = h.bin_prev;
+            blocks[h.bin_next as usize].bin_prev = h.bin_prev;
         }
         let count = bin.count - 1;
         bin.count = count;
@@ -346,9 +341,9 @@ impl HoleIndex {
     /// The first hole of bin `b` at least `len` long (every hole of a bin of one
     /// length is: its head).
     #[inline(always)]
-    fn first_at_least(&self, blocks: &Blocks, b: usize, len: u64) -> Option<u32> {
+    fn first_at_least(&self, blocks: &[Block], b: usize, len: u64) -> Option<u32> {
         let head = self.bins[b].head;
-        if head == NIL || blocks[head].len >= len {
+        if head == NIL || blocks[head as usize].len >= len {
             return (head != NIL).then_some(head);
         }
         self.first_at_least_slow(blocks, b, len)
@@ -358,13 +353,13 @@ impl HoleIndex {
     /// one length): through the ordered map of a crowded bin, else along the list.
     #[cold]
     #[inline(never)]
-    fn first_at_least_slow(&self, blocks: &Blocks, b: usize, len: u64) -> Option<u32> {
+    fn first_at_least_slow(&self, blocks: &[Block], b: usize, len: u64) -> Option<u32> {
         if let Some(map) = self.crowded.get(&b) {
             return map.range((len, 0, 0)..).next().map(|(_, &id)| id);
         }
         let mut cur = self.bins[b].head;
-        while cur != NIL && blocks[cur].len < len {
-            cur = blocks[cur].bin_next;
+        while cur != NIL && blocks[cur as usize].len < len {
+            cur = blocks[cur as usize].bin_next;
         }
         (cur != NIL).then_some(cur)
     }
@@ -372,7 +367,7 @@ impl HoleIndex {
     /// The best fit for `len` bytes: the first hole in (length, page age, offset) order
     /// at least `len` long.
     #[inline(always)]
-    fn best_fit(&self, blocks: &Blocks, len: u64) -> Option<u32> {
+    fn best_fit(&self, blocks: &[Block], len: u64) -> Option<u32> {
         if self.bins.is_empty() {
             return None;
         }
@@ -458,8 +453,8 @@ impl PackedPages {
     #[inline]
     pub(crate) fn take(&mut self, size: u64) -> Option<(u32, u64)> {
         let len = self.footprint(size);
-        let id = self.index.best_fit(&self.blocks, len)?;
-        let hole = self.index.remove(&mut self.blocks, id);
+        let id = self.index.best_fit(&self.blocks.items, len)?;
+        let hole = self.index.remove(&mut self.blocks.items, id);
         if hole.len > len {
             // The rest of the hole stays a hole, just after the allocation.
             let rest = self.blocks.add(Block {
@@ -473,13 +468,14 @@ impl PackedPages {
                 bin_next: NIL,
                 free: true,
             });
+            let blocks = &mut self.blocks.items[..];
             if hole.next != NIL {
-                self.blocks[hole.next].prev = rest;
+                blocks[hole.next as usize].prev = rest;
             }
-            let b = &mut self.blocks[id];
+            let b = &mut blocks[id as usize];
             b.next = rest;
             b.len = len;
-            self.index.insert(&mut self.blocks, rest);
+            self.index.insert(blocks, rest);
         }
         self.blocks[id].free = false;
         let page = self.page_mut(hole.page);
@@ -532,7 +528,7 @@ impl PackedPages {
                 free: true,
             });
             self.blocks[id].next = hole;
-            self.index.insert(&mut self.blocks, hole);
+            self.index.insert(&mut self.blocks.items, hole);
         }
         id
     }
@@ -547,10 +543,15 @@ impl PackedPages {
         addr: u64,
         size: u64,
     ) -> Option<(u64, Option<Placed>)> {
-        let block = self.blocks[id];
+        debug_assert_eq!(self.blocks[id].len, self.footprint(size));
+        // One slice of blocks (its start and length in registers) and the free list.
+        let Blocks { items, free } = &mut self.blocks;
+        let blocks = &mut items[..];
+        let block = blocks[id as usize];
         debug_assert!(!block.free, "SimDevice: a packed allocation freed twice");
-        debug_assert_eq!(block.len, self.footprint(size));
-        let page = self.page_mut(block.page);
+        let page = self.pages[block.page as usize]
+            .as_mut()
+            .expect("SimDevice: packed page of a live allocation");
         debug_assert_eq!(page.base + block.offset, addr);
         page.live -= 1;
         if page.live == 0 {
@@ -558,42 +559,41 @@ impl PackedPages {
             let page = self.pages[block.page as usize].take().expect("live page");
             for other in [block.prev, block.next] {
                 if other != NIL {
-                    self.index.remove(&mut self.blocks, other);
-                    self.blocks.drop_block(other);
+                    self.index.remove(blocks, other);
+                    free.push(other);
                 }
             }
-            self.blocks.drop_block(id);
+            free.push(id);
             self.free_slots.push(block.page);
             return Some((page.base, page.va));
         }
         let mut merged = id;
-        if block.prev != NIL && self.blocks[block.prev].free {
+        if block.prev != NIL && blocks[block.prev as usize].free {
             // The hole before takes this block in.
             let prev = block.prev;
-            self.index.remove(&mut self.blocks, prev);
-            let p = &mut self.blocks[prev];
+            self.index.remove(blocks, prev);
+            let p = &mut blocks[prev as usize];
             p.len += block.len;
             p.next = block.next;
             if block.next != NIL {
-                self.blocks[block.next].prev = prev;
+                blocks[block.next as usize].prev = prev;
             }
-            self.blocks.drop_block(id);
+            free.push(id);
             merged = prev;
         }
-        if block.next != NIL && self.blocks[block.next].free {
+        if block.next != NIL && blocks[block.next as usize].free {
             // And the hole after.
-            let next = self.blocks[block.next];
-            self.index.remove(&mut self.blocks, block.next);
-            let m = &mut self.blocks[merged];
+            let next = self.index.remove(blocks, block.next);
+            let m = &mut blocks[merged as usize];
             m.len += next.len;
             m.next = next.next;
             if next.next != NIL {
-                self.blocks[next.next].prev = merged;
+                blocks[next.next as usize].prev = merged;
             }
-            self.blocks.drop_block(block.next);
+            free.push(block.next);
         }
-        self.blocks[merged].free = true;
-        self.index.insert(&mut self.blocks, merged);
+        blocks[merged as usize].free = true;
+        self.index.insert(blocks, merged);
         None
     }
 }
@@ -771,7 +771,11 @@ mod tests {
             fast.index.bits.iter().all(|&w| w == 0),
             "index left non-empty"
         );
-        assert!(fast.index.bins.iter().all(|b| b.count == 0 && b.head == NIL));
+        assert!(fast
+            .index
+            .bins
+            .iter()
+            .all(|b| b.count == 0 && b.head == NIL));
         assert!(fast.index.crowded.is_empty() && !fast.index.has_map.contains(&true));
         assert_eq!(
             fast.blocks.free.len(),
@@ -832,7 +836,7 @@ mod tests {
         assert_eq!(n, 4097);
         for b in [0, 63, 64, 1000, n - 1] {
             let id = hole(&mut blocks, (b as u64) << index.shift, 0);
-            index.insert(&mut blocks, id);
+            index.insert(&mut blocks.items, id);
         }
         assert_eq!(index.next_bin_after(0), Some(63));
         assert_eq!(index.next_bin_after(63), Some(64));
@@ -843,11 +847,11 @@ mod tests {
         assert!(wide.bins.len() == 4097 && wide.shift == 14);
         let long = hole(&mut blocks, 40_000, 1);
         let short = hole(&mut blocks, 33_000, 0);
-        wide.insert(&mut blocks, long);
-        wide.insert(&mut blocks, short);
-        assert_eq!(wide.best_fit(&blocks, 35_000), Some(long));
-        assert_eq!(wide.best_fit(&blocks, 33_000), Some(short));
-        assert_eq!(wide.best_fit(&blocks, 40_001), None);
+        wide.insert(&mut blocks.items, long);
+        wide.insert(&mut blocks.items, short);
+        assert_eq!(wide.best_fit(&blocks.items, 35_000), Some(long));
+        assert_eq!(wide.best_fit(&blocks.items, 33_000), Some(short));
+        assert_eq!(wide.best_fit(&blocks.items, 40_001), None);
     }
 
     /// A crowded wide bin (more holes than a list is walked for) finds the first hole
@@ -861,18 +865,18 @@ mod tests {
         let ids: Vec<u32> = (0..100u64)
             .map(|i| {
                 let id = hole(&mut blocks, 32_768 + 100 * (i % 10), 1000 - i);
-                index.insert(&mut blocks, id);
+                index.insert(&mut blocks.items, id);
                 id
             })
             .collect();
         assert_eq!(index.crowded.len(), 1);
         // Length 32 768 + 500: holes i = 5, 15, ..., 95; the oldest page is i = 95.
-        assert_eq!(index.best_fit(&blocks, 32_768 + 450), Some(ids[95]));
-        assert_eq!(index.best_fit(&blocks, 32_768), Some(ids[90]));
+        assert_eq!(index.best_fit(&blocks.items, 32_768 + 450), Some(ids[95]));
+        assert_eq!(index.best_fit(&blocks.items, 32_768), Some(ids[90]));
         for id in ids {
-            index.remove(&mut blocks, id);
+            index.remove(&mut blocks.items, id);
         }
         assert!(index.crowded.is_empty() && !index.has_map.contains(&true));
-        assert_eq!(index.best_fit(&blocks, 1), None);
+        assert_eq!(index.best_fit(&blocks.items, 1), None);
     }
 }
