@@ -55,8 +55,9 @@ pub use device::{
 };
 pub use page_table::PageTable;
 pub use policy::{
-    AdoptBlock, AdoptError, AdoptPool, AdoptSegment, AllocError, Allocation, AllocatorCall,
-    BlockSnapshot, BlockState, CallError, CallOutcome, FreeBlockUse, OomCause, Policy, PolicyStats,
-    PoolId, PoolStreams, Request, SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
+    AdoptBlock, AdoptError, AdoptPool, AdoptPrivatePool, AdoptSegment, AllocError, Allocation,
+    AllocatorCall, BlockSnapshot, BlockState, CallError, CallOutcome, FreeBlockUse, OomCause,
+    Policy, PolicyStats, PoolId, PoolStreams, Request, SegmentSnapshot, StreamId,
+    MAX_REQUEST_BYTES,
 };
 pub use registry::{PolicyConfig, POLICIES};

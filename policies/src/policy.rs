@@ -336,8 +336,30 @@ pub struct AdoptSegment {
     pub pool: Option<AdoptPool>,
     /// Whether it is a mapped run of an expandable segment.
     pub expandable: bool,
+    /// The private pool it belongs to (one of the [`AdoptPrivatePool`]s given with
+    /// it), or [`PoolId::DEFAULT`].
+    pub pool_id: PoolId,
     /// Live blocks in address order.
     pub blocks: Vec<AdoptBlock>,
+}
+
+/// A private pool live when a state a policy is asked to adopt was taken (a CUDA
+/// graph's pool, a `torch.cuda.MemPool`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdoptPrivatePool {
+    /// The pool.
+    pub id: PoolId,
+    /// Its live uses (captured graphs, `use_mem_pool` blocks, the `MemPool` object);
+    /// 0: released, its free segments given back at the next cache release.
+    pub uses: u64,
+    /// The pool may serve a default-pool request that would run out of memory.
+    pub use_on_oom: bool,
+    /// The pool never splits a block.
+    pub no_split: bool,
+    /// Allocation to it under way (`beginAllocateToPool` before the state, no
+    /// `endAllocateToPool` yet): the requests it routes. Such pools are listed in the
+    /// order their allocations began.
+    pub routing: Option<PoolStreams>,
 }
 
 /// Why a policy did not adopt a state.
@@ -435,7 +457,8 @@ pub trait Policy {
     fn empty_cache(&mut self, device: &mut dyn Device) -> Result<(), DeviceError>;
 
     /// Takes over an allocator state that already exists: `segments` with their live
-    /// blocks, as PyTorch held them when a trace that starts mid-run began. The device
+    /// blocks, and the private `pools` they belong to (with the pools that hold no
+    /// segment yet), as PyTorch held them when a trace that starts mid-run began. The device
     /// adopts the segments at their addresses ([`Device::adopt_segment`],
     /// [`crate::VirtualMemory::adopt_range`]); the policy must be fresh. Returns one
     /// allocation per block, in the order given (segment by segment). Statistics start
@@ -451,8 +474,9 @@ pub trait Policy {
         &mut self,
         device: &mut dyn Device,
         segments: &[AdoptSegment],
+        pools: &[AdoptPrivatePool],
     ) -> Result<Vec<Allocation>, AdoptError> {
-        let _ = (device, segments);
+        let _ = (device, segments, pools);
         Err(AdoptError::Unsupported {
             policy: self.name().to_string(),
         })

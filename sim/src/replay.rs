@@ -4,9 +4,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use policies::{
-    AdoptBlock, AdoptError, AdoptPool, AdoptSegment, AllocError, Allocation, AllocatorCall,
-    BlockState, CallError, CallOutcome, Device, DeviceAddr, DeviceError, DeviceStats, Policy,
-    PolicyStats, PoolId, PoolStreams, Request, StreamId,
+    AdoptBlock, AdoptError, AdoptPool, AdoptPrivatePool, AdoptSegment, AllocError, Allocation,
+    AllocatorCall, BlockState, CallError, CallOutcome, Device, DeviceAddr, DeviceError,
+    DeviceStats, Policy, PolicyStats, PoolId, PoolStreams, Request, StreamId,
 };
 use workloads::id_map::IdMap;
 use workloads::validate::Validator;
@@ -500,7 +500,7 @@ where
 {
     let mut live = LiveTable::default();
     let mut checks = Checks {
-        pools: Validator::new(None),
+        pools: Validator::new(start),
     };
     let result = run(
         start,
@@ -552,7 +552,7 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
             .segments
             .iter()
             .flat_map(|s| s.blocks.iter().map(move |b| (b, StreamId(s.stream))));
-        match policy.adopt(device, &adopt_segments(start)) {
+        match policy.adopt(device, &adopt_segments(start), &adopt_pools(start)) {
             Ok(allocations) => {
                 for ((block, _), allocation) in blocks.zip(allocations) {
                     live.insert_requested(block.id, allocation, block.pending_free);
@@ -945,6 +945,7 @@ fn adopt_segments(start: &StartState) -> Vec<AdoptSegment> {
                 StartPool::Large => AdoptPool::Large,
             }),
             expandable: s.expandable,
+            pool_id: pool_id(s.pool_id),
             blocks: s
                 .blocks
                 .iter()
@@ -955,6 +956,31 @@ fn adopt_segments(start: &StartState) -> Vec<AdoptSegment> {
                     pending_free: b.pending_free,
                 })
                 .collect(),
+        })
+        .collect()
+}
+
+/// A trace's routing of requests to a pool as the policies know it.
+fn pool_streams(streams: &workloads::PoolStreams) -> PoolStreams {
+    match streams {
+        workloads::PoolStreams::All => PoolStreams::All,
+        workloads::PoolStreams::Only(list) => {
+            PoolStreams::Only(list.iter().map(|&s| StreamId(s)).collect())
+        }
+    }
+}
+
+/// The private pools of a rebuilt starting state in the policy boundary's terms.
+fn adopt_pools(start: &StartState) -> Vec<AdoptPrivatePool> {
+    start
+        .pools
+        .iter()
+        .map(|p| AdoptPrivatePool {
+            id: pool_id(p.id),
+            uses: p.uses,
+            use_on_oom: p.use_on_oom,
+            no_split: p.no_split,
+            routing: p.routing.as_ref().map(pool_streams),
         })
         .collect()
 }

@@ -115,6 +115,7 @@ fn the_caching_policy_adopts_a_state_and_goes_on() {
                 stream: 0,
                 pool: Some(workloads::StartPool::Large),
                 expandable: false,
+                pool_id: workloads::PoolId::default(),
                 blocks: vec![
                     block(0, base, Some(4 * MIB), 4 * MIB - 100, false),
                     // Asked 3 MiB: rounded to 3 MiB; 1 MiB up to the next block is too
@@ -129,9 +130,11 @@ fn the_caching_policy_adopts_a_state_and_goes_on() {
                 stream: 0,
                 pool: None,
                 expandable: false,
+                pool_id: workloads::PoolId::default(),
                 blocks: vec![block(3, base + 64 * MIB + 512, None, 100, false)],
             },
         ],
+        ..Default::default()
     };
     let trace = start_trace(
         start,
@@ -186,11 +189,13 @@ fn other_policies_allocate_the_live_blocks_first() {
             stream: 0,
             pool: None,
             expandable: false,
+            pool_id: workloads::PoolId::default(),
             blocks: vec![
                 block(0, 0x7f00_0000_0000, None, 3 * MIB, false),
                 block(1, 0x7f00_0040_0000, Some(4 * MIB), 4 * MIB, true),
             ],
         }],
+        ..Default::default()
     };
     let trace = start_trace(
         start,
@@ -255,6 +260,7 @@ fn expandable_runs_are_adopted() {
                 stream: 0,
                 pool: Some(workloads::StartPool::Large),
                 expandable: true,
+                pool_id: workloads::PoolId::default(),
                 blocks: vec![block(0, base, Some(30 * MIB), 30 * MIB, false)],
             },
             workloads::StartSegment {
@@ -263,9 +269,11 @@ fn expandable_runs_are_adopted() {
                 stream: 0,
                 pool: Some(workloads::StartPool::Large),
                 expandable: true,
+                pool_id: workloads::PoolId::default(),
                 blocks: vec![],
             },
         ],
+        ..Default::default()
     };
     let trace = start_trace(
         start,
@@ -449,4 +457,228 @@ fn check_doc_table(name: &str, generated: &str) {
     panic!(
         "docs/fidelity.md table '{name}' is out of date (UPDATE_EXPECT=1 rewrites it); now:\n{generated}"
     );
+}
+
+fn pools_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pools")
+}
+
+/// A recorder's JSON with the first `k` entries of its trace dropped, as a ring buffer
+/// of `len - k` entries that wrapped keeps it: positions before the cut become `null`
+/// (before the first entry), the others move down by `k`; checkpoints before it are
+/// gone.
+fn cut_json(name: &str, k: u64) -> workloads::RecordedRun {
+    use serde_json::Value;
+    let path = pools_dir().join(name);
+    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let moved = |v: &Value| -> Value {
+        match v.as_u64() {
+            Some(x) if x >= k => Value::from(x - k),
+            _ => Value::Null,
+        }
+    };
+    let events = json["events"].as_array().unwrap().clone();
+    assert!((k as usize) < events.len());
+    json["events"] = Value::from(events[k as usize..].to_vec());
+    // Trace lengths do not count the `empty_cache` markers.
+    let markers = events[..k as usize]
+        .iter()
+        .filter(|e| e[0] == "empty_cache")
+        .count() as u64;
+    let entries_cut = k - markers;
+    let checkpoints: Vec<Value> = json["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["trace_len"].as_u64().unwrap() >= entries_cut)
+        .map(|c| {
+            let mut c = c.clone();
+            c["trace_len"] = Value::from(c["trace_len"].as_u64().unwrap() - entries_cut);
+            c
+        })
+        .collect();
+    json["checkpoints"] = Value::from(checkpoints);
+    if let Some(n) = json["oom"]["trace_len"].as_u64() {
+        json["oom"]["trace_len"] = Value::from(n - entries_cut);
+    }
+    for (list, keys) in [
+        ("pools", &["created_at"][..]),
+        ("pool_windows", &["begin", "end"][..]),
+        ("pool_releases", &["at"][..]),
+        ("calls", &["at"][..]),
+    ] {
+        for item in json[list].as_array_mut().unwrap() {
+            for key in keys {
+                item[*key] = moved(&item[*key]);
+            }
+        }
+    }
+    let request_pools: Vec<Value> = json["request_pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r[0].as_u64().unwrap() >= k)
+        .map(|r| {
+            let mut r = r.clone();
+            r[0] = moved(&r[0]);
+            r
+        })
+        .collect();
+    json["request_pools"] = Value::from(request_pools);
+    json["wrapped"] = Value::from(true);
+    let cut = format!("{}__cut{k}.json", name.trim_end_matches(".json"));
+    workloads::read_recorded_json_from(json.to_string().as_bytes(), std::path::Path::new(&cut))
+        .unwrap()
+}
+
+/// Recordings with private pools (CUDA graphs, shared and expandable; MemPools, with
+/// `no_split`, `use_on_oom`, expandable segments) cut as a ring buffer that wrapped
+/// would keep them, at points where pools hold segments at the first entry (after the
+/// captures, inside a pool's window): the state at the first entry is rebuilt with the
+/// private pools' segments, blocks, uses and windows, and the replay agrees with
+/// PyTorch's: every segment decision, the reserved peak of the window, the OOM point
+/// and every checkpoint (its allocated and inactive-split bytes where no block live at
+/// the first entry is freed in the trace without its size recorded), with every
+/// invariant checked after each event.
+#[test]
+fn recordings_with_private_pools_cut_mid_run_are_exact() {
+    let mut failures = Vec::new();
+    for (name, cuts) in [
+        ("graph_capture.json", &[100u64, 130, 210, 330, 400, 600][..]),
+        ("graph_capture__shared_pool-1.json", &[110, 330, 400][..]),
+        (
+            "graph_capture__expandable_segments-True.json",
+            &[110, 330, 400][..],
+        ),
+        ("kv_cache_inference__graphs-1.json", &[1000, 3000][..]),
+        ("mempool_phases.json", &[500, 1500, 3000][..]),
+        ("mempool_phases__no_split-1.json", &[500, 1500][..]),
+        (
+            "mempool_phases__use_on_oom-1__cap1265M.json",
+            &[300, 900][..],
+        ),
+        (
+            "mempool_phases__expandable_segments-True__cap1265M.json",
+            &[300, 900][..],
+        ),
+    ] {
+        for &k in cuts {
+            let run = cut_json(name, k);
+            assert!(!run.starts_empty(), "{name} cut at {k}");
+            let trace = run
+                .to_trace()
+                .unwrap_or_else(|e| panic!("{name} cut at {k}: {e}"));
+            let start = trace.start.as_ref().expect("a rebuilt state");
+            let options = FidelityOptions {
+                check_invariants: true,
+                ..FidelityOptions::default()
+            };
+            let report = match fidelity(&run, &options) {
+                Ok(r) => r,
+                Err(e) => {
+                    failures.push(format!("{name} cut at {k}: {e}"));
+                    continue;
+                }
+            };
+            let row = &report.row;
+            println!("{name} cut at {k}: {} | {row:?}", start.describe());
+            // Reserved bytes and segments at every checkpoint; allocated and
+            // inactive_split too unless a block live at the first entry was freed
+            // without its size recorded (its size is PyTorch's rules' guess).
+            let sized = start.unsized_block_count() == 0;
+            let checkpoints = report.checkpoints.iter().all(|c| {
+                let (r, s) = (c.recorded_values(), c.simulated);
+                if sized {
+                    r == s
+                } else {
+                    r[1] == s[1] && r[3] == s[3]
+                }
+            });
+            if !(row.segment_ops_match
+                && checkpoints
+                && row.reserved_bytes_peak_sim == row.reserved_bytes_peak_torch
+                && row.oom_event_sim == row.oom_event_torch)
+            {
+                failures.push(format!("{name} cut at {k}: {}", report.explain()));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Real ring buffers that wrapped in programs with private pools
+/// (`tests/data/unseen/midrun-pools`, recorded on an H200 after the rebuild was
+/// written): every JSON replays from its rebuilt state (private pools' segments,
+/// blocks, uses and windows open at the first entry) with every segment decision, the
+/// window's reserved peak, the OOM point and the checkpoints as PyTorch's (allocated
+/// and inactive-split bytes where no block live at the first entry was freed without
+/// its size); the graph captures' snapshot pickles make the same segment decisions and
+/// peak, and carry the caveat of the segments whose pool a 2.11 snapshot does not say.
+#[test]
+fn recorded_ring_buffers_with_private_pools() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/unseen/midrun-pools");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json" || x == "pickle"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 13, "{files:?}");
+    let mut failures = Vec::new();
+    for f in &files {
+        let run = workloads::read_recorded(f, None, 0).unwrap();
+        let trace = run.to_trace().unwrap();
+        let start = trace.start.as_ref().expect("a rebuilt state");
+        assert!(
+            !start.pools.is_empty(),
+            "{}: private pools at the first entry",
+            run.name
+        );
+        let pickle = f.extension().is_some_and(|x| x == "pickle");
+        let options = FidelityOptions {
+            check_invariants: true,
+            ..FidelityOptions::default()
+        };
+        let report = fidelity(&run, &options).unwrap();
+        let row = &report.row;
+        let sized = start.unsized_block_count() == 0;
+        let checkpoints = report.checkpoints.iter().all(|c| {
+            let (r, s) = (c.recorded_values(), c.simulated);
+            if sized {
+                r == s
+            } else {
+                r[1] == s[1] && r[3] == s[3]
+            }
+        });
+        let agrees = row.segment_ops_match
+            && checkpoints
+            && row.reserved_bytes_peak_sim == row.reserved_bytes_peak_torch
+            && row.oom_event_sim == row.oom_event_torch;
+        if !agrees {
+            failures.push(format!("{}: {}", f.display(), report.explain()));
+        }
+        // The recorder's JSON says everything; a 2.11 pickle of these programs does
+        // not say the pool of the memory its graphs' resets gave back.
+        if pickle {
+            assert!(
+                trace
+                    .meta
+                    .caveats
+                    .iter()
+                    .any(|c| c.contains("does not say")),
+                "{}: {:?}",
+                run.name,
+                trace.meta.caveats
+            );
+        } else {
+            assert!(
+                trace.meta.caveats.is_empty(),
+                "{}: {:?}",
+                run.name,
+                trace.meta.caveats
+            );
+            assert!(row.exact || !sized || !agrees, "{}", run.name);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

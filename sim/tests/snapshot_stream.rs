@@ -387,14 +387,15 @@ fn ring_buffer_cuts_stream_as_held() {
 
 /// Ring-buffer cuts of the real snapshots with private pools recorded by PyTorch 2.11
 /// (CUDA graph captures, with and without expandable segments, and MemPools): the
-/// whole-trace path refuses to rebuild a private pool's segments at the first entry,
-/// and the streamed path hands those cuts over to it rather than replaying them.
+/// whole-trace path rebuilds the private pools' state at the first entry, and the
+/// streamed path replays each cut as it does (the same events, results and caveats
+/// under every policy), or hands it over where a segment the trace gives back needs the
+/// requests in it to tell its pool.
 #[test]
-fn cuts_with_private_pools_hand_over_as_held() {
+fn cuts_with_private_pools_stream_as_held() {
     let dir = std::env::temp_dir().join(format!("allocsim-pool-cuts-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let some = &policies()[..1];
-    let mut refused = 0;
+    let (mut midrun, mut streamed) = (0, 0);
     for name in [
         "graph_capture",
         "graph_capture__expandable_segments-True",
@@ -414,14 +415,17 @@ fn cuts_with_private_pools_hand_over_as_held() {
             let path = dir.join(format!("{name}-{k}.pickle"));
             write_cut(&run, &entries[n * k / 6..], &path);
             let held = workloads::read_snapshot_pickle(&path, 0).unwrap();
-            if held.starts_empty() || held.to_trace().is_ok() {
+            if held.starts_empty() {
                 continue;
             }
-            refused += 1;
-            let (yes, _, _) = compare(&path, some);
-            assert!(!yes, "{}: streamed", path.display());
+            let trace = held.to_trace().unwrap();
+            if trace.start.as_ref().is_some_and(|s| !s.pools.is_empty()) {
+                midrun += 1;
+            }
+            let (yes, _, _) = compare(&path, &policies());
+            streamed += usize::from(yes);
         }
     }
-    assert!(refused >= 10, "{refused}");
+    assert!(midrun >= 8 && streamed > 0, "{midrun} {streamed}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

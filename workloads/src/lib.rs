@@ -69,7 +69,7 @@ pub use recorded::{
     RecordedEntry, RecordedOom, RecordedRun, RecordedSegment,
 };
 pub use snapshot::{read_snapshot_pickle, read_snapshot_pickle_from};
-pub use start::{StartBlock, StartPool, StartSegment, StartState};
+pub use start::{StartBlock, StartPool, StartPrivatePool, StartSegment, StartState};
 pub use trace::{
     AllocId, Event, IdName, LocationKind, PoolId, PoolStreams, RecordedAddresses, Trace, TraceMeta,
     OP_NAMES,

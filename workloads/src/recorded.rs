@@ -160,8 +160,9 @@ pub struct RecordedSegment {
     /// Whether it is an expandable segment (snapshots only; `false` otherwise).
     #[serde(default)]
     pub is_expandable: bool,
-    /// The memory pool owning it, `(0, 0)` for the default pool (snapshots only).
-    #[serde(default)]
+    /// The memory pool owning it, `(0, 0)` for the default pool (snapshots, and the
+    /// recorder's JSON of format 2 as `segment_pool_id`).
+    #[serde(default, alias = "segment_pool_id")]
     pub pool_id: (u64, u64),
 }
 
@@ -270,6 +271,15 @@ pub struct RecordedRun {
     /// ([`crate::snapshot::SnapshotPools`]). [`RecordedRun::to_trace`] puts them into
     /// the trace.
     pub calls: Vec<(Option<u64>, Event)>,
+    /// The recorder's JSON (format 2): the requests served from a private pool, each
+    /// with its pool (index into [`RecordedRun::entries`]); the other requests were the
+    /// default pools'. Empty for snapshots (their reader's attribution is in
+    /// [`crate::snapshot::SnapshotInfo::pools`]).
+    pub request_pools: Vec<(u64, PoolId)>,
+    /// The recorder's JSON (format 2): private pools' segments its snapshots saw while
+    /// the run went on (address, bytes, pool), which tell the pool of a segment given
+    /// back inside a trace that starts mid-run. Empty for snapshots.
+    pub segment_pools: Vec<(u64, u64, PoolId)>,
 }
 
 impl RecordedRun {
@@ -305,7 +315,21 @@ impl RecordedRun {
         if self.snapshot.is_some() {
             self.check_replayable()?;
         }
-        let start = self.start_state()?;
+        let mut start = self.start_state()?;
+        // A trace that starts mid-run: the private pools live at its first entry are
+        // the state's, and the calls that made them are left out.
+        let own_calls;
+        let run_calls: &[(Option<u64>, Event)] = match start.as_mut() {
+            Some(s) if self.snapshot.is_some() => {
+                own_calls = s.snapshot_calls(&self.calls);
+                &own_calls
+            }
+            Some(s) => {
+                own_calls = s.fold_recorded_calls(&self.calls);
+                &own_calls
+            }
+            None => &self.calls,
+        };
         let mut events = Vec::new();
         let mut locations = Vec::new();
         let mut entry_indexes = Vec::new();
@@ -318,7 +342,7 @@ impl RecordedRun {
         let mut next_id = live.len() as u64;
         // Calls are recorded at entry positions (a mark's `snapshot` entry): each goes
         // after the entry it names.
-        let mut calls = self.calls.iter().peekable();
+        let mut calls = run_calls.iter().peekable();
         let mut push_calls = |after: Option<usize>,
                               events: &mut Vec<Event>,
                               locations: &mut Vec<u64>,
@@ -410,7 +434,15 @@ impl RecordedRun {
         if latest == 0 {
             times_us.clear();
         }
-        let meta = self.meta.clone();
+        let mut meta = self.meta.clone();
+        let shows_pools = (self.snapshot.as_ref()).is_some_and(|s| !s.pools.shown.is_empty());
+        if let Some(caveat) = start
+            .as_ref()
+            .filter(|_| shows_pools)
+            .and_then(|s| s.unknown_pool_caveat())
+        {
+            meta.caveats.push(caveat);
+        }
         let trace = Trace {
             name: self.name.clone(),
             path: Some(self.path.clone()),
@@ -479,6 +511,16 @@ struct RecordedJson {
     request_pools: Vec<(u64, u64, u64)>,
     #[serde(default)]
     calls: Vec<JsonCall>,
+    #[serde(default)]
+    pool_segments: Vec<JsonPoolSegment>,
+}
+
+/// A private pool's segment the recorder saw (format 2).
+#[derive(Deserialize)]
+struct JsonPoolSegment {
+    address: u64,
+    total_size: u64,
+    pool: (u64, u64),
 }
 
 /// A private pool the recorder saw (format 2).
@@ -577,6 +619,24 @@ fn json_calls(
             continue;
         };
         let pool = PoolId(a, b);
+        if w.closed && w.begin.is_none() && w.end.is_none() {
+            // Begun and ended before the first entry: its use is all that is left.
+            push(
+                None,
+                0,
+                Event::BeginAllocateToPool {
+                    pool,
+                    streams: if w.scope == "capture" {
+                        PoolStreams::Only(w.streams.clone())
+                    } else {
+                        PoolStreams::All
+                    },
+                },
+                &mut calls,
+            );
+            push(None, 0, Event::EndAllocateToPool { pool }, &mut calls);
+            continue;
+        }
         let end = if w.closed { w.end } else { None };
         let inside = |i: u64| w.begin.is_none_or(|b| i > b) && end.is_none_or(|e| i < e);
         let streams = if w.scope == "capture" {
@@ -791,6 +851,16 @@ pub fn read_recorded_json_from(
         times_us: json.events.iter().map(|e| e.4 .0).collect(),
         entries,
         calls,
+        request_pools: json
+            .request_pools
+            .iter()
+            .map(|&(i, a, b)| (i, PoolId(a, b)))
+            .collect(),
+        segment_pools: json
+            .pool_segments
+            .iter()
+            .map(|s| (s.address, s.total_size, PoolId(s.pool.0, s.pool.1)))
+            .collect(),
         source_indexes: Vec::new(),
         checkpoints: json.checkpoints,
         oom: json.oom,
@@ -914,8 +984,9 @@ mod tests {
     }
 
     /// A free of an address never allocated means the trace starts mid-run; its state
-    /// is rebuilt from the segments the recording ends with, and a free outside every
-    /// segment cannot be rebuilt, with a message naming the entry.
+    /// is rebuilt from the segments the recording ends with (a private pool's segment
+    /// in its pool), and a free outside every segment cannot be rebuilt, with a message
+    /// naming the entry.
     #[test]
     fn a_trace_that_starts_mid_run_is_rebuilt_or_refused() {
         let mut run = RecordedRun {
@@ -958,16 +1029,24 @@ mod tests {
             }]
         );
         assert_eq!(t.events, vec![Event::Free { id: AllocId(0) }]);
-        // A state with a private pool's segment is refused, in one readable sentence
-        // (the message once held a run of spaces from a line break).
+        // A state with a private pool's segment is rebuilt with the pool live at the
+        // first entry (one use: a snapshot does not record more), the segment its own.
         run.segments[0].pool_id = (1, 0);
-        let err = run.rebuild_start().unwrap_err().to_string();
+        let start = run.rebuild_start().unwrap();
+        assert_eq!(start.segments[0].pool_id, PoolId(1, 0));
         assert_eq!(
-            err,
-            "x.pickle: the trace does not start from an empty allocator, and the segment at 0x0 \
-             belongs to the private memory pool (1, 0): rebuilding the state of private pools at \
-             the first entry is not supported yet"
+            start.pools,
+            vec![crate::StartPrivatePool {
+                id: PoolId(1, 0),
+                uses: 1,
+                use_on_oom: false,
+                no_split: false,
+                routing: None,
+            }]
         );
+        assert!(start
+            .describe()
+            .contains("private pools (1, 0) with 1 segment(s) of 2.00 MiB"));
     }
 
     /// A mid-run trace whose segments or entries end past 2^64 is refused with a message

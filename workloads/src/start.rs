@@ -20,13 +20,27 @@
 //! [`StartBlock::size_bytes`] is `None` then, and the policy that adopts the state
 //! decides it (the caching policy: the size PyTorch would have rounded the request
 //! to).
+//!
+//! **Private pools** (CUDA graphs' pools, MemPools): a segment keeps the pool the
+//! recording lists it in (`segment_pool_id`) through the undoing; a segment the trace
+//! gives back, brought back by undoing its `segment_free`, is the default pools' (the
+//! entry does not say its pool before PyTorch 2.15; the snapshot reader warns where that
+//! may be wrong), and pages mapped again by undoing a `segment_unmap` are the pool of
+//! the run beside them. Each private pool holding a segment at the first entry is live
+//! then ([`StartState::pools`]); what the recording does not say about it (its uses,
+//! whether allocation to it was under way) is assumed as [`StartState::pools_recorded`]
+//! says, and the recorder's JSON, which records both, replaces the assumption
+//! (`RecordedRun::to_trace`).
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::recorded::{Action, BlockState, RecordedEntry, RecordedRun, RecordedSegment};
 use crate::size::format_size_human;
-use crate::trace::AllocId;
+use crate::trace::{AllocId, Event, PoolId, PoolStreams};
 use crate::ReadError;
+
+/// PyTorch's `kSmallSize`: requests of at most this many bytes go to the small pool.
+const SMALL_REQUEST_BYTES: u64 = 1 << 20;
 
 /// A live block of the [`StartState`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,8 +82,29 @@ pub struct StartSegment {
     pub pool: Option<StartPool>,
     /// Whether it is a mapped run of an expandable segment.
     pub expandable: bool,
+    /// The private pool it belongs to (one of [`StartState::pools`]), or the default
+    /// pools, `(0, 0)`.
+    pub pool_id: PoolId,
     /// Its live blocks in address order; the rest of it is free.
     pub blocks: Vec<StartBlock>,
+}
+
+/// A private pool live at a trace's first entry (a CUDA graph's pool, a MemPool).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartPrivatePool {
+    /// The pool.
+    pub id: PoolId,
+    /// Its live uses: captured graphs, `use_mem_pool` blocks, the `MemPool` object; 0:
+    /// released, its free segments given back at the next cache release.
+    pub uses: u64,
+    /// A MemPool that may serve a default-pool request about to run out of memory.
+    pub use_on_oom: bool,
+    /// A MemPool that never splits a block.
+    pub no_split: bool,
+    /// Allocation to it under way at the first entry (a capture, a `use_mem_pool`
+    /// block): the requests it routes. Pools with one come last in
+    /// [`StartState::pools`], in the order their allocations began.
+    pub routing: Option<PoolStreams>,
 }
 
 /// The allocator's state before a trace's first entry.
@@ -77,6 +112,15 @@ pub struct StartSegment {
 pub struct StartState {
     /// Segments in address order.
     pub segments: Vec<StartSegment>,
+    /// Private pools live at the first entry: each pool a segment belongs to, and pools
+    /// that hold none yet.
+    pub pools: Vec<StartPrivatePool>,
+    /// Whether the pools' uses and the allocations to them under way were recorded
+    /// (the recorder's JSON); otherwise (a snapshot) they are assumed: one use each
+    /// (the graph or MemPool that holds it), kept until the pool's memory is first
+    /// given back after its last request, and no allocation under way (a pool's
+    /// window opens at its first request in the trace).
+    pub pools_recorded: bool,
 }
 
 impl StartState {
@@ -101,6 +145,49 @@ impl StartState {
 
     /// One line for people: what the state holds.
     pub fn describe(&self) -> String {
+        format!("{}{}", self.describe_blocks(), self.describe_pools())
+    }
+
+    /// What [`StartState::describe`] says of the private pools ("" without any).
+    fn describe_pools(&self) -> String {
+        if self.pools.is_empty() {
+            return String::new();
+        }
+        let each: Vec<String> = self
+            .pools
+            .iter()
+            .map(|p| {
+                let (n, bytes) = self
+                    .segments
+                    .iter()
+                    .filter(|s| s.pool_id == p.id)
+                    .fold((0u64, 0u64), |(n, b), s| (n + 1, b + s.size_bytes));
+                let mut what = format!(
+                    "{} with {n} segment(s) of {}",
+                    p.id,
+                    format_size_human(bytes)
+                );
+                if self.pools_recorded {
+                    what += &format!(", {} use(s)", p.uses);
+                    if p.routing.is_some() {
+                        what += ", allocation to it under way";
+                    }
+                }
+                what
+            })
+            .collect();
+        let assumed = if self.pools_recorded {
+            ""
+        } else {
+            " (the snapshot does not record their uses or whether allocation to one was under way: \
+             each is given one use, kept until its memory is first given back after its last request, \
+             and its requests are routed to it from the first of them)"
+        };
+        format!("; private pools {}{assumed}", each.join(", "))
+    }
+
+    /// What [`StartState::describe`] says of the segments and blocks.
+    fn describe_blocks(&self) -> String {
         let pending = self
             .segments
             .iter()
@@ -128,6 +215,124 @@ impl StartState {
     }
 }
 
+impl StartState {
+    /// A snapshot's allocator calls for its trace replayed from this state: the first
+    /// `create_pool` of each pool live at the first entry is left out (the pool exists,
+    /// and the one use it starts with is the use that call would have kept).
+    pub(crate) fn snapshot_calls(
+        &self,
+        calls: &[(Option<u64>, Event)],
+    ) -> Vec<(Option<u64>, Event)> {
+        let mut live: Vec<PoolId> = self.pools.iter().map(|p| p.id).collect();
+        calls
+            .iter()
+            .filter(|(_, e)| match e {
+                Event::CreatePool { pool, .. } => match live.iter().position(|p| p == pool) {
+                    Some(k) => {
+                        live.swap_remove(k);
+                        false
+                    }
+                    None => true,
+                },
+                _ => true,
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// For a snapshot that shows private pools: the caveat for the segments live at the
+    /// first entry that the trace gives back (brought back by undoing their
+    /// `segment_free` or `segment_unmap`, with no pool said), adopted into the default
+    /// pools; `None` without any.
+    pub(crate) fn unknown_pool_caveat(&self) -> Option<String> {
+        let unknown: Vec<&StartSegment> =
+            self.segments.iter().filter(|s| s.pool.is_none()).collect();
+        let first = unknown.first()?;
+        let bytes: u64 = unknown.iter().map(|s| s.size_bytes).sum();
+        Some(format!(
+            "the trace starts mid-run and {} segment(s) of {} live at its first entry (the first at {:#x}) \
+             are given back inside it: the snapshot does not say which pool they belonged to, and they are \
+             adopted into the default pools (not a private pool's)",
+            unknown.len(),
+            format_size_human(bytes),
+            first.addr
+        ))
+    }
+
+    /// The recorder's allocator calls for its trace replayed from this state: the
+    /// private-pool calls placed before the first entry (pools created, allocations to
+    /// them begun and ended, uses released, before the trace or before its ring buffer
+    /// kept it) are folded into the state's pools, which they decide exactly (uses,
+    /// flags, allocations under way); the other calls are kept.
+    pub(crate) fn fold_recorded_calls(
+        &mut self,
+        calls: &[(Option<u64>, Event)],
+    ) -> Vec<(Option<u64>, Event)> {
+        self.pools_recorded = true;
+        for p in &mut self.pools {
+            p.uses = 0;
+        }
+        // Allocations under way, in the order they began.
+        let mut routing: Vec<PoolId> = Vec::new();
+        let mut kept = Vec::with_capacity(calls.len());
+        for (at, e) in calls {
+            let (None, Some(id)) = (at, e.pool()) else {
+                kept.push((*at, e.clone()));
+                continue;
+            };
+            let k = match self.pools.iter().position(|p| p.id == id) {
+                Some(k) => k,
+                None => {
+                    self.pools.push(StartPrivatePool {
+                        id,
+                        uses: 0,
+                        use_on_oom: false,
+                        no_split: false,
+                        routing: None,
+                    });
+                    self.pools.len() - 1
+                }
+            };
+            let pool = &mut self.pools[k];
+            match e {
+                Event::CreatePool {
+                    use_on_oom,
+                    no_split,
+                    ..
+                } => {
+                    pool.uses += 1;
+                    pool.use_on_oom = *use_on_oom;
+                    pool.no_split = *no_split;
+                }
+                Event::BeginAllocateToPool { streams, .. } => {
+                    pool.uses += 1;
+                    pool.routing = Some(streams.clone());
+                    routing.retain(|&p| p != id);
+                    routing.push(id);
+                }
+                Event::EndAllocateToPool { .. } => {
+                    pool.routing = None;
+                    routing.retain(|&p| p != id);
+                }
+                Event::ReleasePool { .. } => pool.uses = pool.uses.saturating_sub(1),
+                _ => {}
+            }
+        }
+        // A pool with no use left and no segment is gone; those allocated to come last,
+        // in the order their allocations began.
+        let segments = &self.segments;
+        self.pools
+            .retain(|p| p.uses > 0 || segments.iter().any(|s| s.pool_id == p.id));
+        self.pools.sort_by_key(|p| {
+            routing
+                .iter()
+                .position(|&r| r == p.id && p.routing.is_some())
+                .map_or(0, |k| k + 1)
+        });
+        kept
+    }
+}
+
 /// A block while the trace is undone.
 #[derive(Clone, Debug)]
 pub(crate) struct Live {
@@ -142,6 +347,7 @@ pub(crate) struct Seg {
     stream: u64,
     pool: Option<StartPool>,
     expandable: bool,
+    pool_id: PoolId,
 }
 
 /// Segment changes: each key changed, with the bytes of the segment it held before
@@ -193,7 +399,11 @@ fn merge_runs(segs: &mut Segs, addr: u64) {
         let Some(next) = segs.map.get(&(addr + s.size)).cloned() else {
             return;
         };
-        if !(s.expandable && next.expandable && s.stream == next.stream) {
+        if !(s.expandable
+            && next.expandable
+            && s.stream == next.stream
+            && s.pool_id == next.pool_id)
+        {
             return;
         }
         segs.remove(addr + s.size);
@@ -254,6 +464,7 @@ impl Undo {
                     stream: s.stream,
                     pool,
                     expandable: s.is_expandable,
+                    pool_id: PoolId(s.pool_id.0, s.pool_id.1),
                 },
             );
             for b in &s.blocks {
@@ -277,6 +488,45 @@ impl Undo {
             merge_runs(&mut segs, a);
         }
         Undo { segs, live }
+    }
+
+    /// Before undoing a request of `pool` (the recording says which) whose block of
+    /// `requested` bytes is at `addr`: a segment whose pool is not known (brought back
+    /// by undoing its `segment_free` or `segment_unmap`) is that request's, its small
+    /// or large pool the one PyTorch's `get_pool` picks for the request (blocks never
+    /// leave their pool).
+    pub(crate) fn note_request(&mut self, addr: u64, requested: u64, pool: PoolId) {
+        if let Some((_, s)) = self.segs.map.range_mut(..=addr).next_back() {
+            if s.pool.is_none() {
+                s.pool = Some(if requested <= SMALL_REQUEST_BYTES {
+                    StartPool::Small
+                } else {
+                    StartPool::Large
+                });
+                s.pool_id = pool;
+            }
+        }
+    }
+
+    /// After undoing: each segment whose pool is still not known and that overlaps one
+    /// of `seen` (address, bytes, pool: private pools' segments the recording saw) is
+    /// that pool's.
+    pub(crate) fn seen_pools(&mut self, seen: &[(u64, u64, PoolId)]) {
+        if seen.is_empty() {
+            return;
+        }
+        for (&addr, s) in &mut self.segs.map {
+            if s.pool.is_some() || !s.pool_id.is_default() {
+                continue;
+            }
+            let end = addr + s.size;
+            if let Some(&(_, _, pool)) = seen
+                .iter()
+                .find(|&&(a, n, _)| a < end && addr < a.saturating_add(n))
+            {
+                s.pool_id = pool;
+            }
+        }
     }
 
     /// Keeps a journal of the segments' changes from now on ([`Segs`]).
@@ -373,6 +623,7 @@ impl Undo {
                         stream: e.stream,
                         pool: None,
                         expandable: false,
+                        pool_id: PoolId::default(),
                     },
                 );
             }
@@ -426,13 +677,20 @@ impl Undo {
                     ));
                 }
                 // The pool of pages mapped again: that of a neighbouring run, if any.
-                let pool = segs
+                let below = segs
                     .map
                     .range(..e.addr)
                     .next_back()
                     .filter(|(&a, s)| s.expandable && a + s.size == e.addr)
-                    .and_then(|(_, s)| s.pool)
-                    .or_else(|| segs.map.get(&(e.addr + e.size)).and_then(|s| s.pool));
+                    .map(|(_, s)| s);
+                let above = segs.map.get(&(e.addr + e.size)).filter(|s| s.expandable);
+                let pool = below
+                    .and_then(|s| s.pool)
+                    .or_else(|| above.and_then(|s| s.pool));
+                let pool_id = below
+                    .or(above)
+                    .filter(|s| s.stream == e.stream)
+                    .map_or(PoolId::default(), |s| s.pool_id);
                 segs.insert(
                     e.addr,
                     Seg {
@@ -440,6 +698,7 @@ impl Undo {
                         stream: e.stream,
                         pool,
                         expandable: true,
+                        pool_id,
                     },
                 );
                 merge_runs(segs, e.addr);
@@ -480,9 +739,29 @@ impl Undo {
                 stream: s.stream,
                 pool: s.pool,
                 expandable: s.expandable,
+                pool_id: s.pool_id,
                 blocks,
             });
         }
+        // Each private pool a segment belongs to, one use each (`pools_recorded`).
+        let mut ids: Vec<PoolId> = out
+            .segments
+            .iter()
+            .map(|s| s.pool_id)
+            .filter(|p| !p.is_default())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        out.pools = ids
+            .into_iter()
+            .map(|id| StartPrivatePool {
+                id,
+                uses: 1,
+                use_on_oom: false,
+                no_split: false,
+                routing: None,
+            })
+            .collect();
         let placed: usize = out.block_count();
         if placed != live.len() {
             let stray = live
@@ -521,6 +800,40 @@ impl RecordedRun {
             Ok(state) => Ok(Some(state)),
             Err(_) if from_empty => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+
+    /// The pool of the request at `entries[index]`, where the recording shows private
+    /// pools and says it: every request of the recorder's JSON (its `request_pools`,
+    /// the others the default pools'); a snapshot's as its reader attributed them
+    /// (`None` for those it could not). `None` for every request of a recording that
+    /// shows no private pool (a segment's pool is then told from its size).
+    fn request_pools(&self) -> impl Fn(usize) -> Option<PoolId> + '_ {
+        let (shows, private, unknown): (bool, HashMap<u64, PoolId>, Vec<u64>) = match &self.snapshot
+        {
+            None => (
+                !self.request_pools.is_empty()
+                    || !self.segment_pools.is_empty()
+                    || self.segments.iter().any(|s| s.pool_id != (0, 0)),
+                self.request_pools.iter().copied().collect(),
+                Vec::new(),
+            ),
+            Some(info) => (
+                !info.pools.shown.is_empty(),
+                info.pools.request_pools.iter().copied().collect(),
+                info.pools.unattributed.clone(),
+            ),
+        };
+        move |index| {
+            if !shows {
+                return None;
+            }
+            let at = self.source_index(index);
+            match private.get(&at) {
+                Some(&pool) => Some(pool),
+                None if unknown.binary_search(&at).is_ok() => None,
+                None => Some(PoolId::default()),
+            }
         }
     }
 
@@ -597,18 +910,6 @@ impl RecordedRun {
     /// a block outside every segment, allocates over a live block, drops a segment
     /// that still holds blocks...): the message names the entry.
     pub fn rebuild_start(&self) -> Result<StartState, ReadError> {
-        if let Some(s) = self.segments.iter().find(|s| s.pool_id != (0, 0)) {
-            return Err(ReadError::invalid(
-                &self.path,
-                None,
-                format!(
-                    "the trace does not start from an empty allocator, and the segment at {:#x} \
-                     belongs to the private memory pool {:?}: rebuilding the state of private \
-                     pools at the first entry is not supported yet",
-                    s.address, s.pool_id
-                ),
-            ));
-        }
         // Undoing adds addresses and sizes: everything must end below 2^64 first.
         let past_end = |record: String, bytes: u64| {
             ReadError::invalid(
@@ -632,7 +933,13 @@ impl RecordedRun {
             return Err(past_end(record, e.size));
         }
         let mut state = Undo::at_end(&self.segments);
+        let request_pool = self.request_pools();
         for (index, e) in self.entries.iter().enumerate().rev() {
+            if e.action == Action::Alloc {
+                if let Some(pool) = request_pool(index) {
+                    state.note_request(e.addr, e.size, pool);
+                }
+            }
             state.undo(e).map_err(|what| {
                 ReadError::invalid(
                     &self.path,
@@ -644,6 +951,7 @@ impl RecordedRun {
                 )
             })?;
         }
+        state.seen_pools(&self.segment_pools);
         state.into_start().map_err(|stray| {
             ReadError::invalid(
                 &self.path,

@@ -328,7 +328,7 @@ pub struct Validator {
 
 impl Validator {
     /// A validator for a trace that starts from `start` (a mid-run trace's live blocks
-    /// are live from event 0), or from an empty allocator.
+    /// and private pools are live from event 0), or from an empty allocator.
     pub fn new(start: Option<&StartState>) -> Validator {
         let mut live = IdMap::new();
         for b in start
@@ -345,10 +345,23 @@ impl Validator {
                 },
             );
         }
+        // Its private pools are live from event 0 (with no use left: released then).
+        let pools = start
+            .iter()
+            .flat_map(|s| &s.pools)
+            .map(|p| {
+                let state = PoolState {
+                    uses: p.uses,
+                    allocating_since: p.routing.as_ref().map(|_| 0),
+                    released_at: (p.uses == 0).then_some(0),
+                };
+                (p.id, state)
+            })
+            .collect();
         Validator {
             live,
             freed: IdBits::default(),
-            pools: HashMap::new(),
+            pools,
             issues: Vec::new(),
         }
     }

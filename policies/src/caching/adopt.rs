@@ -3,16 +3,29 @@
 //! blocks, built directly into the pools, without a malloc.
 //!
 //! What the state does not say is decided as PyTorch's rules would have: a segment's
-//! pool from its size when unknown (2 MiB: small); the size of a block whose requested
+//! pool from its size when unknown (2 MiB: small; an expandable run that is not made of
+//! large pages: small); the size of a block whose requested
 //! size alone is known, as `round_size` of the request, or the whole room up to the
 //! next block where PyTorch would not have split it off (a remainder too small to
 //! split, or an oversize request, which is never split); an expandable segment's
 //! address range from its lowest mapped run (one range per stream and pool, as large
-//! as PyTorch reserves it). Everything is adopted into the default pools: a state with
-//! private pools' segments is refused before it gets here.
+//! as PyTorch reserves it).
+//!
+//! Private pools (CUDA graphs' pools, MemPools) are created first, with the uses,
+//! flags and allocation under way the state gives them, and their segments built into
+//! their own pool pairs (an expandable segment's range per stream, pool pair and
+//! small/large pool, as PyTorch keeps one per pool); a pool's `cudaMalloc_count` is its
+//! segments (for expandable runs, one per mapped run: the maps and unmaps that made
+//! them are not in the state). A block of a `no_split` MemPool whose size is not known
+//! takes the whole room up to the next block, as that pool never splits. A block
+//! waiting for other streams in a pool being allocated to (a capture under way) whose
+//! free completes while a capture is still under way was freed at once: PyTorch looks
+//! at no event during a capture, so a free it completes then had no stream to wait for
+//! and its request was the entry just before the trace (a capture defers only frees
+//! that wait). Its free is not deferred.
 
 use super::*;
-use crate::policy::{AdoptBlock, AdoptError, AdoptPool, AdoptSegment};
+use crate::policy::{AdoptBlock, AdoptError, AdoptPool, AdoptPrivatePool, AdoptSegment};
 
 /// One piece of a segment or range while it is built: a gap or a live block.
 struct Piece<'a> {
@@ -28,8 +41,9 @@ impl CachingPolicy {
         &mut self,
         device: &mut dyn Device,
         segments: &[AdoptSegment],
+        pools: &[AdoptPrivatePool],
     ) -> Result<Vec<Allocation>, AdoptError> {
-        if self.blocks.iter().next().is_some() {
+        if self.blocks.iter().next().is_some() || !self.private.is_empty() {
             return Err(AdoptError::Invalid(
                 "the policy already holds memory; a state is adopted before the first request"
                     .into(),
@@ -38,6 +52,7 @@ impl CachingPolicy {
         // Adopted blocks whose free is pending are active but not allocated.
         self.keep_active_stats();
         let invalid = AdoptError::Invalid;
+        self.adopt_pools(pools)?;
         // The index of each block in the flattened input, for the result's order.
         let mut firsts = Vec::with_capacity(segments.len());
         let mut n = 0usize;
@@ -49,6 +64,7 @@ impl CachingPolicy {
 
         for (i, seg) in segments.iter().enumerate().filter(|(_, s)| !s.expandable) {
             let pool = self.pool_of(seg);
+            let owner = self.owner_of(seg)?;
             let (addr, size) = (seg.addr.0, seg.size_bytes);
             if size == 0 || size % MIN_BLOCK_BYTES != 0 {
                 return Err(invalid(format!(
@@ -56,41 +72,69 @@ impl CachingPolicy {
                     seg.addr
                 )));
             }
-            let pieces = self.pieces(addr, size, &seg.blocks, pool, false, firsts[i])?;
+            let pieces = self.pieces(addr, size, &seg.blocks, pool, owner, false, firsts[i])?;
             let segment = device.adopt_segment(seg.addr, size)?;
             let slot = self.segments.insert(segment);
             self.total_allocated += size;
+            self.count_pool_segment(owner, true, false);
             self.stats.segment.increase(pool, 1);
             self.stats.reserved_bytes.increase(pool, size);
             if size >= self.config.max_split_size_bytes {
                 self.stats.oversize_segments.increase(1);
             }
-            self.build(pieces, seg.stream, pool, slot, false, &mut result);
+            self.build(pieces, seg.stream, pool, owner, slot, false, &mut result);
         }
 
-        // Expandable runs: one address range per (stream, pool), from the lowest run.
-        let mut groups: BTreeMap<(u64, bool), Vec<usize>> = BTreeMap::new();
+        // Expandable runs: one address range per (stream, pool pair, pool), from the
+        // lowest run.
+        let mut groups: BTreeMap<(u64, u32, bool), Vec<usize>> = BTreeMap::new();
         for (i, seg) in segments.iter().enumerate().filter(|(_, s)| s.expandable) {
             let small = self.pool_of(seg) == PoolKind::Small;
-            groups.entry((seg.stream.0, small)).or_default().push(i);
+            let owner = self.owner_of(seg)?;
+            groups
+                .entry((seg.stream.0, owner, small))
+                .or_default()
+                .push(i);
         }
-        for ((stream, small), mut runs) in groups {
+        let stats = device.stats();
+        let total = if stats.total_bytes > 0 {
+            stats.total_bytes
+        } else {
+            stats.capacity_bytes
+        };
+        let large_page = self.config.large_segment_size_bytes;
+        let page_of = |small: bool| {
+            if small {
+                SMALL_BUFFER_BYTES
+            } else {
+                large_page
+            }
+        };
+        // Runs past one range from the lowest start another range: runs of several
+        // pools' segments whose pool the state did not say, adopted into one.
+        let mut ranges: Vec<((u64, u32, bool), Vec<usize>)> = Vec::new();
+        for (key, mut runs) in groups {
             runs.sort_by_key(|&i| segments[i].addr);
+            let range_size = expandable_range_bytes(total, page_of(key.2));
+            let mut first = 0;
+            for k in 1..=runs.len() {
+                let past = runs.get(k).is_some_and(|&i| {
+                    let (run, base) = (&segments[i], segments[runs[first]].addr.0);
+                    run.addr.0.saturating_add(run.size_bytes) > base.saturating_add(range_size)
+                });
+                if k == runs.len() || past {
+                    ranges.push((key, runs[first..k].to_vec()));
+                    first = k;
+                }
+            }
+        }
+        for ((stream, owner, small), runs) in ranges {
             let pool = if small {
                 PoolKind::Small
             } else {
                 PoolKind::Large
             };
-            let page = match pool {
-                PoolKind::Small => SMALL_BUFFER_BYTES,
-                PoolKind::Large => self.config.large_segment_size_bytes,
-            };
-            let stats = device.stats();
-            let total = if stats.total_bytes > 0 {
-                stats.total_bytes
-            } else {
-                stats.capacity_bytes
-            };
+            let page = page_of(small);
             let range_size = expandable_range_bytes(total, page);
             let base = segments[runs[0]].addr.0;
             let mut pieces = Vec::new();
@@ -121,7 +165,15 @@ impl CachingPolicy {
                         live: None,
                     });
                 }
-                pieces.extend(self.pieces(addr, size, &run.blocks, pool, true, firsts[i])?);
+                pieces.extend(self.pieces(
+                    addr,
+                    size,
+                    &run.blocks,
+                    pool,
+                    owner,
+                    true,
+                    firsts[i],
+                )?);
                 mapped.push(((addr - base) / page, (addr + size - base) / page));
                 cursor = addr + size;
             }
@@ -144,6 +196,7 @@ impl CachingPolicy {
                 mapped_bytes: 0,
             };
             for (begin, end) in mapped {
+                self.count_pool_segment(owner, true, true);
                 if !es.map(vm, begin, end)? {
                     return Err(AdoptError::Device(DeviceError::OutOfMemory {
                         requested_bytes: (end - begin) * page,
@@ -156,12 +209,88 @@ impl CachingPolicy {
             let slot = (self.expandables.len() - 1) as u32;
             self.total_allocated += mapped_bytes;
             self.stats.reserved_bytes.increase(pool, mapped_bytes);
-            self.build(pieces, StreamId(stream), pool, slot, true, &mut result);
+            self.build(
+                pieces,
+                StreamId(stream),
+                pool,
+                owner,
+                slot,
+                true,
+                &mut result,
+            );
         }
         Ok(result
             .into_iter()
             .map(|a| a.expect("every block was built"))
             .collect())
+    }
+
+    /// Creates the private pools of a state (see [`Policy::adopt`]), in the order
+    /// given: slots, uses, flags and allocations under way.
+    fn adopt_pools(&mut self, pools: &[AdoptPrivatePool]) -> Result<(), AdoptError> {
+        for p in pools {
+            if p.id.is_default() {
+                return Err(AdoptError::Invalid(
+                    "the pool (0, 0) is the default pools, not a private pool".into(),
+                ));
+            }
+            if self.private.contains_key(&p.id) {
+                return Err(AdoptError::Invalid(format!(
+                    "the private pool {} is listed twice",
+                    p.id
+                )));
+            }
+            if p.routing.is_some() && p.uses == 0 {
+                return Err(AdoptError::Invalid(format!(
+                    "allocation to the private pool {} is under way, but the pool has no use",
+                    p.id
+                )));
+            }
+            let slot = self.pools.len() as u32;
+            self.pools.push(PoolPair {
+                id: p.id,
+                ..PoolPair::default()
+            });
+            self.private.insert(
+                p.id,
+                PrivatePool {
+                    slot,
+                    use_count: p.uses,
+                    cuda_malloc_count: 0,
+                    had_expandable: false,
+                },
+            );
+            if p.uses == 0 {
+                self.freeable.insert(p.id);
+            }
+            if p.use_on_oom {
+                self.use_on_oom.insert(p.id);
+            }
+            if p.no_split {
+                self.no_split.insert(p.id);
+            }
+            if let Some(streams) = &p.routing {
+                self.captures.push((p.id, streams.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The pool pair a segment belongs to: 0 for the default pools, else its private
+    /// pool's slot.
+    fn owner_of(&self, seg: &AdoptSegment) -> Result<u32, AdoptError> {
+        if seg.pool_id.is_default() {
+            return Ok(0);
+        }
+        self.private
+            .get(&seg.pool_id)
+            .map(|p| p.slot)
+            .ok_or_else(|| {
+                AdoptError::Invalid(format!(
+                    "the segment at {} belongs to the private pool {}, which the state does not list",
+                    seg.addr, seg.pool_id
+                ))
+            })
     }
 
     /// The pool a segment belongs to: as given, else small for a 2 MiB segment.
@@ -170,17 +299,25 @@ impl CachingPolicy {
             Some(AdoptPool::Small) => PoolKind::Small,
             Some(AdoptPool::Large) => PoolKind::Large,
             None if !seg.expandable && seg.size_bytes == SMALL_BUFFER_BYTES => PoolKind::Small,
+            // Large pages are larger: a run not made of them is the small pool's.
+            None if seg.expandable
+                && seg.size_bytes % self.config.large_segment_size_bytes != 0 =>
+            {
+                PoolKind::Small
+            }
             None => PoolKind::Large,
         }
     }
 
     /// `[addr, addr + size)` cut into free gaps and live blocks (sizes decided).
+    #[allow(clippy::too_many_arguments)]
     fn pieces<'a>(
         &self,
         addr: u64,
         size: u64,
         blocks: &'a [AdoptBlock],
         pool: PoolKind,
+        owner: u32,
         expandable: bool,
         first: usize,
     ) -> Result<Vec<Piece<'a>>, AdoptError> {
@@ -198,7 +335,7 @@ impl CachingPolicy {
             let room = blocks.get(k + 1).map_or(end, |n| n.addr.0.clamp(at, end)) - at;
             let block_size = match b.size_bytes {
                 Some(s) => s,
-                None => self.decided_size(b, room, pool, expandable)?,
+                None => self.decided_size(b, room, pool, owner, expandable)?,
             };
             if block_size == 0 || block_size % MIN_BLOCK_BYTES != 0 || block_size > room {
                 return Err(AdoptError::Invalid(format!(
@@ -245,6 +382,7 @@ impl CachingPolicy {
         b: &AdoptBlock,
         room: u64,
         pool: PoolKind,
+        owner: u32,
         expandable: bool,
     ) -> Result<u64, AdoptError> {
         let rounded = self.round_size(b.requested_bytes.max(1));
@@ -255,7 +393,9 @@ impl CachingPolicy {
             )));
         }
         let remaining = room - rounded;
-        let split = if pool == PoolKind::Small || expandable {
+        let split = if owner != 0 && self.no_split.contains(&self.pools[owner as usize].id) {
+            false
+        } else if pool == PoolKind::Small || expandable {
             remaining >= MIN_BLOCK_BYTES
         } else {
             rounded < self.config.max_split_size_bytes && remaining > SMALL_SIZE_BYTES
@@ -265,11 +405,13 @@ impl CachingPolicy {
 
     /// Creates the blocks of one segment or range from its pieces, linked in order,
     /// with their statistics; live blocks' allocations go to `result`.
+    #[allow(clippy::too_many_arguments)]
     fn build(
         &mut self,
         pieces: Vec<Piece<'_>>,
         stream: StreamId,
         pool: PoolKind,
+        owner: u32,
         segment: u32,
         expandable: bool,
         result: &mut [Option<Allocation>],
@@ -285,7 +427,7 @@ impl CachingPolicy {
                 p.size,
                 stream_slot,
                 pool,
-                0,
+                owner,
                 segment,
                 expandable,
                 p.mapped,
@@ -307,7 +449,7 @@ impl CachingPolicy {
         for (p, &id) in pieces.iter().zip(&ids) {
             match p.live {
                 None if !p.mapped => {
-                    self.pool_mut(0, pool)
+                    self.pool_mut(owner, pool)
                         .unmapped
                         .insert((stream.0, p.addr), id);
                 }
@@ -331,6 +473,15 @@ impl CachingPolicy {
                     if b.pending_free {
                         self.mark_free_requested(id);
                         self.pending.insert(id);
+                        // In a pool being allocated to: see the module docs.
+                        if owner != 0
+                            && self
+                                .captures
+                                .iter()
+                                .any(|(c, _)| self.private[c].slot == owner)
+                        {
+                            self.adopted_frees.insert(self.block(id).stamp);
+                        }
                     }
                     let serial = self.block(id).stamp;
                     result[index] = Some(Allocation {

@@ -421,6 +421,10 @@ pub struct CachingPolicy {
     deferred: BTreeMap<u32, bool>,
     /// Pending blocks whose free was requested during a capture.
     capture_frees: BTreeSet<u32>,
+    /// Serials of adopted blocks waiting for other streams in a pool being allocated
+    /// to when the state was adopted, whose free completes at once if it comes during
+    /// a capture (`caching/adopt.rs`).
+    adopted_frees: BTreeSet<u64>,
     /// `caching_allocator_enable`; while off, requests bypass the cache.
     enabled: bool,
     /// Allocations made while the allocator was disabled: one segment each, with the
@@ -475,6 +479,7 @@ impl CachingPolicy {
             no_split: BTreeSet::new(),
             deferred: BTreeMap::new(),
             capture_frees: BTreeSet::new(),
+            adopted_frees: BTreeSet::new(),
             enabled: true,
             uncached: Slab::default(),
             uncached_totals: UncachedTotals::default(),
@@ -754,7 +759,9 @@ impl Policy for CachingPolicy {
         if self.live_tenant(allocation).state == State::Allocated {
             self.free_block_inline(id, true);
             return Ok(());
-        } else if !self.captures.is_empty() {
+        } else if !self.captures.is_empty()
+            && (self.adopted_frees.is_empty() || !self.adopted_frees.remove(&allocation.serial))
+        {
             // A free waiting for other streams completes, but no event is looked at
             // during a capture: the block waits for the capture to end, or (with
             // graph_capture_record_stream_reuse, freed during the capture) for the next
@@ -795,8 +802,9 @@ impl Policy for CachingPolicy {
         &mut self,
         device: &mut dyn Device,
         segments: &[crate::policy::AdoptSegment],
+        pools: &[crate::policy::AdoptPrivatePool],
     ) -> Result<Vec<Allocation>, crate::policy::AdoptError> {
-        self.adopt_state(device, segments)
+        self.adopt_state(device, segments, pools)
     }
 
     fn detailed_stats(&self) -> Vec<(String, i64)> {

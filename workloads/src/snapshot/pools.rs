@@ -768,6 +768,18 @@ impl PoolPlan {
         }
     }
 
+    /// A trace replayed from a state in which the private pools `live` exist: the
+    /// first `create_pool` of each is left out, as `StartState::snapshot_calls` leaves
+    /// it out of the held run's calls (the first window of a pool is the one that
+    /// creates it).
+    pub(super) fn started_with(&mut self, live: &[PoolId]) {
+        for w in &mut self.windows {
+            if w.create && live.contains(&self.table[w.slot as usize]) {
+                w.create = false;
+            }
+        }
+    }
+
     /// The pools the calls name, in the order they first come.
     pub(super) fn pools(&self) -> Vec<PoolId> {
         let mut out: Vec<PoolId> = Vec::new();

@@ -53,9 +53,12 @@
 //! accept, with or without private pools, starting from an empty allocator (its trace
 //! frees nothing it did not allocate and leaves exactly the segments it lists) or
 //! mid-run (a ring buffer that wrapped, a recording started late) from a state that
-//! undoing the trace rebuilds (not a private pool's segments: the held path refuses
-//! those). The rest (any problem, which the whole-trace reader reports with all its
-//! details) answers [`WholeTrace`]: read it whole.
+//! undoing the trace rebuilds, private pools' segments included (the pools live at the
+//! first entry lose their `create_pool`, as in the held run), unless the snapshot shows
+//! private pools and a segment of that state is given back inside the trace: the held
+//! path tells its pool from the requests in it, which this pass does not follow. The
+//! rest (any problem, which the whole-trace reader reports with all its details)
+//! answers [`WholeTrace`]: read it whole.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -87,8 +90,9 @@ pub enum WholeTrace {
     NotReplayable,
     /// The trace starts mid-run (or ends with other segments than the snapshot
     /// lists) and undoing it on the final segments fails (or its entries run past the
-    /// end of the address space): the whole-trace reader says why, or replays it from
-    /// an empty allocator.
+    /// end of the address space), or the snapshot shows private pools and a segment
+    /// live at the first entry is given back inside the trace (its pool is told from
+    /// the requests in it): the whole-trace reader says why, or replays it.
     StartsMidRun,
     /// The second pass did not read what the first did (the file changed).
     Changed,
@@ -391,7 +395,19 @@ pub fn plan_stream_with(
         allocs,
     );
     let routed = if pools.shows_pools() {
-        Some(Arc::new(pool_pass(path, serial, limits, tally.len, pools)?))
+        let mut plan = pool_pass(path, serial, limits, tally.len, pools)?;
+        // From a state with private pools: as `RecordedRun::to_trace` has it.
+        if let Some(s) = &start {
+            // Segments the trace gives back whose pool the segment operations do not
+            // say: the held path tells it from the requests in them.
+            if s.start.segments.iter().any(|g| g.pool.is_none()) {
+                return Err(WholeTrace::StartsMidRun);
+            }
+            let live: Vec<PoolId> = s.start.pools.iter().map(|p| p.id).collect();
+            plan.started_with(&live);
+            plan.caveats.extend(s.start.unknown_pool_caveat());
+        }
+        Some(Arc::new(plan))
     } else {
         None
     };
@@ -472,12 +488,7 @@ fn pool_pass(
 /// no block in a segment allocated or pages mapped right after) are the second pass's,
 /// forward from this state ([`Verify`]), which ends where the final segments do.
 fn rebuild(tally: &Tally, segments: &[RecordedSegment]) -> Result<MidRun, WholeTrace> {
-    // The held path does not rebuild private pools' segments (`rebuild_start` says so).
-    if tally.broken
-        || tally.past_end
-        || past_the_end(segments).is_some()
-        || segments.iter().any(|s| s.pool_id != (0, 0))
-    {
+    if tally.broken || tally.past_end || past_the_end(segments).is_some() {
         return Err(WholeTrace::StartsMidRun);
     }
     let mut state = Undo::at_end(segments);
@@ -1409,6 +1420,111 @@ mod pool_tests {
             ));
         }
         dict(top)
+    }
+
+    /// `pool_trace` with the first `k` entries of its trace cut off, as a ring buffer
+    /// that wrapped keeps it, every `free_completed` after its `free_requested` (as
+    /// PyTorch records a free, which undoing the trace relies on).
+    fn cut_head(mut p: P, k: usize) -> P {
+        let key = |k: &str| HashableValue::String(k.into());
+        let field = |e: &P, k: &str| match e {
+            P::Dict(d) => d.get(&key(k)).cloned(),
+            _ => None,
+        };
+        if let P::Dict(top) = &mut p {
+            if let Some(P::List(traces)) = top.get_mut(&key("device_traces")) {
+                if let Some(P::List(entries)) = traces.first_mut() {
+                    let mut out: Vec<P> = Vec::with_capacity(entries.len());
+                    for e in entries.drain(..) {
+                        let completed =
+                            field(&e, "action") == Some(P::String("free_completed".into()));
+                        let requested = out.last().is_some_and(|l| {
+                            field(l, "action") == Some(P::String("free_requested".into()))
+                                && field(l, "addr") == field(&e, "addr")
+                        });
+                        if completed && !requested {
+                            let mut r = e.clone();
+                            if let P::Dict(d) = &mut r {
+                                d.insert(key("action"), P::String("free_requested".into()));
+                            }
+                            out.push(r);
+                        }
+                        out.push(e);
+                    }
+                    let k = k.min(out.len().saturating_sub(1));
+                    out.drain(..k);
+                    *entries = out;
+                }
+            }
+        }
+        p
+    }
+
+    /// Snapshots with private pools that start mid-run (the head of `pool_trace` cut
+    /// off) stream as the held reader replays them: the same state at the first entry
+    /// (private pools' segments in their pools, the pools live then), the same events
+    /// (no `create_pool` of a pool live at the first entry), caveats and pools; or, where
+    /// a segment the trace gives back has no pool the segment operations say, the
+    /// streamed read declines and the held one replays.
+    #[test]
+    fn private_pools_mid_run_stream_as_held() {
+        let dir = std::env::temp_dir().join(format!("allocsim-midpools-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (mut streamed, mut declined, mut with_pools) = (0, 0, 0);
+        for seed in 0..300u64 {
+            let mode = (seed % 3) as u8;
+            let path = dir.join(format!("{seed}.pickle"));
+            let k = 10 + (seed as usize % 30);
+            let bytes = serde_pickle::value_to_vec(
+                &cut_head(pool_trace(seed, mode), k),
+                serde_pickle::SerOptions::new(),
+            )
+            .unwrap();
+            std::fs::write(&path, bytes).unwrap();
+            let held = crate::read_snapshot_pickle(&path, 0).and_then(|r| r.to_trace());
+            match (held, plan_stream(&path, 0)) {
+                (Ok(trace), Ok(plan)) => {
+                    let mut events = plan.events();
+                    let got: Vec<(Event, u64)> = events.by_ref().collect();
+                    events.finish().unwrap();
+                    let expected: Vec<(Event, u64)> = trace
+                        .events
+                        .iter()
+                        .cloned()
+                        .zip(trace.locations.clone())
+                        .collect();
+                    assert!(got == expected, "seed {seed}: {got:?}\n{expected:?}");
+                    let shell = plan.shell();
+                    assert_eq!(shell.start, trace.start, "seed {seed}");
+                    assert_eq!(shell.meta, trace.meta, "seed {seed}");
+                    assert_eq!(shell.pools(), trace.pools(), "seed {seed}");
+                    streamed += 1;
+                    with_pools += usize::from(trace.start.is_some_and(|s| !s.pools.is_empty()));
+                }
+                (Ok(trace), Err(WholeTrace::StartsMidRun)) => {
+                    // A segment given back in the trace (its pool told by the requests
+                    // in it, or not at all), or a trace the held path takes as starting
+                    // empty: the held path replays.
+                    declined += usize::from(trace.start.is_some());
+                }
+                (Ok(_), Err(why)) => panic!("seed {seed}: did not stream: {why:?}"),
+                (Err(_), Ok(plan)) => {
+                    let mut events = plan.events();
+                    events.by_ref().for_each(drop);
+                    assert!(
+                        events.finish().is_err(),
+                        "seed {seed}: streamed what held refuses"
+                    );
+                }
+                (Err(_), Err(_)) => {}
+            }
+            std::fs::remove_file(&path).unwrap();
+        }
+        // Both ways had work to do, private pools live at the first entry included.
+        assert!(
+            streamed > 30 && declined > 20 && with_pools > 15,
+            "{streamed} {declined} {with_pools}"
+        );
     }
 
     /// Snapshots with private pools stream exactly as the held reader turns them into
