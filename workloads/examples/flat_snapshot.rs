@@ -4,7 +4,7 @@
 //! (`tools/flat_snapshot.py` writes the same bytes at about 100 k entries a second).
 //!
 //! ```sh
-//! cargo run --release -p workloads --example flat_snapshot -- N OUT.pickle [--wrapped | --pools]
+//! cargo run --release -p workloads --example flat_snapshot -- N OUT.pickle [--wrapped] [--pools [--pool-ids]]
 //! ```
 //!
 //! Without `--wrapped`: the snapshot `tools/flat_snapshot.py N OUT` writes, byte for
@@ -28,6 +28,16 @@
 //! first, and in one block of 64 steps out of 16 the allocations and frees are those of
 //! 512 more slots in it (a capture, each a run of the pool's requests); all freed at the
 //! end, both segments listed, free. Its replay routes each run to the pool.
+//!
+//! With `--wrapped --pools`: the wrapped run with the private pool: both segments'
+//! allocations are among the entries lost, the pool's frees are recorded as PyTorch
+//! records them too, and the blocks live at the end are left live in both segments,
+//! listed. Its replay starts from the state rebuilt at its first entry, the pool's
+//! segment in the pool, live then.
+//!
+//! With `--pool-ids` (with `--pools`): every entry carries `pool_id`, as PyTorch 2.15
+//! records them (`(1, 0)` for the pool's entries, `(0, 0)` for the others): the pool of
+//! each request is read from its entry, not told from the final segments.
 //!
 //! `docs/performance.md` ("Snapshots, late night", "Snapshots, early morning") replays
 //! these to show memory flat in the file's length.
@@ -156,8 +166,9 @@ impl Run {
         self.state
     }
 
-    /// The next step's entries (one, or a free's two), as `(action, addr, size)`.
-    fn step(&mut self, mut entry: impl FnMut(&'static str, u64, u64)) {
+    /// The next step's entries (one, or a free's two), as `(action, addr, size,
+    /// whether it is the private pool's)`.
+    fn step(&mut self, mut entry: impl FnMut(&'static str, u64, u64, bool)) {
         let i = (self.rnd() % SLOTS as u64) as usize;
         let capture = self.steps / PHASE % PHASES == 0;
         self.steps += 1;
@@ -166,11 +177,14 @@ impl Run {
                 None => {
                     let size = 512 * (1 + self.state % 8192);
                     let addr = POOL_BASE + i as u64 * SLOT;
-                    entry("alloc", addr, size);
+                    entry("alloc", addr, size, true);
                     pool[i] = Some((addr, size));
                 }
                 Some((addr, size)) => {
-                    entry("free_completed", addr, size);
+                    if self.wrapped {
+                        entry("free_requested", addr, size, true);
+                    }
+                    entry("free_completed", addr, size, true);
                     pool[i] = None;
                 }
             }
@@ -184,14 +198,14 @@ impl Run {
                     512 * (1 + self.rnd() % 8192)
                 };
                 let addr = BASE + i as u64 * SLOT;
-                entry("alloc", addr, size);
+                entry("alloc", addr, size, false);
                 self.slots[i] = Some((addr, size));
             }
             Some((addr, size)) => {
                 if self.wrapped || self.rnd() % 7 == 0 {
-                    entry("free_requested", addr, size);
+                    entry("free_requested", addr, size, false);
                 }
-                entry("free_completed", addr, size);
+                entry("free_completed", addr, size, false);
                 self.slots[i] = None;
             }
         }
@@ -207,6 +221,8 @@ struct Trace {
     lost: u64,
     /// The memo slot of the empty frames list.
     empty: u32,
+    /// `--pool-ids`: every entry carries its `pool_id`.
+    pool_ids: bool,
 }
 
 impl Trace {
@@ -216,6 +232,7 @@ impl Trace {
         action: &'static str,
         addr: u64,
         size: u64,
+        private: bool,
     ) -> io::Result<()> {
         if self.lost > 0 {
             self.lost -= 1;
@@ -254,6 +271,12 @@ impl Trace {
         p.key_at(7, "")?;
         p.key_at(8, "frames")?;
         p.get(self.empty)?;
+        if self.pool_ids {
+            p.key_at(9, "pool_id")?;
+            p.uint(u64::from(private))?;
+            p.uint(0)?;
+            p.bytes(&[0x86])?;
+        }
         p.bytes(b"u")
     }
 }
@@ -345,22 +368,21 @@ fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let wrapped = args.iter().any(|a| a == "--wrapped");
     let pools = args.iter().any(|a| a == "--pools");
+    let pool_ids = args.iter().any(|a| a == "--pool-ids");
     let rest: Vec<&String> = args
         .iter()
-        .filter(|a| *a != "--wrapped" && *a != "--pools")
+        .filter(|a| !matches!(a.as_str(), "--wrapped" | "--pools" | "--pool-ids"))
         .collect();
     let (Some(n), Some(path), None) = (
         rest.first().and_then(|n| n.parse::<u64>().ok()),
         rest.get(1),
         rest.get(2),
     ) else {
-        eprintln!("usage: flat_snapshot N_ENTRIES OUT.pickle [--wrapped | --pools]");
+        eprintln!("usage: flat_snapshot N_ENTRIES OUT.pickle [--wrapped] [--pools [--pool-ids]]");
         std::process::exit(2);
     };
-    if wrapped && pools {
-        // Its start state would hold a private pool's segment, which the replay does
-        // not rebuild.
-        eprintln!("flat_snapshot: --wrapped and --pools do not go together");
+    if pool_ids && !pools {
+        eprintln!("flat_snapshot: --pool-ids needs --pools");
         std::process::exit(2);
     }
     if n < 2000 || (pools && n < 4000) {
@@ -370,15 +392,20 @@ fn main() -> io::Result<()> {
         );
         std::process::exit(2);
     }
-    // The live blocks at the end of a wrapped run, by slot.
+    // The live blocks at the end of a wrapped run, by slot (the pool's too).
     let mut at_end = [None; SLOTS];
+    let mut pool_at_end = [None; SLOTS];
     if wrapped {
-        let mut run = Run::new(true, false);
-        let mut count = 1u64; // the segment's allocation
+        let mut run = Run::new(true, pools);
+        // The segments' allocations.
+        let mut count = 1 + u64::from(pools);
         while count < LOST + n {
-            run.step(|_, _, _| count += 1);
+            run.step(|_, _, _, _| count += 1);
         }
         at_end = run.slots;
+        if let Some(pool) = run.pool {
+            pool_at_end = *pool;
+        }
     }
     let tmp = format!("{path}.tmp");
     let file = std::fs::File::create(&tmp)?;
@@ -398,7 +425,8 @@ fn main() -> io::Result<()> {
     let live: Vec<(u64, u64)> = at_end.iter().flatten().copied().collect();
     let empty = segment(&mut p, BASE, (0, 0), &live, None)?;
     if pools {
-        segment(&mut p, POOL_BASE, (1, 0), &[], Some(empty))?;
+        let live: Vec<(u64, u64)> = pool_at_end.iter().flatten().copied().collect();
+        segment(&mut p, POOL_BASE, (1, 0), &live, Some(empty))?;
     }
     p.bytes(b"e")?;
     p.key("device_traces")?;
@@ -413,10 +441,11 @@ fn main() -> io::Result<()> {
         batch: 0,
         lost: if wrapped { LOST } else { 0 },
         empty,
+        pool_ids,
     };
-    trace.entry(&mut p, "segment_alloc", BASE, SEG)?;
+    trace.entry(&mut p, "segment_alloc", BASE, SEG, false)?;
     if pools {
-        trace.entry(&mut p, "segment_alloc", POOL_BASE, SEG)?;
+        trace.entry(&mut p, "segment_alloc", POOL_BASE, SEG, true)?;
     }
     let mut run = Run::new(wrapped, pools);
     let end = match (wrapped, pools) {
@@ -426,9 +455,9 @@ fn main() -> io::Result<()> {
     };
     let mut result = Ok(());
     while trace.count < end && result.is_ok() {
-        run.step(|action, addr, size| {
+        run.step(|action, addr, size, private| {
             if result.is_ok() {
-                result = trace.entry(&mut p, action, addr, size);
+                result = trace.entry(&mut p, action, addr, size, private);
             }
         });
     }
@@ -436,13 +465,13 @@ fn main() -> io::Result<()> {
     if !wrapped {
         for i in 0..SLOTS {
             if let Some((addr, size)) = run.slots[i].take() {
-                trace.entry(&mut p, "free_completed", addr, size)?;
+                trace.entry(&mut p, "free_completed", addr, size, false)?;
             }
         }
         if let Some(pool) = run.pool.as_mut() {
             for slot in pool.iter_mut() {
                 if let Some((addr, size)) = slot.take() {
-                    trace.entry(&mut p, "free_completed", addr, size)?;
+                    trace.entry(&mut p, "free_completed", addr, size, true)?;
                 }
             }
         }
