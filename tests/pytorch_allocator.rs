@@ -134,7 +134,7 @@ fn graph_memory_stats_and_use_result_after_destroy_graph() {
         let offset = p.alloc(8, s);
         p.push(Event::BeginAllocateToPool {
             pool,
-            streams: PoolStreams::Only(vec![s]),
+            streams: PoolStreams::only(vec![s]),
         });
         let mut b = p.alloc(bytes, s); // b = a.clone()
         for _ in 0..5 {
@@ -244,7 +244,7 @@ fn graph_record_stream() {
         let mut p = Program::default();
         p.push(Event::BeginAllocateToPool {
             pool,
-            streams: PoolStreams::Only(vec![s1, s2]),
+            streams: PoolStreams::only(vec![s1, s2]),
         });
         let b = p.alloc(4096, s1); // b = a.clone()
         p.push(Event::FreeRequested { id: b }); // b.record_stream(s2); del b
@@ -397,7 +397,7 @@ fn every_policy_replays_pool_events() {
     let mut p = Program::default();
     p.push(Event::BeginAllocateToPool {
         pool,
-        streams: PoolStreams::Only(vec![3]),
+        streams: PoolStreams::only(vec![3]),
     });
     let a = p.alloc(3 << 20, 3);
     p.push(Event::EndAllocateToPool { pool });

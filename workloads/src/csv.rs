@@ -406,9 +406,9 @@ fn parse_row(
             let streams = if field(3).is_empty() {
                 PoolStreams::All
             } else if field(3) == "none" {
-                PoolStreams::Only(Vec::new())
+                PoolStreams::only(Vec::new())
             } else {
-                PoolStreams::Only(
+                PoolStreams::only(
                     field(3)
                         .split(';')
                         .map(|s| {

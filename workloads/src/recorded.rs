@@ -653,7 +653,7 @@ fn json_calls(
                 }
             }
             streams.sort_unstable();
-            PoolStreams::Only(streams)
+            PoolStreams::only(streams)
         } else {
             PoolStreams::All
         };

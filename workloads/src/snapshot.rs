@@ -1649,7 +1649,7 @@ mod tests {
                     8,
                     &Event::BeginAllocateToPool {
                         pool: g,
-                        streams: crate::trace::PoolStreams::Only(vec![0])
+                        streams: crate::trace::PoolStreams::only(vec![0])
                     }
                 ),
                 (9, &Event::EndAllocateToPool { pool: g }),

@@ -995,7 +995,7 @@ fn parse_event(fields: &[(Value, Value)]) -> Parsed {
             pool: pool_id(op, required("pool")?)?,
             streams: match get("streams") {
                 None => PoolStreams::All,
-                Some(Value::List(items)) => PoolStreams::Only(
+                Some(Value::List(items)) => PoolStreams::only(
                     items
                         .iter()
                         .map(|v| uint("streams", v))
@@ -1166,7 +1166,7 @@ pub(crate) fn pool_event_strategy() -> impl proptest::strategy::Strategy<Value =
         )
             .prop_map(|(pool, streams)| Event::BeginAllocateToPool {
                 pool,
-                streams: streams.map_or(PoolStreams::All, PoolStreams::Only),
+                streams: streams.map_or(PoolStreams::All, PoolStreams::only),
             }),
         pool.clone()
             .prop_map(|pool| Event::EndAllocateToPool { pool }),

@@ -451,7 +451,7 @@ impl Attribution {
                 5,
                 Event::BeginAllocateToPool {
                     pool: id,
-                    streams: PoolStreams::Only(streams),
+                    streams: PoolStreams::only(streams),
                 },
             ));
             calls.push((after(last), 0, Event::EndAllocateToPool { pool: id }));
@@ -743,7 +743,7 @@ impl PoolPlan {
                     };
                     Event::BeginAllocateToPool {
                         pool,
-                        streams: PoolStreams::Only(
+                        streams: PoolStreams::only(
                             self.streams[start as usize..w.streams_end as usize].to_vec(),
                         ),
                     }
@@ -1429,7 +1429,7 @@ mod tests {
         assert_eq!(summary.by_entry, 6);
         let begin = |pool, streams: Vec<u64>| Event::BeginAllocateToPool {
             pool,
-            streams: PoolStreams::Only(streams),
+            streams: PoolStreams::only(streams),
         };
         let create = |pool| Event::CreatePool {
             pool,
