@@ -964,6 +964,9 @@ pub enum Unstreamable {
 /// own row parser, so both readers agree on every row they both accept.
 pub struct CsvEvents<R: io::Read> {
     reader: R,
+    /// The bytes read, then [`SCAN_AHEAD`] zeros from `end` (always there: the row
+    /// scan's window from any `start` up to `end` lies inside `buf`, and a zero byte
+    /// ends every row the scan takes, so it never takes bytes past `end`).
     buf: Vec<u8>,
     /// The unread bytes are `buf[start..end]`.
     start: usize,
@@ -998,7 +1001,7 @@ impl<R: io::Read> CsvEvents<R> {
     pub fn new(reader: R, path: &Path) -> Self {
         CsvEvents {
             reader,
-            buf: vec![0; CHUNK],
+            buf: vec![0; CHUNK + SCAN_AHEAD],
             start: 0,
             end: 0,
             eof: false,
@@ -1078,27 +1081,31 @@ impl<R: io::Read> CsvEvents<R> {
             if searched as u64 > MAX_ROW_BYTES {
                 return Err(());
             }
-            // Keep the partial line, read more behind it.
+            // Keep the partial line, read more behind it, and zero the SCAN_AHEAD
+            // bytes after the data again (they held bytes read before).
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
-            if self.buf.len() - self.end < CHUNK / 2 {
+            if self.buf.len() - SCAN_AHEAD - self.end < CHUNK / 2 {
                 self.buf.resize(self.buf.len() + CHUNK, 0);
             }
-            loop {
-                match self.reader.read(&mut self.buf[self.end..]) {
+            let room = self.buf.len() - SCAN_AHEAD;
+            let read = loop {
+                match self.reader.read(&mut self.buf[self.end..room]) {
                     Ok(0) => {
                         self.eof = true;
-                        break;
+                        break Ok(());
                     }
                     Ok(n) => {
                         self.end += n;
-                        break;
+                        break Ok(());
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => return Err(()),
+                    Err(_) => break Err(()),
                 }
-            }
+            };
+            self.buf[self.end..self.end + SCAN_AHEAD].fill(0);
+            read?;
         }
     }
 
@@ -1177,9 +1184,10 @@ fn fast_row(row: &[u8]) -> Option<Event> {
     }
 }
 
-/// Bytes that must be buffered past a row's start for [`scan_row`] to look at it: more
-/// than the longest row it takes (an op name, three fields of at most 16 digits, their
-/// separators and the line break), so everything it reads lies in the buffered bytes.
+/// The bytes past a row's start that [`scan_row`] looks at: more than the longest row it
+/// takes (an op name, three fields of at most 16 digits, their separators and the line
+/// break). [`CsvEvents`] keeps as many zeros after its data, so that a row's window
+/// always lies in its buffer.
 const SCAN_AHEAD: usize = 96;
 
 /// Up to 8 bytes of `buf` from `at` as a little-endian word (0 past the end).
@@ -1255,14 +1263,15 @@ fn scan_number(buf: &[u8], at: usize) -> Option<(u64, usize)> {
 /// The usual rows as [`fast_row`] takes them, read in one pass from `buf[at..]` up to
 /// and including the row's `\n` (which must be there): the event and the position
 /// after the row. `None` leaves the row to the line-by-line path (a `\r`, other ops,
-/// names, numbers of more than 16 digits, anything unusual). The caller guarantees
-/// [`SCAN_AHEAD`] buffered bytes from `at`. An `alloc` adds one to `allocs` (counted
-/// where the op is known, not found again from the event).
+/// names, numbers of more than 16 digits, anything unusual, and `None` where fewer than
+/// [`SCAN_AHEAD`] bytes follow `at`). A zero byte ends every row it takes: where `buf`
+/// holds zeros past its data, no row taken reaches past the data. An `alloc` adds one
+/// to `allocs` (counted where the op is known, not found again from the event).
 #[inline(always)]
 fn scan_row(buf: &[u8], at: usize, allocs: &mut u64) -> Option<(Event, usize)> {
     // One bounds check for the row: the reads below are at fixed or bounded offsets
     // into a window of known length.
-    let window: &[u8; SCAN_AHEAD] = buf.get(at..at + SCAN_AHEAD)?.try_into().ok()?;
+    let window: &[u8; SCAN_AHEAD] = buf.get(at..)?.first_chunk()?;
     let (event, len) = scan_window(window, allocs)?;
     Some((event, at + len))
 }
@@ -1329,7 +1338,9 @@ impl<R: io::Read> Iterator for CsvEvents<R> {
 
     #[inline(always)]
     fn next(&mut self) -> Option<Event> {
-        if self.scanning && self.end - self.start >= SCAN_AHEAD {
+        // No test of the bytes left: a row whose window reaches past the data meets
+        // the zeros kept there and goes line by line (which reads more).
+        if self.scanning {
             if let Some((event, after)) = scan_row(&self.buf, self.start, &mut self.allocs) {
                 self.start = after;
                 self.events += 1;
@@ -1478,6 +1489,44 @@ mod stream_tests {
         assert_eq!(stopped, None);
         assert_eq!(events, whole.events);
         assert_eq!(whole.locations.last(), Some(&(events.len() as u64 + 1)));
+    }
+
+    /// A reader that gives at most `piece` bytes a call.
+    struct Trickle<'a> {
+        bytes: &'a [u8],
+        piece: usize,
+    }
+
+    impl io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.piece.min(buf.len()).min(self.bytes.len());
+            buf[..n].copy_from_slice(&self.bytes[..n]);
+            self.bytes = &self.bytes[n..];
+            Ok(n)
+        }
+    }
+
+    /// Rows that arrive a few bytes at a time (each read lands behind a partial row
+    /// moved to the buffer's start, before bytes read earlier) are read as the general
+    /// reader reads them: the row scan never takes bytes past the data.
+    #[test]
+    fn rows_read_a_few_bytes_at_a_time_equal_read_csv() {
+        let mut text = String::from("op,id,bytes,stream\n");
+        for i in 0..400u64 {
+            text += &format!("alloc,{i},{},{}\nfree,{i},,\n", 1 + i * 37, i % 2);
+            text += &format!("alloc,{}5,{}77,\nfree_requested,{}5,,\n", i, i, i);
+        }
+        let whole = read_csv_from(text.as_bytes(), Path::new("t.csv")).unwrap();
+        for piece in 1..=23 {
+            let reader = Trickle {
+                bytes: text.as_bytes(),
+                piece,
+            };
+            let mut stream = CsvEvents::new(reader, Path::new("t.csv"));
+            let events: Vec<Event> = stream.by_ref().collect();
+            assert_eq!(stream.stopped(), None, "piece {piece}");
+            assert_eq!(events, whole.events, "piece {piece}");
+        }
     }
 
     fn field() -> impl proptest::strategy::Strategy<Value = String> {
