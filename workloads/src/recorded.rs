@@ -627,7 +627,7 @@ fn json_calls(
                 Event::BeginAllocateToPool {
                     pool,
                     streams: if w.scope == "capture" {
-                        PoolStreams::Only(w.streams.clone())
+                        PoolStreams::only(w.streams.clone())
                     } else {
                         PoolStreams::All
                     },
