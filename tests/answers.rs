@@ -548,10 +548,10 @@ fn yaml_carries_address_hints() {
     }
 }
 
-/// `replay` of a CSV trace streams it (read, checked and replayed in one pass) and
-/// prints the summary the whole-trace path prints (`--timeline` takes that path), for
-/// every policy and with `--stats`; a trace that runs out of memory is explained as
-/// before (the explanation re-reads the whole trace).
+/// `replay` of a CSV trace or an RMM log streams it (read, checked and replayed in one
+/// pass) and prints the summary the whole-trace path prints (`--timeline` takes that
+/// path), for every policy and with `--stats`; a trace that runs out of memory is
+/// explained as before (the explanation re-reads the whole trace).
 #[test]
 fn streamed_replay_prints_the_whole_trace_summary() {
     let dir = TempDir::new("streamed");
@@ -561,11 +561,12 @@ fn streamed_replay_prints_the_whole_trace_summary() {
         .iter()
         .map(|s| (s.label.as_str(), "80GiB"))
         .chain([("caching", "1GiB")]);
-    for (policy, capacity) in runs {
+    let files = ["examples/random_small.csv", "examples/rmm_log.csv"];
+    for ((policy, capacity), file) in runs.flat_map(|r| files.map(|f| (r, f))) {
         let args = |extra: &[&std::ffi::OsStr]| {
             let mut a: Vec<&std::ffi::OsStr> = vec![
                 "replay".as_ref(),
-                "examples/random_small.csv".as_ref(),
+                file.as_ref(),
                 "--policy".as_ref(),
                 policy.as_ref(),
                 "--capacity".as_ref(),
@@ -579,7 +580,11 @@ fn streamed_replay_prints_the_whole_trace_summary() {
         let whole = args(&["--timeline".as_ref(), timeline.as_os_str()]);
         assert_eq!(streamed.status.code(), Some(0), "{}", stderr(&streamed));
         assert_eq!(whole.status.code(), Some(0), "{}", stderr(&whole));
-        assert_eq!(stdout(&streamed), stdout(&whole), "{policy} at {capacity}");
+        assert_eq!(
+            stdout(&streamed),
+            stdout(&whole),
+            "{file}: {policy} at {capacity}"
+        );
         assert!(
             stdout(&streamed).contains("(line "),
             "{}",

@@ -13,8 +13,9 @@ use workloads::generate::Generator;
 
 use policies::{Device, Policy};
 use workloads::csv::{CsvEvents, Unstreamable};
+use workloads::rmm::RmmEvents;
 use workloads::validate::{validate, Severity};
-use workloads::{Format, ReadError, RecordedRun, Trace};
+use workloads::{Event, Format, ReadError, RecordedRun, Trace};
 
 use crate::compare::CompareInput;
 use crate::device::{AddressHints, SimDeviceOptions};
@@ -278,7 +279,7 @@ pub enum Streamed {
     /// The file was replayed as it was read, and validated in the same pass.
     Replayed {
         /// The trace without its events (name, path, metadata), for reports; event
-        /// `i` is on line [`CsvEvents::line_of`]`(i)`.
+        /// `i` is on line `i + 2` ([`CsvEvents::line_of`], [`RmmEvents::line_of`]).
         shell: Trace,
         /// Events in the file.
         events: u64,
@@ -289,17 +290,47 @@ pub enum Streamed {
     },
     /// The replay needs the whole trace, or the file has problems: read it with
     /// [`load`], which replays the same events or reports every problem; the reason,
-    /// `None` for a file that is not CSV. The policy, device and observer given were
+    /// `None` for a file that is neither CSV nor an RMM log. The policy, device and observer given were
     /// used, so make them afresh.
     NeedsWholeTrace(Option<Unstreamable>),
 }
 
+/// The format a replay of `path` streams ([`stream_replay`]): CSV traces and RMM
+/// logs; `Err` gives what [`Streamed::NeedsWholeTrace`] says for the rest (`None`: a
+/// format that is read whole; `Some(Problem)`: the format could not be told).
+///
+/// # Errors
+/// The file does not open or read.
+pub fn streamed_format(
+    path: &Path,
+    options: &LoadOptions,
+) -> Result<Result<Format, Option<Unstreamable>>, ReadError> {
+    let format = match options.format {
+        Some(f) => f,
+        None => {
+            let mut prefix = Vec::with_capacity(workloads::SNIFF_BYTES);
+            let file = std::fs::File::open(path).map_err(|e| ReadError::io(path, &e))?;
+            std::io::Read::take(file, workloads::SNIFF_BYTES as u64)
+                .read_to_end(&mut prefix)
+                .map_err(|e| ReadError::io(path, &e))?;
+            match workloads::detect(path, &prefix) {
+                Ok(f) => f,
+                Err(_) => return Ok(Err(Some(Unstreamable::Problem))),
+            }
+        }
+    };
+    Ok(match format {
+        Format::Csv | Format::Rmm => Ok(format),
+        _ => Err(None),
+    })
+}
+
 /// Replays the trace file at `path` as it is read, without holding it: memory
-/// follows the live allocations, not the file's length. Only CSV traces stream (for
-/// now), and only those a row at a time tells everything about ([`CsvEvents`]);
-/// validation runs in the same pass (the rest of the file is still read and checked
-/// after an out-of-memory stops the replay). Anything else answers
-/// [`Streamed::NeedsWholeTrace`].
+/// follows the live allocations, not the file's length. CSV traces and RMM logs
+/// stream ([`streamed_format`]), and only those a line at a time tells everything
+/// about ([`CsvEvents`], [`RmmEvents`]); validation runs in the same pass (the rest of
+/// the file is still read and checked after an out-of-memory stops the replay).
+/// Anything else answers [`Streamed::NeedsWholeTrace`].
 ///
 /// # Errors
 /// The file does not open, or the replay failed (as [`crate::replay_with`]).
@@ -311,49 +342,93 @@ pub fn stream_replay<O: Observer + ?Sized>(
     replay_options: &ReplayOptions,
     observer: &mut O,
 ) -> Result<Streamed, StreamError> {
-    let format = match options.format {
-        Some(f) => f,
-        None => {
-            let mut prefix = Vec::with_capacity(workloads::SNIFF_BYTES);
-            let file = std::fs::File::open(path)
-                .map_err(|e| StreamError::Read(ReadError::io(path, &e)))?;
-            std::io::Read::take(file, workloads::SNIFF_BYTES as u64)
-                .read_to_end(&mut prefix)
-                .map_err(|e| StreamError::Read(ReadError::io(path, &e)))?;
-            match workloads::detect(path, &prefix) {
-                Ok(f) => f,
-                Err(_) => return Ok(Streamed::NeedsWholeTrace(Some(Unstreamable::Problem))),
+    match streamed_format(path, options).map_err(StreamError::Read)? {
+        Ok(Format::Csv) => {
+            let events = CsvEvents::open(path).map_err(StreamError::Read)?;
+            drive(events, options, policy, device, replay_options, observer)
+        }
+        Ok(Format::Rmm) => {
+            let events = RmmEvents::open(path).map_err(StreamError::Read)?;
+            drive(events, options, policy, device, replay_options, observer)
+        }
+        Ok(_) | Err(None) => Ok(Streamed::NeedsWholeTrace(None)),
+        Err(Some(why)) => Ok(Streamed::NeedsWholeTrace(Some(why))),
+    }
+}
+
+/// A file's events read one at a time ([`CsvEvents`], [`RmmEvents`]): what
+/// [`stream_replay`] needs besides the events.
+trait EventStream: Iterator<Item = Event> {
+    /// Why the events stopped before the end of the file, if they did.
+    fn stopped(&self) -> Option<Unstreamable>;
+    /// Events given so far.
+    fn events_read(&self) -> u64;
+    /// Allocations given so far.
+    fn allocs_read(&self) -> u64;
+    /// The trace without its events, for reports.
+    fn shell(&self) -> Trace;
+}
+
+macro_rules! event_stream {
+    ($t:ty) => {
+        impl EventStream for $t {
+            fn stopped(&self) -> Option<Unstreamable> {
+                <$t>::stopped(self)
+            }
+            fn events_read(&self) -> u64 {
+                <$t>::events_read(self)
+            }
+            fn allocs_read(&self) -> u64 {
+                <$t>::allocs_read(self)
+            }
+            fn shell(&self) -> Trace {
+                <$t>::shell(self)
             }
         }
     };
-    if format != Format::Csv {
-        return Ok(Streamed::NeedsWholeTrace(None));
-    }
-    let mut csv = CsvEvents::open(path).map_err(StreamError::Read)?;
+}
+event_stream!(CsvEvents<std::fs::File>);
+event_stream!(RmmEvents<std::fs::File>);
+
+/// [`stream_replay`] of `events`, validated in the engine's pass unless lenient.
+fn drive<S: EventStream, O: Observer + ?Sized>(
+    mut events: S,
+    options: &LoadOptions,
+    policy: &mut dyn Policy,
+    device: &mut dyn Device,
+    replay_options: &ReplayOptions,
+    observer: &mut O,
+) -> Result<Streamed, StreamError> {
     // Validation runs in the engine's pass, on its live table.
     let (replay, problem) = if options.lenient {
-        let replay =
-            crate::replay::replay_events(None, &mut csv, policy, device, replay_options, observer);
+        let replay = crate::replay::replay_events(
+            None,
+            &mut events,
+            policy,
+            device,
+            replay_options,
+            observer,
+        );
         (replay, false)
     } else {
-        crate::replay::replay_checked(&mut csv, policy, device, replay_options, observer)
+        crate::replay::replay_checked(&mut events, policy, device, replay_options, observer)
     };
     // An out-of-memory (or a replay error) stops the replay, not the reading of the
     // rest of the file (checked above unless lenient), whose problems come first; an
     // interruption stops both.
     if !matches!(replay, Err(ReplayError::Interrupted { .. })) {
-        csv.by_ref().for_each(drop);
+        events.by_ref().for_each(drop);
     }
-    if let Some(why) = csv.stopped() {
+    if let Some(why) = events.stopped() {
         return Ok(Streamed::NeedsWholeTrace(Some(why)));
     }
     if problem {
         return Ok(Streamed::NeedsWholeTrace(Some(Unstreamable::Problem)));
     }
     Ok(Streamed::Replayed {
-        shell: csv.shell(),
-        events: csv.events_read(),
-        allocs: csv.allocs_read(),
+        shell: events.shell(),
+        events: events.events_read(),
+        allocs: events.allocs_read(),
         replay: replay.map_err(StreamError::Replay)?,
     })
 }
@@ -697,6 +772,161 @@ mod tests {
             }
         }
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// `trace`'s requests as an RMM log: each allocation at a pointer that a freed
+    /// one had where there is one (the lowest), as RMM's pools hand them out again,
+    /// else at a new one; frees with the size allocated; marks left out.
+    fn rmm_log(trace: &Trace) -> String {
+        use std::collections::{BTreeSet, HashMap};
+        let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+        let (mut free, mut live) = (BTreeSet::new(), HashMap::new());
+        let mut next = 0x7f00_0000_0000u64;
+        for (i, e) in trace.events.iter().enumerate() {
+            let time = format!(
+                "10:{:02}:{:02}.{:06}",
+                i / 60_000_000 % 60,
+                i / 1_000_000 % 60,
+                i % 1_000_000
+            );
+            match *e {
+                Event::Alloc {
+                    id,
+                    size_bytes,
+                    stream,
+                } => {
+                    let pointer = free.pop_first().unwrap_or_else(|| {
+                        next += 1 << 12;
+                        next
+                    });
+                    live.insert(id, (pointer, size_bytes));
+                    text += &format!("7,{time},allocate,0x{pointer:x},{size_bytes},0x{stream:x}\n");
+                }
+                Event::Free { id } => {
+                    let (pointer, size) = live.remove(&id).unwrap();
+                    free.insert(pointer);
+                    text += &format!("7,{time},free,0x{pointer:x},{size},0x0\n");
+                }
+                _ => {}
+            }
+        }
+        text
+    }
+
+    /// An RMM log replayed as it is read (ids of freed pointers given again) gives
+    /// the replay of the whole log (a pointer's id kept), under every policy, with its
+    /// event and alloc counts, at a capacity that runs out and one that does not.
+    #[test]
+    fn a_streamed_rmm_log_equals_the_whole_log() {
+        let trace = workloads::generate::random(&workloads::RandomOptions {
+            seed: 9,
+            events: 3000,
+            streams: 2,
+            ..workloads::RandomOptions::default()
+        })
+        .unwrap();
+        let (dir, path) = temp_file("rmm-log.csv", &rmm_log(&trace));
+        let whole = load(
+            &TraceSource::File(path.clone()),
+            &LoadOptions::default(),
+            &SimDeviceOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(whole.trace.meta.format, Some(Format::Rmm));
+        // Pointers come back (fewer than half as many as allocations): the streamed
+        // reader gives freed ids again.
+        assert!(whole.trace.id_names.len() < whole.trace.alloc_count() / 2);
+        for spec in policies::testing::every_policy() {
+            let policy = spec.label.as_str();
+            for capacity in [80 << 30, 2 << 30] {
+                let mut p = spec.config.build().unwrap();
+                let mut d =
+                    crate::SimDevice::new(SimDeviceOptions::default().with_capacity(capacity));
+                let expected =
+                    crate::replay(&whole.trace, p.as_mut(), &mut d, &ReplayOptions::default())
+                        .unwrap();
+                let Streamed::Replayed {
+                    shell,
+                    events,
+                    allocs,
+                    replay,
+                } = stream(&path, policy, capacity)
+                else {
+                    panic!("{policy} did not stream")
+                };
+                assert_eq!(replay, expected, "{policy} at {capacity}");
+                assert_eq!(events, whole.trace.events.len() as u64);
+                assert_eq!(allocs, whole.trace.alloc_count() as u64);
+                assert_eq!(shell.meta.format, Some(Format::Rmm));
+            }
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// What a line at a time of an RMM log cannot tell goes to the whole-trace reader:
+    /// a blank line, a malformed line, a free with another size, a pointer freed twice,
+    /// one freed that was never allocated, one allocated twice; a clean log streams,
+    /// with a failed allocation, Windows line breaks and no final line break.
+    #[test]
+    fn what_of_an_rmm_log_needs_the_whole_trace() {
+        let h = "Thread,Time,Action,Pointer,Size,Stream\n";
+        let a = "1,10:00:00.000001,allocate,0x1000,512,0x0\n";
+        let f = "1,10:00:00.000002,free,0x1000,512,0x0\n";
+        let cases: [(&str, String, Option<Unstreamable>); 10] = [
+            ("rmm-a.csv", format!("{h}{a}{f}"), None),
+            (
+                "rmm-b.csv",
+                format!("{h}{a}1,10:00:00.000002,allocate failure,(nil),68719476736,0\n{f}"),
+                None,
+            ),
+            (
+                "rmm-c.csv",
+                format!("{h}{a}{f}").replace('\n', "\r\n"),
+                None,
+            ),
+            ("rmm-d.csv", format!("{h}{a}{}", f.trim_end()), None),
+            (
+                "rmm-e.csv",
+                format!("{h}{a}\n{f}"),
+                Some(Unstreamable::LineBreaks),
+            ),
+            (
+                "rmm-f.csv",
+                format!("{h}{}", a.replace("512", "5x2")),
+                Some(Unstreamable::Problem),
+            ),
+            (
+                "rmm-g.csv",
+                format!("{h}{a}{}", f.replace("512", "256")),
+                Some(Unstreamable::Problem),
+            ),
+            (
+                "rmm-h.csv",
+                format!("{h}{a}{f}{f}"),
+                Some(Unstreamable::Problem),
+            ),
+            (
+                "rmm-i.csv",
+                format!("{h}{f}{a}"),
+                Some(Unstreamable::Problem),
+            ),
+            (
+                "rmm-j.csv",
+                format!("{h}{a}{a}"),
+                Some(Unstreamable::Problem),
+            ),
+        ];
+        for (name, text, why) in &cases {
+            let (dir, path) = temp_file(name, text);
+            match (stream(&path, "caching", 2 << 30), why) {
+                (Streamed::Replayed { .. }, None) => {}
+                (Streamed::NeedsWholeTrace(Some(got)), Some(why)) => {
+                    assert_eq!(got, *why, "{name}")
+                }
+                (other, _) => panic!("{name}: {other:?}"),
+            }
+            std::fs::remove_dir_all(dir).unwrap();
+        }
     }
 
     /// What a row at a time cannot tell goes to the whole-trace reader: a YAML file,

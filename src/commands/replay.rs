@@ -207,11 +207,11 @@ fn policy_label(spec: &policies::spec::PolicySpec) -> String {
     }
 }
 
-/// `replay` of a CSV trace as it is read (`sim::inputs::stream_replay`): the same
-/// summary as from the whole trace, in memory that follows the live allocations.
-/// `None` when the trace needs the whole-trace path instead: not a CSV, a problem to
-/// report (the whole-trace reader lists them all), named ids or allocator calls, or
-/// an out-of-memory to explain. A policy that does not build is reported there too,
+/// `replay` of a CSV trace or an RMM log as it is read (`sim::inputs::stream_replay`):
+/// the same summary as from the whole trace, in memory that follows the live
+/// allocations. `None` when the trace needs the whole-trace path instead: another
+/// format, a problem to report (the whole-trace reader lists them all), named ids or
+/// allocator calls, or an out-of-memory to explain. A policy that does not build is reported there too,
 /// so errors come in the same order either way.
 fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Option<Exit>> {
     use sim::inputs::{StreamError, Streamed};
@@ -227,7 +227,11 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     if let Some(stream) = stream {
         return streamed_snapshot(args, setup, &stream, options.lenient);
     }
-    let meta = workloads::TraceMeta::of_format(workloads::Format::Csv);
+    // CSV traces and RMM logs stream; problems are reported by the whole-trace path.
+    let Ok(Ok(format)) = sim::inputs::streamed_format(&args.trace, &options) else {
+        return Ok(None);
+    };
+    let meta = workloads::TraceMeta::of_format(format);
     let Some((settings, spec, mut policy)) = streamed_policy(args, &meta) else {
         return Ok(None);
     };
@@ -237,7 +241,7 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     let in_order = interrupt::in_order();
     let streamed = sim::inputs::stream_replay(
         &args.trace,
-        &load::load_options(&args.input),
+        &options,
         policy.as_mut(),
         &mut device,
         &setup.replay,
@@ -261,7 +265,10 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     let label = policy_label(&spec);
     let caveats = sim::caveats(&shell, &spec.config, &r);
     warn_caveats(caveats.iter().cloned());
-    let line = workloads::csv::CsvEvents::<std::fs::File>::line_of;
+    let line = match format {
+        workloads::Format::Rmm => workloads::rmm::RmmEvents::<std::fs::File>::line_of,
+        _ => workloads::csv::CsvEvents::<std::fs::File>::line_of,
+    };
     let text = summary(
         &shell,
         counts,

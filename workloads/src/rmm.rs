@@ -43,7 +43,7 @@ use std::collections::HashMap;
 use std::io::{self, BufRead, Read};
 use std::path::Path;
 
-use crate::csv::{file_stem, shorten, MAX_ROW_BYTES};
+use crate::csv::{file_stem, shorten, Unstreamable, MAX_ROW_BYTES};
 use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
 use crate::{Format, Problems, ReadError};
 
@@ -66,7 +66,13 @@ const DAY_US: u64 = 86_400_000_000;
 /// with its line.
 pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadError> {
     let mut reader = io::BufReader::new(reader);
-    let mut log = Log::default();
+    let mut log = Log {
+        lines: Lines {
+            names: Some(Vec::new()),
+            ..Lines::default()
+        },
+        ..Log::default()
+    };
     let mut buf = Vec::new();
     let mut line = 0u64;
     let mut problems = Problems::default();
@@ -135,32 +141,212 @@ pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
         locations: log.locations,
         location_kind: LocationKind::Line,
         meta: TraceMeta::of_format(Format::Rmm),
-        id_names: log.names,
+        id_names: log.lines.names.unwrap_or_default(),
         times_us: log.times_us,
         start: None,
     })
 }
 
-/// The trace being read.
+/// The events of an RMM log one at a time, as [`read_rmm_from`] reads them, for a
+/// replay that does not hold the log: memory follows the live pointers, not the log's
+/// length. The events are the same but for their ids: a freed pointer's id is given
+/// to a later allocation (of any pointer) rather than kept for the pointer, so ids
+/// stay as few as the live allocations; a replay decides the same either way (ids
+/// only name allocations), and validation finds the same problems. It gives up ([`RmmEvents::stopped`]) where the whole-trace
+/// reader is needed: any problem (which it lists in full, with lines) or a blank line
+/// (events are numbered from their lines only when each event is the line after the
+/// previous one). Event `i` is on line `i + 2`.
+pub struct RmmEvents<R: io::Read> {
+    reader: io::BufReader<R>,
+    buf: Vec<u8>,
+    path: std::path::PathBuf,
+    /// Lines read.
+    line: u64,
+    header_seen: bool,
+    lines: Lines,
+    events: u64,
+    allocs: u64,
+    stopped: Option<Unstreamable>,
+    /// The end of the file was reached, or the events stopped.
+    done: bool,
+}
+
+impl RmmEvents<std::fs::File> {
+    /// The events of the RMM log at `path`.
+    ///
+    /// # Errors
+    /// The file does not open.
+    pub fn open(path: &Path) -> Result<Self, ReadError> {
+        let file = std::fs::File::open(path).map_err(|e| ReadError::io(path, &e))?;
+        Ok(RmmEvents::new(file, path))
+    }
+}
+
+impl<R: io::Read> RmmEvents<R> {
+    /// The events of the RMM log `reader` holds; `path` names it.
+    pub fn new(reader: R, path: &Path) -> Self {
+        RmmEvents {
+            reader: io::BufReader::with_capacity(1 << 18, reader),
+            buf: Vec::new(),
+            path: path.to_path_buf(),
+            line: 0,
+            header_seen: false,
+            lines: Lines {
+                free_ids: Some(Vec::new()),
+                ..Lines::default()
+            },
+            events: 0,
+            allocs: 0,
+            stopped: None,
+            done: false,
+        }
+    }
+
+    /// Why the events stopped before the end of the file, if they did.
+    pub fn stopped(&self) -> Option<Unstreamable> {
+        self.stopped
+    }
+
+    /// Events given so far.
+    pub fn events_read(&self) -> u64 {
+        self.events
+    }
+
+    /// Allocations (`allocate` and `allocate failure`) given so far.
+    pub fn allocs_read(&self) -> u64 {
+        self.allocs
+    }
+
+    /// The trace [`read_rmm_from`] would give, without its events, ids' names and
+    /// times (name, path, metadata), for reports; its events' places are
+    /// [`RmmEvents::line_of`].
+    pub fn shell(&self) -> Trace {
+        Trace {
+            name: file_stem(&self.path),
+            path: Some(self.path.clone()),
+            events: Vec::new(),
+            locations: Vec::new(),
+            location_kind: LocationKind::Line,
+            meta: TraceMeta::of_format(Format::Rmm),
+            id_names: Vec::new(),
+            times_us: Vec::new(),
+            start: None,
+        }
+    }
+
+    /// The line of event `index` (every event one line, after the header).
+    pub fn line_of(index: usize) -> u64 {
+        index as u64 + 2
+    }
+
+    fn stop(&mut self, why: Unstreamable) -> Option<Event> {
+        self.stopped = Some(why);
+        self.done = true;
+        None
+    }
+}
+
+impl<R: io::Read> Iterator for RmmEvents<R> {
+    type Item = Event;
+
+    fn next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        self.buf.clear();
+        let read = (&mut self.reader)
+            .take(MAX_ROW_BYTES + 1)
+            .read_until(b'\n', &mut self.buf);
+        let n = match read {
+            Ok(n) => n,
+            Err(_) => return self.stop(Unstreamable::Problem),
+        };
+        if n == 0 {
+            if !self.header_seen {
+                return self.stop(Unstreamable::Problem);
+            }
+            self.done = true;
+            return None;
+        }
+        self.line += 1;
+        if n as u64 > MAX_ROW_BYTES {
+            return self.stop(Unstreamable::Problem);
+        }
+        let Ok(text) = std::str::from_utf8(&self.buf) else {
+            return self.stop(Unstreamable::Problem);
+        };
+        let text = text.trim_end_matches(['\n', '\r']);
+        if !self.header_seen {
+            if text.trim_start_matches('\u{feff}') != RMM_HEADER {
+                return self.stop(Unstreamable::Problem);
+            }
+            self.header_seen = true;
+            return self.next();
+        }
+        if text.is_empty() {
+            return self.stop(Unstreamable::LineBreaks);
+        }
+        match self.lines.line(text, self.line) {
+            Ok((event, _)) => {
+                self.events += 1;
+                self.allocs += u64::from(matches!(event, Event::Alloc { .. }));
+                Some(event)
+            }
+            Err(_) => self.stop(Unstreamable::Problem),
+        }
+    }
+}
+
+/// The trace being read whole: the events of [`Lines`] with their lines and times.
 #[derive(Default)]
 struct Log {
     events: Vec<Event>,
     locations: Vec<u64>,
     times_us: Vec<u64>,
-    names: Vec<String>,
-    /// Pointer -> its id.
+    lines: Lines,
+}
+
+impl Log {
+    /// Reads one line (not the header).
+    fn line(&mut self, text: &str, line: u64) -> Result<(), String> {
+        let (event, t) = self.lines.line(text, line)?;
+        self.events.push(event);
+        self.locations.push(line);
+        self.times_us.push(t);
+        Ok(())
+    }
+}
+
+/// What reading the lines of a log keeps from one line to the next: the id of each
+/// pointer, the live pointers, the clock. Shared by the whole-trace reader and the
+/// streamed one ([`RmmEvents`]), so that both give the same events and ids.
+#[derive(Default)]
+struct Lines {
+    /// Each id's name (a pointer, or `failed@line N`), kept only by the whole-trace
+    /// reader; the streamed one only counts ids (`next_id`).
+    names: Option<Vec<String>>,
+    /// Ids given so far.
+    next_id: u64,
+    /// Pointer -> its id: every pointer seen (the whole-trace reader, whose ids are
+    /// the trace's), or only the live ones (the streamed reader, whose ids are reused).
     ids: HashMap<u64, u64>,
+    /// The streamed reader's ids of freed pointers, given again to later allocations
+    /// (so that memory follows the live pointers); `None` in the whole-trace reader,
+    /// where a pointer keeps its id.
+    free_ids: Option<Vec<u64>>,
     /// Live pointer -> (bytes, line of its allocation).
     live: HashMap<u64, (u64, u64)>,
     /// Days added to the time of day (the log went past midnight).
     day: u64,
     /// The previous line's time of day.
     last_time: Option<u64>,
+    /// The previous event's time in the trace.
+    last_t: u64,
 }
 
-impl Log {
-    /// Reads one line (not the header).
-    fn line(&mut self, text: &str, line: u64) -> Result<(), String> {
+impl Lines {
+    /// Reads one line (not the header): its event and its time in microseconds.
+    fn line(&mut self, text: &str, line: u64) -> Result<(Event, u64), String> {
         let fields: Vec<&str> = text.split(',').collect();
         let [thread, time, action, pointer, size, stream] = fields[..] else {
             return Err(format!(
@@ -206,22 +392,30 @@ impl Log {
                 }
             }
             "free" | "deallocate" => {
-                if let Some((bytes, at)) = self.live.remove(&pointer) {
+                let was_live = self.live.remove(&pointer);
+                if let Some((bytes, at)) = was_live {
                     if bytes != size {
                         return Err(format!(
                             "{action} of 0x{pointer:x} with {size} bytes, but it was allocated with {bytes} bytes at line {at} (RMM frees with the size allocated)"
                         ));
                     }
                 }
-                Event::Free {
-                    id: self.id_of(pointer),
+                let id = self.id_of(pointer);
+                if let Some(free_ids) = &mut self.free_ids {
+                    // The pointer's id goes back for reuse once freed; a free of a
+                    // pointer that is not live took a new id, which no allocation
+                    // has, so the replay's validation still sees it as one.
+                    self.ids.remove(&pointer);
+                    if was_live.is_some() {
+                        free_ids.push(id.0);
+                    }
                 }
+                Event::Free { id }
             }
             "allocate failure" => {
-                let id = self.names.len() as u64;
-                self.names.push(format!("failed@line {line}"));
+                let id = self.new_id(|| format!("failed@line {line}"));
                 Event::Alloc {
-                    id: AllocId(id),
+                    id,
                     size_bytes: size,
                     stream,
                 }
@@ -238,21 +432,32 @@ impl Log {
             self.day += 1;
         }
         self.last_time = Some(time);
-        let t = self.day * DAY_US + time;
         // Threads may log slightly out of order; times never go back in the trace.
-        let t = t.max(self.times_us.last().copied().unwrap_or(0));
-        self.events.push(event);
-        self.locations.push(line);
-        self.times_us.push(t);
-        Ok(())
+        let t = (self.day * DAY_US + time).max(self.last_t);
+        self.last_t = t;
+        Ok((event, t))
     }
 
     /// The id of `pointer` (the same for each of its allocations).
     fn id_of(&mut self, pointer: u64) -> AllocId {
-        let next = self.names.len() as u64;
-        let id = *self.ids.entry(pointer).or_insert(next);
-        if id == next {
-            self.names.push(format!("0x{pointer:x}"));
+        if let Some(&id) = self.ids.get(&pointer) {
+            return AllocId(id);
+        }
+        let reused = self.free_ids.as_mut().and_then(Vec::pop);
+        let id = match reused {
+            Some(id) => AllocId(id),
+            None => self.new_id(|| format!("0x{pointer:x}")),
+        };
+        self.ids.insert(pointer, id.0);
+        id
+    }
+
+    /// A new id, named `name()` where names are kept.
+    fn new_id(&mut self, name: impl FnOnce() -> String) -> AllocId {
+        let id = self.next_id;
+        self.next_id += 1;
+        if let Some(names) = &mut self.names {
+            names.push(name());
         }
         AllocId(id)
     }
@@ -412,6 +617,65 @@ mod tests {
             issues[0].display_with(&t).to_string(),
             "rmm.csv: line 3: 2 allocations (64.00 GiB) are still live at the end of the trace: ids 0x7f8a40000400 (allocated here), failed@line 5"
         );
+    }
+
+    /// The streamed reader gives the whole reader's events, with a freed pointer's id
+    /// given to the next new pointer (here the failed request's and the second
+    /// pointer's allocation take the first pointer's freed id) and counts them.
+    #[test]
+    fn streamed_events_reuse_freed_ids() {
+        let text = [
+            format!("{RMM_HEADER}\n"),
+            line(1, "10:00:00.000001", "allocate,0x1000,1024,0x0"),
+            line(1, "10:00:00.000002", "free,0x1000,1024,0x0"),
+            line(
+                1,
+                "10:00:00.000003",
+                "allocate failure,(nil),68719476736,0x0",
+            ),
+            line(1, "10:00:00.000004", "allocate,0x2000,512,0x0"),
+            line(1, "10:00:00.000005", "allocate,0x1000,256,0x0"),
+            line(1, "10:00:00.000006", "free,0x2000,512,0x0"),
+        ]
+        .concat();
+        let whole = read(&text).unwrap();
+        let mut streamed = RmmEvents::new(text.as_bytes(), Path::new("rmm.csv"));
+        let events: Vec<Event> = streamed.by_ref().collect();
+        assert_eq!(streamed.stopped(), None);
+        assert_eq!((streamed.events_read(), streamed.allocs_read()), (6, 4));
+        let alloc = |id, size_bytes| Event::Alloc {
+            id: AllocId(id),
+            size_bytes,
+            stream: 0,
+        };
+        let free = |id| Event::Free { id: AllocId(id) };
+        // Whole: one id per pointer (0x1000 is 0, the failure 1, 0x2000 2).
+        assert_eq!(
+            whole.events,
+            [
+                alloc(0, 1024),
+                free(0),
+                alloc(1, 68719476736),
+                alloc(2, 512),
+                alloc(0, 256),
+                free(2)
+            ]
+        );
+        // Streamed: the failure has an id of its own; 0x2000 takes 0x1000's freed id 0,
+        // and 0x1000 again a new one.
+        assert_eq!(
+            events,
+            [
+                alloc(0, 1024),
+                free(0),
+                alloc(1, 68719476736),
+                alloc(0, 512),
+                alloc(2, 256),
+                free(0)
+            ]
+        );
+        assert_eq!(streamed.shell().meta.format, Some(Format::Rmm));
+        assert_eq!(RmmEvents::<&[u8]>::line_of(2), 4);
     }
 
     /// The spellings of other RMM versions: `%llx` (no `0x`, null `0`), `%p` (null
