@@ -2,91 +2,89 @@
 //! [`crate::Allocation`] and the caching policy's blocks and segments. One definition
 //! for every policy, with its own bookkeeping check.
 //!
-//! [`Slab`] keeps each slot an `Option`; [`DenseSlab`] is the same table for values
-//! that mark their own slot vacant ([`Vacancy`]: the caching policy's blocks, whose
-//! state says so), so a slot is the value alone, and a key the caller knows to be live
-//! is read without testing a tag ([`DenseSlab::live`]).
+//! [`DenseSlab`] is the table, for values that mark their own slot vacant
+//! ([`Vacancy`]: the caching policy's blocks, whose state says so), so a slot is the
+//! value alone, and a key the caller knows to be live is read without testing a tag
+//! ([`DenseSlab::live`]). [`Slab`] is the same table holding `Option`s (`None` the
+//! vacant slot), for values that cannot mark themselves.
 
-/// See the module docs.
+/// See the module docs: a [`DenseSlab`] of `Option`s.
 #[derive(Debug)]
 pub(crate) struct Slab<T> {
-    items: Vec<Option<T>>,
-    free: Vec<u32>,
+    dense: DenseSlab<Option<T>>,
 }
 
 impl<T> Default for Slab<T> {
     fn default() -> Self {
         Slab {
-            items: Vec::new(),
-            free: Vec::new(),
+            dense: DenseSlab::default(),
         }
+    }
+}
+
+impl<T> Vacancy for Option<T> {
+    #[inline(always)]
+    fn is_vacant(&self) -> bool {
+        self.is_none()
+    }
+    #[inline(always)]
+    fn vacate(&mut self) {
+        *self = None;
     }
 }
 
 impl<T> Slab<T> {
     /// Stores `value` and returns its key (a freed key if there is one).
+    #[inline]
     pub(crate) fn insert(&mut self, value: T) -> u32 {
-        match self.free.pop() {
-            Some(key) => {
-                self.items[key as usize] = Some(value);
-                key
-            }
-            None => {
-                self.items.push(Some(value));
-                u32::try_from(self.items.len() - 1).expect("more than 4 billion live entries")
-            }
-        }
+        self.dense.insert(Some(value))
     }
 
     /// Takes the value out; its key becomes free. `None` if the key holds nothing.
+    #[inline]
     pub(crate) fn remove(&mut self, key: u32) -> Option<T> {
-        let value = self.items.get_mut(key as usize)?.take()?;
-        self.free.push(key);
-        Some(value)
+        self.take_if(key, |_| true)
     }
 
     /// Takes the value out if it satisfies `keep_out` (e.g. "is this tenant").
+    #[inline]
     pub(crate) fn take_if(&mut self, key: u32, keep_out: impl FnOnce(&T) -> bool) -> Option<T> {
-        let value = self.items.get_mut(key as usize)?.take_if(|v| keep_out(v))?;
-        self.free.push(key);
+        let value = self
+            .dense
+            .items
+            .get_mut(key as usize)?
+            .take_if(|v| keep_out(v))?;
+        self.dense.free.push(key);
         Some(value)
     }
 
     /// The value under `key`, if any.
+    #[inline]
     pub(crate) fn get(&self, key: u32) -> Option<&T> {
-        self.items.get(key as usize)?.as_ref()
+        self.dense.items.get(key as usize)?.as_ref()
     }
 
     /// The value under `key`, if any, mutably.
+    #[inline]
     pub(crate) fn get_mut(&mut self, key: u32) -> Option<&mut T> {
-        self.items.get_mut(key as usize)?.as_mut()
+        self.dense.items.get_mut(key as usize)?.as_mut()
     }
 
     /// Live entries with their keys, in key order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
-        self.items
+        self.dense
             .iter()
-            .enumerate()
-            .filter_map(|(k, v)| v.as_ref().map(|v| (k as u32, v)))
+            .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
     }
 
     /// Live values, in key order.
     pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
-        self.items.iter().flatten()
+        self.iter().map(|(_, v)| v)
     }
 
     /// Panics if the free list and the table disagree (`what` names the owner).
     pub(crate) fn check(&self, what: &str) {
-        let live = self.items.iter().filter(|v| v.is_some()).count();
-        assert_eq!(
-            live + self.free.len(),
-            self.items.len(),
-            "{what}: slot bookkeeping"
-        );
-        assert!(
-            self.free.iter().all(|&k| self.items[k as usize].is_none()),
-            "{what}: a free slot holds a value"
-        );
+        self.dense.check(what);
     }
 }
 
@@ -99,7 +97,7 @@ pub(crate) trait Vacancy {
     fn vacate(&mut self);
 }
 
-/// [`Slab`] for values that mark their own slot vacant: no `Option` tag per slot. The
+/// The table, for values that mark their own slot vacant: no `Option` tag per slot. The
 /// table never shrinks, so every key [`DenseSlab::insert`] returned stays in range.
 #[derive(Debug)]
 pub(crate) struct DenseSlab<T> {
@@ -277,6 +275,14 @@ mod tests {
             (Some(&"b"), Some(&"c"), 2)
         );
         assert_eq!(s.iter().collect::<Vec<_>>(), vec![(a, &"c"), (b, &"b")]);
+        s.check("test");
+        assert_eq!(s.take_if(b, |v| *v == "x"), None, "refused: stays");
+        assert_eq!(s.take_if(b, |v| *v == "b"), Some("b"));
+        assert_eq!(s.get(b), None);
+        assert_eq!(s.take_if(b, |_| true), None, "nothing to take twice");
+        *s.get_mut(c).unwrap() = "d";
+        assert_eq!(s.values().collect::<Vec<_>>(), vec![&"d"]);
+        assert_eq!(s.insert("e"), b, "a key taken out is reused");
         s.check("test");
     }
 }
