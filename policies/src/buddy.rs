@@ -235,6 +235,11 @@ impl OrderSet {
         if self.many.is_empty() {
             // Most lookups are for a block near the smallest: scan from the end.
             match self.few.iter().rposition(|&k| k == key) {
+                // The last entry (the smallest) is the usual one: no shift to call for.
+                Some(at) if at + 1 == self.few.len() => {
+                    self.few.pop();
+                    true
+                }
                 Some(at) => {
                     self.few.remove(at);
                     true
@@ -369,6 +374,13 @@ impl BuddyPolicy {
     /// Base address of the live normal segment at `position`.
     #[inline]
     fn base_at(&self, position: u64) -> u64 {
+        // Blocks are taken from the oldest segment first (policy order), so most frees
+        // land in the first one: look there before searching.
+        if let Some(&(p, base)) = self.bases.first() {
+            if p == position {
+                return base;
+            }
+        }
         let at = self.bases.partition_point(|&(p, _)| p < position);
         let (p, base) = self.bases[at];
         debug_assert_eq!(p, position, "buddy: no live segment at a block's position");
@@ -465,54 +477,11 @@ impl BuddyPolicy {
         (base, position)
     }
 
-    /// Returns every wholly free segment, normal and oversize, to the device.
-    fn release_free_segments(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
-        let whole: Vec<u64> = self.free_lists[self.max_order as usize]
-            .take_all()
-            .into_iter()
-            .map(|(_, a)| a)
-            .collect();
-        self.nonempty &= !(1 << self.max_order);
-        let oversize: Vec<u64> = std::mem::take(&mut self.free_oversize)
-            .into_iter()
-            .map(|(_, a)| a)
-            .collect();
-        for base in whole.into_iter().chain(oversize) {
-            let entry = self
-                .segments
-                .remove(&base)
-                .expect("buddy: free segment not in the segment table");
-            if !entry.oversize {
-                let at = self
-                    .bases
-                    .binary_search(&(entry.position, base))
-                    .expect("buddy: normal segment without its base entry");
-                self.bases.remove(at);
-            }
-            self.stats.reserved_bytes -= entry.segment.size_bytes;
-            self.stats.segment_count -= 1;
-            device.free_segment(entry.segment)?;
-        }
-        Ok(())
-    }
-}
-
-impl Default for BuddyPolicy {
-    fn default() -> Self {
-        BuddyPolicy::new(BuddyOptions::default()).expect("default buddy options are valid")
-    }
-}
-
-impl Policy for BuddyPolicy {
-    fn name(&self) -> &str {
-        "buddy"
-    }
-
-    fn rounded_bytes(&self, requested_bytes: u64) -> u64 {
-        self.block_bytes_for(requested_bytes.max(1))
-    }
-
-    fn allocate(
+    /// [`Policy::allocate`] beyond its inline first step: the checks, oversize
+    /// requests, and normal ones that need a new segment (out of line, so the usual
+    /// case keeps its registers).
+    #[inline(never)]
+    fn allocate_rest(
         &mut self,
         device: &mut dyn Device,
         request: Request,
@@ -571,6 +540,89 @@ impl Policy for BuddyPolicy {
         ))
     }
 
+    /// Caches a freed oversize segment whole (out of line: the ordered set's insertion).
+    #[inline(never)]
+    fn free_oversize_segment(&mut self, block_bytes: u64, addr: u64) {
+        self.free_oversize.insert((block_bytes, addr));
+    }
+
+    /// Returns every wholly free segment, normal and oversize, to the device.
+    fn release_free_segments(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
+        let whole: Vec<u64> = self.free_lists[self.max_order as usize]
+            .take_all()
+            .into_iter()
+            .map(|(_, a)| a)
+            .collect();
+        self.nonempty &= !(1 << self.max_order);
+        let oversize: Vec<u64> = std::mem::take(&mut self.free_oversize)
+            .into_iter()
+            .map(|(_, a)| a)
+            .collect();
+        for base in whole.into_iter().chain(oversize) {
+            let entry = self
+                .segments
+                .remove(&base)
+                .expect("buddy: free segment not in the segment table");
+            if !entry.oversize {
+                let at = self
+                    .bases
+                    .binary_search(&(entry.position, base))
+                    .expect("buddy: normal segment without its base entry");
+                self.bases.remove(at);
+            }
+            self.stats.reserved_bytes -= entry.segment.size_bytes;
+            self.stats.segment_count -= 1;
+            device.free_segment(entry.segment)?;
+        }
+        Ok(())
+    }
+}
+
+impl Default for BuddyPolicy {
+    fn default() -> Self {
+        BuddyPolicy::new(BuddyOptions::default()).expect("default buddy options are valid")
+    }
+}
+
+impl Policy for BuddyPolicy {
+    fn name(&self) -> &str {
+        "buddy"
+    }
+
+    fn rounded_bytes(&self, requested_bytes: u64) -> u64 {
+        self.block_bytes_for(requested_bytes.max(1))
+    }
+
+    fn allocate(
+        &mut self,
+        device: &mut dyn Device,
+        request: Request,
+    ) -> Result<Allocation, AllocError> {
+        let size = request.size_bytes;
+        // The usual case, inline: a normal block (`size` at most a segment, so its
+        // power-of-two block too) from the free lists. Otherwise (or when no free block
+        // is large enough, which `take_free` leaves unchanged) `allocate_rest` takes
+        // the whole request from the start.
+        if size > 0 && size <= self.options.segment_bytes {
+            let block_bytes = self.block_bytes_for(size);
+            if let Some((position, addr)) = self.take_free(self.order_of(block_bytes)) {
+                let held = Held {
+                    oversize: false,
+                    position,
+                };
+                return Ok(self.live.issue(
+                    addr,
+                    size,
+                    block_bytes,
+                    request.stream,
+                    held,
+                    &mut self.stats,
+                ));
+            }
+        }
+        self.allocate_rest(device, request)
+    }
+
     fn free(
         &mut self,
         _device: &mut dyn Device,
@@ -578,7 +630,7 @@ impl Policy for BuddyPolicy {
     ) -> Result<(), DeviceError> {
         let block = self.live.retire(allocation, "buddy", &mut self.stats);
         if block.detail.oversize {
-            self.free_oversize.insert((block.block_bytes, block.addr));
+            self.free_oversize_segment(block.block_bytes, block.addr);
             return Ok(());
         }
         let position = block.detail.position;

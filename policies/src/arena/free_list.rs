@@ -53,7 +53,7 @@ impl FreeList {
 
     /// Address-ordered first fit: carves `bytes` from the front of the first range that
     /// holds them.
-    #[inline]
+    #[inline(always)]
     pub(super) fn first_fit(&mut self, bytes: u64) -> Option<u64> {
         let i = self.first_fitting(bytes)?;
         let (addr, len) = self.ranges[i];
@@ -68,7 +68,7 @@ impl FreeList {
     }
 
     /// Returns a range, merging it with free neighbours.
-    #[inline]
+    #[inline(always)]
     pub(super) fn insert(&mut self, addr: u64, len: u64) {
         let end = addr + len;
         // Ranges before `i` start below `addr`; `i` and after at or above it.
@@ -95,7 +95,12 @@ impl FreeList {
         };
         match (merge_prev, merge_next) {
             (true, true) => {
-                let (_, nlen) = self.ranges.remove(i);
+                // Removing the last range needs no shift (and no call to make one).
+                let (_, nlen) = if i + 1 == self.ranges.len() {
+                    self.ranges.pop().expect("the next range exists")
+                } else {
+                    self.ranges.remove(i)
+                };
                 self.ranges[i - 1].1 += len + nlen;
             }
             (true, false) => self.ranges[i - 1].1 += len,

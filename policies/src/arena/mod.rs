@@ -418,7 +418,7 @@ impl ArenaPolicy {
     /// arena for a large block, in `stream`'s superblocks (arena order) for a small
     /// one; `None` when that finds nothing (then `try_allocate` takes the same first
     /// step, finds nothing again, and goes on to grow or acquire).
-    #[inline]
+    #[inline(always)]
     fn first_fit_held(&mut self, stream: StreamId, bytes: u64) -> Option<(u64, Held)> {
         if bytes > self.options.threshold_bytes {
             return self.global_first_fit(bytes).map(|(position, addr)| {
@@ -553,9 +553,13 @@ impl ArenaPolicy {
     }
 
     /// Returns a range to the global arena: the chunk at `position`.
-    #[inline]
+    #[inline(always)]
     fn global_free(&mut self, position: u64, addr: u64, len: u64) {
-        let i = self.chunks.partition_point(|c| c.position < position);
+        // First fit fills the first chunk first: look there before searching.
+        let i = match self.chunks.first() {
+            Some(c) if c.position == position => 0,
+            _ => self.chunks.partition_point(|c| c.position < position),
+        };
         let chunk = self
             .chunks
             .get_mut(i)
@@ -610,6 +614,53 @@ impl ArenaPolicy {
         }
         Ok(())
     }
+
+    /// [`Policy::allocate`] beyond its inline first step: the checks, growing the
+    /// global arena or acquiring a superblock, defragmenting (out of line, so the usual
+    /// case keeps its registers).
+    #[inline(never)]
+    fn allocate_rest(
+        &mut self,
+        device: &mut dyn Device,
+        request: Request,
+    ) -> Result<Allocation, AllocError> {
+        let size = request.size_bytes;
+        if size == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        if size >= MAX_REQUEST_BYTES {
+            return Err(AllocError::OutOfMemory {
+                requested_bytes: size,
+                tried_bytes: size,
+                stats: self.stats,
+            });
+        }
+        let bytes = ArenaPolicy::block_bytes_for(size);
+        let stream = request.stream;
+        let found = match self.try_allocate(device, stream, bytes)? {
+            Some(found) => Some(found),
+            None => {
+                // RMM: defragment, then allocate once more.
+                self.defragment(device)?;
+                self.try_allocate(device, stream, bytes)?
+            }
+        };
+        let Some((addr, held)) = found else {
+            let needed = if bytes > self.options.threshold_bytes {
+                bytes
+            } else {
+                self.options.superblock_bytes
+            };
+            return Err(AllocError::OutOfMemory {
+                requested_bytes: size,
+                tried_bytes: self.chunk_bytes_for(needed),
+                stats: self.stats,
+            });
+        };
+        Ok(self
+            .live
+            .issue(addr, size, bytes, stream, held, &mut self.stats))
+    }
 }
 
 impl Default for ArenaPolicy {
@@ -645,49 +696,21 @@ impl Policy for ArenaPolicy {
         request: Request,
     ) -> Result<Allocation, AllocError> {
         let size = request.size_bytes;
-        if size == 0 {
-            return Err(AllocError::ZeroSize);
-        }
-        if size >= MAX_REQUEST_BYTES {
-            return Err(AllocError::OutOfMemory {
-                requested_bytes: size,
-                tried_bytes: size,
-                stats: self.stats,
-            });
-        }
-        let bytes = ArenaPolicy::block_bytes_for(size);
-        let stream = request.stream;
         // The usual case, inline: a free range that holds the block where
         // `try_allocate` looks first (the global arena's chunks for a large block, the
-        // stream's superblocks for a small one), without growing or acquiring.
-        if let Some((addr, held)) = self.first_fit_held(stream, bytes) {
-            return Ok(self
-                .live
-                .issue(addr, size, bytes, stream, held, &mut self.stats));
-        }
-        let found = match self.try_allocate(device, stream, bytes)? {
-            Some(found) => Some(found),
-            None => {
-                // RMM: defragment, then allocate once more.
-                self.defragment(device)?;
-                self.try_allocate(device, stream, bytes)?
+        // stream's superblocks for a small one), without growing or acquiring. Else
+        // (a first fit that finds nothing changes nothing) `allocate_rest` takes the
+        // request from the start.
+        if size > 0 && size < MAX_REQUEST_BYTES {
+            let bytes = ArenaPolicy::block_bytes_for(size);
+            let stream = request.stream;
+            if let Some((addr, held)) = self.first_fit_held(stream, bytes) {
+                return Ok(self
+                    .live
+                    .issue(addr, size, bytes, stream, held, &mut self.stats));
             }
-        };
-        let Some((addr, held)) = found else {
-            let needed = if bytes > self.options.threshold_bytes {
-                bytes
-            } else {
-                self.options.superblock_bytes
-            };
-            return Err(AllocError::OutOfMemory {
-                requested_bytes: size,
-                tried_bytes: self.chunk_bytes_for(needed),
-                stats: self.stats,
-            });
-        };
-        Ok(self
-            .live
-            .issue(addr, size, bytes, stream, held, &mut self.stats))
+        }
+        self.allocate_rest(device, request)
     }
 
     fn free(
