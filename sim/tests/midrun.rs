@@ -682,3 +682,101 @@ fn recorded_ring_buffers_with_private_pools() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The caching policy adopts a private pool live at the first entry with its segment
+/// and live block, its uses and the capture under way: the captured request takes the
+/// pool's free space, a request of another stream does not (it gets a segment of the
+/// default pools), and with the capture ended and the pool's last use released, an
+/// `empty_cache` gives the pool's segment back once its block is freed.
+#[test]
+fn private_pools_are_adopted_with_their_segments_and_windows() {
+    use workloads::{AllocId, Event, PoolId, PoolStreams};
+    let base = 0x7f00_0000_0000u64;
+    let pool = PoolId(1, 0);
+    let start = workloads::StartState {
+        segments: vec![workloads::StartSegment {
+            addr: base,
+            size_bytes: 20 * MIB,
+            stream: 7,
+            pool: Some(workloads::StartPool::Large),
+            expandable: false,
+            pool_id: pool,
+            blocks: vec![block(0, base, Some(4 * MIB), 4 * MIB, false)],
+        }],
+        pools: vec![workloads::StartPrivatePool {
+            id: pool,
+            uses: 1,
+            use_on_oom: false,
+            no_split: false,
+            routing: Some(PoolStreams::only(vec![7])),
+        }],
+        pools_recorded: true,
+    };
+    let alloc = |id, size_bytes, stream| Event::Alloc {
+        id: AllocId(id),
+        size_bytes,
+        stream,
+    };
+    let trace = start_trace(
+        start,
+        vec![
+            alloc(1, 6 * MIB, 7),
+            alloc(2, 6 * MIB, 0),
+            Event::EndAllocateToPool { pool },
+            Event::ReleasePool { pool },
+            Event::Free { id: AllocId(0) },
+            Event::Free { id: AllocId(1) },
+            Event::EmptyCache,
+        ],
+    );
+    let mut policy = policies::caching::CachingPolicy::default();
+    let mut device = sim::SimDevice::new(sim::SimDeviceOptions::default());
+    let mut timeline = sim::Timeline::default();
+    let r = sim::replay_with(&trace, &mut policy, &mut device, &checked(), &mut timeline)
+        .expect("replays from the adopted state");
+    let reserved: Vec<u64> = timeline
+        .samples
+        .iter()
+        .map(|s| s.policy.reserved_bytes)
+        .collect();
+    // The captured 6 MiB fits the pool's segment; the other stream's takes a new one;
+    // the released pool's segment goes back at empty_cache, the default one's too.
+    assert_eq!(reserved[0], 20 * MIB);
+    assert_eq!(reserved[1], 40 * MIB);
+    assert_eq!(*reserved.last().unwrap(), 20 * MIB);
+    assert_eq!(r.final_policy.reserved_bytes, 20 * MIB);
+    assert!(policy.private_pools().is_empty(), "the pool is gone");
+}
+
+/// Expandable runs whose pool the state does not say that lie in two address ranges
+/// (two pools' segments the trace gave back) are adopted as two ranges, not refused as
+/// runs that do not fit one; a run not made of large pages is the small pool's.
+#[test]
+fn expandable_runs_of_unknown_pools_are_adopted() {
+    let page = 20 * MIB;
+    let run = |addr: u64, size_bytes: u64| workloads::StartSegment {
+        addr,
+        size_bytes,
+        stream: 0,
+        pool: None,
+        expandable: true,
+        pool_id: workloads::PoolId::default(),
+        blocks: vec![],
+    };
+    let start = workloads::StartState {
+        segments: vec![
+            run(1 << 40, 2 * page),
+            run(2 << 40, page),
+            run(3 << 40, 14 * MIB),
+        ],
+        ..Default::default()
+    };
+    let trace = start_trace(start, vec![workloads::Event::EmptyCache]);
+    let mut policy = policies::caching::CachingPolicy::new(
+        policies::caching::CachingConfig::from_alloc_conf("expandable_segments:True").unwrap(),
+    );
+    let mut device = sim::SimDevice::new(sim::SimDeviceOptions::default());
+    let r = sim::replay(&trace, &mut policy, &mut device, &checked()).expect("adopted");
+    assert_eq!(r.summary.reserved_bytes_peak, 3 * page + 14 * MIB);
+    assert_eq!(r.final_policy.reserved_bytes, 0);
+}

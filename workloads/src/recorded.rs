@@ -959,6 +959,57 @@ mod tests {
         assert_eq!(run.to_trace().unwrap(), t);
     }
 
+    /// A pool window the recorder saw begin and end before the first entry (both
+    /// positions `null`) is a begin and an end before the first event, not a window that
+    /// routes the whole trace (which made the pool's next window "already allocated
+    /// to"); from a mid-run state, the calls before the first entry are folded into the
+    /// state's pools: their uses and the window still open at the first entry.
+    #[test]
+    fn windows_before_the_first_entry() {
+        let text = r#"{"events": [["alloc", 4096, 512, 7, 0], ["free_requested", 4096, 512, 7, 0],
+            ["free_completed", 4096, 512, 7, 0]],
+            "pools": [{"id": [1, 0], "kind": "graph", "created_at": null}],
+            "pool_windows": [
+              {"pool": [1, 0], "scope": "capture", "streams": [7], "begin": null, "end": null, "closed": true},
+              {"pool": [1, 0], "scope": "capture", "streams": [7], "begin": null, "end": 2, "closed": true}],
+            "request_pools": [[0, 1, 0]]}"#;
+        let run = read_recorded_json_from(text.as_bytes(), Path::new("r.json")).unwrap();
+        let pool = PoolId(1, 0);
+        let begin = Event::BeginAllocateToPool {
+            pool,
+            streams: PoolStreams::only(vec![7]),
+        };
+        let end = Event::EndAllocateToPool { pool };
+        assert_eq!(
+            run.calls,
+            vec![
+                (None, begin.clone()),
+                (None, end.clone()),
+                (None, begin.clone()),
+                (Some(2), end.clone()),
+            ]
+        );
+        assert!(run.meta.caveats.is_empty(), "{:?}", run.meta.caveats);
+        let t = run.to_trace().unwrap();
+        assert!(t.start.is_none());
+        assert_eq!(&t.events[..3], &[begin.clone(), end, begin]);
+        // Folded into a state at the first entry: two uses, the second window open.
+        let mut state = crate::StartState::default();
+        let kept = state.fold_recorded_calls(&run.calls);
+        assert_eq!(kept, vec![(Some(2), Event::EndAllocateToPool { pool })]);
+        assert_eq!(
+            state.pools,
+            vec![crate::StartPrivatePool {
+                id: pool,
+                uses: 2,
+                use_on_oom: false,
+                no_split: false,
+                routing: Some(PoolStreams::only(vec![7])),
+            }]
+        );
+        assert!(state.pools_recorded);
+    }
+
     /// The JSON reader fills the trace metadata from the file's fields.
     #[test]
     fn json_fills_the_metadata() {
