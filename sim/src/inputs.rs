@@ -725,6 +725,36 @@ mod tests {
         .unwrap()
     }
 
+    /// The file at `path` replayed as it is read gives the replay of `whole` (the same
+    /// file read whole) under every policy, at a capacity that runs out and one that
+    /// does not, with its event and alloc counts, its name and its format.
+    fn assert_streams_as_whole(path: &Path, whole: &Trace) {
+        for spec in policies::testing::every_policy() {
+            let policy = spec.label.as_str();
+            for capacity in [80 << 30, 2 << 30] {
+                let mut p = spec.config.build().unwrap();
+                let mut d =
+                    crate::SimDevice::new(SimDeviceOptions::default().with_capacity(capacity));
+                let expected =
+                    crate::replay(whole, p.as_mut(), &mut d, &ReplayOptions::default()).unwrap();
+                let Streamed::Replayed {
+                    shell,
+                    events,
+                    allocs,
+                    replay,
+                } = stream(path, policy, capacity)
+                else {
+                    panic!("{policy} did not stream")
+                };
+                assert_eq!(replay, expected, "{policy} at {capacity}");
+                assert_eq!(events, whole.events.len() as u64);
+                assert_eq!(allocs, whole.alloc_count() as u64);
+                assert_eq!(shell.name, whole.name);
+                assert_eq!(shell.meta.format, whole.meta.format);
+            }
+        }
+    }
+
     /// A CSV trace replayed as it is read gives the replay of the whole trace, under
     /// every policy, with its event and alloc counts, at a capacity that runs out and
     /// one that does not.
@@ -747,30 +777,8 @@ mod tests {
             &SimDeviceOptions::default(),
         )
         .unwrap();
-        for spec in policies::testing::every_policy() {
-            let policy = spec.label.as_str();
-            for capacity in [80 << 30, 2 << 30] {
-                let mut p = spec.config.build().unwrap();
-                let mut d =
-                    crate::SimDevice::new(SimDeviceOptions::default().with_capacity(capacity));
-                let expected =
-                    crate::replay(&whole.trace, p.as_mut(), &mut d, &ReplayOptions::default())
-                        .unwrap();
-                let Streamed::Replayed {
-                    shell,
-                    events,
-                    allocs,
-                    replay,
-                } = stream(&path, policy, capacity)
-                else {
-                    panic!("{policy} did not stream")
-                };
-                assert_eq!(replay, expected, "{policy} at {capacity}");
-                assert_eq!(events, whole.trace.events.len() as u64);
-                assert_eq!(allocs, whole.trace.alloc_count() as u64);
-                assert_eq!(shell.name, "t");
-            }
-        }
+        assert_eq!(whole.trace.name, "t");
+        assert_streams_as_whole(&path, &whole.trace);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -836,30 +844,7 @@ mod tests {
         // Pointers come back (fewer than half as many as allocations): the streamed
         // reader gives freed ids again.
         assert!(whole.trace.id_names.len() < whole.trace.alloc_count() / 2);
-        for spec in policies::testing::every_policy() {
-            let policy = spec.label.as_str();
-            for capacity in [80 << 30, 2 << 30] {
-                let mut p = spec.config.build().unwrap();
-                let mut d =
-                    crate::SimDevice::new(SimDeviceOptions::default().with_capacity(capacity));
-                let expected =
-                    crate::replay(&whole.trace, p.as_mut(), &mut d, &ReplayOptions::default())
-                        .unwrap();
-                let Streamed::Replayed {
-                    shell,
-                    events,
-                    allocs,
-                    replay,
-                } = stream(&path, policy, capacity)
-                else {
-                    panic!("{policy} did not stream")
-                };
-                assert_eq!(replay, expected, "{policy} at {capacity}");
-                assert_eq!(events, whole.trace.events.len() as u64);
-                assert_eq!(allocs, whole.trace.alloc_count() as u64);
-                assert_eq!(shell.meta.format, Some(Format::Rmm));
-            }
-        }
+        assert_streams_as_whole(&path, &whole.trace);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

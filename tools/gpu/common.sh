@@ -24,3 +24,23 @@ gpu_setup() {
 gpu_abs() {
     echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 }
+
+# For the recording scripts: `record_setup` empties $OUT/log.txt and $OUT/errors.log;
+# `record WORKLOAD [OPTIONS...]` runs tools/record_torch.py WORKLOAD $OUT OPTIONS --pickle
+# --overwrite (the output directory goes right after the workload: both are optional
+# positionals, which argparse takes only together), its line appended to log.txt and its
+# errors to errors.log; a failure is named there and on stdout.
+record_setup() {
+    : >"$OUT/log.txt"
+    : >"$OUT/errors.log"
+}
+
+record() {
+    local workload=$1
+    shift
+    if python3 "$ROOT/tools/record_torch.py" "$workload" "$OUT" "$@" --pickle --overwrite \
+        >>"$OUT/log.txt" 2>>"$OUT/errors.log"; then
+        return 0
+    fi
+    echo "failed: $workload $*" | tee -a "$OUT/errors.log"
+}

@@ -21,19 +21,7 @@ set -uo pipefail
 
 . "$(dirname "$0")/common.sh"
 gpu_setup "" 0 0 "$@"
-REC=(python3 "$ROOT/tools/record_torch.py")
-LOG=$OUT/log.txt
-: >"$LOG"
-: >"$OUT/errors.log"
-
-record() {
-    local workload=$1
-    shift
-    if "${REC[@]}" "$workload" "$OUT" "$@" --pickle --overwrite >>"$LOG" 2>>"$OUT/errors.log"; then
-        return 0
-    fi
-    echo "failed: $workload $*" | tee -a "$OUT/errors.log"
-}
+record_setup
 
 # Ring-buffer length that starts the trace halfway between checkpoints A and B of FILE:
 # wrap FILE LABEL_A LABEL_B

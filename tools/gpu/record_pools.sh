@@ -20,21 +20,7 @@ set -uo pipefail
 
 . "$(dirname "$0")/common.sh"
 gpu_setup "" 0 0 "$@"
-REC=(python3 "$ROOT/tools/record_torch.py")
-LOG=$OUT/log.txt
-: >"$LOG"
-: >"$OUT/errors.log"
-
-# record WORKLOAD [OPTIONS...] (the output directory goes right after the workload:
-# both are optional positionals, which argparse takes only together)
-record() {
-    local workload=$1
-    shift
-    if "${REC[@]}" "$workload" "$OUT" "$@" --pickle --overwrite >>"$LOG" 2>>"$OUT/errors.log"; then
-        return 0
-    fi
-    echo "failed: $workload $*" | tee -a "$OUT/errors.log"
-}
+record_setup
 
 # The cap in bytes, in whole MiB, halfway between two checkpoints' reserved bytes:
 # mid FILE LABEL_A LABEL_B

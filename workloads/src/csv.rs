@@ -936,6 +936,23 @@ mod tests {
     }
 }
 
+/// The trace of the file at `path` in `format` without its events: what a reader that
+/// gives events one at a time ([`CsvEvents`], [`crate::rmm::RmmEvents`]) reports with
+/// (named after the file's stem; events on lines).
+pub(crate) fn shell_of(path: &Path, format: Format) -> Trace {
+    Trace {
+        name: file_stem(path),
+        path: Some(path.to_path_buf()),
+        events: Vec::new(),
+        locations: Vec::new(),
+        location_kind: LocationKind::Line,
+        meta: TraceMeta::of_format(format),
+        id_names: Vec::new(),
+        times_us: Vec::new(),
+        start: None,
+    }
+}
+
 /// Why [`CsvEvents`] stopped before the end of its file: what it does not give one
 /// event at a time. The caller then reads the whole trace with [`read_csv`], which
 /// gives the same events, or every problem of the file with its line.
@@ -1033,17 +1050,7 @@ impl<R: io::Read> CsvEvents<R> {
     /// for reports; its events' places are [`CsvEvents::line_of`], which the shell
     /// does not hold.
     pub fn shell(&self) -> Trace {
-        Trace {
-            name: file_stem(&self.path),
-            path: Some(self.path.clone()),
-            events: Vec::new(),
-            locations: Vec::new(),
-            location_kind: LocationKind::Line,
-            meta: TraceMeta::of_format(Format::Csv),
-            id_names: Vec::new(),
-            times_us: Vec::new(),
-            start: None,
-        }
+        shell_of(&self.path, Format::Csv)
     }
 
     /// The line of event `index` (every row one line, after the header).

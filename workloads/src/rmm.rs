@@ -221,17 +221,7 @@ impl<R: io::Read> RmmEvents<R> {
     /// times (name, path, metadata), for reports; its events' places are
     /// [`RmmEvents::line_of`].
     pub fn shell(&self) -> Trace {
-        Trace {
-            name: file_stem(&self.path),
-            path: Some(self.path.clone()),
-            events: Vec::new(),
-            locations: Vec::new(),
-            location_kind: LocationKind::Line,
-            meta: TraceMeta::of_format(Format::Rmm),
-            id_names: Vec::new(),
-            times_us: Vec::new(),
-            start: None,
-        }
+        crate::csv::shell_of(&self.path, Format::Rmm)
     }
 
     /// The line of event `index` (every event one line, after the header).
