@@ -1460,6 +1460,36 @@ mod pool_tests {
         p
     }
 
+    /// `plan` streams `trace`'s events at the same entries (the held reader's trace of
+    /// the same file), and its shell has `trace`'s state at the first entry, metadata
+    /// and pools (random snapshot `seed`).
+    fn assert_streams_as_held(plan: &StreamPlan, trace: &Trace, seed: u64) {
+        let mut events = plan.events();
+        let got: Vec<(Event, u64)> = events.by_ref().collect();
+        events.finish().unwrap();
+        let expected: Vec<(Event, u64)> = trace
+            .events
+            .iter()
+            .cloned()
+            .zip(trace.locations.clone())
+            .collect();
+        assert!(got == expected, "seed {seed}: {got:?}\n{expected:?}");
+        let shell = plan.shell();
+        assert_eq!(shell.start, trace.start, "seed {seed}");
+        assert_eq!(shell.meta, trace.meta, "seed {seed}");
+        assert_eq!(shell.pools(), trace.pools(), "seed {seed}");
+    }
+
+    /// `plan` of a file the held reader refuses ends its events with an error.
+    fn assert_stream_fails(plan: &StreamPlan, seed: u64) {
+        let mut events = plan.events();
+        events.by_ref().for_each(drop);
+        assert!(
+            events.finish().is_err(),
+            "seed {seed}: streamed what held refuses"
+        );
+    }
+
     /// Snapshots with private pools that start mid-run (the head of `pool_trace` cut
     /// off) stream as the held reader replays them: the same state at the first entry
     /// (private pools' segments in their pools, the pools live then), the same events
@@ -1484,20 +1514,7 @@ mod pool_tests {
             let held = crate::read_snapshot_pickle(&path, 0).and_then(|r| r.to_trace());
             match (held, plan_stream(&path, 0)) {
                 (Ok(trace), Ok(plan)) => {
-                    let mut events = plan.events();
-                    let got: Vec<(Event, u64)> = events.by_ref().collect();
-                    events.finish().unwrap();
-                    let expected: Vec<(Event, u64)> = trace
-                        .events
-                        .iter()
-                        .cloned()
-                        .zip(trace.locations.clone())
-                        .collect();
-                    assert!(got == expected, "seed {seed}: {got:?}\n{expected:?}");
-                    let shell = plan.shell();
-                    assert_eq!(shell.start, trace.start, "seed {seed}");
-                    assert_eq!(shell.meta, trace.meta, "seed {seed}");
-                    assert_eq!(shell.pools(), trace.pools(), "seed {seed}");
+                    assert_streams_as_held(&plan, &trace, seed);
                     streamed += 1;
                     with_pools += usize::from(trace.start.is_some_and(|s| !s.pools.is_empty()));
                 }
@@ -1508,14 +1525,7 @@ mod pool_tests {
                     declined += usize::from(trace.start.is_some());
                 }
                 (Ok(_), Err(why)) => panic!("seed {seed}: did not stream: {why:?}"),
-                (Err(_), Ok(plan)) => {
-                    let mut events = plan.events();
-                    events.by_ref().for_each(drop);
-                    assert!(
-                        events.finish().is_err(),
-                        "seed {seed}: streamed what held refuses"
-                    );
-                }
+                (Err(_), Ok(plan)) => assert_stream_fails(&plan, seed),
                 (Err(_), Err(_)) => {}
             }
             std::fs::remove_file(&path).unwrap();
@@ -1551,19 +1561,7 @@ mod pool_tests {
             let plan = plan_stream(&path, 0);
             match (held, plan) {
                 (Ok(trace), Ok(plan)) => {
-                    let mut events = plan.events();
-                    let got: Vec<(Event, u64)> = events.by_ref().collect();
-                    events.finish().unwrap();
-                    let expected: Vec<(Event, u64)> = trace
-                        .events
-                        .iter()
-                        .cloned()
-                        .zip(trace.locations.clone())
-                        .collect();
-                    assert!(got == expected, "seed {seed}: {got:?}\n{expected:?}");
-                    let shell = plan.shell();
-                    assert_eq!(shell.meta, trace.meta, "seed {seed}");
-                    assert_eq!(shell.pools(), trace.pools(), "seed {seed}");
+                    assert_streams_as_held(&plan, &trace, seed);
                     streamed += 1;
                     calls += trace.events.iter().filter(|e| e.pool().is_some()).count();
                     for e in &trace.events {
@@ -1575,14 +1573,7 @@ mod pool_tests {
                     }
                     caveats += trace.meta.caveats.len();
                 }
-                (Err(_), Ok(plan)) => {
-                    let mut events = plan.events();
-                    events.by_ref().for_each(drop);
-                    assert!(
-                        events.finish().is_err(),
-                        "seed {seed}: streamed what held refuses"
-                    );
-                }
+                (Err(_), Ok(plan)) => assert_stream_fails(&plan, seed),
                 (Ok(_), Err(why)) => panic!("seed {seed}: did not stream: {why:?}"),
                 (Err(_), Err(_)) => {}
             }
