@@ -12,10 +12,10 @@ use rayon::prelude::*;
 use workloads::generate::Generator;
 
 use policies::{Device, Policy};
-use workloads::csv::{CsvEvents, Unstreamable};
+use workloads::csv::{CsvEvents, EventStream, Unstreamable};
 use workloads::rmm::RmmEvents;
 use workloads::validate::{validate, Severity};
-use workloads::{Event, Format, ReadError, RecordedRun, Trace};
+use workloads::{Format, ReadError, RecordedRun, Trace};
 
 use crate::compare::CompareInput;
 use crate::device::{AddressHints, SimDeviceOptions};
@@ -355,40 +355,6 @@ pub fn stream_replay<O: Observer + ?Sized>(
         Err(Some(why)) => Ok(Streamed::NeedsWholeTrace(Some(why))),
     }
 }
-
-/// A file's events read one at a time ([`CsvEvents`], [`RmmEvents`]): what
-/// [`stream_replay`] needs besides the events.
-trait EventStream: Iterator<Item = Event> {
-    /// Why the events stopped before the end of the file, if they did.
-    fn stopped(&self) -> Option<Unstreamable>;
-    /// Events given so far.
-    fn events_read(&self) -> u64;
-    /// Allocations given so far.
-    fn allocs_read(&self) -> u64;
-    /// The trace without its events, for reports.
-    fn shell(&self) -> Trace;
-}
-
-macro_rules! event_stream {
-    ($t:ty) => {
-        impl EventStream for $t {
-            fn stopped(&self) -> Option<Unstreamable> {
-                <$t>::stopped(self)
-            }
-            fn events_read(&self) -> u64 {
-                <$t>::events_read(self)
-            }
-            fn allocs_read(&self) -> u64 {
-                <$t>::allocs_read(self)
-            }
-            fn shell(&self) -> Trace {
-                <$t>::shell(self)
-            }
-        }
-    };
-}
-event_stream!(CsvEvents<std::fs::File>);
-event_stream!(RmmEvents<std::fs::File>);
 
 /// [`stream_replay`] of `events`, validated in the engine's pass unless lenient.
 fn drive<S: EventStream, O: Observer + ?Sized>(
@@ -787,6 +753,7 @@ mod tests {
     /// else at a new one; frees with the size allocated; marks left out.
     fn rmm_log(trace: &Trace) -> String {
         use std::collections::{BTreeSet, HashMap};
+        use workloads::Event;
         let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
         let (mut free, mut live) = (BTreeSet::new(), HashMap::new());
         let mut next = 0x7f00_0000_0000u64;

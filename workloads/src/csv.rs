@@ -936,6 +936,20 @@ mod tests {
     }
 }
 
+/// A file's events read one at a time without holding them ([`CsvEvents`],
+/// [`crate::rmm::RmmEvents`]), and what a replay of them needs besides the events.
+pub trait EventStream: Iterator<Item = Event> {
+    /// Why the events stopped before the end of the file, if they did.
+    fn stopped(&self) -> Option<Unstreamable>;
+    /// Events given so far.
+    fn events_read(&self) -> u64;
+    /// Allocations given so far.
+    fn allocs_read(&self) -> u64;
+    /// The trace the whole-file reader would give, without its events, ids' names and
+    /// times (name, path, metadata), for reports.
+    fn shell(&self) -> Trace;
+}
+
 /// The trace of the file at `path` in `format` without its events: what a reader that
 /// gives events one at a time ([`CsvEvents`], [`crate::rmm::RmmEvents`]) reports with
 /// (named after the file's stem; events on lines).
@@ -1029,28 +1043,6 @@ impl<R: io::Read> CsvEvents<R> {
             allocs: 0,
             stopped: None,
         }
-    }
-
-    /// Why the events stopped before the end of the file, if they did.
-    pub fn stopped(&self) -> Option<Unstreamable> {
-        self.stopped
-    }
-
-    /// Events given so far.
-    pub fn events_read(&self) -> u64 {
-        self.events
-    }
-
-    /// `alloc` events given so far.
-    pub fn allocs_read(&self) -> u64 {
-        self.allocs
-    }
-
-    /// The trace [`read_csv`] would give, without its events (name, path, metadata),
-    /// for reports; its events' places are [`CsvEvents::line_of`], which the shell
-    /// does not hold.
-    pub fn shell(&self) -> Trace {
-        shell_of(&self.path, Format::Csv)
     }
 
     /// The line of event `index` (every row one line, after the header).
@@ -1338,6 +1330,26 @@ fn scan_window(buf: &[u8; SCAN_AHEAD], allocs: &mut u64) -> Option<(Event, usize
         Event::FreeRequested { id }
     };
     Some((event, at + 3))
+}
+
+impl<R: io::Read> EventStream for CsvEvents<R> {
+    fn stopped(&self) -> Option<Unstreamable> {
+        self.stopped
+    }
+
+    fn events_read(&self) -> u64 {
+        self.events
+    }
+
+    fn allocs_read(&self) -> u64 {
+        self.allocs
+    }
+
+    /// The trace [`read_csv`] would give, without its events (name, path, metadata);
+    /// its events' places are [`CsvEvents::line_of`], which the shell does not hold.
+    fn shell(&self) -> Trace {
+        shell_of(&self.path, Format::Csv)
+    }
 }
 
 impl<R: io::Read> Iterator for CsvEvents<R> {

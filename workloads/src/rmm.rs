@@ -43,7 +43,7 @@ use std::collections::HashMap;
 use std::io::{self, BufRead, Read};
 use std::path::Path;
 
-use crate::csv::{file_stem, shorten, Unstreamable, MAX_ROW_BYTES};
+use crate::csv::{file_stem, shorten, EventStream, Unstreamable, MAX_ROW_BYTES};
 use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
 use crate::{Format, Problems, ReadError};
 
@@ -202,28 +202,6 @@ impl<R: io::Read> RmmEvents<R> {
         }
     }
 
-    /// Why the events stopped before the end of the file, if they did.
-    pub fn stopped(&self) -> Option<Unstreamable> {
-        self.stopped
-    }
-
-    /// Events given so far.
-    pub fn events_read(&self) -> u64 {
-        self.events
-    }
-
-    /// Allocations (`allocate` and `allocate failure`) given so far.
-    pub fn allocs_read(&self) -> u64 {
-        self.allocs
-    }
-
-    /// The trace [`read_rmm_from`] would give, without its events, ids' names and
-    /// times (name, path, metadata), for reports; its events' places are
-    /// [`RmmEvents::line_of`].
-    pub fn shell(&self) -> Trace {
-        crate::csv::shell_of(&self.path, Format::Rmm)
-    }
-
     /// The line of event `index` (every event one line, after the header).
     pub fn line_of(index: usize) -> u64 {
         index as u64 + 2
@@ -233,6 +211,27 @@ impl<R: io::Read> RmmEvents<R> {
         self.stopped = Some(why);
         self.done = true;
         None
+    }
+}
+
+impl<R: io::Read> EventStream for RmmEvents<R> {
+    fn stopped(&self) -> Option<Unstreamable> {
+        self.stopped
+    }
+
+    fn events_read(&self) -> u64 {
+        self.events
+    }
+
+    /// Allocations (`allocate` and `allocate failure`) given so far.
+    fn allocs_read(&self) -> u64 {
+        self.allocs
+    }
+
+    /// The trace [`read_rmm_from`] would give, without its events, ids' names and
+    /// times; its events' places are [`RmmEvents::line_of`].
+    fn shell(&self) -> Trace {
+        crate::csv::shell_of(&self.path, Format::Rmm)
     }
 }
 
