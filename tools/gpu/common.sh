@@ -30,9 +30,26 @@ gpu_abs() {
 # --overwrite (the output directory goes right after the workload: both are optional
 # positionals, which argparse takes only together), its line appended to log.txt and its
 # errors to errors.log; a failure is named there and on stdout.
+# `record_setup` also writes what was recorded on: $OUT/date.txt, commit.txt and torch.txt
+# (PyTorch's version, the GPU, and the driver from nvidia-smi).
 record_setup() {
     : >"$OUT/log.txt"
     : >"$OUT/errors.log"
+    date -u +%Y-%m-%dT%H:%M:%SZ >"$OUT/date.txt"
+    git -C "$ROOT" rev-parse HEAD >"$OUT/commit.txt" 2>/dev/null || echo unknown >"$OUT/commit.txt"
+    python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))" >"$OUT/torch.txt" 2>&1
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$OUT/torch.txt" 2>&1
+}
+
+# The cap in bytes, in whole MiB, halfway between two checkpoints' reserved bytes of a
+# recorded run: mid FILE LABEL_A LABEL_B
+mid() {
+    python3 - "$@" <<'EOF'
+import json, sys
+path, a, b = sys.argv[1:4]
+cps = {c["label"]: c["reserved"] for c in json.load(open(path))["checkpoints"]}
+print(((cps[a] + cps[b]) // 2) >> 20 << 20)
+EOF
 }
 
 record() {

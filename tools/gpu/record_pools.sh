@@ -22,21 +22,6 @@ set -uo pipefail
 gpu_setup "" 0 0 "$@"
 record_setup
 
-# The cap in bytes, in whole MiB, halfway between two checkpoints' reserved bytes:
-# mid FILE LABEL_A LABEL_B
-mid() {
-    python3 - "$@" <<'EOF'
-import json, sys
-path, a, b = sys.argv[1:4]
-cps = {c["label"]: c["reserved"] for c in json.load(open(path))["checkpoints"]}
-print(((cps[a] + cps[b]) // 2) >> 20 << 20)
-EOF
-}
-
-date -u +%Y-%m-%dT%H:%M:%SZ >"$OUT/date.txt"
-git -C "$ROOT" rev-parse HEAD >"$OUT/commit.txt" 2>/dev/null || echo unknown >"$OUT/commit.txt"
-python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))" >"$OUT/torch.txt" 2>&1
-
 for conf in "" expandable_segments:True; do
     a=()
     [ -n "$conf" ] && a=(--alloc-conf "$conf")
