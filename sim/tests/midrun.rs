@@ -582,28 +582,33 @@ fn recordings_with_private_pools_cut_mid_run_are_exact() {
             };
             let row = &report.row;
             println!("{name} cut at {k}: {} | {row:?}", start.describe());
-            // Reserved bytes and segments at every checkpoint; allocated and
-            // inactive_split too unless a block live at the first entry was freed
-            // without its size recorded (its size is PyTorch's rules' guess).
-            let sized = start.unsized_block_count() == 0;
-            let checkpoints = report.checkpoints.iter().all(|c| {
-                let (r, s) = (c.recorded_values(), c.simulated);
-                if sized {
-                    r == s
-                } else {
-                    r[1] == s[1] && r[3] == s[3]
-                }
-            });
-            if !(row.segment_ops_match
-                && checkpoints
-                && row.reserved_bytes_peak_sim == row.reserved_bytes_peak_torch
-                && row.oom_event_sim == row.oom_event_torch)
-            {
+            if !agrees_inside_the_window(&report, start.unsized_block_count() == 0) {
                 failures.push(format!("{name} cut at {k}: {}", report.explain()));
             }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A mid-run replay agrees with PyTorch inside its window: every segment decision, the
+/// reserved peak, the OOM point, and at every checkpoint reserved bytes and segments;
+/// allocated and inactive_split bytes too where the state at the first entry is `sized`
+/// (no block live then was freed without its size recorded: such a size is PyTorch's
+/// rules' guess).
+fn agrees_inside_the_window(report: &sim::fidelity::FidelityReport, sized: bool) -> bool {
+    let row = &report.row;
+    let checkpoints = report.checkpoints.iter().all(|c| {
+        let (r, s) = (c.recorded_values(), c.simulated);
+        if sized {
+            r == s
+        } else {
+            r[1] == s[1] && r[3] == s[3]
+        }
+    });
+    row.segment_ops_match
+        && checkpoints
+        && row.reserved_bytes_peak_sim == row.reserved_bytes_peak_torch
+        && row.oom_event_sim == row.oom_event_torch
 }
 
 /// Real ring buffers that wrapped in programs with private pools
@@ -642,18 +647,7 @@ fn recorded_ring_buffers_with_private_pools() {
         let report = fidelity(&run, &options).unwrap();
         let row = &report.row;
         let sized = start.unsized_block_count() == 0;
-        let checkpoints = report.checkpoints.iter().all(|c| {
-            let (r, s) = (c.recorded_values(), c.simulated);
-            if sized {
-                r == s
-            } else {
-                r[1] == s[1] && r[3] == s[3]
-            }
-        });
-        let agrees = row.segment_ops_match
-            && checkpoints
-            && row.reserved_bytes_peak_sim == row.reserved_bytes_peak_torch
-            && row.oom_event_sim == row.oom_event_torch;
+        let agrees = agrees_inside_the_window(&report, sized);
         if !agrees {
             failures.push(format!("{}: {}", f.display(), report.explain()));
         }
