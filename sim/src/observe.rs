@@ -156,6 +156,26 @@ pub trait Observer {
     fn watches(&self, _index: usize, _event: &Event, _outcome: &Outcome) -> bool {
         true
     }
+
+    /// A period in events (0: none): the engine also shows this observer the step of
+    /// every event whose index is a multiple of it (event 0 included), whatever
+    /// [`Observer::watches`] says, counting down to the next one itself where a test
+    /// per event would cost each event (a progress display: every 65 536th event). Read
+    /// once, before the first event. The default: none.
+    fn period(&self) -> usize {
+        0
+    }
+}
+
+/// The period of two observers' [`Observer::period`]s together: the steps either wants
+/// (a multiple of both periods is a multiple of their greatest common divisor; more
+/// steps than either asked for, which [`Observer::after_event`] must take).
+fn joint_period(a: usize, b: usize) -> usize {
+    let (mut a, mut b) = (a, b);
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// The observer that watches nothing ([`crate::replay`]).
@@ -197,6 +217,10 @@ impl<O: Observer + ?Sized> Observer for &mut O {
     fn watches(&self, index: usize, event: &Event, outcome: &Outcome) -> bool {
         (**self).watches(index, event, outcome)
     }
+
+    fn period(&self) -> usize {
+        (**self).period()
+    }
 }
 
 /// An observer that may be absent.
@@ -228,6 +252,10 @@ impl<O: Observer> Observer for Option<O> {
         self.as_ref()
             .is_some_and(|o| o.watches(index, event, outcome))
     }
+
+    fn period(&self) -> usize {
+        self.as_ref().map_or(0, O::period)
+    }
 }
 
 /// Two observers at once, the first called first.
@@ -257,6 +285,10 @@ impl<A: Observer, B: Observer> Observer for (A, B) {
     #[inline(always)]
     fn watches(&self, index: usize, event: &Event, outcome: &Outcome) -> bool {
         self.0.watches(index, event, outcome) || self.1.watches(index, event, outcome)
+    }
+
+    fn period(&self) -> usize {
+        joint_period(self.0.period(), self.1.period())
     }
 }
 

@@ -623,6 +623,11 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
     let stats_every_event = options.check_invariants || observer.needs_stats_every_event();
     let mut stats = before;
     let mut event_count = 0u64;
+    // The next event with more to do than the rest (one test per event): the first
+    // (the recorder sees its figures, read or not), then every `period`-th (an
+    // observer's progress display, `Observer::period`), never again without one.
+    let period = observer.period();
+    let mut next_special = 0usize;
     // `I::next` itself, not `<&mut I>::next`: a reader's `next` can inline here.
     // The event is used where `next` left it (not moved into a binding of its own).
     let mut next_index = 0usize;
@@ -829,12 +834,10 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
         };
         let touched = std::mem::take(&mut device.touched);
         // The recorder sees the figures read after this event, and the first
-        // event's either way (a figure not read again is the one it saw: its peaks
-        // would not move).
+        // event's either way (below; a figure not read again is the one it saw: its
+        // peaks would not move).
         if touched {
             dstats = device.stats();
-            recorder.observe_device(&dstats);
-        } else if index == 0 {
             recorder.observe_device(&dstats);
         }
         let lowers_only = !touched
@@ -848,11 +851,23 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
         if stats_every_event || !lowers_only {
             stats = policy.stats();
             recorder.observe_policy(event_index, &stats);
-        } else if index == 0 {
-            recorder.observe_policy(event_index, &stats);
+        }
+        let mut ticks = false;
+        if index == next_special {
+            // Seeing the same figures twice at the same event changes nothing.
+            if index == 0 {
+                recorder.observe_device(&dstats);
+                recorder.observe_policy(event_index, &stats);
+            }
+            ticks = period != 0;
+            next_special = if ticks {
+                index.saturating_add(period)
+            } else {
+                usize::MAX
+            };
         }
         event_count = event_index + 1;
-        if observer.watches(index, event, &outcome) {
+        if ticks || observer.watches(index, event, &outcome) {
             observer.after_event(&Step {
                 index,
                 event,
@@ -1228,6 +1243,72 @@ mod tests {
             .0
             .iter()
             .all(|(_, o)| matches!(o, Outcome::Freed { .. })));
+    }
+
+    /// An observer with a period is shown the steps at its multiples (event 0
+    /// included) besides those it watches, each once; two observers with periods are
+    /// shown the multiples of their greatest common divisor; the summary is the same
+    /// as without them.
+    #[test]
+    fn observers_see_their_periods() {
+        struct Ticks {
+            period: usize,
+            marks: bool,
+            seen: Vec<usize>,
+        }
+        impl Observer for Ticks {
+            fn after_event(&mut self, step: &Step<'_>) {
+                self.seen.push(step.index);
+            }
+            fn needs_stats_every_event(&self) -> bool {
+                false
+            }
+            fn watches(&self, _index: usize, event: &Event, _outcome: &Outcome) -> bool {
+                self.marks && matches!(event, Event::Mark { .. })
+            }
+            fn period(&self) -> usize {
+                self.period
+            }
+        }
+        let ticks = |period, marks| Ticks {
+            period,
+            marks,
+            seen: Vec::new(),
+        };
+        let mut events = Vec::new();
+        for i in 0..10 {
+            events.push(alloc(i, 512 << i));
+            if i == 4 {
+                events.push(Event::Mark {
+                    label: "m".into(),
+                });
+            }
+            events.push(free(i));
+        }
+        let t = Trace::new("t", events);
+        let run = |observer: &mut dyn FnMut(&mut SimDevice) -> Replay| {
+            observer(&mut SimDevice::new(SimDeviceOptions::default()))
+        };
+        let lean = run(&mut |d| replay(&t, &mut CachingPolicy::default(), d, &checked()).unwrap());
+        let mut one = ticks(4, true);
+        let r = run(&mut |d| {
+            replay_with(&t, &mut CachingPolicy::default(), d, &checked(), &mut one).unwrap()
+        });
+        assert_eq!(r, lean);
+        assert_eq!(one.seen, [0, 4, 8, 9, 12, 16, 20]);
+        let mut two = (ticks(4, false), Some(ticks(6, false)));
+        let r = run(&mut |d| {
+            replay_with(&t, &mut CachingPolicy::default(), d, &checked(), &mut two).unwrap()
+        });
+        assert_eq!(r, lean);
+        assert_eq!(two.0.seen, [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20]);
+        assert_eq!(two.0.seen, two.1.unwrap().seen);
+        let mut none = (ticks(0, false), None::<Ticks>);
+        let r = run(&mut |d| {
+            replay_with(&t, &mut CachingPolicy::default(), d, &checked(), &mut none).unwrap()
+        });
+        assert_eq!(r, lean);
+        assert!(none.0.seen.is_empty());
     }
 
     /// The summary is the same whether the engine reads every event's figures (an
