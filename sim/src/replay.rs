@@ -1279,9 +1279,7 @@ mod tests {
         for i in 0..10 {
             events.push(alloc(i, 512 << i));
             if i == 4 {
-                events.push(Event::Mark {
-                    label: "m".into(),
-                });
+                events.push(Event::Mark { label: "m".into() });
             }
             events.push(free(i));
         }
