@@ -622,12 +622,15 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
     let mut dstats = device.stats();
     let stats_every_event = options.check_invariants || observer.needs_stats_every_event();
     let mut stats = before;
-    let mut event_count = 0u64;
     // The next event with more to do than the rest (one test per event): the first
     // (the recorder sees its figures, read or not), then every `period`-th (an
     // observer's progress display, `Observer::period`), never again without one.
     let period = observer.period();
+    let mut next_tick = 0usize;
+    // The next event with more to do, further: where an out-of-memory stops the
+    // replay (that event), and every event with `check_invariants`.
     let mut next_special = 0usize;
+    let mut stop = false;
     // `I::next` itself, not `<&mut I>::next`: a reader's `next` can inline here.
     // The event is used where `next` left it (not moved into a binding of its own).
     let mut next_index = 0usize;
@@ -648,7 +651,6 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
         observer.before_event(index, event, &*policy);
         device.ops.clear();
         let device_error = |error| ReplayError::Device { event_index, error };
-        let mut stop = false;
         let outcome = match *event {
             Event::Alloc {
                 id,
@@ -690,7 +692,10 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
                                 message: policy.describe_oom(tried_bytes, &device),
                             });
                         }
-                        stop = !options.continue_after_oom;
+                        if !options.continue_after_oom {
+                            stop = true;
+                            next_special = index;
+                        }
                         Outcome::OutOfMemory {
                             requested_bytes,
                             tried_bytes,
@@ -852,21 +857,23 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
             stats = policy.stats();
             recorder.observe_policy(event_index, &stats);
         }
+        let special = index == next_special;
         let mut ticks = false;
-        if index == next_special {
+        if special {
             // Seeing the same figures twice at the same event changes nothing.
             if index == 0 {
                 recorder.observe_device(&dstats);
                 recorder.observe_policy(event_index, &stats);
             }
-            ticks = period != 0;
-            next_special = if ticks {
-                index.saturating_add(period)
-            } else {
-                usize::MAX
-            };
+            if index == next_tick {
+                ticks = period != 0;
+                next_tick = if ticks {
+                    index.saturating_add(period)
+                } else {
+                    usize::MAX
+                };
+            }
         }
-        event_count = event_index + 1;
         if ticks || observer.watches(index, event, &outcome) {
             observer.after_event(&Step {
                 index,
@@ -898,18 +905,27 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
         } else {
             std::mem::forget(next);
         }
-        if stop {
-            break;
-        }
-        if options.check_invariants {
-            if lowers_only {
-                check_lowered(&before, &stats, event_index);
+        if special {
+            if stop {
+                break;
             }
-            check_state(&*policy, &stats, &dstats, live, event_index);
-            before = stats;
+            if options.check_invariants {
+                if lowers_only {
+                    check_lowered(&before, &stats, event_index);
+                }
+                check_state(&*policy, &stats, &dstats, live, event_index);
+                before = stats;
+            }
+            next_special = if options.check_invariants {
+                index + 1
+            } else {
+                next_tick
+            };
         }
     }
-    recorder.set_event_count(event_count);
+    // Every event taken was replayed (an out-of-memory that stops the replay
+    // included).
+    recorder.set_event_count(next_index as u64);
     Ok(Replay {
         summary: recorder.finish(),
         oom,
