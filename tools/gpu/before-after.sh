@@ -4,9 +4,12 @@
 # traces (CPU time and wall of the whole process, peak RSS; output compared with cmp),
 # and optionally a synthetic snapshot pickle (open and replay, export with the new one).
 # Usage: OUT=DIR tools/gpu/before-after.sh OLD/allocsim NEW/allocsim [SNAPSHOT_READ]
-#   PARTS    any of "core e2e snapshot" (default "core e2e")
+#   PARTS    any of "core e2e pinned snapshot" (default "core e2e")
 #   LENGTHS  end-to-end trace lengths (default "100000 1000000 10000000")
 #   ROUNDS   rounds of the alternation (default 2)
+#   PIN_CORE the core the "pinned" part runs on (default 5): end to end at PIN_EVENTS
+#            (default 10000000) events per policy under taskset, old first in odd rounds
+#            and new first in even ones (this host's unpinned rounds move by 30-50 %)
 #   SNAP_MIB size of the synthetic snapshot (default 1120: about 1 GB), made by the
 #            third argument (`snapshot_read --make`, workloads/examples/snapshot_read.rs);
 #            it is opened, replayed and exported by both builds
@@ -59,6 +62,24 @@ if part e2e; then
         done
         rm -f "$W/t$n.csv"
     done
+fi
+if part pinned; then
+    n=${PIN_EVENTS:-10000000} c=${PIN_CORE:-5}
+    "$NEW" generate random --seed 1 --events "$n" -o "$W/p.csv" > /dev/null 2>&1
+    ev=$(($(wc -l < "$W/p.csv") - 1))
+    for p in caching immediate buddy arena; do
+        for r in $(seq 1 "$ROUNDS"); do
+            order="old new"; [ $((r % 2)) = 0 ] && order="new old"
+            for b in $order; do
+                bin=$OLD; [ $b = new ] && bin=$NEW
+                echo "pinned core=$c events=$ev policy=$p round=$r binary=$b $(timed taskset -c "$c" "$bin" replay "$W/p.csv" --policy $p)"
+                cp "$W/out" "$W/$b.out"
+            done
+            cmp -s "$W/old.out" "$W/new.out" || echo "pinned events=$ev policy=$p round=$r OUTPUT DIFFERS"
+        done
+        echo "pinned events=$ev policy=$p compared (a line OUTPUT DIFFERS above if any round differed)"
+    done
+    rm -f "$W/p.csv"
 fi
 if part snapshot && [ -n "$SR" ]; then
     # snapshot_read --make reads the real snapshots of tests/data from the path it was
