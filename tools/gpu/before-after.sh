@@ -77,7 +77,7 @@ if part pinned; then
             done
             cmp -s "$W/old.out" "$W/new.out" || echo "pinned events=$ev policy=$p round=$r OUTPUT DIFFERS"
         done
-        echo "pinned events=$ev policy=$p compared (a line OUTPUT DIFFERS above if any round differed)"
+        echo "pinned events=$ev policy=$p outputs compared in each of $ROUNDS rounds"
     done
     rm -f "$W/p.csv"
 fi
