@@ -254,3 +254,45 @@ fn ctrl_c_leaves_outputs_untouched() {
         ["old0.csv", "old1.csv", "pipe0.csv", "pipe1.csv"]
     );
 }
+
+/// An output that is a named pipe (or a device: `-o /dev/null`, `-o /dev/stdout`) is
+/// written into, not replaced: renaming the finished temporary file over it turned the
+/// pipe into a plain file, left its reader waiting for ever, and as root replaced
+/// `/dev/null` itself.
+#[test]
+fn output_to_a_named_pipe_is_written_into_it() {
+    if Command::new("mkfifo").arg("--version").output().is_err() {
+        eprintln!("skipped: no mkfifo on this system");
+        return;
+    }
+    let dir = TempDir::new("out-fifo");
+    let fifo = dir.path().join("rows.csv");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    // Opening the pipe to read blocks until allocsim opens it to write; a pipe that was
+    // replaced leaves this thread blocked, which the test does not wait for.
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    let args = [
+        "compare",
+        "examples/random_small.csv",
+        "--policies",
+        "caching",
+    ];
+    let o = allocsim(os(&[&args[0], &args[1], &args[2], &args[3], &"-o", &fifo]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt as _;
+        let kind = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+        assert!(kind.is_fifo(), "the pipe was replaced by a {kind:?}");
+    }
+    let expected = allocsim(args);
+    assert_eq!(reader.join().unwrap(), expected.stdout);
+    assert_eq!(names(dir.path()), ["rows.csv"]);
+}
