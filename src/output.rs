@@ -2,7 +2,8 @@
 //! are checked before anything is read ([`check`]: not an input, not a directory, an
 //! extension that fits), and a file is written to a temporary file in its directory
 //! that replaces it only when everything was written ([`Output::finish`]); on an error
-//! or Ctrl-C the old file is left as it was and the temporary file is removed.
+//! or Ctrl-C the old file is left as it was and the temporary file is removed. A named
+//! pipe or a device (`-o /dev/null`) is written into, never replaced.
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
@@ -203,6 +204,20 @@ pub fn create(path: Option<&Path>) -> anyhow::Result<Output> {
         Ok(m) if m.file_type().is_symlink() => fs::canonicalize(path).unwrap_or(path.into()),
         _ => path.to_path_buf(),
     };
+    // A named pipe or a device (`-o /dev/null`, `-o /dev/stdout`) is written into as it
+    // is: a file renamed over it would replace it (as root, `/dev/null` itself), and
+    // what it passes on is not kept, so there is no old content to protect.
+    if fs::metadata(&target).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .open(&target)
+            .map_err(failed)?;
+        return Ok(Output {
+            target: shown,
+            writer: BufWriter::new(Box::new(file)),
+            file: None,
+        });
+    }
     let in_order = interrupt::in_order();
     let prefix = format!(
         ".{}.",
