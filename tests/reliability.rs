@@ -992,3 +992,41 @@ fn dev_zero_is_refused_by_every_reader() {
         );
     }
 }
+
+// ---- audit of 2026-11-27 ----------------------------------------------------------------
+
+/// A replay that fails (here PyTorch refuses a trace's `set_allocator_settings`) is one
+/// line that says it once, in every command that replays: `compare`, `fit` and `diff`
+/// repeated the whole message (the error's text, then its cause, which it already held).
+#[test]
+fn a_failed_replay_is_said_once() {
+    let dir = TempDir::new("said-once");
+    let trace = dir.file(
+        "t.csv",
+        "op,id,bytes,stream\nalloc,1,100,0\nset_allocator_settings,\"foo:1\",,\nfree,1,,\n",
+    );
+    let t = trace.to_str().unwrap();
+    let cases: [&[&str]; 5] = [
+        &["replay", t],
+        &["compare", t, "--policies", "caching"],
+        &["fit", t, "--policies", "caching", "--gpus", "none"],
+        &[
+            "diff",
+            t,
+            "--policies",
+            "caching,caching:expandable_segments=True",
+        ],
+        &["bench", t, "--policies", "caching", "--runs", "1"],
+    ];
+    for args in cases {
+        let o = allocsim(args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert_eq!(
+            err.matches("Unrecognized key 'foo'").count(),
+            1,
+            "{args:?}: {err}"
+        );
+    }
+}
