@@ -172,7 +172,7 @@ fn finish(outcome: std::thread::Result<anyhow::Result<Exit>>) -> Exit {
         // The reader went away (`allocsim ... | head`): stop quietly, as cat does.
         Ok(Err(err)) if is_broken_pipe(&err) => Exit::Ran,
         Ok(Err(err)) => {
-            eprintln!("error: {}", one_line(&format!("{err:#}")));
+            eprintln!("error: {}", message(&err));
             Exit::of(&err)
         }
         // The panic hook printed it.
@@ -234,6 +234,24 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
                 matches!(c.kind(), csv::ErrorKind::Io(io) if io.kind() == std::io::ErrorKind::BrokenPipe)
             })
     })
+}
+
+/// An error's message on one line: the errors of its chain joined by `: `, each said
+/// once (an error whose text already ends with its cause's, as a failed replay of a
+/// batch or a failed write does, is not followed by the cause again).
+fn message(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for e in err.chain() {
+        let part = e.to_string();
+        if text.ends_with(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    one_line(&text)
 }
 
 /// Collapses a message onto one line.
@@ -340,6 +358,31 @@ mod tests {
         );
         let pipe = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
         assert_eq!(finish(Ok(Err(anyhow::Error::new(pipe)))), Exit::Ran);
+    }
+
+    /// An error's line says each error of its chain once, context first: a cause the
+    /// error's own text ends with is not repeated.
+    #[test]
+    fn messages_say_each_cause_once() {
+        let replay = ReplayError::Rejected {
+            event_index: 1,
+            message: "Unrecognized key".into(),
+        };
+        let batch = anyhow::Error::new(sim::CompareError::Replay {
+            trace: "t".into(),
+            policy: "caching".into(),
+            source: replay,
+        })
+        .context("replaying t");
+        assert_eq!(
+            message(&batch),
+            "replaying t: t under caching: event 1: Unrecognized key"
+        );
+        let write = anyhow::Error::new(output::WriteFailed::new(
+            "out.csv",
+            std::io::Error::other("disk full"),
+        ));
+        assert_eq!(message(&write), "cannot write out.csv: disk full");
     }
 
     /// Usage errors of the argument parser come out as one line with the usage.
