@@ -1030,3 +1030,117 @@ fn a_failed_replay_is_said_once() {
         );
     }
 }
+
+/// Runs the binary with `args` and `input` on its stdin (a pipe), killing it after
+/// `secs` seconds; the output and whether it finished.
+fn allocsim_fed(args: &[&str], input: Vec<u8>, secs: u64) -> (std::process::Output, bool) {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .args(args)
+        .current_dir(root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    // A reader that stops early closes the pipe: the rest is not wanted.
+    let writer = std::thread::spawn(move || {
+        let _ = std::io::Write::write_all(&mut pipe, &input);
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let mut finished = true;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            finished = false;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    (output, finished)
+}
+
+/// The lines of a `replay` summary from `peak requested` on (the first lines name the
+/// trace, which a pipe names otherwise).
+fn summary_numbers(text: &str) -> String {
+    text.lines()
+        .skip_while(|l| !l.starts_with("peak requested"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A trace read from a pipe (`/dev/stdin`, `<(zcat t.csv.gz)`, a named pipe) is read
+/// once and replays as the file does: `replay` read its first bytes to tell the format,
+/// then opened it again (a pipe: "cannot tell the trace format" of a valid CSV or
+/// snapshot; a named pipe whose writer had gone: waiting for ever), and `export` read a
+/// snapshot's first bytes, then failed on the rest.
+#[test]
+fn a_trace_from_a_pipe_is_read_once() {
+    let csv = "examples/random_small.csv";
+    let pickle = "tests/data/oracle/h100-torch2.11-pickles/gpt_train_small.pickle";
+    let dir = TempDir::new("from-a-pipe");
+    let exported = dir.path().join("e.pickle");
+    let exported = exported.to_str().unwrap();
+    let cases: [(&str, &[&str]); 4] = [
+        (csv, &["replay", "/dev/stdin"]),
+        (csv, &["replay", "/dev/stdin", "--capacity", "1GiB"]),
+        // Runs out: the explanation and the stack frames.
+        (pickle, &["replay", "/dev/stdin", "--capacity", "1950MiB"]),
+        (pickle, &["export", "/dev/stdin", "-o", exported]),
+    ];
+    for (trace, args) in cases {
+        let bytes = std::fs::read(root().join(trace)).unwrap();
+        let (o, finished) = allocsim_fed(args, bytes, 60);
+        assert!(finished, "{args:?} on {trace} still running after 60 s");
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{args:?} on {trace}: {}",
+            stderr(&o)
+        );
+        if args[0] == "replay" {
+            let mut from_file = args.to_vec();
+            from_file[1] = trace;
+            let expected = allocsim(&from_file);
+            assert_eq!(
+                summary_numbers(&stdout(&o)),
+                summary_numbers(&stdout(&expected)),
+                "{args:?} on {trace}"
+            );
+        }
+    }
+    // A named pipe: its writer is gone once the content is read.
+    if std::process::Command::new("mkfifo")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no mkfifo on this system");
+        return;
+    }
+    let fifo = dir.path().join("t.csv");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    // Not waited for: a writer whose pipe is never opened waits for ever.
+    {
+        let fifo = fifo.clone();
+        let bytes = std::fs::read(root().join(csv)).unwrap();
+        std::thread::spawn(move || {
+            let mut pipe = std::fs::OpenOptions::new().write(true).open(fifo).unwrap();
+            let _ = std::io::Write::write_all(&mut pipe, &bytes);
+        });
+    }
+    let (o, finished) = allocsim_within(&["replay", fifo.to_str().unwrap()], 60);
+    assert!(finished, "replay of a named pipe still running after 60 s");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        summary_numbers(&stdout(&o)),
+        summary_numbers(&stdout(&allocsim(["replay", csv]))),
+    );
+}
