@@ -25,6 +25,15 @@ pub struct Loaded {
     pub run: Option<workloads::RecordedRun>,
 }
 
+/// Whether the trace file at `path` can be read more than once: a plain file (or one
+/// that does not open, whose reader then says why). A pipe, named or not (`/dev/stdin`,
+/// `<(zcat t.csv.gz)`), gives its content once, and a device (`/dev/zero`) need not
+/// give the same twice: a command that would read it twice (its first bytes to tell the
+/// format, then the whole; again to explain an out-of-memory) reads it once, whole.
+pub fn rereadable(path: &Path) -> bool {
+    std::fs::metadata(path).map_or(true, |m| m.is_file())
+}
+
 /// How `input`'s flags read traces.
 pub fn load_options(input: &InputArgs) -> LoadOptions {
     LoadOptions {

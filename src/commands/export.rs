@@ -163,11 +163,16 @@ fn load_with_frames(
 }
 
 /// The format the one loader would read `args.trace` in (forced, or detected from its
-/// first bytes); `None` where it cannot tell or the file does not open (the loader
-/// then says why).
+/// first bytes); `None` where it cannot tell, the file does not open (the loader
+/// then says why) or is a pipe.
 fn format_of(args: &ExportArgs) -> Option<Format> {
     if let Some(format) = args.input.read.trace_format {
         return Some(format);
+    }
+    // Reading a pipe's first bytes takes them: the one loader reads it (a snapshot's
+    // frames are then not carried over).
+    if !load::rereadable(&args.trace) {
+        return None;
     }
     let file = std::fs::File::open(&args.trace).ok()?;
     let mut prefix = Vec::with_capacity(workloads::SNIFF_BYTES);

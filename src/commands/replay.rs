@@ -220,6 +220,11 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     if setup.capacities.len() > 1 || setup.options.usable_spread_bytes > 0 {
         return Ok(None);
     }
+    // Streaming reads the file twice (its first bytes, then the whole, and again after
+    // an out-of-memory): a pipe is read once, whole.
+    if !load::rereadable(&args.trace) {
+        return Ok(None);
+    }
     let options = load::load_options(&args.input);
     let stage = Stage::start(format!("reading {} (first pass)", args.trace.display()));
     let stream = sim::inputs::SnapshotStream::open(&args.trace, &options, &setup.options);
@@ -556,9 +561,10 @@ fn stats_table(stats: &[(String, i64)]) -> String {
 
 /// The stack frames PyTorch recorded for the entry of event `index`, innermost first,
 /// when the trace is a snapshot pickle that has them (`workloads::snapshot::event_stack`);
-/// empty otherwise.
+/// empty otherwise (and for a snapshot read from a pipe).
 fn frames_of(args: &ReplayArgs, trace: &Trace, index: u64) -> Vec<String> {
-    if trace.meta.format != Some(workloads::Format::TorchPickle) {
+    // A pipe was read: its content is gone.
+    if trace.meta.format != Some(workloads::Format::TorchPickle) || !load::rereadable(&args.trace) {
         return Vec::new();
     }
     match std::fs::File::open(&args.trace) {
