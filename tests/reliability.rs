@@ -1144,3 +1144,28 @@ fn a_trace_from_a_pipe_is_read_once() {
         summary_numbers(&stdout(&allocsim(["replay", csv]))),
     );
 }
+
+/// An out-of-memory is a result even when a setting tried as its remedy cannot run:
+/// with `large_segment_size_mb` past the address space, `replay` and `compare` ran out
+/// (a result), then tried `expandable_segments=True`, whose address reservation the
+/// device refused, and exited 4 with that driver error instead of reporting the run.
+#[test]
+fn a_remedy_that_cannot_run_is_no_remedy() {
+    let conf = "large_segment_size_mb:99999999999999";
+    let t = "examples/random_small.csv";
+    let o = allocsim(["replay", t, "--alloc-conf", conf]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("out of memory       at event 1 (line 3)"),
+        "{out}"
+    );
+    assert!(!out.contains("expandable_segments=True"), "{out}");
+    let o = allocsim(["compare", t, "--policies", "caching", "--alloc-conf", conf]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    let mut lines = text.lines().map(|l| l.split(',').collect::<Vec<_>>());
+    let (header, row) = (lines.next().unwrap(), lines.next().unwrap());
+    let oom = header.iter().position(|c| *c == "oom_event_index").unwrap();
+    assert_eq!(row[oom], "1", "{text}");
+}
