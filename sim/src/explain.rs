@@ -30,7 +30,7 @@ use workloads::{AllocId, Event, Trace};
 use crate::compare::CompareError;
 use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
 use crate::observe::{Observer, Outcome, Step};
-use crate::replay::{replay, ReplayOptions};
+use crate::replay::{replay, ReplayError, ReplayOptions};
 
 /// Free bytes at an out-of-memory, by what kept the request from them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -421,8 +421,11 @@ pub fn explain_state(
 /// on the same device, and records what each gave (in `explanation.remedies`), stopping
 /// at the first that runs to the end.
 ///
+/// A setting whose replay fails on the device (a driver error), that PyTorch would
+/// refuse on this trace, or that cannot take over its starting state is left out.
+///
 /// # Errors
-/// A replay that stops for a reason other than memory.
+/// A replay that stops for another reason than those or memory (an interruption).
 pub fn check_remedies(
     explanation: &mut OomExplanation,
     trace: &Trace,
@@ -443,13 +446,25 @@ pub fn check_remedies(
             source,
         })?;
         let mut dev = SimDevice::with_hints(device.clone(), hints.for_policy(&candidate));
-        let r = replay(trace, policy.as_mut(), &mut dev, &options).map_err(|source| {
-            CompareError::Replay {
-                trace: trace.name.clone(),
-                policy: spec.clone(),
-                source,
+        let r = match replay(trace, policy.as_mut(), &mut dev, &options) {
+            Ok(r) => r,
+            // A setting the device cannot run (its address reservation refused, a
+            // driver error), that PyTorch would refuse on this trace, or that cannot
+            // take over a mid-run trace's starting state is no remedy: the replay under
+            // the configuration asked for ran out, which is its result.
+            Err(
+                ReplayError::Device { .. }
+                | ReplayError::Rejected { .. }
+                | ReplayError::Start { .. },
+            ) => continue,
+            Err(source) => {
+                return Err(CompareError::Replay {
+                    trace: trace.name.clone(),
+                    policy: spec.clone(),
+                    source,
+                })
             }
-        })?;
+        };
         let fixed = r.oom.is_none();
         explanation.remedies.push(Remedy {
             setting,
