@@ -17,13 +17,13 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use policies::PolicyConfig;
+use policies::{AdoptError, DeviceError, PolicyConfig};
 use rayon::prelude::*;
 use workloads::{Event, Trace};
 
 use crate::compare::{replay_policy, CompareError};
 use crate::device::{AddressHints, SimDeviceOptions};
-use crate::replay::ReplayOptions;
+use crate::replay::{ReplayError, ReplayOptions};
 
 /// How to search.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,7 +194,8 @@ pub fn requested_bytes_peak(trace: &Trace) -> u64 {
     peak
 }
 
-/// Whether `trace` replays under `config` on `device` without running out of memory.
+/// Whether `trace` replays under `config` on `device` without running out of memory
+/// (from a mid-run start: and the device holds its starting state).
 ///
 /// # Errors
 /// The policy does not build, or the replay stops for a reason other than memory.
@@ -210,8 +211,19 @@ pub fn fits(
         ..options.clone()
     };
     let label = config.to_string();
-    let r = replay_policy(trace, hints, config, &label, device, &options, &mut ())?;
-    Ok(r.oom.is_none())
+    match replay_policy(trace, hints, config, &label, device, &options, &mut ()) {
+        Ok(r) => Ok(r.oom.is_none()),
+        // A trace that starts mid-run whose starting state the device cannot hold does
+        // not fit, as one that runs out later does not.
+        Err(CompareError::Replay {
+            source:
+                ReplayError::Start {
+                    error: AdoptError::Device(DeviceError::OutOfMemory { .. }),
+                },
+            ..
+        }) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// The smallest total memory of a `device`-like GPU on which `trace` replays under
