@@ -167,139 +167,226 @@ struct Held {
     position: u64,
 }
 
-/// Above this many blocks an [`OrderSet`] moves from its sorted vector to an ordered set;
-/// back below [`OrderSet::SHRINK`].
-const VEC_MAX: usize = 32;
+/// How many of an order's free blocks an [`OrderSet`] keeps in its fixed head.
+const HEAD: usize = 3;
+
+/// An empty slot of an [`OrderSet`]'s head: above every key (a key is a segment's
+/// position and an address; no segment has position `u64::MAX`).
+const VACANT: u128 = u128::MAX;
 
 /// The free blocks of one order, by (segment position, address): policy order, the
-/// smallest first. A vector sorted in *descending* order while they are few (the
-/// smallest is popped from its end, a lookup scans a few entries), an ordered set when
-/// they are many; the same set either way, so the same block is taken.
-#[derive(Debug, Default)]
+/// smallest first.
+///
+/// The smallest [`HEAD`] keys sit in a fixed array in ascending order, its empty slots
+/// [`VACANT`] (above every key); any further keys, all above the head's, in an ordered
+/// set beside it (`rest`; empty on most traces, where an order holds one or two blocks).
+/// A key is one `u128` (the position in the high half, the address in the low), whose
+/// order is the pair's. The head's operations look at all of its slots and move them
+/// with masks, whatever the number of keys: a lookup, insertion or removal has no loop
+/// whose length depends on the data, so the branch predictor meets only the branches
+/// that decide something (is the buddy free; is the head full), where the short
+/// vectors this replaces mispredicted where their scans stopped.
+#[derive(Debug)]
 struct OrderSet {
-    few: Vec<(u64, u64)>,
-    many: BTreeSet<(u64, u64)>,
+    head: [u128; HEAD],
+    /// Keys in `head` (the others are [`VACANT`]).
+    len: usize,
+    /// Keys above `head`'s largest; empty unless `head` is full.
+    rest: BTreeSet<u128>,
+}
+
+impl Default for OrderSet {
+    fn default() -> Self {
+        OrderSet {
+            head: [VACANT; HEAD],
+            len: 0,
+            rest: BTreeSet::new(),
+        }
+    }
+}
+
+/// The `u128` form of a (position, address) key; see [`OrderSet`].
+#[inline(always)]
+fn pack(key: (u64, u64)) -> u128 {
+    (u128::from(key.0) << 64) | u128::from(key.1)
+}
+
+/// The (position, address) pair of a packed key.
+#[inline(always)]
+fn unpack(key: u128) -> (u64, u64) {
+    ((key >> 64) as u64, key as u64)
+}
+
+/// `a` where `take_a`, else `b`, by masks (no branch).
+#[inline(always)]
+fn select(take_a: bool, a: u128, b: u128) -> u128 {
+    let mask = u128::from(take_a).wrapping_neg();
+    (a & mask) | (b & !mask)
 }
 
 impl OrderSet {
-    /// Below this many blocks a set in `many` goes back to `few`.
-    const SHRINK: usize = VEC_MAX / 2;
-
+    #[inline(always)]
     fn is_empty(&self) -> bool {
-        self.few.is_empty() && self.many.is_empty()
+        self.len == 0
+    }
+
+    /// The number of head keys below `key`: where it goes in the head.
+    #[inline(always)]
+    fn rank(&self, key: u128) -> usize {
+        self.head.iter().map(|&k| usize::from(k < key)).sum()
+    }
+
+    /// The head with slot `at` dropped and `fill` appended.
+    #[inline(always)]
+    fn head_without(&self, at: usize, fill: u128) -> [u128; HEAD] {
+        let h = &self.head;
+        std::array::from_fn(|i| {
+            let next = if i + 1 < HEAD { h[i + 1] } else { fill };
+            select(i < at, h[i], next)
+        })
     }
 
     /// Takes the smallest key.
-    #[inline]
-    fn pop_first(&mut self) -> Option<(u64, u64)> {
-        if self.many.is_empty() {
-            return self.few.pop();
-        }
-        let first = self.many.pop_first();
-        self.maybe_shrink();
-        first
-    }
-
-    /// (The short form inline; growing into and using the ordered set out of line.)
     #[inline(always)]
-    fn insert(&mut self, key: (u64, u64)) {
-        if self.many.is_empty() && self.few.len() < VEC_MAX {
-            // Descending: the first entry smaller than `key` is where it goes.
-            let at = self
-                .few
-                .iter()
-                .position(|&k| k < key)
-                .unwrap_or(self.few.len());
-            debug_assert!(
-                at == 0 || self.few[at - 1] != key,
-                "buddy: free block twice"
-            );
-            self.few.insert(at, key);
-            return;
+    fn pop_first(&mut self) -> Option<(u64, u64)> {
+        if self.len == 0 {
+            return None;
         }
-        self.insert_many(key);
+        let first = self.head[0];
+        if !self.rest.is_empty() {
+            self.refill_and_drop(0);
+        } else {
+            self.head = self.head_without(0, VACANT);
+            self.len -= 1;
+        }
+        Some(unpack(first))
     }
 
+    /// Drops head slot `at` and moves the smallest of `rest` into the head (out of
+    /// line: `rest` is empty on most traces).
     #[cold]
     #[inline(never)]
-    fn insert_many(&mut self, key: (u64, u64)) {
-        if self.many.is_empty() {
-            self.many.extend(self.few.drain(..));
+    fn refill_and_drop(&mut self, at: usize) {
+        let fill = self.rest.pop_first().expect("refilling from an empty rest");
+        self.head = self.head_without(at, fill);
+    }
+
+    /// Adds a key to an empty set (a split's upper half: every order below the one
+    /// split is empty).
+    #[inline(always)]
+    fn push_into_empty(&mut self, key: (u64, u64)) {
+        debug_assert!(
+            self.is_empty(),
+            "buddy: a split half into a non-empty order"
+        );
+        self.head[0] = pack(key);
+        self.len = 1;
+    }
+
+    /// (The head's case inline; a full head out of line.)
+    #[inline(always)]
+    fn insert(&mut self, key: (u64, u64)) {
+        let key = pack(key);
+        if self.len == HEAD {
+            self.insert_full(key);
+            return;
         }
-        self.many.insert(key);
+        debug_assert!(!self.head.contains(&key), "buddy: free block twice");
+        let at = self.rank(key);
+        let h = &self.head;
+        self.head = std::array::from_fn(|i| {
+            let prev = if i > 0 { h[i - 1] } else { key };
+            select(i < at, h[i], select(i == at, key, prev))
+        });
+        self.len += 1;
+    }
+
+    /// Inserts into a full head: `key` goes to `rest` if it is above the head's
+    /// largest, else the largest goes there and `key` into the head.
+    #[cold]
+    #[inline(never)]
+    fn insert_full(&mut self, key: u128) {
+        let largest = self.head[HEAD - 1];
+        if key > largest {
+            let fresh = self.rest.insert(key);
+            debug_assert!(fresh, "buddy: free block twice");
+            return;
+        }
+        debug_assert!(!self.head.contains(&key), "buddy: free block twice");
+        self.rest.insert(largest);
+        let at = self.rank(key);
+        let h = self.head;
+        self.head = std::array::from_fn(|i| {
+            if i < at {
+                h[i]
+            } else if i == at {
+                key
+            } else {
+                h[i - 1]
+            }
+        });
     }
 
     /// Removes `key`; whether it was there.
-    #[inline]
+    #[inline(always)]
     fn remove(&mut self, key: (u64, u64)) -> bool {
-        if self.many.is_empty() {
-            // Most lookups are for a block near the smallest: scan from the end.
-            match self.few.iter().rposition(|&k| k == key) {
-                // The last entry (the smallest) is the usual one: no shift to call for.
-                Some(at) if at + 1 == self.few.len() => {
-                    self.few.pop();
-                    true
-                }
-                Some(at) => {
-                    self.few.remove(at);
-                    true
-                }
-                None => false,
+        let key = pack(key);
+        let hit = self.head.iter().fold(false, |hit, &k| hit | (k == key));
+        if hit {
+            let at = self.rank(key);
+            if !self.rest.is_empty() {
+                self.refill_and_drop(at);
+            } else {
+                self.head = self.head_without(at, VACANT);
+                self.len -= 1;
             }
-        } else {
-            self.remove_many(key)
+            return true;
         }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn remove_many(&mut self, key: (u64, u64)) -> bool {
-        let removed = self.many.remove(&key);
-        self.maybe_shrink();
-        removed
-    }
-
-    fn maybe_shrink(&mut self) {
-        if !self.many.is_empty() && self.many.len() < Self::SHRINK {
-            self.few
-                .extend(std::mem::take(&mut self.many).into_iter().rev());
+        if self.rest.is_empty() {
+            return false;
         }
+        self.rest.remove(&key)
     }
 
     fn contains(&self, key: (u64, u64)) -> bool {
-        self.few.contains(&key) || self.many.contains(&key)
+        let key = pack(key);
+        self.head[..self.len].contains(&key) || self.rest.contains(&key)
     }
 
     /// The keys, smallest first.
     fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.few.iter().rev().chain(self.many.iter()).copied()
+        self.head[..self.len]
+            .iter()
+            .chain(self.rest.iter())
+            .map(|&k| unpack(k))
     }
 
     /// Takes every key out, smallest first.
     fn take_all(&mut self) -> Vec<(u64, u64)> {
-        let mut all: Vec<(u64, u64)> = std::mem::take(&mut self.many).into_iter().collect();
-        all.extend(std::mem::take(&mut self.few).into_iter().rev());
+        let all = self.iter().collect();
+        *self = OrderSet::default();
         all
     }
 
-    /// Panics unless the representation is sorted and in one of its two forms.
+    /// Panics unless the head is sorted, holds `len` keys and its empty slots are
+    /// vacant, and `rest` holds keys above a full head's.
     fn check(&self) {
+        assert!(self.len <= HEAD, "buddy: a free list's head overfull");
         assert!(
-            self.few.is_empty() || self.many.is_empty(),
-            "buddy: a free list in both forms"
+            self.head[..self.len].windows(2).all(|w| w[0] < w[1]),
+            "buddy: a free list's head out of order"
         );
         assert!(
-            self.few.len() <= VEC_MAX,
-            "buddy: a short free list too long"
+            self.head[..self.len].iter().all(|&k| k != VACANT)
+                && self.head[self.len..].iter().all(|&k| k == VACANT),
+            "buddy: a free list's head and its length disagree"
         );
-        assert!(
-            self.few.windows(2).all(|w| w[0] > w[1]),
-            "buddy: a short free list out of order"
-        );
-        assert!(
-            self.many.is_empty() || self.many.len() >= Self::SHRINK,
-            "buddy: a long free list too short"
-        );
+        if let Some(&first) = self.rest.first() {
+            assert!(
+                self.len == HEAD && first > self.head[HEAD - 1],
+                "buddy: a free list's rest beside a head that is not full, or below it"
+            );
+        }
     }
 }
 
@@ -416,13 +503,15 @@ impl BuddyPolicy {
         let found = order + found;
         let list = &mut self.free_lists[found as usize];
         let (position, addr) = list.pop_first().expect("non-empty free list");
-        if list.is_empty() {
-            self.nonempty &= !(1 << found);
-        }
-        for k in (order..found).rev() {
+        // Its bit goes if it emptied (no branch on whether it did).
+        self.nonempty &= !(u64::from(list.is_empty()) << found);
+        // Every order from `order` up to `found` is empty (`found` is the smallest
+        // non-empty one): each takes the upper half of one split as its only block.
+        for k in order..found {
             let upper = addr + self.block_size(k);
-            self.push_free(k, position, upper);
+            self.free_lists[k as usize].push_into_empty((position, upper));
         }
+        self.nonempty |= (1 << found) - (1 << order);
         Some((position, addr))
     }
 
@@ -637,15 +726,15 @@ impl Policy for BuddyPolicy {
         let base = self.base_at(position);
         let mut addr = block.addr;
         let mut order = self.order_of(block.block_bytes);
-        while order < self.max_order && self.nonempty & (1 << order) != 0 {
+        // One data-dependent branch per level: whether the buddy is free (an empty
+        // order answers no through the same lookup, so its bit is not tested first).
+        while order < self.max_order {
             let buddy = base + ((addr - base) ^ self.block_size(order));
             let list = &mut self.free_lists[order as usize];
             if !list.remove((position, buddy)) {
                 break;
             }
-            if list.is_empty() {
-                self.nonempty &= !(1 << order);
-            }
+            self.nonempty &= !(u64::from(list.is_empty()) << order);
             addr = addr.min(buddy);
             order += 1;
         }
@@ -1246,7 +1335,10 @@ mod tests {
                 kept.push(a);
             }
         }
-        assert!(p.free_lists[0].many.len() >= 100, "the long form is in use");
+        assert!(
+            p.free_lists[0].rest.len() >= 96,
+            "the ordered set is in use"
+        );
         check_against_device(&p, &d);
         for i in 0..100 {
             let a = p.allocate(&mut d, req(300)).unwrap();

@@ -43,7 +43,19 @@ impl FreeList {
         if self.free_bytes < bytes {
             return None;
         }
-        self.ranges.iter().position(|&(_, len)| len >= bytes)
+        // Eight ranges at a time, a bit per range that holds `bytes`, then the lowest:
+        // the inner loop runs to the group's end (a length the predictor follows)
+        // instead of stopping at a data-dependent range, and a long list is not read
+        // past the group that fits.
+        for (g, group) in self.ranges.chunks(8).enumerate() {
+            let fits = group.iter().enumerate().fold(0u32, |fits, (i, &(_, len))| {
+                fits | (u32::from(len >= bytes) << i)
+            });
+            if fits != 0 {
+                return Some(g * 8 + fits.trailing_zeros() as usize);
+            }
+        }
+        None
     }
 
     /// The address of the first range that holds `bytes`, without carving it.
@@ -93,22 +105,24 @@ impl FreeList {
             }
             None => false,
         };
-        match (merge_prev, merge_next) {
-            (true, true) => {
-                // Removing the last range needs no shift (and no call to make one).
-                let (_, nlen) = if i + 1 == self.ranges.len() {
-                    self.ranges.pop().expect("the next range exists")
-                } else {
-                    self.ranges.remove(i)
-                };
-                self.ranges[i - 1].1 += len + nlen;
-            }
-            (true, false) => self.ranges[i - 1].1 += len,
-            (false, true) => {
-                let next = &mut self.ranges[i];
-                *next = (addr, len + next.1);
-            }
-            (false, false) => self.ranges.insert(i, (addr, len)),
+        if merge_prev != merge_next {
+            // One neighbour: it grows in place, by `len`, starting at `addr` when it is
+            // the next one (no branch on which).
+            let j = i - usize::from(merge_prev);
+            let (start, grown) = self.ranges[j];
+            let start = if merge_prev { start } else { addr };
+            self.ranges[j] = (start, grown + len);
+        } else if merge_prev {
+            // Both: the previous range swallows the block and the next range.
+            // Removing the last range needs no shift (and no call to make one).
+            let (_, nlen) = if i + 1 == self.ranges.len() {
+                self.ranges.pop().expect("the next range exists")
+            } else {
+                self.ranges.remove(i)
+            };
+            self.ranges[i - 1].1 += len + nlen;
+        } else {
+            self.ranges.insert(i, (addr, len));
         }
         self.free_bytes += len;
     }
@@ -212,6 +226,28 @@ mod tests {
             }
             prop_assert!(list.is_whole(BASE, 64 << 10));
         }
+    }
+
+    /// First fit finds the first range that holds the request past the first eight
+    /// ranges (the search's second group), and nothing when none holds it though the
+    /// free bytes would.
+    #[test]
+    fn first_fit_past_eight_ranges() {
+        let mut list = FreeList::whole(0, 40 * 512);
+        let blocks: Vec<u64> = (0..40).map(|_| list.first_fit(512).unwrap()).collect();
+        // Ten lone 512-byte ranges, then one of 1 KiB.
+        for &addr in blocks.iter().take(20).step_by(2) {
+            list.insert(addr, 512);
+        }
+        list.insert(blocks[30], 512);
+        list.insert(blocks[31], 512);
+        assert_eq!(list.ranges.len(), 11);
+        assert_eq!(list.peek(1024), Some(30 * 512));
+        assert_eq!(list.peek(512), Some(0));
+        assert!(list.free_bytes >= 4096);
+        assert_eq!(list.first_fit(4096), None);
+        assert_eq!(list.first_fit(1024), Some(30 * 512));
+        assert_eq!(list.ranges.len(), 10);
     }
 
     /// A freed range that overlaps a free one is refused.
