@@ -1266,8 +1266,9 @@ fn scan_number(buf: &[u8], at: usize) -> Option<(u64, usize)> {
 /// [`SCAN_AHEAD`] bytes follow `at`). A zero byte ends every row it takes: where `buf`
 /// holds zeros past its data, no row taken reaches past the data. An `alloc` adds one
 /// to `allocs` (counted where the op is known, not found again from the event).
+/// `buf`'s length is a constant, so the row's bounds check compares `at` with one.
 #[inline(always)]
-fn scan_row(buf: &[u8], at: usize, allocs: &mut u64) -> Option<(Event, usize)> {
+fn scan_row<const N: usize>(buf: &[u8; N], at: usize, allocs: &mut u64) -> Option<(Event, usize)> {
     // One bounds check for the row: the reads below are at fixed or bounded offsets
     // into a window of known length.
     let window: &[u8; SCAN_AHEAD] = buf.get(at..)?.first_chunk()?;
@@ -1359,11 +1360,17 @@ impl<R: io::Read> Iterator for CsvEvents<R> {
     fn next(&mut self) -> Option<Event> {
         // No test of the bytes left: a row whose window reaches past the data meets
         // the zeros kept there and goes line by line (which reads more).
+        // Rows are scanned in the buffer's first `CHUNK + SCAN_AHEAD` bytes, which it
+        // always has (a constant length: the window's test is one compare); rows
+        // behind them, only in a buffer grown for a row longer than `CHUNK / 2`, go
+        // line by line.
         if self.scanning {
-            if let Some((event, after)) = scan_row(&self.buf, self.start, &mut self.allocs) {
-                self.start = after;
-                self.events += 1;
-                return Some(event);
+            if let Some(buf) = self.buf.first_chunk::<{ CHUNK + SCAN_AHEAD }>() {
+                if let Some((event, after)) = scan_row(buf, self.start, &mut self.allocs) {
+                    self.start = after;
+                    self.events += 1;
+                    return Some(event);
+                }
             }
         }
         if self.stopped.is_some() {
@@ -1510,6 +1517,21 @@ mod stream_tests {
         assert_eq!(whole.locations.last(), Some(&(events.len() as u64 + 1)));
     }
 
+    /// Rows after a row longer than half the buffer (which grows the buffer, and whose
+    /// later rows past its first `CHUNK + SCAN_AHEAD` bytes go line by line) give the
+    /// events `read_csv` gives.
+    #[test]
+    fn rows_after_a_long_row_equal_read_csv() {
+        let mut text = String::from("op,id,bytes,stream\nalloc,1,512,0\n");
+        text += &format!("mark,{},,\n", "x".repeat(300_000));
+        for i in 2..40_000u64 {
+            text += &format!("alloc,{i},{},{}\nfree,{i},,\n", 512 + i, i % 3);
+        }
+        let (events, stopped, whole) = both(&text);
+        assert_eq!(stopped, None);
+        assert_eq!(events, whole.events);
+    }
+
     /// A reader that gives at most `piece` bytes a call.
     struct Trickle<'a> {
         bytes: &'a [u8],
@@ -1582,7 +1604,7 @@ mod stream_tests {
             buf.resize(buf.len().max(SCAN_AHEAD + 8), b'7');
             let slow = fast_row(row.as_bytes());
             let mut allocs = 0;
-            match scan_row(&buf, 0, &mut allocs) {
+            match scan_row(test_window(&buf), 0, &mut allocs) {
                 Some((event, after)) => {
                     let alloc = matches!(event, Event::Alloc { .. });
                     proptest::prop_assert_eq!(allocs, u64::from(alloc));
@@ -1626,6 +1648,11 @@ mod stream_tests {
         }
     }
 
+    /// The first `SCAN_AHEAD + 8` bytes of `buf`, as [`scan_row`] takes them.
+    fn test_window(buf: &[u8]) -> &[u8; SCAN_AHEAD + 8] {
+        buf.first_chunk().expect("SCAN_AHEAD + 8 bytes")
+    }
+
     /// A number of exactly 16 digits is scanned (it was declined, which the property
     /// test above found once: `free,0000000000000000,,`), 17 are left to the slower path.
     #[test]
@@ -1636,7 +1663,7 @@ mod stream_tests {
         ] {
             let mut buf = row.as_bytes().to_vec();
             buf.resize(SCAN_AHEAD + 8, b'7');
-            let (event, after) = scan_row(&buf, 0, &mut 0).expect(row);
+            let (event, after) = scan_row(test_window(&buf), 0, &mut 0).expect(row);
             let shown = format!("{event:?}");
             assert!(shown.contains(&format!("{id}")), "{shown}");
             assert_eq!(Some(event), fast_row(row.trim_end().as_bytes()), "{row}");
@@ -1644,7 +1671,7 @@ mod stream_tests {
         }
         let mut buf = b"free,12345678901234567,,\n".to_vec();
         buf.resize(SCAN_AHEAD + 8, b'7');
-        assert!(scan_row(&buf, 0, &mut 0).is_none());
+        assert!(scan_row(test_window(&buf), 0, &mut 0).is_none());
     }
 
     /// What a row at a time cannot tell stops the events, naming why; the rows before
