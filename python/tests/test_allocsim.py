@@ -172,6 +172,12 @@ def test_a_file_that_does_not_read_names_the_file_and_line(tmp_path):
         (lambda p: allocsim.replay(p, "caching:nokey=1"), "unknown option 'nokey'"),
         (lambda p: allocsim.replay(p, capacity="lots"), "capacity=\"lots\""),
         (lambda p: allocsim.replay(p, capacity=[1 << 30, 2 << 30]), "one capacity"),
+        # Sizes that are no size: serde's words (no name) and a TypeError before.
+        (lambda p: allocsim.replay(p, capacity=-1), "capacity=-1: not a size"),
+        (lambda p: allocsim.replay(p, capacity=1 << 70), "capacity=1.18"),
+        (lambda p: allocsim.replay(p, capacity=1.5), "capacity=1.5: not a size"),
+        (lambda p: allocsim.compare(p, "caching", capacity=[1 << 30, -1]), "capacity=-1: not a size"),
+        (lambda p: allocsim.replay(p, cap=-2), "cap=-2: not a size"),
         (lambda p: allocsim.replay(p, "caching,buddy"), "one policy"),
         (lambda p: allocsim.replay(p, gpu_profile="no-such-gpu"), "unknown GPU profile"),
         (lambda p: allocsim.replay(p, format="nosuch"), "unknown format"),
