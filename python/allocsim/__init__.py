@@ -114,7 +114,8 @@ def _trace_arg(trace: Any, name: Optional[str] = None) -> Any:
 def _sizes(value: Union[None, Size, Sequence[Size]]) -> List[Size]:
     if value is None:
         return []
-    if isinstance(value, (int, str)):
+    # One size, whatever it is (a float is refused by the native module, naming it).
+    if isinstance(value, (int, float, str)):
         return [value]
     return list(value)
 

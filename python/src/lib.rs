@@ -71,12 +71,14 @@ fn json_err(e: serde_json::Error) -> PyErr {
     PyRuntimeError::new_err(format!("allocsim: encoding the answer: {e}"))
 }
 
-/// A size as Python gives it: bytes as an integer, or text (`"24GiB"`).
+/// A size as Python gives it: bytes as an integer, or text (`"24GiB"`); anything else
+/// is kept to be refused by [`Size::bytes`], naming the argument.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
 enum Size {
     Bytes(u64),
     Text(String),
+    Other(serde_json::Value),
 }
 
 impl Size {
@@ -89,6 +91,9 @@ impl Size {
             Size::Text(t) => {
                 units::parse_memory_size(t).map_err(|e| config_err(format!("{key}={t:?}: {e}")))
             }
+            Size::Other(v) => Err(config_err(format!(
+                "{key}={v}: not a size (bytes as an integer from 0 to 2^64 - 1, or text like \"24GiB\")"
+            ))),
         }
     }
 }
