@@ -139,8 +139,27 @@ impl<T: Vacancy> DenseSlab<T> {
     where
         T: Copy,
     {
+        debug_assert!(!self.items[key as usize].is_vacant(), "key {key} is vacant");
+        match self.free.pop() {
+            // Read where it is written: the value goes slot to slot, not through a
+            // copy kept across the vector's growth.
+            Some(slot) => {
+                self.items[slot as usize] = self.items[key as usize];
+                slot
+            }
+            None => self.push_copy(key),
+        }
+    }
+
+    /// [`DenseSlab::insert_copy`] when no key is free: the table grows.
+    #[inline(never)]
+    fn push_copy(&mut self, key: u32) -> u32
+    where
+        T: Copy,
+    {
         let value = self.items[key as usize];
-        self.insert(value)
+        self.items.push(value);
+        u32::try_from(self.items.len() - 1).expect("more than 4 billion live entries")
     }
 
     /// Empties `key`'s slot without moving its value out ([`Vacancy::vacate`]); its
@@ -253,6 +272,14 @@ mod tests {
         assert_eq!((copy, s.live(copy), s.live(b)), (2, &"d", &"d"));
         s.vacate_live(copy);
         assert_eq!(s.get(copy), None);
+        s.check("test");
+        let again = s.insert_copy(a);
+        assert_eq!(
+            (again, s.live(again)),
+            (copy, &"c"),
+            "a copy into a freed key"
+        );
+        s.vacate_live(again);
         s.check("test");
         assert!(s.vacate(b));
         assert_eq!(s.get(b), None);

@@ -59,8 +59,15 @@ impl CachingPolicy {
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         // The neighbours are pieces of the same segment: of the same pool and stream.
-        // The pool, the block table and the streams are borrowed once, apart.
-        let set = self.pools[owner as usize].get_mut(pool);
+        // The pool's parts, the stream's lists, the block table and the streams are
+        // borrowed once, apart.
+        let BlockPool {
+            blocks: set,
+            unmapped,
+            get_free_blocks_call_count: clock,
+            ..
+        } = self.pools[owner as usize].get_mut(pool);
+        let lists = set.stream_mut(stream);
         let blocks = &mut self.blocks;
         let streams = &self.streams;
         // try_merge_blocks with the block before, then with the block after.
@@ -68,18 +75,18 @@ impl CachingPolicy {
             let p = blocks.live(prev);
             if p.state == State::Free && p.mapped() == mapped {
                 debug_assert_eq!(
-                    (p.owner, p.pool()),
-                    (owner, pool),
+                    (p.owner, p.pool(), p.stream),
+                    (owner, pool, stream),
                     "a piece of another pool"
                 );
                 let (p_addr, p_size, p_prev) = (p.addr, p.size, p.prev);
-                Self::forget_free(set, blocks, streams, prev, mapped);
+                Self::forget_free(lists, unmapped, blocks, streams, prev, mapped);
                 addr = p_addr;
                 size += p_size;
                 prev = p_prev;
-                if p_prev != NIL {
-                    blocks.live_mut(p_prev).next = id;
-                }
+                // Where there is no block before, the store goes to this block's own
+                // `next`, written below (no branch on the trace's neighbours).
+                blocks.live_mut(pick32(p_prev != NIL, p_prev, id)).next = id;
                 net_blocks -= 1;
                 net_bytes -= p_size as i64;
             }
@@ -88,17 +95,16 @@ impl CachingPolicy {
             let n = blocks.live(next);
             if n.state == State::Free && n.mapped() == mapped {
                 debug_assert_eq!(
-                    (n.owner, n.pool()),
-                    (owner, pool),
+                    (n.owner, n.pool(), n.stream),
+                    (owner, pool, stream),
                     "a piece of another pool"
                 );
                 let (n_size, n_next) = (n.size, n.next);
-                Self::forget_free(set, blocks, streams, next, mapped);
+                Self::forget_free(lists, unmapped, blocks, streams, next, mapped);
                 size += n_size;
                 next = n_next;
-                if n_next != NIL {
-                    blocks.live_mut(n_next).prev = id;
-                }
+                // As above: this block's own `prev` is written below.
+                blocks.live_mut(pick32(n_next != NIL, n_next, id)).prev = id;
                 net_blocks -= 1;
                 net_bytes -= n_size as i64;
             }
@@ -110,8 +116,8 @@ impl CachingPolicy {
         b.prev = prev;
         b.next = next;
         b.state = State::Free;
-        b.stamp = set.get_free_blocks_call_count;
-        let added = set.blocks.insert(blocks, stream, size, addr, id);
+        b.stamp = *clock;
+        let added = lists.insert(blocks, id, size);
         debug_assert!(added, "two free blocks with one key");
         if prev != NIL || next != NIL {
             net_blocks += 1;
@@ -130,10 +136,12 @@ impl CachingPolicy {
     }
 
     /// A free neighbour absorbed by a merge (`mapped`: whether it is): out of its
-    /// pool's free set (`set`; or the unmapped set) and out of the block table.
+    /// stream's lists of its pool's free set (`lists`; or out of the pool's unmapped
+    /// set) and out of the block table.
     #[inline(always)]
     fn forget_free(
-        set: &mut BlockPool,
+        lists: &mut free_set::StreamBlocks,
+        unmapped: &mut BTreeMap<AddrKey, u32>,
         blocks: &mut DenseSlab<Block>,
         streams: &[StreamId],
         id: u32,
@@ -142,10 +150,10 @@ impl CachingPolicy {
         debug_assert_eq!(blocks.live(id).mapped(), mapped);
         if mapped {
             // Free and mapped: in its pool's free set.
-            set.blocks.remove_linked(blocks, id);
+            lists.remove_vacated(blocks, id);
         } else {
             let s = blocks.live(id);
-            set.unmapped.remove(&(streams[s.stream as usize].0, s.addr));
+            unmapped.remove(&(streams[s.stream as usize].0, s.addr));
         }
         blocks.vacate_live(id);
     }

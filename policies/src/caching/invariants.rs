@@ -17,6 +17,11 @@ impl CachingPolicy {
             CachingPolicy::rounds_to_divisions(&self.config),
             "the power-of-two rounding flag disagrees with the settings"
         );
+        assert_eq!(
+            self.gc_threshold_set,
+            CachingPolicy::collects_garbage(&self.config),
+            "the garbage collection flag disagrees with the settings"
+        );
         for (id, b) in self.blocks.iter() {
             assert_eq!(
                 b.in_free_set(),

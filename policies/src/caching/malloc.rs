@@ -40,7 +40,7 @@ impl CachingPolicy {
         // Expandable segments serve private pools too (only a MemPool with a custom
         // allocator, not modelled, would turn them off).
         let expandable = self.config.expandable_segments;
-        let gc_enabled = allowed.is_some() && self.config.garbage_collection_threshold > 0.0;
+        let gc_enabled = allowed.is_some() && self.gc_threshold_set;
         let (block, expandable) =
             match self.get_free_block(owner, pool, slot, size, expandable, gc_enabled) {
                 Some(block) => (block, expandable),
@@ -197,11 +197,12 @@ impl CachingPolicy {
             return false;
         }
         let remaining = block_size - size;
-        if pool == PoolKind::Small || expandable_active {
-            remaining >= MIN_BLOCK_BYTES
-        } else {
-            size < self.config.max_split_size_bytes && remaining > SMALL_SIZE_BYTES
-        }
+        // Both rules are computed and one picked without a branch: small and large
+        // requests come in the trace's order.
+        let small_rule = remaining >= MIN_BLOCK_BYTES;
+        let large_rule = (size < self.config.max_split_size_bytes) & (remaining > SMALL_SIZE_BYTES);
+        let small = (pool == PoolKind::Small) | expandable_active;
+        (small & small_rule) | (!small & large_rule)
     }
 
     /// `alloc_found_block`: carves the request from the front of the block (split
@@ -228,22 +229,24 @@ impl CachingPolicy {
             b.expandable(),
         );
         let split = self.should_split(owner, pool, block_size, size, expandable_active);
-        let already_split = prev != NIL || next != NIL;
+        // `|`, not `||`: no branch on whether the block has a neighbour before it.
+        let already_split = (prev != NIL) | (next != NIL);
         let (block_id, block_size) = if split {
             // The request takes the front; the block keeps the rest and goes back to its
             // pool. The front is the block's record copied whole, slot to slot, then
             // given its own size, tenant and links.
             let (rest_size, rest_addr) = (block_size - size, addr + size);
             let front_id = self.blocks.insert_copy(id);
+            // The block before links to the front; where there is none, the store goes
+            // to the front's own `next`, written below (no branch on a neighbour that
+            // the trace's order decides).
+            self.block_mut(pick32(prev != NIL, prev, front_id)).next = front_id;
             let front = self.blocks.live_mut(front_id);
             front.size = size;
             front.requested = orig_size;
             front.next = id;
             front.state = State::Allocated;
             front.stamp = serial;
-            if prev != NIL {
-                self.block_mut(prev).next = front_id;
-            }
             // insert_into_blocks, with the fields at hand: the rest written once.
             let set = self.pools[owner as usize].get_mut(pool);
             let rest = self.blocks.live_mut(id);
@@ -255,11 +258,15 @@ impl CachingPolicy {
                 .blocks
                 .insert(&mut self.blocks, slot, rest_size, rest_addr, id);
             debug_assert!(added, "two free blocks with one key");
-            if already_split && !expandable {
-                self.stats.inactive_split_bytes.decrease(pool, size);
-            } else if !expandable {
-                self.stats.inactive_split_bytes.increase(pool, rest_size);
-                self.stats.inactive_split.increase(pool, 1);
+            if !expandable {
+                // A split block's front leaves the inactive split bytes; a whole
+                // block's rest joins them and counts as one more inactive split block.
+                // Signed changes, picked without a branch.
+                let bytes = pick(already_split, size.wrapping_neg(), rest_size);
+                self.stats.inactive_split_bytes.change(pool, bytes as i64);
+                self.stats
+                    .inactive_split
+                    .change(pool, i64::from(!already_split));
             }
             (front_id, size)
         } else {

@@ -85,6 +85,25 @@ use crate::slab::{DenseSlab, Slab, Vacancy};
 
 const NIL: u32 = u32::MAX;
 
+/// Up to this many streams, [`CachingPolicy::stream_slot`] scans them all.
+const FEW_STREAMS: usize = 8;
+
+/// `if cond { a } else { b }` by a mask, not a branch: for choices that follow the
+/// trace's data (a small or a large request, a neighbour or none), which a branch
+/// predictor gets wrong about as often as right.
+#[inline(always)]
+const fn pick(cond: bool, a: u64, b: u64) -> u64 {
+    let m = (cond as u64).wrapping_neg();
+    (a & m) | (b & !m)
+}
+
+/// [`pick`] of `u32`s.
+#[inline(always)]
+const fn pick32(cond: bool, a: u32, b: u32) -> u32 {
+    let m = (cond as u32).wrapping_neg();
+    (a & m) | (b & !m)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// In its pool's free set (or, unmapped, in the unmapped set).
@@ -434,6 +453,8 @@ pub struct CachingPolicy {
     uncached_totals: UncachedTotals,
     /// [`CachingPolicy::rounds_to_divisions`] of `config`, kept as the settings change.
     power2_divisions: bool,
+    /// [`CachingPolicy::collects_garbage`] of `config`, kept as the settings change.
+    gc_threshold_set: bool,
     /// The last out-of-memory came from a request made while disabled.
     last_oom_uncached: bool,
     /// `max_split_size` of `memory_stats()`: the setting when the allocator was created
@@ -464,6 +485,7 @@ impl CachingPolicy {
         };
         let stats_max_split_size = config.max_split_size_bytes;
         let power2_divisions = CachingPolicy::rounds_to_divisions(&config);
+        let gc_threshold_set = CachingPolicy::collects_garbage(&config);
         CachingPolicy {
             label,
             config,
@@ -485,6 +507,7 @@ impl CachingPolicy {
             uncached_totals: UncachedTotals::default(),
             last_oom_uncached: false,
             power2_divisions,
+            gc_threshold_set,
             stats_max_split_size,
             segments: Slab::default(),
             expandables: Vec::new(),
@@ -566,6 +589,12 @@ impl CachingPolicy {
     /// not look its size's interval up.
     fn rounds_to_divisions(config: &CachingConfig) -> bool {
         config.roundup_power2_divisions.iter().any(|&d| d > 1)
+    }
+
+    /// Whether `config` sets a `garbage_collection_threshold` (which collects garbage
+    /// where a memory limit is set too).
+    fn collects_garbage(config: &CachingConfig) -> bool {
+        config.garbage_collection_threshold > 0.0
     }
 
     /// `get_allocation_size`: the segment size `cudaMalloc` is asked for when a rounded
@@ -672,11 +701,21 @@ impl CachingPolicy {
     /// The slot of `stream` in [`CachingPolicy::streams`], made if it has none.
     #[inline(always)]
     fn stream_slot(&mut self, stream: StreamId) -> u32 {
-        // Few streams: a linear scan.
-        match self.streams.iter().position(|&s| s == stream) {
-            Some(i) => i as u32,
-            None => self.add_stream(stream),
+        // Few streams, and requests name them in no predictable order: a scan of every
+        // slot that picks the match without a branch per slot (a scan that stops at the
+        // match mispredicts its exit about half the time with two streams).
+        if self.streams.len() <= FEW_STREAMS {
+            let mut found = NIL;
+            for (i, &s) in self.streams.iter().enumerate() {
+                found = pick32(s == stream, i as u32, found);
+            }
+            if found != NIL {
+                return found;
+            }
+        } else if let Some(i) = self.streams.iter().position(|&s| s == stream) {
+            return i as u32;
         }
+        self.add_stream(stream)
     }
 
     #[inline(never)]

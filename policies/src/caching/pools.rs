@@ -329,6 +329,7 @@ impl CachingPolicy {
                 self.allowed_bytes(device);
                 let applied = self.config.apply_alloc_conf(conf);
                 self.power2_divisions = CachingPolicy::rounds_to_divisions(&self.config);
+                self.gc_threshold_set = CachingPolicy::collects_garbage(&self.config);
                 applied.map_err(|e| rejected(e.to_string()))?;
             }
             AllocatorCall::ResetPeakStats => self.stats.reset_peaks(),

@@ -317,14 +317,25 @@ impl Tally {
         self.all_current -= amount;
     }
 
-    /// Applies a signed change.
+    /// Applies a signed change: [`Tally::increase`] or [`Tally::decrease`] by its size
+    /// (nothing when 0), computed without branching on its sign (a free's change of
+    /// `inactive_split` goes either way, as the trace's neighbours fall).
     #[inline(always)]
     pub(super) fn change(&mut self, pool: PoolKind, delta: i64) {
-        if delta > 0 {
-            self.increase(pool, delta.unsigned_abs());
-        } else if delta < 0 {
-            self.decrease(pool, delta.unsigned_abs());
+        let up = delta.max(0) as u64;
+        let down = delta.min(0).unsigned_abs();
+        // Never below the pool's figure, which is not negative.
+        self.all_current = self.all_current + up - down;
+        // A decrease leaves the peaks: they are at least the figures before it.
+        self.all_peak = self.all_peak.max(self.all_current);
+        let p = &mut self.pools[pool as usize];
+        let (current, negative) = (p.current + up).overflowing_sub(down);
+        if negative {
+            went_negative();
         }
+        p.current = current;
+        p.peak = p.peak.max(current);
+        p.allocated += up;
     }
 
     /// The current value, both pools together (`.all.current`).
