@@ -228,7 +228,8 @@ pub struct DiffRecord {
     pub gap_bytes: i64,
     /// How much the event changed the gap.
     pub change_bytes: i64,
-    /// The first configuration's device operations at this event.
+    /// The first configuration's device operations at this event, for programs
+    /// (`ops_csv`: `segment_alloc:2097152 map:2097152`, `out_of_memory`).
     pub ops_a: String,
     /// The second's.
     pub ops_b: String,
@@ -263,8 +264,8 @@ pub fn records(trace: &Trace, d: &Diff) -> Vec<DiffRecord> {
                 reserved_b: at(rb, i),
                 gap_bytes: gap,
                 change_bytes: gap - before,
-                ops_a: ops_text(&d.a.trail, i),
-                ops_b: ops_text(&d.b.trail, i),
+                ops_a: ops_csv(&d.a.trail, i),
+                ops_b: ops_csv(&d.b.trail, i),
             });
         }
         before = gap;
@@ -274,15 +275,39 @@ pub fn records(trace: &Trace, d: &Diff) -> Vec<DiffRecord> {
 
 /// An event's device operations, for people: `segment_alloc 20.00 MiB, map 2.00 MiB`.
 pub fn ops_text(trail: &Trail, event_index: usize) -> String {
-    let ops = trail.ops_of(event_index);
-    if ops.is_empty() {
-        return if trail.ooms.contains(&event_index) {
-            "out of memory".to_string()
-        } else {
-            "no device operation".to_string()
-        };
+    let (ops, oom) = ops_of(trail, event_index);
+    if ops.is_empty() && !oom {
+        return "no device operation".to_string();
     }
     let mut parts: Vec<String> = ops
+        .iter()
+        .map(|&(name, bytes)| format!("{name} {}", workloads::size::format_size_human(bytes)))
+        .collect();
+    if oom {
+        parts.push("out of memory".to_string());
+    }
+    parts.join(", ")
+}
+
+/// An event's device operations, for programs (the CSV's `ops_a`, `ops_b`): each
+/// `kind:bytes`, separated by spaces, then `out_of_memory` where its request ran out;
+/// empty where it made none: `segment_alloc:20971520 map:2097152`.
+pub fn ops_csv(trail: &Trail, event_index: usize) -> String {
+    let (ops, oom) = ops_of(trail, event_index);
+    let mut parts: Vec<String> = ops
+        .iter()
+        .map(|&(name, bytes)| format!("{name}:{bytes}"))
+        .collect();
+    if oom {
+        parts.push("out_of_memory".to_string());
+    }
+    parts.join(" ")
+}
+
+/// An event's device operations by name and bytes, and whether its request ran out.
+fn ops_of(trail: &Trail, event_index: usize) -> (Vec<(&'static str, u64)>, bool) {
+    let ops = trail
+        .ops_of(event_index)
         .iter()
         .map(|&(_, kind, bytes)| {
             let name = match kind {
@@ -291,13 +316,10 @@ pub fn ops_text(trail: &Trail, event_index: usize) -> String {
                 DeviceOpKind::Map => "map",
                 DeviceOpKind::Unmap => "unmap",
             };
-            format!("{name} {}", workloads::size::format_size_human(bytes))
+            (name, bytes)
         })
         .collect();
-    if trail.ooms.contains(&event_index) {
-        parts.push("out of memory".to_string());
-    }
-    parts.join(", ")
+    (ops, trail.ooms.contains(&event_index))
 }
 
 /// An event for people: `alloc id 12 of 20.00 MiB on stream 0`, `free id 12`, ...
@@ -408,5 +430,38 @@ mod tests {
             (None, None, None)
         );
         assert!(d.costs.is_empty());
+    }
+
+    /// The CSV's device operations are for programs: each `kind:bytes` in bytes,
+    /// separated by spaces, `out_of_memory` for a request that ran out, empty where the
+    /// event made no device operation (the terminal's text has human sizes).
+    #[test]
+    fn csv_ops_are_in_bytes() {
+        let trace = Trace::new("t", vec![alloc(1, 512), alloc(2, 512), alloc(3, 100 << 30)]);
+        let input = CompareInput {
+            trace,
+            hints: AddressHints::default(),
+        };
+        let specs =
+            policies::spec::parse_policy_list("caching,immediate", &Default::default()).unwrap();
+        let d = diff(
+            &input,
+            &specs[0],
+            &specs[1],
+            &SimDeviceOptions::default(),
+            &ReplayOptions::default(),
+        )
+        .unwrap();
+        let rows = records(&input.trace, &d);
+        assert_eq!(rows[0].event_index, 0);
+        assert_eq!(rows[0].ops_a, "segment_alloc:2097152");
+        assert_eq!(rows[0].ops_b, "segment_alloc:512");
+        let later: Vec<(&str, &str)> = rows[1..]
+            .iter()
+            .map(|r| (r.ops_a.as_str(), r.ops_b.as_str()))
+            .collect();
+        assert_eq!(later, [("", "segment_alloc:512")]);
+        assert_eq!(ops_csv(&d.a.trail, 2), "out_of_memory");
+        assert_eq!(ops_text(&d.a.trail, 1), "no device operation");
     }
 }
