@@ -37,6 +37,9 @@ pub struct ImmediatePolicy {
     /// Live allocations, each with the id of the segment that is all of it (the
     /// segment's address and size are the allocation's).
     live: Leases<SegmentId>,
+    /// The allocation half, kept by the lease table; the reserved half is the same
+    /// (each allocation is one segment of its size), filled in by
+    /// [`ImmediatePolicy::stats`] where read rather than kept twice.
     stats: PolicyStats,
 }
 
@@ -59,11 +62,11 @@ impl Policy for ImmediatePolicy {
             stats,
         };
         if request.size_bytes >= MAX_REQUEST_BYTES {
-            return Err(oom(self.stats));
+            return Err(oom(self.stats()));
         }
         let segment = match device.allocate_segment(request.size_bytes) {
             Ok(s) => s,
-            Err(DeviceError::OutOfMemory { .. }) => return Err(oom(self.stats)),
+            Err(DeviceError::OutOfMemory { .. }) => return Err(oom(self.stats())),
             Err(e) => return Err(e.into()),
         };
         let Segment {
@@ -71,8 +74,6 @@ impl Policy for ImmediatePolicy {
             addr: DeviceAddr(addr),
             size_bytes: size,
         } = segment;
-        self.stats.reserved_bytes += size;
-        self.stats.segment_count += 1;
         Ok(self
             .live
             .issue(addr, size, size, request.stream, id, &mut self.stats))
@@ -84,8 +85,6 @@ impl Policy for ImmediatePolicy {
         allocation: &Allocation,
     ) -> Result<(), DeviceError> {
         let lease = self.live.retire(allocation, "immediate", &mut self.stats);
-        self.stats.reserved_bytes -= lease.block_bytes;
-        self.stats.segment_count -= 1;
         device.free_segment(Segment {
             id: lease.detail,
             addr: DeviceAddr(lease.addr),
@@ -98,7 +97,11 @@ impl Policy for ImmediatePolicy {
     }
 
     fn stats(&self) -> PolicyStats {
-        self.stats
+        PolicyStats {
+            reserved_bytes: self.stats.allocated_bytes,
+            segment_count: self.stats.allocation_count,
+            ..self.stats
+        }
     }
 
     fn snapshot(&self) -> Vec<SegmentSnapshot> {
@@ -138,7 +141,8 @@ impl Policy for ImmediatePolicy {
             segment_count: count,
         };
         assert_eq!(
-            self.stats, recomputed,
+            self.stats(),
+            recomputed,
             "immediate: stats disagree with the live segments"
         );
     }

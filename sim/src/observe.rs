@@ -356,6 +356,27 @@ impl OpLog<'_> {
         }
     }
 
+    /// [`Device::allocate_segment`] written down.
+    #[inline(never)]
+    fn logged_allocate(&mut self, size_bytes: u64) -> Result<Segment, DeviceError> {
+        let result = self.device.allocate_segment(size_bytes);
+        if let Ok(segment) = &result {
+            self.push(DeviceOpKind::SegmentAlloc, segment.addr.0, size_bytes);
+        }
+        result
+    }
+
+    /// [`Device::free_segment`] written down.
+    #[inline(never)]
+    fn logged_free(&mut self, segment: Segment) -> Result<(), DeviceError> {
+        let (addr, bytes) = (segment.addr.0, segment.size_bytes);
+        let result = self.device.free_segment(segment);
+        if result.is_ok() {
+            self.push(DeviceOpKind::SegmentFree, addr, bytes);
+        }
+        result
+    }
+
     /// Writes an operation down (out of line: the forwarding calls stay short).
     #[inline(never)]
     fn push(&mut self, kind: DeviceOpKind, addr: u64, bytes: u64) {
@@ -378,24 +399,23 @@ impl OpLog<'_> {
 
 impl Device for OpLog<'_> {
     // The device's answer is handed back as it came (not taken apart by `?` and
-    // rebuilt).
+    // rebuilt). Where nothing is written down the call is the device's own, made last
+    // (a jump, not a call whose answer is copied back: under `immediate` every event
+    // is one); writing down is out of line.
     fn allocate_segment(&mut self, size_bytes: u64) -> Result<Segment, DeviceError> {
         self.touched = true;
-        let result = self.device.allocate_segment(size_bytes);
-        if let Ok(segment) = &result {
-            self.log(DeviceOpKind::SegmentAlloc, segment.addr.0, size_bytes);
+        if !self.logging {
+            return self.device.allocate_segment(size_bytes);
         }
-        result
+        self.logged_allocate(size_bytes)
     }
 
     fn free_segment(&mut self, segment: Segment) -> Result<(), DeviceError> {
-        let (addr, bytes) = (segment.addr.0, segment.size_bytes);
         self.touched = true;
-        let result = self.device.free_segment(segment);
-        if result.is_ok() {
-            self.log(DeviceOpKind::SegmentFree, addr, bytes);
+        if !self.logging {
+            return self.device.free_segment(segment);
         }
-        result
+        self.logged_free(segment)
     }
 
     // The engine reads it after every event that touched the device: inlined there.

@@ -191,9 +191,10 @@ impl HoleIndex {
     fn unmark(&mut self, b: usize) {
         let word = &mut self.bits[b / 64];
         *word &= !(1 << (b % 64));
-        if *word == 0 {
-            self.summary[b / 4096] &= !(1 << (b / 64 % 64));
-        }
+        // Without a branch: whether the word emptied depends on the other holes of
+        // its 64 bins, about as often one way as the other.
+        let emptied = u64::from(*word == 0);
+        self.summary[b / 4096] &= !(emptied << (b / 64 % 64));
     }
 
     /// Puts hole `id` (its key read from `blocks`) in its place in the index.
