@@ -935,16 +935,7 @@ fn allocsim_within(args: &[&str], secs: u64) -> (std::process::Output, bool) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    let mut finished = true;
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            child.kill().unwrap();
-            finished = false;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let finished = wait_or_kill(&mut child, secs);
     (child.wait_with_output().unwrap(), finished)
 }
 
@@ -1031,6 +1022,19 @@ fn a_failed_replay_is_said_once() {
     }
 }
 
+/// Waits for `child` to exit, killing it after `secs` seconds; whether it exited by itself.
+fn wait_or_kill(child: &mut std::process::Child, secs: u64) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
+}
+
 /// Runs the binary with `args` and `input` on its stdin (a pipe), killing it after
 /// `secs` seconds; the output and whether it finished.
 fn allocsim_fed(args: &[&str], input: Vec<u8>, secs: u64) -> (std::process::Output, bool) {
@@ -1048,16 +1052,7 @@ fn allocsim_fed(args: &[&str], input: Vec<u8>, secs: u64) -> (std::process::Outp
     let writer = std::thread::spawn(move || {
         let _ = std::io::Write::write_all(&mut pipe, &input);
     });
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    let mut finished = true;
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            child.kill().unwrap();
-            finished = false;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let finished = wait_or_kill(&mut child, secs);
     let output = child.wait_with_output().unwrap();
     writer.join().unwrap();
     (output, finished)

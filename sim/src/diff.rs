@@ -350,6 +350,26 @@ mod tests {
     use crate::device::AddressHints;
     use workloads::AllocId;
 
+    /// `trace` diffed under `caching` against `other`, on the default device.
+    fn caching_against(trace: Trace, other: &str) -> (CompareInput, Diff) {
+        let input = CompareInput {
+            trace,
+            hints: AddressHints::default(),
+        };
+        let specs =
+            policies::spec::parse_policy_list(&format!("caching,{other}"), &Default::default())
+                .unwrap();
+        let d = diff(
+            &input,
+            &specs[0],
+            &specs[1],
+            &SimDeviceOptions::default(),
+            &ReplayOptions::default(),
+        )
+        .unwrap();
+        (input, d)
+    }
+
     fn alloc(id: u64, size_bytes: u64) -> Event {
         Event::Alloc {
             id: AllocId(id),
@@ -374,20 +394,7 @@ mod tests {
                 alloc(3, 1024),
             ],
         );
-        let input = CompareInput {
-            trace,
-            hints: AddressHints::default(),
-        };
-        let specs =
-            policies::spec::parse_policy_list("caching,immediate", &Default::default()).unwrap();
-        let d = diff(
-            &input,
-            &specs[0],
-            &specs[1],
-            &SimDeviceOptions::default(),
-            &ReplayOptions::default(),
-        )
-        .unwrap();
+        let (input, d) = caching_against(trace, "immediate");
         assert_eq!(d.parted_at, Some(0));
         assert_eq!(d.first_decision, Some(0));
         assert_eq!(ops_text(&d.a.trail, 0), "segment_alloc 2.00 MiB");
@@ -411,20 +418,7 @@ mod tests {
     /// Two identical configurations never part and cost nothing.
     #[test]
     fn identical_configurations() {
-        let input = CompareInput {
-            trace: Trace::new("t", vec![alloc(1, 3 << 20)]),
-            hints: AddressHints::default(),
-        };
-        let specs =
-            policies::spec::parse_policy_list("caching,caching", &Default::default()).unwrap();
-        let d = diff(
-            &input,
-            &specs[0],
-            &specs[1],
-            &SimDeviceOptions::default(),
-            &ReplayOptions::default(),
-        )
-        .unwrap();
+        let (_, d) = caching_against(Trace::new("t", vec![alloc(1, 3 << 20)]), "caching");
         assert_eq!(
             (d.parted_at, d.first_decision, d.higher_is_b),
             (None, None, None)
@@ -438,20 +432,7 @@ mod tests {
     #[test]
     fn csv_ops_are_in_bytes() {
         let trace = Trace::new("t", vec![alloc(1, 512), alloc(2, 512), alloc(3, 100 << 30)]);
-        let input = CompareInput {
-            trace,
-            hints: AddressHints::default(),
-        };
-        let specs =
-            policies::spec::parse_policy_list("caching,immediate", &Default::default()).unwrap();
-        let d = diff(
-            &input,
-            &specs[0],
-            &specs[1],
-            &SimDeviceOptions::default(),
-            &ReplayOptions::default(),
-        )
-        .unwrap();
+        let (input, d) = caching_against(trace, "immediate");
         let rows = records(&input.trace, &d);
         assert_eq!(rows[0].event_index, 0);
         assert_eq!(rows[0].ops_a, "segment_alloc:2097152");
