@@ -253,13 +253,31 @@ impl OrderSet {
             return None;
         }
         let first = self.head[0];
+        self.drop_head(0);
+        Some(unpack(first))
+    }
+
+    /// Drops head slot `at`: the smallest of `rest` moves into the head, or the head
+    /// shrinks by one.
+    #[inline(always)]
+    fn drop_head(&mut self, at: usize) {
         if !self.rest.is_empty() {
-            self.refill_and_drop(0);
+            self.refill_and_drop(at);
         } else {
-            self.head = self.head_without(0, VACANT);
+            self.head = self.head_without(at, VACANT);
             self.len -= 1;
         }
-        Some(unpack(first))
+    }
+
+    /// The head with `key` put in slot `at` and the slots from `at` on moved up one
+    /// (the last one falls off: a vacant slot, or the largest key of a full head).
+    #[inline(always)]
+    fn head_with(&self, at: usize, key: u128) -> [u128; HEAD] {
+        let h = &self.head;
+        std::array::from_fn(|i| {
+            let prev = if i > 0 { h[i - 1] } else { key };
+            select(i < at, h[i], select(i == at, key, prev))
+        })
     }
 
     /// Drops head slot `at` and moves the smallest of `rest` into the head (out of
@@ -292,12 +310,7 @@ impl OrderSet {
             return;
         }
         debug_assert!(!self.head.contains(&key), "buddy: free block twice");
-        let at = self.rank(key);
-        let h = &self.head;
-        self.head = std::array::from_fn(|i| {
-            let prev = if i > 0 { h[i - 1] } else { key };
-            select(i < at, h[i], select(i == at, key, prev))
-        });
+        self.head = self.head_with(self.rank(key), key);
         self.len += 1;
     }
 
@@ -314,17 +327,7 @@ impl OrderSet {
         }
         debug_assert!(!self.head.contains(&key), "buddy: free block twice");
         self.rest.insert(largest);
-        let at = self.rank(key);
-        let h = self.head;
-        self.head = std::array::from_fn(|i| {
-            if i < at {
-                h[i]
-            } else if i == at {
-                key
-            } else {
-                h[i - 1]
-            }
-        });
+        self.head = self.head_with(self.rank(key), key);
     }
 
     /// Removes `key`; whether it was there.
@@ -333,13 +336,7 @@ impl OrderSet {
         let key = pack(key);
         let hit = self.head.iter().fold(false, |hit, &k| hit | (k == key));
         if hit {
-            let at = self.rank(key);
-            if !self.rest.is_empty() {
-                self.refill_and_drop(at);
-            } else {
-                self.head = self.head_without(at, VACANT);
-                self.len -= 1;
-            }
+            self.drop_head(self.rank(key));
             return true;
         }
         if self.rest.is_empty() {

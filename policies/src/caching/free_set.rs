@@ -24,6 +24,7 @@
 
 use std::collections::BTreeMap;
 
+use super::pick;
 use crate::policy::StreamId;
 
 /// Classes below this are one 512-byte unit each (up to 64 KiB).
@@ -49,13 +50,12 @@ const fn class_of(size: u64) -> usize {
     // Both forms are computed and one is picked by a mask: small and large sizes come
     // in the trace's order, which a branch predicts badly.
     let exact = units < EXACT_UNITS;
-    let m = (exact as u64).wrapping_neg();
     // The large form of `units`, or of EXACT_UNITS where `units` is below it.
-    let big = (units & !m) | (EXACT_UNITS & m);
+    let big = pick(exact, EXACT_UNITS, units);
     let lg = 63 - big.leading_zeros();
     let sub = (big >> (lg - SUB_BITS)) & ((1 << SUB_BITS) - 1);
     let large = EXACT_UNITS + (lg as u64 - 7) * (1 << SUB_BITS) + sub;
-    ((units & m) | (large & !m)) as usize
+    pick(exact, units, large) as usize
 }
 
 /// One free block: its size, address and block id.
@@ -220,13 +220,12 @@ impl StreamBlocks {
         // holds the answer follows the trace's sizes, which a branch predicts badly.
         let above = self.summary & (!1u64 << w);
         let wa = (above.trailing_zeros() as usize).min(WORDS - 1);
-        let word_above = self.words[wa] & u64::from(above != 0).wrapping_neg();
-        let m = u64::from(here != 0).wrapping_neg();
-        let word = (here & m) | (word_above & !m);
+        let word_above = pick(above != 0, self.words[wa], 0);
+        let word = pick(here != 0, here, word_above);
         if word == 0 {
             return None;
         }
-        let w = ((w as u64 & m) | (wa as u64 & !m)) as usize;
+        let w = pick(here != 0, w as u64, wa as u64) as usize;
         Some(w * 64 + word.trailing_zeros() as usize)
     }
 

@@ -324,18 +324,20 @@ impl Tally {
     pub(super) fn change(&mut self, pool: PoolKind, delta: i64) {
         let up = delta.max(0) as u64;
         let down = delta.min(0).unsigned_abs();
-        // Never below the pool's figure, which is not negative.
-        self.all_current = self.all_current + up - down;
-        // A decrease leaves the peaks: they are at least the figures before it.
-        self.all_peak = self.all_peak.max(self.all_current);
+        // The pool's figure first, as in `decrease`: a change past zero is named as
+        // such, before the sum of both pools could wrap.
         let p = &mut self.pools[pool as usize];
         let (current, negative) = (p.current + up).overflowing_sub(down);
         if negative {
             went_negative();
         }
         p.current = current;
+        // A decrease leaves the peaks: they are at least the figures before it.
         p.peak = p.peak.max(current);
         p.allocated += up;
+        // Never below the pool's figure, which is not negative.
+        self.all_current = self.all_current + up - down;
+        self.all_peak = self.all_peak.max(self.all_current);
     }
 
     /// The current value, both pools together (`.all.current`).
