@@ -107,8 +107,10 @@ impl PolicyOptions for BuddyOptions {
         BuddyOptions::validate(self)
     }
 
-    fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
-        Ok(Box::new(BuddyPolicy::new(self.clone())?))
+    type Built = BuddyPolicy;
+
+    fn build_policy(&self) -> Result<BuddyPolicy, OptionsError> {
+        BuddyPolicy::new(self.clone())
     }
 }
 

@@ -26,8 +26,10 @@ impl PolicyOptions for ImmediateOptions {
     const ABOUT: &'static str = "One cudaMalloc per request, freed at once: PyTorch with \
         PYTORCH_NO_CUDA_MEMORY_CACHING=1.";
 
-    fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
-        Ok(Box::new(ImmediatePolicy::default()))
+    type Built = ImmediatePolicy;
+
+    fn build_policy(&self) -> Result<ImmediatePolicy, OptionsError> {
+        Ok(ImmediatePolicy::default())
     }
 }
 

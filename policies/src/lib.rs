@@ -60,4 +60,4 @@ pub use policy::{
     Policy, PolicyStats, PoolId, PoolStreams, Request, SegmentSnapshot, StreamId,
     MAX_REQUEST_BYTES,
 };
-pub use registry::{PolicyConfig, POLICIES};
+pub use registry::{AsDynPolicy, PolicyConfig, PolicyVisitor, POLICIES};

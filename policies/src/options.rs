@@ -255,11 +255,23 @@ pub trait PolicyOptions: Clone + Debug + Default + PartialEq + Send + Sync + 'st
         Ok(())
     }
 
-    /// Builds the policy.
+    /// The policy these options build.
+    type Built: Policy + 'static;
+
+    /// Builds the policy, as its own type (the registry boxes it as a `dyn Policy`, or
+    /// hands it to a [`crate::registry::PolicyVisitor`] as it is).
     ///
     /// # Errors
     /// See [`PolicyOptions::validate`].
-    fn build(&self) -> Result<Box<dyn Policy>, OptionsError>;
+    fn build_policy(&self) -> Result<Self::Built, OptionsError>;
+
+    /// Builds the policy behind a pointer.
+    ///
+    /// # Errors
+    /// See [`PolicyOptions::validate`].
+    fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
+        Ok(Box::new(self.build_policy()?))
+    }
 }
 
 /// A value that does not read into its field ([`Field::read`]).
@@ -379,8 +391,10 @@ mod tests {
             }
         }
 
-        fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
-            Ok(Box::new(crate::immediate::ImmediatePolicy::default()))
+        type Built = crate::immediate::ImmediatePolicy;
+
+        fn build_policy(&self) -> Result<Self::Built, OptionsError> {
+            Ok(crate::immediate::ImmediatePolicy::default())
         }
     }
 

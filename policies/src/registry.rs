@@ -3,6 +3,10 @@
 //! defaults), parsing, printing and building. The command line's `--policies`, its help
 //! and error messages, `allocsim policies`, [`PolicyConfig::defaults`] and the
 //! conformance tests all read this table; adding a policy is one line here.
+//!
+//! The same line lets code generic over the policy's type run on the policy as its own
+//! type ([`PolicyConfig::with_policy`], with a [`PolicyVisitor`]): the replay's engine
+//! then calls the policy directly, not through `dyn Policy`.
 
 use std::any::Any;
 use std::fmt;
@@ -14,13 +18,78 @@ use crate::immediate::ImmediateOptions;
 use crate::options::{OptionDoc, ParseError, PolicyOptions, Setting};
 use crate::policy::Policy;
 
-/// Every policy, in the order help lists them and `compare` runs them by default.
-pub static POLICIES: &[PolicyEntry] = &[
-    PolicyEntry::of::<CachingConfig>(),
-    PolicyEntry::of::<ImmediateOptions>(),
-    PolicyEntry::of::<BuddyOptions>(),
-    PolicyEntry::of::<ArenaOptions>(),
-];
+/// [`POLICIES`] and [`PolicyConfig::with_policy`] from one list of options types.
+macro_rules! registry {
+    ($($options:ty),* $(,)?) => {
+        /// Every policy, in the order help lists them and `compare` runs them by default.
+        pub static POLICIES: &[PolicyEntry] = &[$(PolicyEntry::of::<$options>()),*];
+
+        /// `visitor` on the policy `options` build, as its own type where `options` are
+        /// of a registered type, else as a `dyn Policy`.
+        fn visit_built<V: PolicyVisitor>(
+            options: &dyn AnyOptions,
+            visitor: V,
+        ) -> Result<V::Output, OptionsError> {
+            options.validate()?;
+            $(
+                if let Some(options) = options.as_any().downcast_ref::<$options>() {
+                    return Ok(visitor.visit(&mut PolicyOptions::build_policy(options)?));
+                }
+            )*
+            Ok(visitor.visit(&mut *options.build()?))
+        }
+    };
+}
+
+registry! {
+    CachingConfig,
+    ImmediateOptions,
+    BuddyOptions,
+    ArenaOptions,
+}
+
+/// Code generic over a policy's type, run by [`PolicyConfig::with_policy`] on the
+/// policy a configuration builds (a closure cannot be generic, a trait's method can).
+pub trait PolicyVisitor {
+    /// What the visit gives.
+    type Output;
+
+    /// Runs on `policy`: its own type for a registered policy, `dyn Policy` otherwise.
+    fn visit<P: Policy + AsDynPolicy + ?Sized>(self, policy: &mut P) -> Self::Output;
+}
+
+/// A policy of any type, sized or `dyn Policy`, seen as a `dyn Policy` (for code
+/// generic over the policy's type that hands it on to code that is not).
+pub trait AsDynPolicy {
+    /// The policy as a `dyn Policy`.
+    fn as_dyn(&self) -> &dyn Policy;
+    /// The policy as a `dyn Policy`, to change.
+    fn as_dyn_mut(&mut self) -> &mut dyn Policy;
+}
+
+impl<P: Policy> AsDynPolicy for P {
+    #[inline(always)]
+    fn as_dyn(&self) -> &dyn Policy {
+        self
+    }
+
+    #[inline(always)]
+    fn as_dyn_mut(&mut self) -> &mut dyn Policy {
+        self
+    }
+}
+
+impl AsDynPolicy for dyn Policy + '_ {
+    #[inline(always)]
+    fn as_dyn(&self) -> &dyn Policy {
+        self
+    }
+
+    #[inline(always)]
+    fn as_dyn_mut(&mut self) -> &mut dyn Policy {
+        self
+    }
+}
 
 /// One registered policy: its name and help, and its options type's functions.
 #[derive(Clone, Copy)]
@@ -161,6 +230,16 @@ impl PolicyConfig {
     pub fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
         self.options.validate()?;
         self.options.build()
+    }
+
+    /// Builds the policy and runs `visitor` on it as its own type (a registered
+    /// policy's; any other as a `dyn Policy`): code generic over the policy, such as the
+    /// replay's engine, then calls it directly. The policy is dropped after.
+    ///
+    /// # Errors
+    /// See [`PolicyConfig::validate`].
+    pub fn with_policy<V: PolicyVisitor>(&self, visitor: V) -> Result<V::Output, OptionsError> {
+        visit_built(&*self.options, visitor)
     }
 }
 
@@ -305,6 +384,33 @@ mod tests {
             assert_eq!(find(entry.name).map(|e| e.name), Some(entry.name));
         }
         assert_eq!(PolicyConfig::defaults().len(), POLICIES.len());
+    }
+
+    /// `with_policy` hands every registered policy to the visitor as its own type (not
+    /// as `dyn Policy`), built as `build` builds it, and refuses invalid options.
+    #[test]
+    fn with_policy_visits_the_policy_as_its_own_type() {
+        struct Name;
+        impl PolicyVisitor for Name {
+            type Output = (&'static str, String);
+            fn visit<P: Policy + AsDynPolicy + ?Sized>(self, policy: &mut P) -> Self::Output {
+                (
+                    std::any::type_name::<P>(),
+                    policy.as_dyn().name().to_string(),
+                )
+            }
+        }
+        for entry in POLICIES {
+            let config = entry.default_config();
+            let (type_name, name) = config.with_policy(Name).unwrap();
+            assert!(!type_name.contains("dyn "), "{}: {type_name}", entry.name);
+            assert_eq!(name, config.build().unwrap().name(), "{}", entry.name);
+        }
+        let invalid = PolicyConfig::new(BuddyOptions {
+            min_block_bytes: 3,
+            ..BuddyOptions::default()
+        });
+        assert!(invalid.with_policy(Name).is_err());
     }
 
     /// Configurations compare by policy and options; a downcast finds the options type.

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use workloads::generate::Generator;
 
-use policies::{Device, Policy};
+use policies::{AsDynPolicy, Device, Policy};
 use workloads::csv::{CsvEvents, EventStream, Unstreamable};
 use workloads::rmm::RmmEvents;
 use workloads::validate::{validate, Severity};
@@ -332,12 +332,17 @@ pub fn streamed_format(
 /// the file is still read and checked after an out-of-memory stops the replay).
 /// Anything else answers [`Streamed::NeedsWholeTrace`].
 ///
+/// The engine is generic over the policy's type: given a policy as its own type (from
+/// [`policies::PolicyConfig::with_policy`]), a CSV trace's checked replay calls it
+/// directly, not through `dyn Policy` (RMM logs and lenient replays go through
+/// `dyn Policy`, one copy of the engine for every policy).
+///
 /// # Errors
 /// The file does not open, or the replay failed (as [`crate::replay_with`]).
-pub fn stream_replay<O: Observer + ?Sized>(
+pub fn stream_replay<P: Policy + AsDynPolicy + ?Sized, O: Observer + ?Sized>(
     path: &Path,
     options: &LoadOptions,
-    policy: &mut dyn Policy,
+    policy: &mut P,
     device: &mut dyn Device,
     replay_options: &ReplayOptions,
     observer: &mut O,
@@ -349,6 +354,7 @@ pub fn stream_replay<O: Observer + ?Sized>(
         }
         Ok(Format::Rmm) => {
             let events = RmmEvents::open(path).map_err(StreamError::Read)?;
+            let policy = policy.as_dyn_mut();
             drive(events, options, policy, device, replay_options, observer)
         }
         Ok(_) | Err(None) => Ok(Streamed::NeedsWholeTrace(None)),
@@ -357,10 +363,10 @@ pub fn stream_replay<O: Observer + ?Sized>(
 }
 
 /// [`stream_replay`] of `events`, validated in the engine's pass unless lenient.
-fn drive<S: EventStream, O: Observer + ?Sized>(
+fn drive<S: EventStream, P: Policy + AsDynPolicy + ?Sized, O: Observer + ?Sized>(
     mut events: S,
     options: &LoadOptions,
-    policy: &mut dyn Policy,
+    policy: &mut P,
     device: &mut dyn Device,
     replay_options: &ReplayOptions,
     observer: &mut O,
@@ -370,7 +376,7 @@ fn drive<S: EventStream, O: Observer + ?Sized>(
         let replay = crate::replay::replay_events(
             None,
             &mut events,
-            policy,
+            policy.as_dyn_mut(),
             device,
             replay_options,
             observer,

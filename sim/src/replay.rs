@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use policies::AsDynPolicy;
 use policies::{
     AdoptBlock, AdoptError, AdoptPool, AdoptPrivatePool, AdoptSegment, AllocError, Allocation,
     AllocatorCall, BlockState, CallError, CallOutcome, Device, DeviceAddr, DeviceError,
@@ -428,14 +429,17 @@ pub fn replay_with<O: Observer + ?Sized>(
 ///
 /// # Panics
 /// As [`replay`].
-pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
+pub fn replay_events<P, O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
     start: Option<&StartState>,
     events: impl IntoIterator<Item = E>,
-    policy: &mut dyn Policy,
+    policy: &mut P,
     device: &mut dyn Device,
     options: &ReplayOptions,
     observer: &mut O,
-) -> Result<Replay, ReplayError> {
+) -> Result<Replay, ReplayError>
+where
+    P: Policy + AsDynPolicy + ?Sized,
+{
     let mut live = LiveTable::default();
     let mut events = events.into_iter();
     run(
@@ -465,14 +469,15 @@ pub fn replay_events<O: Observer + ?Sized, E: std::borrow::Borrow<Event>>(
 ///
 /// # Panics
 /// As [`replay`].
-pub fn replay_checked<O, E, I>(
+pub fn replay_checked<P, O, E, I>(
     events: &mut I,
-    policy: &mut dyn Policy,
+    policy: &mut P,
     device: &mut dyn Device,
     options: &ReplayOptions,
     observer: &mut O,
 ) -> (Result<Replay, ReplayError>, bool)
 where
+    P: Policy + AsDynPolicy + ?Sized,
     O: Observer + ?Sized,
     E: std::borrow::Borrow<Event>,
     I: Iterator<Item = E> + ?Sized,
@@ -485,15 +490,16 @@ where
 /// [`workloads::validate()`] does) or an empty one (`None`: [`replay_checked`] is
 /// this); errors and panics as [`replay_checked`].
 #[inline]
-pub fn replay_checked_from<O, E, I>(
+pub fn replay_checked_from<P, O, E, I>(
     start: Option<&StartState>,
     events: &mut I,
-    policy: &mut dyn Policy,
+    policy: &mut P,
     device: &mut dyn Device,
     options: &ReplayOptions,
     observer: &mut O,
 ) -> (Result<Replay, ReplayError>, bool)
 where
+    P: Policy + AsDynPolicy + ?Sized,
     O: Observer + ?Sized,
     E: std::borrow::Borrow<Event>,
     I: Iterator<Item = E> + ?Sized,
@@ -535,16 +541,22 @@ where
 /// ids). Events after a stop are left in `events`.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E> + ?Sized>(
+fn run<P, O, E, I>(
     start: Option<&StartState>,
     events: &mut I,
-    policy: &mut dyn Policy,
+    policy: &mut P,
     device: &mut dyn Device,
     options: &ReplayOptions,
     observer: &mut O,
     live: &mut LiveTable,
     mut checks: Option<&mut Checks>,
-) -> Result<Replay, ReplayError> {
+) -> Result<Replay, ReplayError>
+where
+    P: Policy + AsDynPolicy + ?Sized,
+    O: Observer + ?Sized,
+    E: std::borrow::Borrow<Event>,
+    I: Iterator<Item = E> + ?Sized,
+{
     let mut recorder = Recorder::new();
     let mut started_by_allocating = 0u64;
     if let Some(start) = start {
@@ -605,7 +617,7 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
         let (stats, dstats) = (policy.stats(), device.stats());
         recorder.observe_start(&stats, &dstats);
         if options.check_invariants {
-            check_state(&*policy, &stats, &dstats, live, 0);
+            check_state(policy.as_dyn(), &stats, &dstats, live, 0);
         }
     }
     let mut device = OpLog::new(device, observer.wants_device_ops());
@@ -648,7 +660,7 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
                 return Err(ReplayError::Interrupted { event_index });
             }
         }
-        observer.before_event(index, event, &*policy);
+        observer.before_event(index, event, policy.as_dyn());
         device.ops.clear();
         let device_error = |error| ReplayError::Device { event_index, error };
         let outcome = match *event {
@@ -882,7 +894,7 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
                 device_ops: &device.ops,
                 policy_stats: &stats,
                 device_stats: &dstats,
-                policy: &*policy,
+                policy: policy.as_dyn(),
             });
         }
         // Only a mark or an allocator call owns memory (a label, settings, streams),
@@ -913,7 +925,7 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
                 if lowers_only {
                     check_lowered(&before, &stats, event_index);
                 }
-                check_state(&*policy, &stats, &dstats, live, event_index);
+                check_state(policy.as_dyn(), &stats, &dstats, live, event_index);
                 before = stats;
             }
             next_special = if options.check_invariants {
@@ -944,9 +956,9 @@ fn run<O: Observer + ?Sized, E: std::borrow::Borrow<Event>, I: Iterator<Item = E
 /// policy's result and the freed allocation's address and block bytes, if it had one.
 #[cold]
 #[inline(never)]
-fn free_elsewhere(
+fn free_elsewhere<P: Policy + ?Sized>(
     live: &mut LiveTable,
-    policy: &mut dyn Policy,
+    policy: &mut P,
     device: &mut dyn Device,
     id: AllocId,
 ) -> Option<(Result<(), DeviceError>, DeviceAddr, u64)> {

@@ -237,21 +237,25 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
         return Ok(None);
     };
     let meta = workloads::TraceMeta::of_format(format);
-    let Some((settings, spec, mut policy)) = streamed_policy(args, &meta) else {
+    let Some((settings, spec)) = streamed_spec(args, &meta) else {
         return Ok(None);
     };
     // A CSV trace records no addresses: no hints.
     let mut device = SimDevice::new(setup.options.clone());
     let mut observer = (OomWatch::default(), EventSpinner::on_terminal());
     let in_order = interrupt::in_order();
-    let streamed = sim::inputs::stream_replay(
-        &args.trace,
-        &options,
-        policy.as_mut(),
-        &mut device,
-        &setup.replay,
-        &mut observer,
-    );
+    // The policy as its own type: the engine calls it directly.
+    let run = StreamRun {
+        trace: &args.trace,
+        options: &options,
+        device: &mut device,
+        replay: &setup.replay,
+        observer: &mut observer,
+        stats: args.stats,
+    };
+    let Ok((streamed, stats)) = spec.config.with_policy(run) else {
+        return Ok(None);
+    };
     drop(in_order);
     let (watch, spinner) = observer;
     drop(spinner);
@@ -282,14 +286,59 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
         device.options(),
         &r,
     );
-    let stats = args.stats.then(|| policy.detailed_stats());
     print_streamed(text, settings.note.as_deref(), None, &caveats, stats)?;
     Ok(Some(Exit::Ran))
 }
 
-/// The settings, the one policy and the policy built for a streamed replay of a trace
-/// of `meta`; `None` where any of them fails, so that the whole-trace path reports it
-/// (errors in the same order either way).
+/// A streamed replay ([`sim::inputs::stream_replay`]) run on the policy as its own type
+/// (`PolicyConfig::with_policy`), with the policy's own statistics after it where asked
+/// (`--stats`).
+struct StreamRun<'a, O> {
+    trace: &'a std::path::Path,
+    options: &'a sim::inputs::LoadOptions,
+    device: &'a mut SimDevice,
+    replay: &'a sim::ReplayOptions,
+    observer: &'a mut O,
+    stats: bool,
+}
+
+impl<O: sim::Observer> policies::PolicyVisitor for StreamRun<'_, O> {
+    type Output = (
+        Result<sim::inputs::Streamed, sim::inputs::StreamError>,
+        Option<Vec<(String, i64)>>,
+    );
+
+    fn visit<P: policies::Policy + policies::AsDynPolicy + ?Sized>(
+        self,
+        policy: &mut P,
+    ) -> Self::Output {
+        let streamed = sim::inputs::stream_replay(
+            self.trace,
+            self.options,
+            policy,
+            self.device,
+            self.replay,
+            self.observer,
+        );
+        (streamed, self.stats.then(|| policy.detailed_stats()))
+    }
+}
+
+/// The settings and the one policy for a streamed replay of a trace of `meta`, whose
+/// options make a policy; `None` where any of them fails, so that the whole-trace path
+/// reports it (errors in the same order either way).
+fn streamed_spec(
+    args: &ReplayArgs,
+    meta: &workloads::TraceMeta,
+) -> Option<(sim::recorded::Settings, policies::spec::PolicySpec)> {
+    let settings = load::settings(meta, &args.device);
+    let specs = load::policies(std::slice::from_ref(&args.policy), &settings.caching).ok()?;
+    let [spec] = <[_; 1]>::try_from(specs).ok()?;
+    spec.config.validate().ok()?;
+    Some((settings, spec))
+}
+
+/// [`streamed_spec`] with the policy built (as a `dyn Policy`).
 fn streamed_policy(
     args: &ReplayArgs,
     meta: &workloads::TraceMeta,
@@ -298,9 +347,7 @@ fn streamed_policy(
     policies::spec::PolicySpec,
     Box<dyn policies::Policy>,
 )> {
-    let settings = load::settings(meta, &args.device);
-    let specs = load::policies(std::slice::from_ref(&args.policy), &settings.caching).ok()?;
-    let [spec] = <[_; 1]>::try_from(specs).ok()?;
+    let (settings, spec) = streamed_spec(args, meta)?;
     let policy = spec.config.build().ok()?;
     Some((settings, spec, policy))
 }

@@ -159,8 +159,10 @@ impl PolicyOptions for ArenaOptions {
         ArenaOptions::validate(self)
     }
 
-    fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
-        Ok(Box::new(ArenaPolicy::new(self.clone())?))
+    type Built = ArenaPolicy;
+
+    fn build_policy(&self) -> Result<ArenaPolicy, OptionsError> {
+        ArenaPolicy::new(self.clone())
     }
 }
 

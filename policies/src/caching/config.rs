@@ -10,7 +10,6 @@ use std::fmt;
 
 use super::CachingPolicy;
 use crate::options::{unknown_option, OptionDoc, OptionKind, ParseError, PolicyOptions, Setting};
-use crate::policy::Policy;
 use crate::registry::OptionsError;
 
 /// 1 MiB, PyTorch's "MB" in option names.
@@ -922,8 +921,10 @@ impl PolicyOptions for CachingConfig {
         parts.join(",")
     }
 
-    fn build(&self) -> Result<Box<dyn Policy>, OptionsError> {
-        Ok(Box::new(CachingPolicy::new(self.clone())))
+    type Built = CachingPolicy;
+
+    fn build_policy(&self) -> Result<CachingPolicy, OptionsError> {
+        Ok(CachingPolicy::new(self.clone()))
     }
 
     /// Against fragmentation: expandable segments (one growing segment per stream and
