@@ -30,6 +30,9 @@ mod recorder;
 mod reliability;
 /// Nothing points outside the repository.
 mod selfcontained;
+/// A trace that starts mid-run on a device below its starting state: an out-of-memory
+/// before the first event in every command.
+mod starting_state;
 /// `allocsim sweep` and `allocsim merge`: the sweep file, rows, shards, the summary.
 mod sweep;
 /// Helpers: running the binary, temporary files.

@@ -765,7 +765,10 @@ fn scenario_validate() {
         "{}",
         sim::validation::summary_line(&capped)
     );
-    assert_eq!(capped.observed.oom.as_ref().map(|o| o.event_index), Some(4));
+    assert_eq!(
+        capped.observed.oom.as_ref().and_then(|o| o.event_index),
+        Some(4)
+    );
     assert_eq!(free_bytes(&dev), MOCK_FREE, "ballast freed too");
 }
 

@@ -280,10 +280,16 @@ class Oom:
     request asked, ``tried_bytes`` what the policy last tried to get from the device.
     ``cause``, ``verdict`` and ``fix`` say why (``explanation`` holds the breakdown of
     the free memory by cause), when the replay was explained.
+
+    A trace that starts mid-run whose starting state the device cannot hold runs out
+    before the first event: ``event_index`` is ``None``, ``event`` says "before the
+    first event", ``requested_bytes`` is the starting state's, ``cause`` is
+    ``"starting state"`` and ``verdict`` says what can help (no allocator setting can:
+    ``fix`` is ``None``).
     """
 
     def __init__(self, d: Dict[str, Any]):
-        self.event_index: int = d["oom_event_index"]
+        self.event_index: Optional[int] = d["oom_event_index"]
         self.event: str = d["oom_event"]
         self.requested_bytes: int = d["oom_requested_bytes"]
         self.tried_bytes: int = d["oom_tried_bytes"]
@@ -297,13 +303,14 @@ class Oom:
         self.stack: List[str] = d.get("oom_stack") or []
         e = d.get("explanation")
         self.explanation: Optional[Dict[str, Any]] = e
-        self.cause: Optional[str] = e["cause"] if e else None
-        self.verdict: Optional[str] = e["verdict"] if e else None
+        self.cause: Optional[str] = e["cause"] if e else (d.get("oom_cause") or None)
+        self.verdict: Optional[str] = d.get("oom_verdict")
         self.fix: Optional[str] = e["fix"] if e else None
 
     def __repr__(self) -> str:
         why = f": {self.verdict}" if self.verdict else ""
-        return f"<allocsim.Oom at {self.event}, request of {self.requested_bytes} bytes{why}>"
+        at = self.event if self.event_index is None else f"at {self.event}"
+        return f"<allocsim.Oom {at}, request of {self.requested_bytes} bytes{why}>"
 
 
 class Replay:
@@ -320,7 +327,8 @@ class Replay:
 
     def __init__(self, d: Dict[str, Any], timeline: Optional[Timeline]):
         self._d = d
-        self.oom: Optional[Oom] = Oom(d) if d.get("oom_event_index") is not None else None
+        # Every replay that ran out has its request's bytes (before the first event, too).
+        self.oom: Optional[Oom] = Oom(d) if d.get("oom_requested_bytes") is not None else None
         self.timeline: Optional[Timeline] = timeline
 
     def __getattr__(self, name: str) -> Any:
@@ -348,7 +356,8 @@ class Replay:
 
     def __repr__(self) -> str:
         d = self._d
-        oom = f", out of memory at {d['oom_event']}" if self.oom else ""
+        at = "" if d["oom_event_index"] is None else "at "
+        oom = f", out of memory {at}{d['oom_event']}" if self.oom else ""
         return (
             f"<allocsim.Replay {d['trace']} under {d['policy']}: reserved peak "
             f"{d['reserved_bytes_peak']} bytes, allocated peak {d['allocated_bytes_peak']}{oom}>"

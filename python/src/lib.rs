@@ -34,7 +34,7 @@ use pyo3::types::{PyBytes, PyTuple};
 use serde::{Deserialize, Serialize};
 use sim::inputs::{LoadError, LoadOptions, TraceSource};
 use sim::recorded::SettingFlags;
-use sim::{CompareInput, DeviceProfile, OomWatch, ReplayOptions, SimDevice, SimDeviceOptions};
+use sim::{CompareInput, DeviceProfile, Oom, OomWatch, ReplayOptions, SimDevice, SimDeviceOptions};
 use workloads::{Format, RecordedRun};
 
 create_exception!(
@@ -471,6 +471,7 @@ struct ReplayAnswer<'a> {
     reserved_peak_event_index: Option<u64>,
     oom_event: Option<String>,
     oom_message: Option<&'a str>,
+    oom_verdict: Option<String>,
     oom_device_free_bytes: Option<u64>,
     oom_count: u64,
     oom_stack: Vec<String>,
@@ -574,13 +575,24 @@ fn replay<'py>(
         device_name: &device.name,
         allocations: input.trace.alloc_count() as u64,
         reserved_peak_event_index: r.summary.reserved_peak_event_index,
-        oom_event: oom.map(|o| input.trace.event_ref(o.event_index as usize)),
+        oom_event: oom.map(|o| match o.event_index {
+            Some(i) => input.trace.event_ref(i as usize),
+            None => "before the first event".to_string(),
+        }),
         oom_message: oom.and_then(|o| o.message.as_deref()),
+        oom_verdict: match (oom, &row.explanation) {
+            (Some(o), _) if o.before_first_event() => Some(sim::explain::starting_state_verdict(o)),
+            (_, Some(e)) => Some(e.verdict()),
+            _ => None,
+        },
         oom_device_free_bytes: oom.map(|o| o.device.free_bytes()),
         oom_count: r.oom_count,
         oom_stack: match oom {
-            Some(o) => stack(&source, &input.trace, o.event_index, o_device),
-            None => Vec::new(),
+            Some(Oom {
+                event_index: Some(i),
+                ..
+            }) => stack(&source, &input.trace, *i, o_device),
+            _ => Vec::new(),
         },
         skipped_events: r.skipped_event_count,
         explanation: row.explanation.as_ref().map(Explanation::of),

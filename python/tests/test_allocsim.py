@@ -95,6 +95,25 @@ def test_oom_point_as_the_command_line_numbers_it():
     assert r.oom.message and "out of memory" in r.oom.message.lower()
 
 
+def test_a_starting_state_that_does_not_fit_runs_out_before_the_first_event():
+    """A trace that starts mid-run on a device below its starting state: an Oom with no event index, the state's bytes, cause 'starting state', no fix; compare goes on past that row."""
+    path = DATA / "unseen" / "midrun" / "resnet_train__wrap3000.json"
+    r = allocsim.replay(path, "caching", capacity="1200MiB")
+    assert r.oom is not None
+    assert r.oom.event_index is None
+    assert r.oom.event == "before the first event"
+    assert r.oom.requested_bytes == 1388314624
+    assert r.oom.cause == "starting state"
+    assert r.oom.fix is None
+    assert "no allocator setting shrinks memory" in r.oom.verdict
+    assert r.oom.message.startswith("the starting state of 40 segment(s)")
+    assert "before the first event" in repr(r)
+    rows = allocsim.compare(path, "caching", capacity=["1200MiB", "80GiB"])
+    assert [row["oom_event_index"] for row in rows] == [None, None]
+    assert [row["oom_requested_bytes"] for row in rows] == [1388314624, None]
+    assert rows[0]["oom_cause"] == "starting state"
+
+
 def test_snapshot_dict_replays_as_its_file():
     """A snapshot dict in memory replays exactly as the pickle file it was loaded from."""
     from_dict = allocsim.replay(load_snapshot(), name="multistream").to_dict()

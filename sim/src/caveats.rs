@@ -27,7 +27,16 @@ pub fn caveats(trace: &Trace, config: &PolicyConfig, replay: &Replay) -> Vec<Str
             replay.ignored_call_count
         ));
     }
-    if replay.started_by_allocating > 0 {
+    let short_of_start = replay.oom.as_ref().filter(|o| o.before_first_event());
+    if let (true, Some(_)) = (replay.started_by_allocating > 0, short_of_start) {
+        out.push(format!(
+            "the trace starts mid-run and the {} policy cannot take over PyTorch's state at its first entry: \
+             it started by allocating the blocks live there, in address order (what came before is not in the trace), \
+             and ran out of memory after {} of them",
+            config.kind_name(),
+            replay.started_by_allocating
+        ));
+    } else if replay.started_by_allocating > 0 {
         out.push(format!(
             "the trace starts mid-run and the {} policy cannot take over PyTorch's state at its first entry: \
              it started by allocating the {} blocks live there, in address order (what came before is not in the trace)",

@@ -235,8 +235,16 @@ pub struct DiffRecord {
     pub ops_b: String,
 }
 
-/// Every event after which the gap changed.
+/// Every event after which the gap changed; none where a side ran out of memory
+/// before the first event (a trace that starts mid-run whose starting state it cannot
+/// hold: there is nothing to compare event by event).
 pub fn records(trace: &Trace, d: &Diff) -> Vec<DiffRecord> {
+    if [&d.a, &d.b]
+        .iter()
+        .any(|s| s.oom.as_ref().is_some_and(|o| o.before_first_event()))
+    {
+        return Vec::new();
+    }
     let (ra, rb) = (&d.a.trail.reserved, &d.b.trail.reserved);
     let n = ra.len().max(rb.len());
     let at = |r: &Vec<u64>, i: usize| r.get(i).or(r.last()).copied().unwrap_or(0);

@@ -29,6 +29,7 @@ use workloads::{AllocId, Event, Trace};
 
 use crate::compare::CompareError;
 use crate::device::{AddressHints, SimDevice, SimDeviceOptions};
+use crate::metrics::Oom;
 use crate::observe::{Observer, Outcome, Step};
 use crate::replay::{replay, ReplayError, ReplayOptions};
 
@@ -222,6 +223,39 @@ impl OomExplanation {
         };
         format!("{why}{help}")
     }
+}
+
+/// The cause the CSVs name for an out-of-memory before the first event (a trace that
+/// starts mid-run whose starting state the device cannot hold), beside
+/// [`OomCause::name`]'s.
+pub const STARTING_STATE: &str = "starting state";
+
+/// The cause of a replay's first out-of-memory `oom` as the CSVs name it (`oom_cause`):
+/// [`STARTING_STATE`] before the first event, else the `explanation`'s verdict; empty
+/// without an out-of-memory or an explanation.
+pub fn cause_name(oom: Option<&Oom>, explanation: Option<&OomExplanation>) -> &'static str {
+    match (oom, explanation) {
+        (Some(o), _) if o.before_first_event() => STARTING_STATE,
+        (_, Some(e)) => e.cause.name(),
+        _ => "",
+    }
+}
+
+/// Why a replay ran out before the first event (`oom`, [`Oom::before_first_event`]),
+/// and what can help: no allocator setting shrinks the memory the program already held
+/// when the trace's window began, so none is tried; a larger device or a recording
+/// begun earlier can.
+pub fn starting_state_verdict(oom: &Oom) -> String {
+    let what = oom
+        .message
+        .as_deref()
+        .unwrap_or("the starting state does not fit");
+    format!(
+        "{STARTING_STATE}: the trace starts mid-run, and {what}; no allocator setting shrinks \
+         memory the program already held when the trace's window began, so none is tried: a \
+         larger GPU (`allocsim fit` finds the smallest) or a recording begun earlier (from the \
+         program's first request, which replays from an empty allocator) can answer"
+    )
 }
 
 /// Watches a replay and explains its first out-of-memory ([`OomWatch::explanation`]).
@@ -422,7 +456,8 @@ pub fn explain_state(
 /// at the first that runs to the end.
 ///
 /// A setting whose replay fails on the device (a driver error), that PyTorch would
-/// refuse on this trace, or that cannot take over its starting state is left out.
+/// refuse on this trace, or that cannot take over its starting state (or hold it) is
+/// left out.
 ///
 /// # Errors
 /// A replay that stops for another reason than those or memory (an interruption).
@@ -465,11 +500,23 @@ pub fn check_remedies(
                 })
             }
         };
-        let fixed = r.oom.is_none();
+        // A setting under which the device cannot hold the starting state is no remedy
+        // either.
+        let oom_event_index = match r.oom {
+            None => None,
+            Some(Oom {
+                event_index: Some(i),
+                ..
+            }) => Some(i),
+            Some(Oom {
+                event_index: None, ..
+            }) => continue,
+        };
+        let fixed = oom_event_index.is_none();
         explanation.remedies.push(Remedy {
             setting,
             spec,
-            oom_event_index: r.oom.map(|o| o.event_index),
+            oom_event_index,
             reserved_bytes_peak: r.summary.reserved_bytes_peak,
         });
         if fixed {

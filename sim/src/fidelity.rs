@@ -27,7 +27,7 @@
 use std::fmt::Write as _;
 
 use policies::caching::CachingPolicy;
-use policies::Policy;
+use policies::{AdoptError, DeviceError, Policy};
 use serde::Serialize;
 use workloads::{Action, Checkpoint, Event, ReadError, RecordedRun, StartState};
 
@@ -607,6 +607,16 @@ fn check(
         &replay_options,
         &mut observe,
     )
+    .and_then(|r| match &r.oom {
+        // The recording held its starting state: a simulated device that cannot hold
+        // it is not the recorded one.
+        Some(o) if o.before_first_event() => Err(ReplayError::Start {
+            error: AdoptError::Device(DeviceError::OutOfMemory {
+                requested_bytes: o.tried_bytes,
+            }),
+        }),
+        _ => Ok(r),
+    })
     .map_err(|error| FidelityError::Replay {
         path: run.path.display().to_string(),
         index: entry_of
@@ -627,7 +637,8 @@ fn check(
     let oom_event_sim = replayed
         .oom
         .as_ref()
-        .map(|o| entry_of[o.event_index as usize]);
+        .and_then(|o| o.event_index)
+        .map(|i| entry_of[i as usize]);
     let oom_message_sim = replayed.oom.and_then(|o| o.message);
     let entries = &run.entries;
 

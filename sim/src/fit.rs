@@ -17,13 +17,13 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use policies::{AdoptError, DeviceError, PolicyConfig};
+use policies::PolicyConfig;
 use rayon::prelude::*;
 use workloads::{Event, Trace};
 
 use crate::compare::{replay_policy, CompareError};
 use crate::device::{AddressHints, SimDeviceOptions};
-use crate::replay::{ReplayError, ReplayOptions};
+use crate::replay::ReplayOptions;
 
 /// How to search.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,10 +170,20 @@ impl<'a> FitRecord<'a> {
 }
 
 /// Peak of the bytes of live requests: each `alloc` counts from its event to its `free`
-/// (a `free_requested` keeps the memory in use).
+/// (a `free_requested` keeps the memory in use), and for a trace that starts mid-run
+/// each block live at its first entry from there to its `free`.
 pub fn requested_bytes_peak(trace: &Trace) -> u64 {
     let mut live = std::collections::HashMap::new();
-    let (mut now, mut peak) = (0u64, 0u64);
+    for b in trace
+        .start
+        .iter()
+        .flat_map(|s| &s.segments)
+        .flat_map(|s| &s.blocks)
+    {
+        live.insert(b.id, b.requested_bytes);
+    }
+    let mut now: u64 = live.values().sum();
+    let mut peak = now;
     for e in &trace.events {
         match *e {
             Event::Alloc { id, size_bytes, .. } => {
@@ -211,19 +221,10 @@ pub fn fits(
         ..options.clone()
     };
     let label = config.to_string();
-    match replay_policy(trace, hints, config, &label, device, &options, &mut ()) {
-        Ok(r) => Ok(r.oom.is_none()),
-        // A trace that starts mid-run whose starting state the device cannot hold does
-        // not fit, as one that runs out later does not.
-        Err(CompareError::Replay {
-            source:
-                ReplayError::Start {
-                    error: AdoptError::Device(DeviceError::OutOfMemory { .. }),
-                },
-            ..
-        }) => Ok(false),
-        Err(e) => Err(e),
-    }
+    // A trace that starts mid-run whose starting state the device cannot hold runs out
+    // before the first event: it does not fit, as one that runs out later does not.
+    let r = replay_policy(trace, hints, config, &label, device, &options, &mut ())?;
+    Ok(r.oom.is_none())
 }
 
 /// The smallest total memory of a `device`-like GPU on which `trace` replays under

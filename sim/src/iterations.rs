@@ -337,7 +337,7 @@ mod tests {
             &mut watch,
         )
         .unwrap();
-        let w = watch.finish(r.oom.map(|o| o.event_index));
+        let w = watch.finish(r.oom.and_then(|o| o.event_index));
         let got: Vec<(usize, &str, usize, usize, u64, u64)> = w
             .iter()
             .map(|w| {
@@ -389,7 +389,7 @@ mod tests {
             &mut watch,
         )
         .unwrap();
-        let w = watch.finish(r.oom.map(|o| o.event_index));
+        let w = watch.finish(r.oom.and_then(|o| o.event_index));
         assert_eq!(w.len(), 2);
         assert!(w[0].complete);
         assert!(!w[1].complete);

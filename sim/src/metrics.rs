@@ -59,21 +59,36 @@ pub struct Sample {
     pub charged_bytes: u64,
 }
 
-/// The first request that could not be served.
+/// The first request that could not be served: a request of the trace, or, for a
+/// trace that starts mid-run, the starting state the device could not hold (an
+/// out-of-memory before the first event, [`Oom::event_index`] `None`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Oom {
-    /// Index of the event in the trace.
-    pub event_index: u64,
-    /// Bytes the program asked for.
+    /// Index of the event in the trace; `None` before the first event: the trace starts
+    /// mid-run and the device could not hold its starting state.
+    pub event_index: Option<u64>,
+    /// Bytes the program asked for; before the first event, the starting state's: the
+    /// bytes of its segments (a policy that takes the state over), or of its live
+    /// blocks' requests (a policy that allocates them instead).
     pub requested_bytes: u64,
     /// Bytes the policy last tried to get from the device.
     pub tried_bytes: u64,
-    /// Policy accounting after the failed attempt.
+    /// Policy accounting after the failed attempt (before the first event: what was
+    /// taken over or allocated of the starting state until it failed).
     pub policy: PolicyStats,
     /// Device accounting after the failed attempt.
     pub device: DeviceStats,
-    /// The policy's own message (PyTorch's, for the caching policy).
+    /// The policy's own message (PyTorch's, for the caching policy); before the first
+    /// event, what did not fit ("the starting state of 40 segment(s), 1.29 GiB, does
+    /// not fit ...").
     pub message: Option<String>,
+}
+
+impl Oom {
+    /// Whether it happened before the first event (the starting state did not fit).
+    pub fn before_first_event(&self) -> bool {
+        self.event_index.is_none()
+    }
 }
 
 /// Accumulates a [`Summary`] as events are replayed.

@@ -88,8 +88,9 @@ pub enum ReplayError {
         message: String,
     },
     /// The trace starts mid-run and its starting state could not be taken over: the
-    /// state contradicts the policy, or does not fit the device (a policy that cannot
-    /// adopt a state at all allocates its live blocks instead).
+    /// state contradicts the policy, or the device failed otherwise than by running out
+    /// of memory (a device that cannot hold the state is a result: an out-of-memory
+    /// before the first event, [`crate::Oom::event_index`] `None`).
     #[error("the trace starts mid-run, from a rebuilt allocator state: {error}")]
     Start {
         /// Why.
@@ -394,7 +395,9 @@ pub fn replay(
 /// live allocation ([`Policy::free_requested`]; the allocation stays live until its
 /// `free`); `free` returns the allocation; `empty_cache` releases the cache. An
 /// out-of-memory ends the replay after its event unless `continue_after_oom`, which
-/// skips the failed allocation and its later frees.
+/// skips the failed allocation and its later frees. A trace that starts mid-run whose
+/// starting state the device cannot hold runs out before the first event, which ends
+/// the replay whatever the options (no event can be replayed without that state).
 ///
 /// # Errors
 /// As [`replay`].
@@ -580,14 +583,11 @@ where
                     };
                     let allocation = match policy.allocate(device, request) {
                         Ok(a) => a,
-                        Err(AllocError::OutOfMemory { .. }) => {
-                            return Err(ReplayError::Start {
-                                error: AdoptError::Invalid(format!(
-                                    "the {} blocks live at the first entry ({} of them allocated) do not fit under this policy on this device",
-                                    start.block_count(),
-                                    started_by_allocating
-                                )),
-                            })
+                        Err(AllocError::OutOfMemory { tried_bytes, .. }) => {
+                            let at = StartFailure::Allocating {
+                                allocated: started_by_allocating,
+                            };
+                            return Ok(start_oom(start, at, tried_bytes, policy, device, live));
                         }
                         Err(AllocError::Device(error)) => {
                             return Err(ReplayError::Start {
@@ -611,6 +611,11 @@ where
                     }
                     live.insert_requested(block.id, allocation, block.pending_free);
                 }
+            }
+            // The device cannot hold the state: an out-of-memory before the first event.
+            Err(AdoptError::Device(DeviceError::OutOfMemory { requested_bytes })) => {
+                let at = StartFailure::Adopting;
+                return Ok(start_oom(start, at, requested_bytes, policy, device, live));
             }
             Err(error) => return Err(ReplayError::Start { error }),
         }
@@ -696,7 +701,7 @@ where
                         }
                         if oom.is_none() {
                             oom = Some(Oom {
-                                event_index,
+                                event_index: Some(event_index),
                                 requested_bytes,
                                 tried_bytes,
                                 policy: stats,
@@ -949,6 +954,89 @@ where
         final_policy: policy.stats(),
         final_device: device.stats(),
     })
+}
+
+/// How the device came to refuse a trace's starting state.
+#[derive(Clone, Copy)]
+enum StartFailure {
+    /// Taking the state over ([`Policy::adopt`]).
+    Adopting,
+    /// Allocating its live blocks, `allocated` of them served (a policy that cannot
+    /// take a state over).
+    Allocating { allocated: u64 },
+}
+
+/// The result of a replay whose device could not hold the trace's starting state
+/// `start`: an out-of-memory before the first event (no event replayed), `tried_bytes`
+/// the device request that failed, the state as it was then.
+#[cold]
+fn start_oom(
+    start: &StartState,
+    at: StartFailure,
+    tried_bytes: u64,
+    policy: &dyn Policy,
+    device: &dyn Device,
+    live: &LiveTable,
+) -> Replay {
+    let h = workloads::size::format_size_human;
+    let (stats, dstats) = (policy.stats(), device.stats());
+    let usable = format!(
+        "a device with {} ({} bytes) usable",
+        h(dstats.capacity_bytes),
+        dstats.capacity_bytes
+    );
+    let (requested_bytes, message, started_by_allocating) = match at {
+        StartFailure::Adopting => {
+            let bytes = start.reserved_bytes();
+            let message = format!(
+                "the starting state of {} segment(s) / {} ({bytes} bytes) does not fit {usable}: \
+                 {} of it was taken over when a further {} did not fit",
+                start.segments.len(),
+                h(bytes),
+                h(stats.reserved_bytes),
+                h(tried_bytes)
+            );
+            (bytes, message, 0)
+        }
+        StartFailure::Allocating { allocated } => {
+            let bytes: u64 = start
+                .segments
+                .iter()
+                .flat_map(|s| &s.blocks)
+                .map(|b| b.requested_bytes)
+                .sum();
+            let message = format!(
+                "the {} block(s) live at the first entry ({} ({bytes} bytes) requested) do not \
+                 fit {usable} under this policy: {allocated} of them were allocated ({} \
+                 reserved) when a device request of {} did not fit",
+                start.block_count(),
+                h(bytes),
+                h(stats.reserved_bytes),
+                h(tried_bytes)
+            );
+            (bytes, message, allocated)
+        }
+    };
+    let mut recorder = Recorder::new();
+    recorder.observe_start(&stats, &dstats);
+    Replay {
+        summary: recorder.finish(),
+        oom: Some(Oom {
+            event_index: None,
+            requested_bytes,
+            tried_bytes,
+            policy: stats,
+            device: dstats,
+            message: Some(message),
+        }),
+        oom_count: 1,
+        skipped_event_count: 0,
+        live_allocation_count: live.len(),
+        ignored_call_count: 0,
+        started_by_allocating,
+        final_policy: stats,
+        final_device: dstats,
+    }
 }
 
 /// A `free` of `id` whose slot was not found in an existing page or holds no live
@@ -1378,7 +1466,7 @@ mod tests {
         let mut d = SimDevice::new(SimDeviceOptions::default().with_capacity(4 * GIB));
         let r = replay(&t, &mut ImmediatePolicy::default(), &mut d, &checked()).unwrap();
         let oom = r.oom.unwrap();
-        assert_eq!((oom.event_index, oom.requested_bytes), (1, 2 * GIB));
+        assert_eq!((oom.event_index, oom.requested_bytes), (Some(1), 2 * GIB));
         assert_eq!(oom.policy.allocated_bytes, 3 * GIB);
         assert_eq!(r.summary.event_count, 2, "stopped at the OOM");
     }
@@ -1530,7 +1618,7 @@ mod tests {
             }
         );
         assert_eq!(log.steps.len(), 5, "the replay stops after the OOM");
-        assert_eq!(r.oom.unwrap().event_index, 4);
+        assert_eq!(r.oom.unwrap().event_index, Some(4));
     }
 
     /// Expandable segments show their page mappings as device operations, at the
@@ -1865,7 +1953,7 @@ mod tests {
             &ReplayOptions::default(),
         )
         .unwrap();
-        assert_eq!(r.oom.unwrap().event_index, 1);
+        assert_eq!(r.oom.unwrap().event_index, Some(1));
     }
 
     /// Large ids and reused ids work.

@@ -104,9 +104,12 @@ pub struct CompareRecord<'a> {
     pub reserved_bytes_peak: u64,
     /// Allocated peak ÷ reserved peak, six decimals; empty when nothing was reserved.
     pub utilization: String,
-    /// Index of the first event whose request failed.
+    /// Index of the first event whose request failed; empty without an out-of-memory
+    /// or before the first event (`oom_requested_bytes` set, `oom_cause` `starting
+    /// state`).
     pub oom_event_index: Option<u64>,
-    /// Bytes that request asked for.
+    /// Bytes that request asked for; before the first event, the starting state's
+    /// ([`crate::Oom::requested_bytes`]). Set on every row that ran out of memory.
     pub oom_requested_bytes: Option<u64>,
     /// Peak of charged bytes.
     pub charged_bytes_peak: u64,
@@ -131,8 +134,8 @@ pub struct CompareRecord<'a> {
     /// The device's total memory (what `--capacity` names; `capacity_bytes` is what the
     /// context and the driver leave of it).
     pub total_bytes: u64,
-    /// Why the OOM happened: `fragmentation`, `stream cache`, `pending frees` or `too
-    /// little memory`.
+    /// Why the OOM happened: `fragmentation`, `stream cache`, `pending frees`, `too
+    /// little memory`, or `starting state` (before the first event).
     pub oom_cause: &'static str,
     /// The largest free block at the OOM.
     pub oom_largest_free_block_bytes: Option<u64>,
@@ -156,7 +159,7 @@ impl<'a> From<&'a Row> for CompareRecord<'a> {
             allocated_bytes_peak: s.allocated_bytes_peak,
             reserved_bytes_peak: s.reserved_bytes_peak,
             utilization: format_ratio(s.utilization()),
-            oom_event_index: oom.map(|o| o.event_index),
+            oom_event_index: oom.and_then(|o| o.event_index),
             oom_requested_bytes: oom.map(|o| o.requested_bytes),
             charged_bytes_peak: s.charged_bytes_peak,
             segment_count_peak: s.segment_count_peak,
@@ -169,7 +172,7 @@ impl<'a> From<&'a Row> for CompareRecord<'a> {
             events_replayed: s.event_count,
             live_allocations_at_end: r.live_allocation_count,
             total_bytes: r.total_bytes,
-            oom_cause: r.explanation.as_ref().map_or("", |e| e.cause.name()),
+            oom_cause: crate::explain::cause_name(oom, r.explanation.as_ref()),
             oom_largest_free_block_bytes: r
                 .explanation
                 .as_ref()
@@ -340,7 +343,7 @@ mod tests {
         );
         let oom = Row {
             oom: Some(Oom {
-                event_index: 2,
+                event_index: Some(2),
                 requested_bytes: 5,
                 tried_bytes: 6,
                 policy: PolicyStats {

@@ -178,9 +178,10 @@ pub struct ValidationRecord<'a> {
     pub charged_bytes_peak_predicted: u64,
     /// Observed charged peak.
     pub charged_bytes_peak_observed: u64,
-    /// Predicted OOM event, empty if none.
+    /// Predicted OOM event, empty if none (or before the first event: `agrees` and
+    /// `verdict` still tell that from none).
     pub oom_event_predicted: Option<u64>,
-    /// Observed OOM event, empty if none.
+    /// Observed OOM event, empty if none (or before the first event).
     pub oom_event_observed: Option<u64>,
     /// Segment operations on the GPU.
     pub segment_ops: u64,
@@ -223,7 +224,7 @@ fn ns(x: Option<f64>) -> String {
 impl<'a> From<&'a Validation> for ValidationRecord<'a> {
     fn from(v: &'a Validation) -> ValidationRecord<'a> {
         let (p, o) = (&v.predicted.summary, &v.observed.summary);
-        let oom = |r: &Replay| r.oom.as_ref().map(|x| x.event_index);
+        let oom = |r: &Replay| r.oom.as_ref().and_then(|x| x.event_index);
         ValidationRecord {
             trace: &v.trace,
             policy: &v.policy,
@@ -292,7 +293,10 @@ pub fn summary_line(v: &Validation) -> String {
     let ev = |r: &Replay| {
         r.oom
             .as_ref()
-            .map_or("none".to_string(), |x| format!("event {}", x.event_index))
+            .map_or("none".to_string(), |x| match x.event_index {
+                Some(i) => format!("event {i}"),
+                None => "before the first event".to_string(),
+            })
     };
     if v.predicted.oom == v.observed.oom || ev(&v.predicted) == ev(&v.observed) {
         parts.push(format!("OOM {} on both", ev(&v.predicted)));
@@ -330,7 +334,7 @@ mod tests {
                 ..Summary::default()
             },
             oom: oom_at.map(|event_index| Oom {
-                event_index,
+                event_index: Some(event_index),
                 requested_bytes: 1,
                 tried_bytes: 1,
                 policy: PolicyStats::default(),

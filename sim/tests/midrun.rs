@@ -774,3 +774,163 @@ fn expandable_runs_of_unknown_pools_are_adopted() {
     assert_eq!(r.summary.reserved_bytes_peak, 3 * page + 14 * MIB);
     assert_eq!(r.final_policy.reserved_bytes, 0);
 }
+
+/// A device below a trace's starting state is a result, not an error, under every
+/// policy: an out-of-memory before the first event (no event number, no event
+/// replayed, even with `continue_after_oom`), the starting state's bytes as the
+/// request, what did not fit in the message; `fits` says no, and the compare CSV's row
+/// names it (`oom_event_index` empty, `oom_requested_bytes` set, cause `starting state`).
+#[test]
+fn a_device_below_the_starting_state_runs_out_before_the_first_event() {
+    let start = workloads::StartState {
+        segments: vec![workloads::StartSegment {
+            addr: 0x7f00_0000_0000,
+            size_bytes: 20 * MIB,
+            stream: 0,
+            pool: None,
+            expandable: false,
+            pool_id: workloads::PoolId::default(),
+            blocks: vec![
+                block(0, 0x7f00_0000_0000, None, 3 * MIB, false),
+                block(1, 0x7f00_0040_0000, Some(4 * MIB), 4 * MIB, true),
+            ],
+        }],
+        ..Default::default()
+    };
+    let trace = start_trace(
+        start,
+        vec![
+            workloads::Event::Free {
+                id: workloads::AllocId(1),
+            },
+            workloads::Event::Alloc {
+                id: workloads::AllocId(2),
+                size_bytes: MIB,
+                stream: 0,
+            },
+        ],
+    );
+    let small = sim::SimDeviceOptions::default()
+        .with_total(4 * MIB)
+        .unwrap();
+    for spec in policies::testing::every_policy() {
+        let label = spec.label.as_str();
+        for continue_after_oom in [false, true] {
+            let options = sim::ReplayOptions {
+                continue_after_oom,
+                ..checked()
+            };
+            let mut policy = spec.config.build().unwrap();
+            let mut device = sim::SimDevice::new(small.clone());
+            let r = sim::replay(&trace, policy.as_mut(), &mut device, &options)
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
+            let oom = r.oom.as_ref().unwrap_or_else(|| panic!("{label}: no OOM"));
+            assert!(oom.before_first_event(), "{label}: {oom:?}");
+            assert_eq!((oom.event_index, r.oom_count), (None, 1), "{label}");
+            assert_eq!(r.summary.event_count, 0, "{label}");
+            let message = oom.message.as_deref().unwrap();
+            if spec.config.kind_name() == "caching" {
+                // The state's segments, all of them or nothing held.
+                assert_eq!(oom.requested_bytes, 20 * MIB, "{label}");
+                assert!(
+                    message.starts_with("the starting state of 1 segment(s) / 20.00 MiB"),
+                    "{label}: {message}"
+                );
+            } else {
+                // The live blocks' requests.
+                assert_eq!(oom.requested_bytes, 7 * MIB, "{label}");
+                assert!(
+                    message.starts_with("the 2 block(s) live at the first entry"),
+                    "{label}: {message}"
+                );
+            }
+            assert!(
+                message.contains("4.00 MiB (4194304 bytes) usable"),
+                "{label}: {message}"
+            );
+        }
+        let hints = sim::AddressHints::default();
+        let fits = sim::fit::fits(&trace, &hints, &spec.config, &small, &checked()).unwrap();
+        assert!(!fits, "{label}");
+        let input = sim::CompareInput {
+            trace: trace.clone(),
+            hints,
+        };
+        let rows = sim::compare(
+            std::slice::from_ref(&input),
+            std::slice::from_ref(&spec),
+            &[small.clone(), sim::SimDeviceOptions::default()],
+            &checked(),
+        )
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let record = sim::report::CompareRecord::from(&rows[0]);
+        assert_eq!(
+            (
+                record.oom_event_index,
+                record.oom_requested_bytes.is_some(),
+                record.oom_cause,
+                record.events_replayed
+            ),
+            (None, true, "starting state", 0),
+            "{label}"
+        );
+        // The batch went on: the larger device ran to the end.
+        assert!(rows[1].oom.is_none(), "{label}");
+    }
+}
+
+/// A real recording that wrapped (`resnet_train__wrap3000`, 40 segments of 1.29 GiB
+/// at its first entry) on a 1200 MiB device: the caching policy takes over what fits,
+/// in order, with every invariant holding, and runs out before the first event; on the
+/// default device it runs to the end.
+#[test]
+fn a_real_starting_state_larger_than_the_device_is_an_oom() {
+    let run =
+        workloads::read_recorded_json(&unseen_midrun_dir().join("resnet_train__wrap3000.json"))
+            .unwrap();
+    let trace = run.to_trace().unwrap();
+    let hints = sim::recorded::address_hints(&run, 1200 * MIB).unwrap();
+    let config = policies::spec::parse_policy_list("caching", &Default::default()).unwrap();
+    let small = sim::SimDeviceOptions::default()
+        .with_total(1200 * MIB)
+        .unwrap();
+    let mut policy = config[0].config.build().unwrap();
+    let mut device = sim::SimDevice::with_hints(small, hints.for_policy(&config[0].config));
+    let r = sim::replay(&trace, policy.as_mut(), &mut device, &checked()).unwrap();
+    let oom = r.oom.unwrap();
+    assert_eq!(oom.event_index, None);
+    assert_eq!(oom.requested_bytes, 1_388_314_624);
+    assert!(oom.policy.reserved_bytes < 1200 * MIB, "{oom:?}");
+    assert!(
+        oom.message.as_deref().unwrap().starts_with(
+            "the starting state of 40 segment(s) / 1.29 GiB (1388314624 bytes) does not fit a \
+             device with 1.17 GiB (1258291200 bytes) usable"
+        ),
+        "{oom:?}"
+    );
+    let mut policy = config[0].config.build().unwrap();
+    let mut device = sim::SimDevice::new(sim::SimDeviceOptions::default());
+    let r = sim::replay(&trace, policy.as_mut(), &mut device, &checked()).unwrap();
+    assert!(r.oom.is_none());
+}
+
+/// `fit`'s requested peak of a trace that starts mid-run counts the blocks live at its
+/// first entry until their free, as the replay does (it left them out: 767551911
+/// bytes instead of 929264007 for `resnet_train__wrap3000`, and `fit`'s overhead was
+/// that much too high).
+#[test]
+fn fit_counts_the_starting_state_in_the_requested_peak() {
+    for name in ["resnet_train__wrap3000.json", "unet_train__late.json"] {
+        let run = workloads::read_recorded_json(&unseen_midrun_dir().join(name)).unwrap();
+        let trace = run.to_trace().unwrap();
+        let config = policies::spec::parse_policy_list("caching", &Default::default()).unwrap();
+        let mut policy = config[0].config.build().unwrap();
+        let mut device = sim::SimDevice::new(sim::SimDeviceOptions::default());
+        let r = sim::replay(&trace, policy.as_mut(), &mut device, &checked()).unwrap();
+        assert_eq!(
+            sim::fit::requested_bytes_peak(&trace),
+            r.summary.requested_bytes_peak,
+            "{name}"
+        );
+    }
+}

@@ -200,11 +200,30 @@ fn table(rows: &[sim::Row]) -> String {
                         Some(f) => format!(" ({}; {} fixes it)", e.cause.name(), f.setting),
                         None => format!(" ({})", e.cause.name()),
                     });
-                format!("event {}: {}{why}", o.event_index, h(o.requested_bytes))
+                match o.event_index {
+                    Some(i) => format!("event {i}: {}{why}", h(o.requested_bytes)),
+                    None => format!(
+                        "before the first event: {} ({})",
+                        h(o.requested_bytes),
+                        sim::explain::STARTING_STATE
+                    ),
+                }
             }),
         ]);
     }
     let mut text = t.render();
+    // A run that could not hold its starting state: what did not fit, and what helps.
+    for r in rows {
+        if let Some(o) = r.oom.as_ref().filter(|o| o.before_first_event()) {
+            text.push_str(&format!(
+                "before the first event: {} under {} on {}: {}\n",
+                r.trace,
+                r.policy,
+                h(r.total_bytes),
+                sim::explain::starting_state_verdict(o)
+            ));
+        }
+    }
     // A run whose outcome could change in another process on the same card.
     for r in rows.iter().filter(|r| r.margin.is_marginal()) {
         text.push_str(&format!(

@@ -164,13 +164,16 @@ fn text(trace: &Trace, d: &Diff, device: &sim::SimDeviceOptions) -> String {
         String::new(),
     ]);
     let oom = |s: &Side| {
-        s.oom.as_ref().map_or("none".to_string(), |o| {
-            format!(
-                "{}: {}",
-                trace.event_ref(o.event_index as usize),
-                h(o.requested_bytes)
-            )
-        })
+        s.oom
+            .as_ref()
+            .map_or("none".to_string(), |o| match o.event_index {
+                Some(i) => format!("{}: {}", trace.event_ref(i as usize), h(o.requested_bytes)),
+                None => format!(
+                    "before the first event: {} ({})",
+                    h(o.requested_bytes),
+                    sim::explain::STARTING_STATE
+                ),
+            })
     };
     t.row(vec![
         "out of memory".into(),
@@ -182,6 +185,29 @@ fn text(trace: &Trace, d: &Diff, device: &sim::SimDeviceOptions) -> String {
         let _ = writeln!(out, "{line}");
     }
     let _ = writeln!(out);
+    // A side that could not hold the trace's starting state replayed nothing to
+    // compare with.
+    let short: Vec<String> = [("a", &d.a), ("b", &d.b)]
+        .into_iter()
+        .filter_map(|(name, s)| {
+            let o = s.oom.as_ref().filter(|o| o.before_first_event())?;
+            Some(format!(
+                "{name} ({}) runs out of memory before the first event: {}",
+                s.label,
+                o.message
+                    .as_deref()
+                    .unwrap_or("its starting state does not fit")
+            ))
+        })
+        .collect();
+    if !short.is_empty() {
+        let _ = writeln!(
+            out,
+            "compared            nothing, event by event: {}",
+            short.join("; ")
+        );
+        return out;
+    }
     let reserved = |s: &Side, i: usize| s.trail.reserved.get(i).copied().unwrap_or(0);
     match d.parted_at {
         None => {

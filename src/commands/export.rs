@@ -83,6 +83,16 @@ pub fn run(args: ExportArgs) -> anyhow::Result<Exit> {
     )
     .with_context(|| format!("replaying {}", args.trace.display()))?;
     drop(in_order);
+    // PyTorch never held a state it could not hold: no snapshot shows that run.
+    if let Some(o) = r.oom.as_ref().filter(|o| o.before_first_event()) {
+        bail!(
+            "{}: nothing to export: under {} the replay runs out of memory before the first \
+             event ({})",
+            args.trace.display(),
+            spec.label,
+            sim::explain::starting_state_verdict(o)
+        );
+    }
     let conf = spec
         .config
         .options::<policies::caching::CachingConfig>()
@@ -112,8 +122,8 @@ pub fn run(args: ExportArgs) -> anyhow::Result<Exit> {
             args.to.unwrap_or(n.saturating_sub(1))
         ),
     };
-    let oom = match &r.oom {
-        Some(o) => format!(", out of memory at event {}", o.event_index),
+    let oom = match r.oom.as_ref().and_then(|o| o.event_index) {
+        Some(i) => format!(", out of memory at event {i}"),
         None => String::new(),
     };
     eprintln!(

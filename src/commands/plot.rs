@@ -107,7 +107,7 @@ fn timeline_chart(
             let mut device = device(setup, l, spec);
             let mut recorder = SeriesRecorder::new(&l.trace, x_axis);
             let in_order = interrupt::in_order();
-            sim::replay_with(
+            let r = sim::replay_with(
                 &l.trace,
                 policy.as_mut(),
                 &mut device,
@@ -116,6 +116,17 @@ fn timeline_chart(
             )
             .with_context(|| format!("replaying {} under {}", l.trace.name, spec.label))?;
             drop(in_order);
+            // No event to draw: said, and its (empty) lines kept in the legend.
+            if let Some(o) = r.oom.as_ref().filter(|o| o.before_first_event()) {
+                eprintln!(
+                    "note: not drawn: {} under {} runs out of memory before the first event: {}",
+                    l.trace.name,
+                    spec.label,
+                    o.message
+                        .as_deref()
+                        .unwrap_or("its starting state does not fit")
+                );
+            }
             let (requested, allocated, reserved, oom) = recorder.finish();
             let label = if several {
                 format!("{} · {}", l.trace.name, spec.label)
@@ -233,6 +244,13 @@ fn segment_map(
             // This policy has nothing to draw at that moment: said, and left out (an
             // error when no policy has anything).
             missing.push(match (at, &r.oom) {
+                (_, Some(oom)) if oom.before_first_event() => format!(
+                    "--segments: under {} the replay ran out of memory before the first event \
+                     (the trace starts mid-run and its starting state does not fit a device of \
+                     capacity {}): there is nothing to draw",
+                    spec.label,
+                    format_size_human(setup.options.capacity_bytes)
+                ),
                 (None, _) => format!(
                     "--segments oom: {} does not run out of memory on {} at capacity {} \
                      (give a smaller --capacity, or draw peak or an event)",
@@ -243,7 +261,8 @@ fn segment_map(
                 (Some(n), Some(oom)) => format!(
                     "--segments {n}: under {} the replay ran out of memory at event {}, \
                      before event {n} (--continue-after-oom replays past it)",
-                    spec.label, oom.event_index
+                    spec.label,
+                    oom.event_index.unwrap_or_default()
                 ),
                 (Some(n), None) => format!("--segments {n}: the replay did not reach event {n}"),
             });

@@ -82,7 +82,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     .with_context(|| format!("replaying {}", args.trace.display()))?;
     let ((timeline, windows), (watch, spinner)) = observer;
     drop(spinner);
-    let windows = windows.map(|w| w.finish(r.oom.as_ref().map(|o| o.event_index)));
+    let windows = windows.map(|w| w.finish(r.oom.as_ref().and_then(|o| o.event_index)));
     let mut why = watch.explanation;
     // The remedies and the margin replay the trace again, and the stack of the
     // out-of-memory reads a snapshot again.
@@ -172,6 +172,12 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     }
     if let Some(e) = &why {
         write!(out, "{}", why_text(&loaded.trace, e, &stack))?;
+    } else if let Some(o) = r.oom.as_ref().filter(|o| o.before_first_event()) {
+        writeln!(
+            out,
+            "why it ran out      {}",
+            sim::explain::starting_state_verdict(o)
+        )?;
     }
     if let Some(windows) = &windows {
         write!(
@@ -820,13 +826,26 @@ pub fn summary(
             let _ = writeln!(out, "out of memory       {:>12}", "none");
         }
         Some(o) => {
-            let _ = writeln!(
-                out,
-                "out of memory       at {}: request of {}, tried to get {} from the device",
-                trace.event_ref(o.event_index as usize),
-                human_exact(o.requested_bytes),
-                human_exact(o.tried_bytes)
-            );
+            match o.event_index {
+                Some(i) => {
+                    let _ = writeln!(
+                        out,
+                        "out of memory       at {}: request of {}, tried to get {} from the device",
+                        trace.event_ref(i as usize),
+                        human_exact(o.requested_bytes),
+                        human_exact(o.tried_bytes)
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "out of memory       before the first event: {}",
+                        o.message
+                            .as_deref()
+                            .unwrap_or("the starting state does not fit")
+                    );
+                }
+            }
             let _ = writeln!(
                 out,
                 "  state then        allocated {}, reserved {}, device free {}",
@@ -834,7 +853,7 @@ pub fn summary(
                 human_exact(o.policy.reserved_bytes),
                 human_exact(o.device.free_bytes())
             );
-            if let Some(m) = &o.message {
+            if let Some(m) = o.message.as_ref().filter(|_| !o.before_first_event()) {
                 let _ = writeln!(out, "  policy says       {m}");
             }
             if r.oom_count > 1 {

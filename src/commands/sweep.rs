@@ -190,18 +190,20 @@ pub fn summary_text(records: &[SweepRecord], summary: &Summary) -> String {
                         "    it is the default: no configuration of the sweep reserves less\n"
                             .to_string()
                     }
-                    Some(d) => match (d.oom_event_index, best.saved_vs_default_bytes) {
-                        (Some(e), _) => format!(
-                            "    the default, {}, runs out of memory at event {e} on {}\n",
-                            d.policy, d.device
+                    Some(d) => match (d.fits(), best.saved_vs_default_bytes) {
+                        (false, _) => format!(
+                            "    the default, {}, runs out of memory {} on {}\n",
+                            d.policy,
+                            oom_point(d),
+                            d.device
                         ),
-                        (None, Some(saved)) => format!(
+                        (true, Some(saved)) => format!(
                             "    saves {} of reserved peak ({:.1}%) against the default, {}\n",
                             hf(saved as f64),
                             saved as f64 * 100.0 / d.reserved_bytes_peak.max(1) as f64,
                             d.policy
                         ),
-                        (None, None) => String::new(),
+                        (true, None) => String::new(),
                     },
                     None => String::new(),
                 };
@@ -249,6 +251,15 @@ pub fn summary_text(records: &[SweepRecord], summary: &Summary) -> String {
     text
 }
 
+/// Where a row that ran out of memory ran out: `at event N`, or `before the first
+/// event` (a trace that starts mid-run whose starting state the device cannot hold).
+fn oom_point(r: &SweepRecord) -> String {
+    match r.oom_event_index {
+        Some(e) => format!("at event {e}"),
+        None => "before the first event (its starting state does not fit)".to_string(),
+    }
+}
+
 /// One device's rows of a trace, ranked (at most [`SHOWN`]), indented.
 fn ranking_table(rows: &[&SweepRecord]) -> String {
     let mut table = Table::new(
@@ -274,15 +285,17 @@ fn ranking_table(rows: &[&SweepRecord]) -> String {
                     s if s > 0 => format!("saves {}", hf(s as f64)),
                     s => format!("{} more", hf(-s as f64)),
                 }),
-            match r.oom_event_index {
-                None => "none".to_string(),
-                Some(e) => {
-                    let why = match (r.oom_cause.as_str(), r.oom_fix.as_str()) {
-                        ("", _) => String::new(),
-                        (c, "") => format!(" ({c})"),
-                        (c, f) => format!(" ({c}; {f} fixes it)"),
-                    };
-                    format!("event {e}{why}")
+            if r.fits() {
+                "none".to_string()
+            } else {
+                let why = match (r.oom_cause.as_str(), r.oom_fix.as_str()) {
+                    ("", _) => String::new(),
+                    (c, "") => format!(" ({c})"),
+                    (c, f) => format!(" ({c}; {f} fixes it)"),
+                };
+                match r.oom_event_index {
+                    Some(e) => format!("event {e}{why}"),
+                    None => format!("before the first event{why}"),
                 }
             } + if r.is_marginal() { " [marginal]" } else { "" },
         ]);

@@ -45,12 +45,15 @@ pub struct SweepRecord {
     /// Reserved peak − requested peak: what the allocator held beyond the program's
     /// largest need.
     pub overhead_bytes: u64,
-    /// Index of the first event whose request failed.
+    /// Index of the first event whose request failed; empty without an out-of-memory
+    /// or before the first event (`oom_requested_bytes` set, `oom_cause` `starting
+    /// state`).
     pub oom_event_index: Option<u64>,
-    /// Bytes that request asked for.
+    /// Bytes that request asked for (before the first event, the starting state's);
+    /// set on every row that ran out of memory.
     pub oom_requested_bytes: Option<u64>,
     /// Why it ran out (`fragmentation`, `stream cache`, `pending frees`, `too little
-    /// memory`).
+    /// memory`, `starting state`).
     pub oom_cause: String,
     /// The setting that avoids the OOM, checked by replaying; empty if none.
     pub oom_fix: String,
@@ -90,9 +93,9 @@ impl SweepRecord {
             charged_bytes_peak: s.charged_bytes_peak,
             utilization: format_ratio(s.utilization()),
             overhead_bytes: s.reserved_bytes_peak.saturating_sub(s.requested_bytes_peak),
-            oom_event_index: row.oom.as_ref().map(|o| o.event_index),
+            oom_event_index: row.oom.as_ref().and_then(|o| o.event_index),
             oom_requested_bytes: row.oom.as_ref().map(|o| o.requested_bytes),
-            oom_cause: explanation.map_or(String::new(), |e| e.cause.name().to_string()),
+            oom_cause: crate::explain::cause_name(row.oom.as_ref(), explanation).to_string(),
             oom_fix: explanation
                 .and_then(|e| e.fix())
                 .map_or(String::new(), |f| f.setting.clone()),
@@ -103,9 +106,10 @@ impl SweepRecord {
         }
     }
 
-    /// Whether the row ran to the end without running out of memory.
+    /// Whether the row ran to the end without running out of memory (before the first
+    /// event included: `oom_requested_bytes` is set on every row that ran out).
     pub fn fits(&self) -> bool {
-        self.oom_event_index.is_none()
+        self.oom_requested_bytes.is_none()
     }
 
     /// Whether its outcome could change within the device's variation between processes.

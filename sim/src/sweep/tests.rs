@@ -274,6 +274,7 @@ fn rec(c: u64, trace: &str, device: &str, reserved: u64, oom: Option<u64>) -> Sw
         total_bytes: if device == "small" { 1 } else { 2 },
         reserved_bytes_peak: reserved,
         oom_event_index: oom,
+        oom_requested_bytes: oom.map(|_| 1),
         ..SweepRecord::default()
     }
 }
