@@ -249,6 +249,17 @@ impl LiveTable {
         }
     }
 
+    /// A block live at a trace's first entry that the replay could not hold (its
+    /// starting state did not fit): live for the check, as validation sees it, with
+    /// its free requested or not, but not for the engine.
+    #[cold]
+    fn insert_unheld(&mut self, id: AllocId, free_requested: bool) {
+        self.insert_failed(id);
+        if let Some(Slot::Failed { free_requested: f }) = self.live.get_mut(id) {
+            *f = free_requested;
+        }
+    }
+
     /// A `free_requested` of `id`.
     #[inline]
     fn request_free(&mut self, id: AllocId) -> Requested<'_> {
@@ -968,7 +979,8 @@ enum StartFailure {
 
 /// The result of a replay whose device could not hold the trace's starting state
 /// `start`: an out-of-memory before the first event (no event replayed), `tried_bytes`
-/// the device request that failed, the state as it was then.
+/// the device request that failed, the state as it was then. The state's blocks not
+/// held go into `live` as not held, so that a check of the events still sees them live.
 #[cold]
 fn start_oom(
     start: &StartState,
@@ -976,8 +988,15 @@ fn start_oom(
     tried_bytes: u64,
     policy: &dyn Policy,
     device: &dyn Device,
-    live: &LiveTable,
+    live: &mut LiveTable,
 ) -> Replay {
+    let held = match at {
+        StartFailure::Adopting => 0,
+        StartFailure::Allocating { allocated } => allocated as usize,
+    };
+    for b in start.segments.iter().flat_map(|s| &s.blocks).skip(held) {
+        live.insert_unheld(b.id, b.pending_free);
+    }
     let h = workloads::size::format_size_human;
     let (stats, dstats) = (policy.stats(), device.stats());
     let usable = format!(

@@ -129,9 +129,10 @@ fn compare(path: &Path, configs: &[PolicyConfig]) -> (bool, usize, usize) {
                 let got = stream.replay(p.as_mut(), &mut d, &options, lenient, &mut ());
                 let expected = match expected {
                     Ok(r) => r,
-                    // A replay that fails held (a mid-run state that does not fit the
-                    // device) fails the same streamed, or hands over to the whole-trace
-                    // path (the check then finds the start's blocks freed unknown).
+                    // A replay that fails held fails the same streamed, or hands over
+                    // to the whole-trace path. (A mid-run state that does not fit the
+                    // device is no failure: an out-of-memory before the first event,
+                    // streamed as held.)
                     Err(e) => {
                         match got {
                             Err(sim::inputs::StreamError::Replay(g)) => {
