@@ -598,7 +598,14 @@ where
                             let at = StartFailure::Allocating {
                                 allocated: started_by_allocating,
                             };
-                            return Ok(start_oom(start, at, tried_bytes, policy, device, live));
+                            return Ok(start_oom(
+                                start,
+                                at,
+                                tried_bytes,
+                                policy.as_dyn(),
+                                device,
+                                live,
+                            ));
                         }
                         Err(AllocError::Device(error)) => {
                             return Err(ReplayError::Start {
@@ -626,7 +633,14 @@ where
             // The device cannot hold the state: an out-of-memory before the first event.
             Err(AdoptError::Device(DeviceError::OutOfMemory { requested_bytes })) => {
                 let at = StartFailure::Adopting;
-                return Ok(start_oom(start, at, requested_bytes, policy, device, live));
+                return Ok(start_oom(
+                    start,
+                    at,
+                    requested_bytes,
+                    policy.as_dyn(),
+                    device,
+                    live,
+                ));
             }
             Err(error) => return Err(ReplayError::Start { error }),
         }
