@@ -194,3 +194,57 @@ fn diff_and_export_say_there_is_nothing_to_compare_or_write() {
     );
     assert!(!out.exists());
 }
+
+/// `compare`'s summary across two traces shows each quantity's range, said to be one,
+/// not Student's t interval of two values (which reached −4.55 GiB of reserved peak
+/// and a utilization of 156.5 % here); from five traces, the interval cut to what the
+/// quantity can take (no negative bytes).
+#[test]
+fn across_few_traces_the_range_is_shown_not_the_interval() {
+    let o = allocsim([
+        "compare",
+        WRAPPED,
+        LATE,
+        "--policies",
+        "caching",
+        "--format",
+        "table",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains(
+            "reserved peak    1.79 GiB    1.79 GiB    2.29 GiB      range 1.29 GiB to 2.29 GiB"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("range: fewer than 5 rows ran to the end"),
+        "{text}"
+    );
+    // No bound below zero.
+    let negative = |t: &str| {
+        t.as_bytes()
+            .windows(2)
+            .any(|w| w[0] == b'-' && w[1].is_ascii_digit())
+    };
+    assert!(!negative(&text), "{text}");
+    let mut args = vec!["compare"];
+    let all: Vec<String> = std::fs::read_dir(crate::util::root().join("tests/data/unseen/midrun"))
+        .unwrap()
+        .map(|e| e.unwrap().path().display().to_string())
+        .filter(|p| p.ends_with(".json"))
+        .collect();
+    args.extend(all.iter().map(String::as_str));
+    args.extend(["--policies", "caching", "--format", "table"]);
+    let o = allocsim(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("across the 6 traces"), "{text}");
+    assert!(!negative(&text), "{text}");
+    assert!(
+        text.contains("overhead       680.89 MiB  445.87 MiB  2.20 GiB       0 B to 1.46 GiB"),
+        "{text}"
+    );
+    assert!(!text.contains("range"), "{text}");
+}

@@ -31,7 +31,7 @@ mod reliability;
 /// Nothing points outside the repository.
 mod selfcontained;
 /// A trace that starts mid-run on a device below its starting state: an out-of-memory
-/// before the first event in every command.
+/// before the first event in every command; the summary across a few such traces.
 mod starting_state;
 /// `allocsim sweep` and `allocsim merge`: the sweep file, rows, shards, the summary.
 mod sweep;

@@ -141,8 +141,8 @@ struct Prepared {
 }
 
 /// With two traces or more, each (policy, capacity)'s spread across them: mean,
-/// median, p95 and the 95% confidence interval of utilization, reserved peak and
-/// overhead (as `sweep` prints it; `docs/metrics.md`).
+/// median, p95 and the 95% confidence interval (the range below five traces) of
+/// utilization, reserved peak and overhead (as `sweep` prints it; `docs/metrics.md`).
 fn across(rows: &[sim::Row]) -> String {
     let records: Vec<sim::sweep::SweepRecord> = rows
         .iter()

@@ -539,19 +539,27 @@ fn iterations_text(
         );
         return out;
     }
-    let spread = |sp: Option<sim::stats::Spread>, show: &dyn Fn(f64) -> String| match sp {
-        Some(sp) => format!(
-            "mean {}, median {}, p95 {}{}",
-            show(sp.mean),
-            show(sp.median),
-            show(sp.p95),
-            sp.ci95.map_or(String::new(), |(lo, hi)| format!(
-                ", 95% CI {} to {}",
-                show(lo),
-                show(hi)
-            ))
-        ),
-        None => "n/a".to_string(),
+    // Every quantity here is a count, bytes or a utilization: none below 0.
+    let spread = |sp: Option<sim::stats::Spread>, show: &dyn Fn(f64) -> String, top: f64| {
+        use sim::stats::Shown;
+        match sp {
+            Some(sp) => format!(
+                "mean {}, median {}, p95 {}{}",
+                show(sp.mean),
+                show(sp.median),
+                show(sp.p95),
+                match sp.shown_interval((0.0, top)) {
+                    Shown::Nothing => String::new(),
+                    Shown::Range(lo, hi) => format!(
+                        ", range {} to {} (too few iterations for a 95% CI)",
+                        show(lo),
+                        show(hi)
+                    ),
+                    Shown::Interval(lo, hi) => format!(", 95% CI {} to {}", show(lo), show(hi)),
+                }
+            ),
+            None => "n/a".to_string(),
+        }
     };
     let bytes = |b: f64| {
         if b < 0.0 {
@@ -568,17 +576,17 @@ fn iterations_text(
     let _ = writeln!(
         out,
         "  reserved peak     {}",
-        spread(s.reserved_bytes_peak, &bytes)
+        spread(s.reserved_bytes_peak, &bytes, f64::INFINITY)
     );
     let _ = writeln!(
         out,
         "  utilization       {}",
-        spread(s.utilization, &|u| format!("{:.1}%", u * 100.0))
+        spread(s.utilization, &|u| format!("{:.1}%", u * 100.0), 1.0)
     );
     let _ = writeln!(
         out,
         "  segment allocs    {} per iteration",
-        spread(s.device_allocs, &|n| format!("{n:.1}"))
+        spread(s.device_allocs, &|n| format!("{n:.1}"), f64::INFINITY)
     );
     out
 }

@@ -6,7 +6,7 @@ use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use sim::stats::Spread;
+use sim::stats::{Shown, Spread, MIN_VALUES_FOR_INTERVAL};
 use sim::sweep::{self, Summary, SweepRecord};
 use workloads::size::format_size_human;
 
@@ -324,15 +324,16 @@ fn ranking_table(rows: &[&SweepRecord]) -> String {
 }
 
 /// A row of the spreads: its name, the spread, and how a figure is shown.
-type Quantity<'a> = (&'a str, Option<Spread>, fn(f64) -> String);
+type Quantity<'a> = (&'a str, Option<Spread>, fn(f64) -> String, (f64, f64));
 
 /// Each configuration's spread over the `traces` traces (at most [`SHOWN`] per device:
 /// those that ran out least, by mean reserved peak).
 pub fn across_text(traces: usize, groups: &[sim::sweep::GroupStats]) -> String {
     let mut text = format!(
         "across the {traces} traces (rows that ran to the end; mean, median, 95th percentile \
-         and the 95% confidence interval of the mean):\n"
+         and the 95% confidence interval of the mean, cut to what each quantity can take):\n"
     );
+    let mut ranges = false;
     let mut table = Table::new(
         &[
             "policy", "device", "ran", "quantity", "mean", "median", "p95", "95% CI",
@@ -364,14 +365,18 @@ pub fn across_text(traces: usize, groups: &[sim::sweep::GroupStats]) -> String {
     }
     for g in shown {
         let ran = format!("{}/{}", g.fits, g.fits + g.out_of_memory);
+        let bytes = (0.0, f64::INFINITY);
         let quantities: [Quantity<'_>; 3] = [
-            ("utilization", g.utilization, |u| {
-                format!("{:.1}%", u * 100.0)
-            }),
-            ("reserved peak", g.reserved_bytes_peak, hf),
-            ("overhead", g.overhead_bytes, hf),
+            (
+                "utilization",
+                g.utilization,
+                |u| format!("{:.1}%", u * 100.0),
+                (0.0, 1.0),
+            ),
+            ("reserved peak", g.reserved_bytes_peak, hf, bytes),
+            ("overhead", g.overhead_bytes, hf, bytes),
         ];
-        for (k, (name, spread, show)) in quantities.into_iter().enumerate() {
+        for (k, (name, spread, show, bounds)) in quantities.into_iter().enumerate() {
             let (policy, device, ran) = if k == 0 {
                 (g.policy.clone(), g.device.clone(), ran.clone())
             } else {
@@ -382,9 +387,14 @@ pub fn across_text(traces: usize, groups: &[sim::sweep::GroupStats]) -> String {
                     show(s.mean),
                     show(s.median),
                     show(s.p95),
-                    s.ci95.map_or("-".to_string(), |(lo, hi)| {
-                        format!("{} to {}", show(lo), show(hi))
-                    }),
+                    match s.shown_interval(bounds) {
+                        Shown::Nothing => "-".to_string(),
+                        Shown::Range(lo, hi) => {
+                            ranges = true;
+                            format!("range {} to {}", show(lo), show(hi))
+                        }
+                        Shown::Interval(lo, hi) => format!("{} to {}", show(lo), show(hi)),
+                    },
                 ],
                 None => vec!["-".to_string(); 4],
             };
@@ -394,6 +404,13 @@ pub fn across_text(traces: usize, groups: &[sim::sweep::GroupStats]) -> String {
         }
     }
     text += &table.render();
+    if ranges {
+        text += &format!(
+            "range: fewer than {MIN_VALUES_FOR_INTERVAL} rows ran to the end, too few for a \
+             confidence interval of the mean (Student's t spans ±12.7 standard errors at 2, \
+             ±4.3 at 3): the lowest and the highest value instead\n"
+        );
+    }
     if left > 0 {
         text += &format!(
             "... and {left} more (configuration, device) pairs that reserve more on average\n"
