@@ -38,12 +38,15 @@ impl CachingPolicy {
                 State::Pending
             }
         );
-        let (original_size, requested, pool, expandable, mapped, owner, stream) = (
+        // A block being freed is mapped (only free blocks of expandable segments are ever
+        // unmapped), so it merges only with free mapped neighbours, which are in its
+        // pool's free set, never in the unmapped set.
+        debug_assert!(b.mapped(), "a block being freed is unmapped");
+        let (original_size, requested, pool, expandable, owner, stream) = (
             b.size,
             b.requested,
             b.pool(),
             b.expandable(),
-            b.mapped(),
             b.owner,
             b.stream,
         );
@@ -63,24 +66,22 @@ impl CachingPolicy {
         // borrowed once, apart.
         let BlockPool {
             blocks: set,
-            unmapped,
             get_free_blocks_call_count: clock,
             ..
         } = self.pools[owner as usize].get_mut(pool);
         let lists = set.stream_mut(stream);
         let blocks = &mut self.blocks;
-        let streams = &self.streams;
         // try_merge_blocks with the block before, then with the block after.
         if prev != NIL {
             let p = blocks.live(prev);
-            if p.state == State::Free && p.mapped() == mapped {
+            if p.state == State::Free && p.mapped() {
                 debug_assert_eq!(
                     (p.owner, p.pool(), p.stream),
                     (owner, pool, stream),
                     "a piece of another pool"
                 );
                 let (p_addr, p_size, p_prev) = (p.addr, p.size, p.prev);
-                Self::forget_free(lists, unmapped, blocks, streams, prev, mapped);
+                Self::forget_free(lists, blocks, prev);
                 addr = p_addr;
                 size += p_size;
                 prev = p_prev;
@@ -93,14 +94,14 @@ impl CachingPolicy {
         }
         if next != NIL {
             let n = blocks.live(next);
-            if n.state == State::Free && n.mapped() == mapped {
+            if n.state == State::Free && n.mapped() {
                 debug_assert_eq!(
                     (n.owner, n.pool(), n.stream),
                     (owner, pool, stream),
                     "a piece of another pool"
                 );
                 let (n_size, n_next) = (n.size, n.next);
-                Self::forget_free(lists, unmapped, blocks, streams, next, mapped);
+                Self::forget_free(lists, blocks, next);
                 size += n_size;
                 next = n_next;
                 // As above: this block's own `prev` is written below.
@@ -135,26 +136,12 @@ impl CachingPolicy {
         s.requested_bytes.decrease(pool, requested);
     }
 
-    /// A free neighbour absorbed by a merge (`mapped`: whether it is): out of its
-    /// stream's lists of its pool's free set (`lists`; or out of the pool's unmapped
-    /// set) and out of the block table.
+    /// A free mapped neighbour absorbed by a merge: out of its stream's lists of its
+    /// pool's free set (`lists`) and out of the block table.
     #[inline(always)]
-    fn forget_free(
-        lists: &mut free_set::StreamBlocks,
-        unmapped: &mut BTreeMap<AddrKey, u32>,
-        blocks: &mut DenseSlab<Block>,
-        streams: &[StreamId],
-        id: u32,
-        mapped: bool,
-    ) {
-        debug_assert_eq!(blocks.live(id).mapped(), mapped);
-        if mapped {
-            // Free and mapped: in its pool's free set.
-            lists.remove_vacated(blocks, id);
-        } else {
-            let s = blocks.live(id);
-            unmapped.remove(&(streams[s.stream as usize].0, s.addr));
-        }
+    fn forget_free(lists: &mut free_set::StreamBlocks, blocks: &mut DenseSlab<Block>, id: u32) {
+        debug_assert!(blocks.live(id).mapped());
+        lists.remove_vacated(blocks, id);
         blocks.vacate_live(id);
     }
 

@@ -43,20 +43,25 @@ const _: () = assert!(WORDS <= 64, "one summary word covers the bitmap");
 /// No block (end of a list).
 const NIL: u32 = u32::MAX;
 
-/// The size class of `size`: non-decreasing in `size`.
+/// The size class of `size`: non-decreasing in `size`. One 512-byte unit each below
+/// [`EXACT_UNITS`] units, then 2^[`SUB_BITS`] classes per power of two: for `units` in
+/// `[2^lg, 2^(lg+1))` with `lg >= SUB_BITS`, the class is `64 * (lg - 6) + (units >> (lg -
+/// 6))`, which is `units` itself up to 127 units, so one formula serves both ranges (with
+/// the shift `lg - 6` taken as 0 below 64 units): no choice between a small and a large
+/// form, which a trace's random sizes would make for every lookup.
 #[inline]
 const fn class_of(size: u64) -> usize {
     let units = size >> 9;
-    // Both forms are computed and one is picked by a mask: small and large sizes come
-    // in the trace's order, which a branch predicts badly.
-    let exact = units < EXACT_UNITS;
-    // The large form of `units`, or of EXACT_UNITS where `units` is below it.
-    let big = pick(exact, EXACT_UNITS, units);
-    let lg = 63 - big.leading_zeros();
-    let sub = (big >> (lg - SUB_BITS)) & ((1 << SUB_BITS) - 1);
-    let large = EXACT_UNITS + (lg as u64 - 7) * (1 << SUB_BITS) + sub;
-    pick(exact, units, large) as usize
+    // `| 1`: 0 units is class 0, and the logarithm is of a non-zero value.
+    let lg = 63 - (units | 1).leading_zeros();
+    let shift = lg.saturating_sub(SUB_BITS);
+    (((shift as u64) << SUB_BITS) + (units >> shift)) as usize
 }
+
+const _: () = assert!(
+    EXACT_UNITS == 2 << SUB_BITS,
+    "one formula covers the exact classes"
+);
 
 /// One free block: its size, address and block id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -636,17 +641,20 @@ impl FreeSet {
     #[inline(always)]
     pub(super) fn stream_mut(&mut self, slot: u32) -> &mut StreamBlocks {
         let slot = slot as usize;
-        if slot >= self.streams.len() {
-            self.add_streams(slot);
+        // One bounds check: the slot is looked up once, and made where it is missing.
+        if slot < self.streams.len() {
+            &mut self.streams[slot]
+        } else {
+            self.add_streams(slot)
         }
-        &mut self.streams[slot]
     }
 
-    /// Makes the stream slots up to `slot`.
+    /// Makes the stream slots up to `slot`; the last one's lists.
     #[cold]
     #[inline(never)]
-    fn add_streams(&mut self, slot: usize) {
+    fn add_streams(&mut self, slot: usize) -> &mut StreamBlocks {
         self.streams.resize_with(slot + 1, StreamBlocks::new);
+        &mut self.streams[slot]
     }
 
     /// Removes block `id` if it is in this set (a block of another set of `nodes`
@@ -722,9 +730,21 @@ impl FreeSet {
     }
 
     /// Removes the block at `at` (every cursor becomes stale).
-    #[inline(always)]
+    #[cfg(test)]
     pub(super) fn remove_at(&mut self, nodes: &mut impl NodeTable, at: Cursor) -> Entry {
         self.streams[at.stream as usize].remove(nodes, at.entry.id);
+        at.entry
+    }
+
+    /// Unlinks the block at `at` from its lists (every cursor becomes stale) and leaves
+    /// its record alone: its class still names the list it left, and **the caller writes
+    /// [`NO_CLASS`] into it** (or the block goes back into a set, which writes its new
+    /// class). For a block about to be copied whole (the front of a split): a two-byte
+    /// store into the record just before the copy's 16-byte loads of it could not be
+    /// forwarded to them, and would hold the copy until the store reached the cache.
+    #[inline(always)]
+    pub(super) fn take_at(&mut self, nodes: &mut impl NodeTable, at: Cursor) -> Entry {
+        self.streams[at.stream as usize].unlink(nodes, at.entry.id);
         at.entry
     }
 
@@ -780,6 +800,39 @@ mod tests {
     /// Stream ids by slot for the tests: slot `s` is stream `s`.
     fn ids() -> Vec<StreamId> {
         (0..8).map(StreamId).collect()
+    }
+
+    /// The two forms of the size class (exact units, then 64 classes per power of two)
+    /// as the classes were first written: the oracle of [`class_of`]'s one formula.
+    fn class_of_two_forms(size: u64) -> usize {
+        let units = size >> 9;
+        if units < EXACT_UNITS {
+            return units as usize;
+        }
+        let lg = 63 - units.leading_zeros();
+        let sub = (units >> (lg - SUB_BITS)) & ((1 << SUB_BITS) - 1);
+        (EXACT_UNITS + (u64::from(lg) - 7) * (1 << SUB_BITS) + sub) as usize
+    }
+
+    /// The one-formula class of every size is the class of the two forms: every size up
+    /// to 2^26 bytes by 512-byte unit, and the sizes around every power of two and every
+    /// 64th of one up to 2^64.
+    #[test]
+    fn one_formula_is_the_two_forms() {
+        for units in 0..(1u64 << 17) {
+            for size in [units << 9, (units << 9) | 511] {
+                assert_eq!(class_of(size), class_of_two_forms(size), "size {size}");
+            }
+        }
+        for lg in 9..64u32 {
+            for sub in 0..64u64 {
+                let at = (1u64 << lg) + (sub << lg.saturating_sub(6));
+                for size in [at.wrapping_sub(1), at, at.saturating_add(1)] {
+                    assert_eq!(class_of(size), class_of_two_forms(size), "size {size}");
+                }
+            }
+        }
+        assert_eq!(class_of(u64::MAX), class_of_two_forms(u64::MAX));
     }
 
     /// Size classes never decrease with size, and cover every size below 2^64.

@@ -118,7 +118,8 @@ impl CachingPolicy {
     }
 
     /// `get_free_block`: the smallest free block of the stream (`slot`: its slot) that
-    /// fits, subject to the oversize rules; removed from the pool.
+    /// fits, subject to the oversize rules; removed from the pool, its record's class
+    /// left for [`CachingPolicy::alloc_found_block`] to clear.
     pub(super) fn get_free_block(
         &mut self,
         owner: u32,
@@ -179,7 +180,9 @@ impl CachingPolicy {
         if size >= max_split && found_size >= size.saturating_add(rounding) {
             return None;
         }
-        pool.blocks.remove_at(&mut self.blocks, at);
+        // The block's record keeps its old class: `alloc_found_block` writes it after
+        // the record is copied (see `FreeSet::take_at`).
+        pool.blocks.take_at(&mut self.blocks, at);
         Some(at.entry.id)
     }
 
@@ -242,6 +245,7 @@ impl CachingPolicy {
             // the trace's order decides).
             self.block_mut(pick32(prev != NIL, prev, front_id)).next = front_id;
             let front = self.blocks.live_mut(front_id);
+            front.class = free_set::NO_CLASS;
             front.size = size;
             front.requested = orig_size;
             front.next = id;
@@ -254,6 +258,8 @@ impl CachingPolicy {
             rest.size = rest_size;
             rest.prev = front_id;
             rest.stamp = set.get_free_blocks_call_count;
+            // Out of its set since `get_free_block` (which left the class to clear).
+            rest.class = free_set::NO_CLASS;
             let added = set
                 .blocks
                 .insert(&mut self.blocks, slot, rest_size, rest_addr, id);
@@ -264,13 +270,16 @@ impl CachingPolicy {
                 // Signed changes, picked without a branch.
                 let bytes = pick(already_split, size.wrapping_neg(), rest_size);
                 self.stats.inactive_split_bytes.change(pool, bytes as i64);
+                // An increase by 0 changes no figure: no branch on `already_split`.
                 self.stats
                     .inactive_split
-                    .change(pool, i64::from(!already_split));
+                    .increase(pool, u64::from(!already_split));
             }
             (front_id, size)
         } else {
             let b = self.block_mut(id);
+            // Out of its set since `get_free_block` (which left the class to clear).
+            b.class = free_set::NO_CLASS;
             b.state = State::Allocated;
             b.requested = orig_size;
             b.stamp = serial;
