@@ -934,3 +934,38 @@ fn fit_counts_the_starting_state_in_the_requested_peak() {
         );
     }
 }
+
+/// Every real recording that starts mid-run, on a device of half its starting state:
+/// an out-of-memory before the first event, expandable segments included (a mapped
+/// run larger than the device's address range was refused as a bad state: it is a
+/// device too small for it).
+#[test]
+fn every_recorded_start_on_half_its_memory_runs_out_before_the_first_event() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(unseen_midrun_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 6, "{files:?}");
+    let config = policies::spec::parse_policy_list("caching", &Default::default()).unwrap();
+    for f in &files {
+        let run = workloads::read_recorded_json(f).unwrap();
+        let trace = run.to_trace().unwrap();
+        let state = trace.start.as_ref().unwrap().reserved_bytes();
+        let total = (state / 2).next_multiple_of(2 * MIB);
+        let hints = sim::recorded::address_hints(&run, total).unwrap();
+        let device = sim::SimDeviceOptions::default().with_total(total).unwrap();
+        let mut policy = config[0].config.build().unwrap();
+        let mut device = sim::SimDevice::with_hints(device, hints.for_policy(&config[0].config));
+        let r = sim::replay(&trace, policy.as_mut(), &mut device, &checked())
+            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let oom = r.oom.unwrap_or_else(|| panic!("{}: no OOM", f.display()));
+        assert_eq!(
+            (oom.event_index, oom.requested_bytes),
+            (None, state),
+            "{}",
+            f.display()
+        );
+    }
+}

@@ -150,6 +150,13 @@ impl CachingPolicy {
                         run.addr
                     )));
                 }
+                // A run larger than one range (the device's total memory and an
+                // eighth) cannot be held on this device: it is too small for the state.
+                if addr >= cursor && size > range_size {
+                    return Err(AdoptError::Device(DeviceError::OutOfMemory {
+                        requested_bytes: size,
+                    }));
+                }
                 if addr < cursor || addr + size > base + range_size {
                     return Err(invalid(format!(
                         "the expandable segment's mapped run at {} does not fit one address range \
