@@ -1,35 +1,64 @@
 //! The free ranges of one arena chunk or superblock: address-ordered first fit with
 //! coalescing.
 //!
-//! The ranges sit in one vector sorted by address. First fit scans it from the front
-//! (as an ordered map's iteration would) and carves from the front of the range it
-//! finds, which keeps the order, so the range is changed in place; a free finds its
-//! place by binary search and merges with its neighbours there. A superblock holds at
-//! most `superblock / 512` ranges and a chunk's ranges are separated by blocks or
-//! superblocks, so the vectors stay short; shifting one on an insertion or removal
-//! costs less than an ordered map's node walk for the lengths met in practice.
+//! The ranges sit in one vector sorted by address, followed by padding ([`PAD`]: a
+//! start above every address and no length) up to a multiple of [`GROUP`] slots, at
+//! least one. First fit scans the ranges from the front (as an ordered map's
+//! iteration would), a whole group of eight at a time: a bit per slot that holds the
+//! request, the lowest taken, with no branch inside the group and none on where the
+//! ranges end (the padding holds nothing). It carves from the front of the range it
+//! finds, which keeps the order, so the range is changed in place. A free finds its
+//! place by binary search over the whole groups (as many steps for every list of the
+//! same group count) and merges with its neighbours there; the range after its place
+//! always exists (a range or the padding), so looking at it needs no test. A
+//! superblock holds at most `superblock / 512` ranges and a chunk's ranges are
+//! separated by blocks or superblocks, so the vectors stay short; shifting one on an
+//! insertion or removal costs less than an ordered map's node walk for the lengths
+//! met in practice.
+
+use std::hint::select_unpredictable;
+
+/// Slots looked at together by first fit; the vector is a whole number of groups.
+const GROUP: usize = 8;
+
+/// Groups a list always has and a free always searches: most lists hold fewer than 16
+/// ranges, so the binary search takes the same four steps for nearly every list (a list
+/// of one group and one of two would end their searches after different numbers of
+/// steps, which the predictor cannot tell apart).
+const MIN_GROUPS: usize = 2;
+
+/// A slot past the last range: above every address (so a search stops before it and
+/// no freed range ends there), holding no bytes (so no request fits it).
+const PAD: (u64, u64) = (u64::MAX, 0);
 
 /// Free ranges of one chunk or superblock: (address, length), by address, coalesced.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct FreeList {
-    pub(super) ranges: Vec<(u64, u64)>,
-    /// Sum of the range lengths (lets a search skip lists that cannot fit).
-    pub(super) free_bytes: u64,
+    /// The `count` ranges, then [`PAD`] slots: a multiple of [`GROUP`] slots, more than
+    /// `count`.
+    slots: Vec<(u64, u64)>,
+    /// Ranges held.
+    count: usize,
 }
 
 impl FreeList {
     /// A list with one free range.
     pub(super) fn whole(addr: u64, len: u64) -> FreeList {
-        FreeList {
-            ranges: vec![(addr, len)],
-            free_bytes: len,
-        }
+        let mut slots = vec![PAD; MIN_GROUPS * GROUP];
+        slots[0] = (addr, len);
+        FreeList { slots, count: 1 }
+    }
+
+    /// The free ranges, (address, length), by address.
+    #[inline]
+    pub(super) fn ranges(&self) -> &[(u64, u64)] {
+        &self.slots[..self.count]
     }
 
     /// Whether the list is the single range `addr..addr + len`.
     #[inline]
     pub(super) fn is_whole(&self, addr: u64, len: u64) -> bool {
-        self.ranges.len() == 1 && self.ranges[0] == (addr, len)
+        self.count == 1 && self.slots[0] == (addr, len)
     }
 
     /// Whether some free range holds `bytes` (RMM's `superblock::fits`).
@@ -37,22 +66,25 @@ impl FreeList {
         self.first_fitting(bytes).is_some()
     }
 
+    /// The slots of the groups that hold ranges: the ranges and at least one padding
+    /// slot, and never fewer than [`MIN_GROUPS`] groups.
+    #[inline(always)]
+    fn groups(&self) -> &[(u64, u64)] {
+        &self.slots[..(self.count / GROUP + 1).max(MIN_GROUPS) * GROUP]
+    }
+
     /// The index of the first range (by address) that holds `bytes`.
-    #[inline]
+    #[inline(always)]
     fn first_fitting(&self, bytes: u64) -> Option<usize> {
-        if self.free_bytes < bytes {
-            return None;
-        }
-        // Eight ranges at a time, a bit per range that holds `bytes`, then the lowest:
-        // the inner loop runs to the group's end (a length the predictor follows)
-        // instead of stopping at a data-dependent range, and a long list is not read
-        // past the group that fits.
-        for (g, group) in self.ranges.chunks(8).enumerate() {
+        // A bit per slot of a group that holds `bytes`, then the lowest: the group is
+        // read whole (a fixed length, unrolled), and a long list is not read past the
+        // group that fits.
+        for (g, group) in self.groups().chunks_exact(GROUP).enumerate() {
             let fits = group.iter().enumerate().fold(0u32, |fits, (i, &(_, len))| {
                 fits | (u32::from(len >= bytes) << i)
             });
             if fits != 0 {
-                return Some(g * 8 + fits.trailing_zeros() as usize);
+                return Some(g * GROUP + fits.trailing_zeros() as usize);
             }
         }
         None
@@ -60,7 +92,7 @@ impl FreeList {
 
     /// The address of the first range that holds `bytes`, without carving it.
     pub(super) fn peek(&self, bytes: u64) -> Option<u64> {
-        self.first_fitting(bytes).map(|i| self.ranges[i].0)
+        self.first_fitting(bytes).map(|i| self.slots[i].0)
     }
 
     /// Address-ordered first fit: carves `bytes` from the front of the first range that
@@ -68,71 +100,85 @@ impl FreeList {
     #[inline(always)]
     pub(super) fn first_fit(&mut self, bytes: u64) -> Option<u64> {
         let i = self.first_fitting(bytes)?;
-        let (addr, len) = self.ranges[i];
+        let (addr, len) = self.slots[i];
         if len > bytes {
             // The rest starts above `addr` and below the next range: same place.
-            self.ranges[i] = (addr + bytes, len - bytes);
+            self.slots[i] = (addr + bytes, len - bytes);
         } else {
-            self.ranges.remove(i);
+            self.remove(i);
         }
-        self.free_bytes -= bytes;
         Some(addr)
+    }
+
+    /// Removes the range at `i`: the ranges above it move down, with the first padding
+    /// slot (so the move is never empty, and the slot the last range leaves is
+    /// padding).
+    #[inline(always)]
+    fn remove(&mut self, i: usize) {
+        let count = self.count;
+        self.slots.copy_within(i + 1..count + 1, i);
+        self.count = count - 1;
     }
 
     /// Returns a range, merging it with free neighbours.
     #[inline(always)]
     pub(super) fn insert(&mut self, addr: u64, len: u64) {
         let end = addr + len;
-        // Ranges before `i` start below `addr`; `i` and after at or above it.
-        let i = self.ranges.partition_point(|&(a, _)| a < addr);
-        let merge_prev = match i.checked_sub(1).map(|p| self.ranges[p]) {
-            Some((p, plen)) => {
-                assert!(
-                    p + plen <= addr,
-                    "arena: freed range {addr:#x} overlaps a free range"
-                );
-                p + plen == addr
-            }
-            None => false,
-        };
-        let merge_next = match self.ranges.get(i) {
-            Some(&(n, _)) => {
-                assert!(
-                    n >= end,
-                    "arena: freed range {addr:#x} overlaps a free range"
-                );
-                n == end
-            }
-            None => false,
-        };
+        let count = self.count;
+        // Ranges before `i` start below `addr`; `i` and after at or above it. `i` is a
+        // range or the first padding slot, which no range ends at.
+        let i = self.groups().partition_point(|&(a, _)| a < addr);
+        let (next, next_len) = self.slots[i];
+        // The previous range's end, or 0 where there is none (read without a test).
+        let has_prev = i > 0;
+        let (prev, prev_len) = self.slots[i - usize::from(has_prev)];
+        let prev_end = (prev + prev_len) & 0u64.wrapping_sub(u64::from(has_prev));
+        assert!(
+            prev_end <= addr && next >= end,
+            "arena: freed range {addr:#x} overlaps a free range"
+        );
+        let merge_prev = has_prev & (prev_end == addr);
+        let merge_next = next == end;
         if merge_prev != merge_next {
             // One neighbour: it grows in place, by `len`, starting at `addr` when it is
             // the next one (no branch on which).
             let j = i - usize::from(merge_prev);
-            let (start, grown) = self.ranges[j];
-            let start = if merge_prev { start } else { addr };
-            self.ranges[j] = (start, grown + len);
-        } else if merge_prev {
-            // Both: the previous range swallows the block and the next range.
-            // Removing the last range needs no shift (and no call to make one).
-            let (_, nlen) = if i + 1 == self.ranges.len() {
-                self.ranges.pop().expect("the next range exists")
-            } else {
-                self.ranges.remove(i)
-            };
-            self.ranges[i - 1].1 += len + nlen;
+            self.slots[j] = (
+                select_unpredictable(merge_prev, prev, addr),
+                len + select_unpredictable(merge_prev, prev_len, next_len),
+            );
         } else {
-            self.ranges.insert(i, (addr, len));
+            // Both (the previous range swallows the block and the next range, and the
+            // ranges above move down) or neither (a new range at `i`, and the ones
+            // above move up): one path, the move's direction chosen without a branch.
+            // The first padding slot moves with them, so the move is never empty; a
+            // second padding slot makes room for a move up.
+            if count + 2 > self.slots.len() {
+                self.slots.resize(self.slots.len() + GROUP, PAD);
+            }
+            let both = usize::from(merge_next);
+            let lo = i - both;
+            self.slots.copy_within(i + both..count + 1, lo + 1);
+            self.slots[lo] = (
+                select_unpredictable(merge_prev, prev, addr),
+                len + select_unpredictable(merge_prev, prev_len + next_len, 0),
+            );
+            self.count = count + 1 - 2 * both;
         }
-        self.free_bytes += len;
     }
 
     /// Panics unless the ranges lie in `lo..hi`, are non-empty, disjoint and coalesced,
-    /// and sum to `free_bytes`.
+    /// and the padding fills the rest of whole groups.
     pub(super) fn check(&self, lo: u64, hi: u64, what: &str) {
+        assert!(
+            self.slots.len() % GROUP == 0
+                && self.slots.len() >= MIN_GROUPS * GROUP
+                && self.count < self.slots.len()
+                && self.slots[self.count..].iter().all(|&s| s == PAD),
+            "arena: free list of {what} without its padding"
+        );
         let mut prev_end = None;
-        let mut sum = 0;
-        for &(addr, len) in &self.ranges {
+        for &(addr, len) in self.ranges() {
             assert!(len > 0, "arena: empty free range in {what}");
             assert!(
                 addr >= lo && addr + len <= hi,
@@ -145,9 +191,7 @@ impl FreeList {
                 );
             }
             prev_end = Some(addr + len);
-            sum += len;
         }
-        assert_eq!(sum, self.free_bytes, "arena: free bytes of {what}");
     }
 }
 
@@ -218,7 +262,7 @@ mod tests {
                     model.insert(addr, bytes);
                 }
                 list.check(BASE, BASE + (64 << 10), "test range");
-                prop_assert_eq!(&list.ranges, &model.ranges.iter().map(|(&a, &l)| (a, l)).collect::<Vec<_>>());
+                prop_assert_eq!(list.ranges(), &model.ranges.iter().map(|(&a, &l)| (a, l)).collect::<Vec<_>>());
                 prop_assert_eq!(list.peek(512), model.ranges.iter().find(|(_, &l)| l >= 512).map(|(&a, _)| a));
             }
             for (addr, bytes) in live {
@@ -241,13 +285,40 @@ mod tests {
         }
         list.insert(blocks[30], 512);
         list.insert(blocks[31], 512);
-        assert_eq!(list.ranges.len(), 11);
+        assert_eq!(list.ranges().len(), 11);
         assert_eq!(list.peek(1024), Some(30 * 512));
         assert_eq!(list.peek(512), Some(0));
-        assert!(list.free_bytes >= 4096);
+        assert!(list.ranges().iter().map(|r| r.1).sum::<u64>() >= 4096);
         assert_eq!(list.first_fit(4096), None);
         assert_eq!(list.first_fit(1024), Some(30 * 512));
-        assert_eq!(list.ranges.len(), 10);
+        assert_eq!(list.ranges().len(), 10);
+    }
+
+    /// A list longer than two groups widens with padding, and ranges freed at the
+    /// front, between two free ranges and at the back move the ranges above them up,
+    /// down and not at all, the padding with them.
+    #[test]
+    fn long_lists_keep_their_padding() {
+        const BASE: u64 = 1 << 20;
+        const END: u64 = BASE + 64 * 512;
+        let mut list = FreeList::whole(BASE, 64 * 512);
+        let blocks: Vec<u64> = (0..64).map(|_| list.first_fit(512).unwrap()).collect();
+        assert!(list.ranges().is_empty());
+        list.check(BASE, END, "test range");
+        // Every other block, from the top down: each a new range at the front.
+        for &addr in blocks.iter().step_by(2).rev() {
+            list.insert(addr, 512);
+            list.check(BASE, END, "test range");
+            assert_eq!(list.ranges()[0], (addr, 512));
+        }
+        assert_eq!(list.ranges().len(), 32);
+        // The others from the bottom up: each merges with the ranges on both sides,
+        // the last with the one below.
+        for &addr in blocks.iter().skip(1).step_by(2) {
+            list.insert(addr, 512);
+            list.check(BASE, END, "test range");
+        }
+        assert!(list.is_whole(BASE, 64 * 512));
     }
 
     /// A freed range that overlaps a free one is refused.

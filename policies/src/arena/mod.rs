@@ -208,65 +208,63 @@ impl ArenaOptions {
     }
 }
 
-/// One device segment of the global arena.
-#[derive(Debug)]
-struct Chunk {
-    /// When it was obtained (0 for the first): its place in the arena's order.
-    position: u64,
-    segment: Segment,
-    free: FreeList,
-}
-
 /// A place in the arena's order: the position of its chunk (the order chunks were
 /// obtained in) and the device address.
 type Place = (u64, u64);
 
-/// One superblock: where it is, which arena holds it, its free ranges.
+/// Who holds a free list of [`ArenaPolicy::regions`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Holder {
+    /// A chunk of the global arena (its segment is in [`ArenaPolicy::segments`]).
+    Chunk,
+    /// A superblock held by this stream's arena.
+    Stream(StreamId),
+    /// A superblock given back to the global arena with live blocks under memory
+    /// pressure.
+    Orphan,
+}
+
+/// One chunk or superblock: where it is, who holds it, its free ranges.
 #[derive(Debug)]
-struct Superblock {
+struct Region {
     place: Place,
-    /// The stream whose arena holds it, or `None` for an orphan (given back to the
-    /// global arena with live blocks under memory pressure).
-    holder: Option<StreamId>,
+    holder: Holder,
     free: FreeList,
 }
 
-/// One stream's arena: its superblocks (slots of [`ArenaPolicy::superblocks`]) in arena
-/// order.
+/// One stream's arena: its superblocks (their places, and their slots in
+/// [`ArenaPolicy::regions`]) in arena order.
 #[derive(Debug)]
 struct StreamArena {
     stream: StreamId,
     superblocks: Vec<(Place, u32)>,
 }
 
-/// What the policy records about a handed-out block, beside its lease.
-#[derive(Debug)]
-struct Held {
-    /// The slot of the superblock holding it; `None` for a global-arena block.
-    superblock: Option<u32>,
-    /// The position of the chunk holding it.
-    position: u64,
-}
-
-/// A handed-out block.
-type LiveBlock = Lease<Held>;
+/// A handed-out block; its detail is the slot of the chunk or superblock holding it
+/// (in [`ArenaPolicy::regions`]).
+type LiveBlock = Lease<u32>;
 
 /// RMM-style arena allocator. See the module docs.
 #[derive(Debug)]
 pub struct ArenaPolicy {
     options: ArenaOptions,
-    /// The global arena: chunks by position (the order they were obtained in).
-    chunks: Vec<Chunk>,
+    /// The global arena: its chunks in arena order (by position), each as its place
+    /// and its slot in `regions`, the same form as a stream arena's superblocks, so
+    /// one first fit serves both.
+    chunks: Vec<(Place, u32)>,
+    /// Each chunk's device segment, in the order of `chunks`.
+    segments: Vec<Segment>,
     /// The position the next chunk gets.
     next_position: u64,
-    /// Every superblock held by a stream arena or orphaned, by slot.
-    superblocks: Slab<Superblock>,
+    /// Every chunk and superblock (held by a stream arena or orphaned), by slot. A live
+    /// block names its slot, so a free goes to its free list whatever the block's size.
+    regions: Slab<Region>,
     /// Per-stream arenas, by stream. No empty arena is kept.
     arenas: Vec<StreamArena>,
     /// Orphan superblocks by place (arena order): their slots.
     orphans: BTreeMap<Place, u32>,
     /// Live blocks; an allocation's `block` indexes it.
-    live: Leases<Held>,
+    live: Leases<u32>,
     stats: PolicyStats,
 }
 
@@ -280,8 +278,9 @@ impl ArenaPolicy {
         Ok(ArenaPolicy {
             options,
             chunks: Vec::new(),
+            segments: Vec::new(),
             next_position: 0,
-            superblocks: Slab::default(),
+            regions: Slab::default(),
             arenas: Vec::new(),
             orphans: BTreeMap::new(),
             live: Leases::default(),
@@ -306,20 +305,32 @@ impl ArenaPolicy {
             .max(bytes.div_ceil(CHUNK_ROUNDING_BYTES) * CHUNK_ROUNDING_BYTES)
     }
 
-    /// First fit over the global arena in arena order, without growing.
+    /// First fit over the global arena in arena order, without growing: the block's
+    /// place and its chunk's slot.
     #[inline]
-    fn global_first_fit(&mut self, bytes: u64) -> Option<Place> {
-        self.chunks
-            .iter_mut()
-            .find_map(|c| c.free.first_fit(bytes).map(|a| (c.position, a)))
+    fn global_first_fit(&mut self, bytes: u64) -> Option<(Place, u32)> {
+        let regions = &mut self.regions;
+        self.chunks.iter().find_map(|&((position, _), slot)| {
+            regions
+                .get_mut(slot)
+                .expect("arena: a chunk without its free list")
+                .free
+                .first_fit(bytes)
+                .map(|addr| ((position, addr), slot))
+        })
     }
 
     /// The first place (arena order) of a chunk range that holds `bytes`, without
     /// carving it.
     fn global_peek(&self, bytes: u64) -> Option<Place> {
-        self.chunks
-            .iter()
-            .find_map(|c| c.free.peek(bytes).map(|a| (c.position, a)))
+        self.chunks.iter().find_map(|&((position, _), slot)| {
+            self.regions
+                .get(slot)
+                .expect("arena: a chunk without its free list")
+                .free
+                .peek(bytes)
+                .map(|addr| (position, addr))
+        })
     }
 
     /// First fit over the global arena; grows by a chunk if nothing fits. `None` when
@@ -328,9 +339,9 @@ impl ArenaPolicy {
         &mut self,
         device: &mut dyn Device,
         bytes: u64,
-    ) -> Result<Option<Place>, DeviceError> {
-        if let Some(place) = self.global_first_fit(bytes) {
-            return Ok(Some(place));
+    ) -> Result<Option<(Place, u32)>, DeviceError> {
+        if let Some(found) = self.global_first_fit(bytes) {
+            return Ok(Some(found));
         }
         if !self.grow(device, self.chunk_bytes_for(bytes))? {
             return Ok(None);
@@ -349,10 +360,10 @@ impl ArenaPolicy {
 
     /// Gives the superblock in `slot` (at `place`) to `stream`'s arena.
     fn hand_to(&mut self, stream: StreamId, place: Place, slot: u32) {
-        self.superblocks
+        self.regions
             .get_mut(slot)
             .expect("arena: a superblock slot without its superblock")
-            .holder = Some(stream);
+            .holder = Holder::Stream(stream);
         let i = match self.arena_index(stream) {
             Ok(i) => i,
             Err(i) => {
@@ -383,7 +394,7 @@ impl ArenaPolicy {
     ) -> Result<Option<u32>, DeviceError> {
         let superblock_bytes = self.options.superblock_bytes;
         let orphan = self.orphans.iter().find(|(_, &slot)| {
-            self.superblocks
+            self.regions
                 .get(slot)
                 .expect("arena: an orphan slot without its superblock")
                 .free
@@ -403,13 +414,13 @@ impl ArenaPolicy {
                 return Ok(Some(slot));
             }
             _ => match self.global_allocate(device, superblock_bytes)? {
-                Some(place) => place,
+                Some((place, _)) => place,
                 None => return Ok(None),
             },
         };
-        let slot = self.superblocks.insert(Superblock {
+        let slot = self.regions.insert(Region {
             place,
-            holder: None,
+            holder: Holder::Orphan,
             free: FreeList::whole(place.1, superblock_bytes),
         });
         self.hand_to(stream, place, slot);
@@ -418,33 +429,30 @@ impl ArenaPolicy {
 
     /// The first step of [`ArenaPolicy::try_allocate`] alone: first fit in the global
     /// arena for a large block, in `stream`'s superblocks (arena order) for a small
-    /// one; `None` when that finds nothing (then `try_allocate` takes the same first
-    /// step, finds nothing again, and goes on to grow or acquire).
+    /// one; the block's address and its chunk's or superblock's slot, `None` when that
+    /// finds nothing (then `try_allocate` takes the same first step, finds nothing
+    /// again, and goes on to grow or acquire).
+    ///
+    /// Large or small is a coin toss on many traces: it only chooses which list of
+    /// places to search (without a branch), and one loop searches either.
     #[inline(always)]
-    fn first_fit_held(&mut self, stream: StreamId, bytes: u64) -> Option<(u64, Held)> {
-        if bytes > self.options.threshold_bytes {
-            return self.global_first_fit(bytes).map(|(position, addr)| {
-                (
-                    addr,
-                    Held {
-                        superblock: None,
-                        position,
-                    },
-                )
-            });
-        }
-        let i = self.arena_index(stream).ok()?;
-        let superblocks = &mut self.superblocks;
-        for &((position, _), slot) in &self.arenas[i].superblocks {
-            let sb = superblocks
+    fn first_fit_held(&mut self, stream: StreamId, bytes: u64) -> Option<(u64, u32)> {
+        let small: &[(Place, u32)] = match self.arena_index(stream) {
+            Ok(i) => &self.arenas[i].superblocks,
+            Err(_) => &[],
+        };
+        let candidates = std::hint::select_unpredictable(
+            bytes > self.options.threshold_bytes,
+            &self.chunks[..],
+            small,
+        );
+        let regions = &mut self.regions;
+        for &(_, slot) in candidates {
+            let region = regions
                 .get_mut(slot)
-                .expect("arena: a stream arena names an empty slot");
-            if let Some(addr) = sb.free.first_fit(bytes) {
-                let held = Held {
-                    superblock: Some(slot),
-                    position,
-                };
-                return Some((addr, held));
+                .expect("arena: an arena names an empty slot");
+            if let Some(addr) = region.free.first_fit(bytes) {
+                return Some((addr, slot));
             }
         }
         None
@@ -452,14 +460,13 @@ impl ArenaPolicy {
 
     /// One attempt at a block of `bytes` for `stream` (large: the global arena; small:
     /// the stream's superblocks, then a superblock acquired): the block's address and
-    /// its superblock's slot and chunk position, or `None` when the device refuses a
-    /// chunk.
+    /// its chunk's or superblock's slot, or `None` when the device refuses a chunk.
     fn try_allocate(
         &mut self,
         device: &mut dyn Device,
         stream: StreamId,
         bytes: u64,
-    ) -> Result<Option<(u64, Held)>, DeviceError> {
+    ) -> Result<Option<(u64, u32)>, DeviceError> {
         if let Some(found) = self.first_fit_held(stream, bytes) {
             return Ok(Some(found));
         }
@@ -467,39 +474,26 @@ impl ArenaPolicy {
             // Nothing fits: `global_allocate` grows the arena by a chunk.
             return Ok(self
                 .global_allocate(device, bytes)?
-                .map(|(position, addr)| {
-                    (
-                        addr,
-                        Held {
-                            superblock: None,
-                            position,
-                        },
-                    )
-                }));
+                .map(|((_, addr), slot)| (addr, slot)));
         }
         let Some(slot) = self.acquire_superblock(device, stream, bytes)? else {
             return Ok(None);
         };
-        let sb = self
-            .superblocks
+        let addr = self
+            .regions
             .get_mut(slot)
-            .expect("an acquired superblock is in its slot");
-        let addr = sb
+            .expect("an acquired superblock is in its slot")
             .free
             .first_fit(bytes)
             .expect("an acquired superblock fits the request");
-        let held = Held {
-            superblock: Some(slot),
-            position: sb.place.0,
-        };
-        Ok(Some((addr, held)))
+        Ok(Some((addr, slot)))
     }
 
     /// Takes the superblock in `slot` out of the table and gives its range back to the
     /// global arena.
     fn dissolve(&mut self, slot: u32) {
         let sb = self
-            .superblocks
+            .regions
             .remove(slot)
             .expect("arena: dissolving an empty slot");
         self.global_free(sb.place.0, sb.place.1, self.options.superblock_bytes);
@@ -513,13 +507,13 @@ impl ArenaPolicy {
         for arena in std::mem::take(&mut self.arenas) {
             for (place, slot) in arena.superblocks {
                 let sb = self
-                    .superblocks
+                    .regions
                     .get_mut(slot)
                     .expect("arena: a stream arena names an empty slot");
                 if sb.free.is_whole(place.1, superblock_bytes) {
                     self.dissolve(slot);
                 } else {
-                    sb.holder = None;
+                    sb.holder = Holder::Orphan;
                     self.orphans.insert(place, slot);
                 }
             }
@@ -535,43 +529,43 @@ impl ArenaPolicy {
             Err(DeviceError::OutOfMemory { .. }) => return Ok(false),
             Err(e) => return Err(e),
         };
-        let base = segment.addr.0;
+        let (base, size) = (segment.addr.0, segment.size_bytes);
         assert!(
-            self.chunks.iter().all(|c| c.segment.addr.0 != base),
+            self.segments.iter().all(|s| s.addr.0 != base),
             "arena: the device handed out one base address twice"
         );
-        let free = FreeList::whole(base, segment.size_bytes);
-        self.stats.reserved_bytes += segment.size_bytes;
+        self.stats.reserved_bytes += size;
         self.stats.segment_count += 1;
         let position = self.next_position;
         self.next_position += 1;
-        // Positions only grow: pushing keeps the chunks in arena order.
-        self.chunks.push(Chunk {
-            position,
-            segment,
-            free,
+        let place = (position, base);
+        let slot = self.regions.insert(Region {
+            place,
+            holder: Holder::Chunk,
+            free: FreeList::whole(base, size),
         });
+        // Positions only grow: pushing keeps the chunks in arena order.
+        self.chunks.push((place, slot));
+        self.segments.push(segment);
         Ok(true)
     }
 
     /// Returns a range to the global arena: the chunk at `position`.
-    #[inline(always)]
     fn global_free(&mut self, position: u64, addr: u64, len: u64) {
-        // First fit fills the first chunk first: look there before searching.
-        let i = match self.chunks.first() {
-            Some(c) if c.position == position => 0,
-            _ => self.chunks.partition_point(|c| c.position < position),
-        };
-        let chunk = self
+        let i = self.chunks.partition_point(|&((p, _), _)| p < position);
+        let &((_, base), slot) = self
             .chunks
-            .get_mut(i)
-            .filter(|c| c.position == position)
+            .get(i)
+            .filter(|&&((p, _), _)| p == position)
             .expect("arena: freed range of no chunk");
         assert!(
-            addr >= chunk.segment.addr.0
-                && addr + len <= chunk.segment.addr.0 + chunk.segment.size_bytes,
+            addr >= base && addr + len <= base + self.segments[i].size_bytes,
             "arena: freed range {addr:#x} leaves its chunk"
         );
+        let chunk = self
+            .regions
+            .get_mut(slot)
+            .expect("arena: a chunk without its free list");
         chunk.free.insert(addr, len);
     }
 
@@ -583,7 +577,7 @@ impl ArenaPolicy {
             let mut kept = Vec::with_capacity(arena.superblocks.len());
             for (place, slot) in arena.superblocks {
                 let sb = self
-                    .superblocks
+                    .regions
                     .get(slot)
                     .expect("arena: a stream arena names an empty slot");
                 if sb.free.is_whole(place.1, superblock_bytes) {
@@ -604,15 +598,22 @@ impl ArenaPolicy {
     fn release_free_chunks(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
         let mut i = 0;
         while i < self.chunks.len() {
-            let c = &self.chunks[i];
-            if !c.free.is_whole(c.segment.addr.0, c.segment.size_bytes) {
+            let ((_, base), slot) = self.chunks[i];
+            let size = self.segments[i].size_bytes;
+            let chunk = self
+                .regions
+                .get(slot)
+                .expect("arena: a chunk without its free list");
+            if !chunk.free.is_whole(base, size) {
                 i += 1;
                 continue;
             }
-            let chunk = self.chunks.remove(i);
-            self.stats.reserved_bytes -= chunk.segment.size_bytes;
+            self.chunks.remove(i);
+            self.regions.remove(slot);
+            let segment = self.segments.remove(i);
+            self.stats.reserved_bytes -= size;
             self.stats.segment_count -= 1;
-            device.free_segment(chunk.segment)?;
+            device.free_segment(segment)?;
         }
         Ok(())
     }
@@ -647,7 +648,7 @@ impl ArenaPolicy {
                 self.try_allocate(device, stream, bytes)?
             }
         };
-        let Some((addr, held)) = found else {
+        let Some((addr, slot)) = found else {
             let needed = if bytes > self.options.threshold_bytes {
                 bytes
             } else {
@@ -661,7 +662,7 @@ impl ArenaPolicy {
         };
         Ok(self
             .live
-            .issue(addr, size, bytes, stream, held, &mut self.stats))
+            .issue(addr, size, bytes, stream, slot, &mut self.stats))
     }
 }
 
@@ -706,10 +707,10 @@ impl Policy for ArenaPolicy {
         if size > 0 && size < MAX_REQUEST_BYTES {
             let bytes = ArenaPolicy::block_bytes_for(size);
             let stream = request.stream;
-            if let Some((addr, held)) = self.first_fit_held(stream, bytes) {
+            if let Some((addr, slot)) = self.first_fit_held(stream, bytes) {
                 return Ok(self
                     .live
-                    .issue(addr, size, bytes, stream, held, &mut self.stats));
+                    .issue(addr, size, bytes, stream, slot, &mut self.stats));
             }
         }
         self.allocate_rest(device, request)
@@ -721,19 +722,21 @@ impl Policy for ArenaPolicy {
         allocation: &Allocation,
     ) -> Result<(), DeviceError> {
         let block = self.live.retire(allocation, "arena", &mut self.stats);
-        let Some(slot) = block.detail.superblock else {
-            self.global_free(block.detail.position, block.addr, block.block_bytes);
-            return Ok(());
-        };
-        // Back to whichever arena holds the superblock now (its free list is the same
-        // either way); an orphan that becomes empty coalesces into its chunk.
-        let sb = self
-            .superblocks
+        // Back to the chunk or superblock that holds it, whatever its size (a
+        // superblock's free list is the same whichever arena holds it now); an orphan
+        // superblock that becomes empty coalesces into its chunk.
+        let slot = block.detail;
+        let region = self
+            .regions
             .get_mut(slot)
-            .expect("arena: a live block's superblock is gone");
-        sb.free.insert(block.addr, block.block_bytes);
-        if sb.holder.is_none() && sb.free.is_whole(sb.place.1, self.options.superblock_bytes) {
-            let place = sb.place;
+            .expect("arena: a live block's chunk or superblock is gone");
+        region.free.insert(block.addr, block.block_bytes);
+        if region.holder == Holder::Orphan
+            && region
+                .free
+                .is_whole(region.place.1, self.options.superblock_bytes)
+        {
+            let place = region.place;
             self.orphans
                 .remove(&place)
                 .expect("arena: an orphan superblock missing");
@@ -754,10 +757,19 @@ impl Policy for ArenaPolicy {
         let superblock_bytes = self.options.superblock_bytes;
         let live: BTreeMap<u64, &LiveBlock> = self.live.values().map(|b| (b.addr, b)).collect();
         let superblocks: BTreeMap<u64, (StreamId, &FreeList)> = self
-            .superblocks
+            .regions
             .values()
-            .map(|sb| (sb.place.1, (sb.holder.unwrap_or(StreamId(0)), &sb.free)))
+            .filter_map(|sb| match sb.holder {
+                Holder::Chunk => None,
+                Holder::Stream(stream) => Some((sb.place.1, (stream, &sb.free))),
+                Holder::Orphan => Some((sb.place.1, (StreamId(0), &sb.free))),
+            })
             .collect();
+        let in_chunk = |b: &&LiveBlock| {
+            self.regions
+                .get(b.detail)
+                .is_some_and(|r| r.holder == Holder::Chunk)
+        };
         let free_block = |addr: u64, size_bytes: u64| BlockSnapshot {
             addr: DeviceAddr(addr),
             size_bytes,
@@ -779,20 +791,27 @@ impl Policy for ArenaPolicy {
         };
         let mut out = Vec::new();
         // Snapshots list segments in address order.
-        let mut chunks: Vec<&Chunk> = self.chunks.iter().collect();
-        chunks.sort_unstable_by_key(|c| c.segment.addr.0);
-        for chunk in chunks {
-            let base = chunk.segment.addr.0;
-            let end = base + chunk.segment.size_bytes;
+        let mut chunks: Vec<(&Region, u64)> = self
+            .chunks
+            .iter()
+            .zip(&self.segments)
+            .map(|(&(_, slot), segment)| {
+                let chunk = self
+                    .regions
+                    .get(slot)
+                    .expect("arena: a chunk without its free list");
+                (chunk, segment.size_bytes)
+            })
+            .collect();
+        chunks.sort_unstable_by_key(|(c, _)| c.place.1);
+        for (chunk, size) in chunks {
+            let (base, end) = (chunk.place.1, chunk.place.1 + size);
             // The chunk's pieces in address order: global blocks, or a superblock.
             let mut pieces: BTreeMap<u64, Option<BlockSnapshot>> = BTreeMap::new();
-            for &(addr, len) in &chunk.free.ranges {
+            for &(addr, len) in chunk.free.ranges() {
                 pieces.insert(addr, Some(free_block(addr, len)));
             }
-            for (_, b) in live
-                .range(base..end)
-                .filter(|(_, b)| b.detail.superblock.is_none())
-            {
+            for (_, b) in live.range(base..end).filter(|(_, b)| in_chunk(b)) {
                 pieces.insert(b.addr, Some(live_block(b)));
             }
             for (&addr, _) in superblocks.range(base..end) {
@@ -809,7 +828,7 @@ impl Policy for ArenaPolicy {
                         let (stream, free) = superblocks[&addr];
                         let sb_end = addr + superblock_bytes;
                         let mut blocks: BTreeMap<u64, BlockSnapshot> = free
-                            .ranges
+                            .ranges()
                             .iter()
                             .map(|&(a, len)| (a, free_block(a, len)))
                             .collect();
@@ -843,36 +862,31 @@ impl Policy for ArenaPolicy {
                 ArenaPolicy::block_bytes_for(b.requested_bytes),
                 "arena: block not the 256-rounded request"
             );
-            match b.detail.superblock {
-                Some(slot) => {
+            let region = self.regions.get(b.detail).unwrap_or_else(|| {
+                panic!(
+                    "arena: block {:#x} names a chunk or superblock that is gone",
+                    b.addr
+                )
+            });
+            match region.holder {
+                Holder::Stream(_) | Holder::Orphan => {
                     assert!(
                         b.block_bytes <= o.threshold_bytes,
                         "arena: large block in a superblock"
                     );
-                    let sb = self.superblocks.get(slot).unwrap_or_else(|| {
-                        panic!(
-                            "arena: block {:#x} names a superblock no arena holds",
-                            b.addr
-                        )
-                    });
-                    assert_eq!(
-                        sb.place.0, b.detail.position,
-                        "arena: block {:#x} filed under another chunk than its superblock",
-                        b.addr
-                    );
                     small_live
-                        .entry(sb.place.1)
+                        .entry(region.place.1)
                         .or_default()
                         .insert(b.addr, b.block_bytes);
                 }
-                None => {
+                Holder::Chunk => {
                     assert!(
                         b.block_bytes > o.threshold_bytes,
                         "arena: small block in the global arena"
                     );
                     assert!(
                         global_live
-                            .insert(b.addr, (b.block_bytes, b.detail.position))
+                            .insert(b.addr, (b.block_bytes, region.place.0))
                             .is_none(),
                         "arena: two global blocks at one address"
                     );
@@ -880,7 +894,7 @@ impl Policy for ArenaPolicy {
             }
         }
         // Where each superblock is: its arena's list or the orphans, as it records.
-        self.superblocks.check("arena superblocks");
+        self.regions.check("arena chunks and superblocks");
         assert!(
             self.arenas.windows(2).all(|w| w[0].stream < w[1].stream),
             "arena: stream arenas out of order"
@@ -897,11 +911,11 @@ impl Policy for ArenaPolicy {
             );
             for &(place, slot) in &arena.superblocks {
                 let sb = self
-                    .superblocks
+                    .regions
                     .get(slot)
                     .expect("arena: a stream arena names an empty slot");
                 assert!(
-                    sb.place == place && sb.holder == Some(arena.stream),
+                    sb.place == place && sb.holder == Holder::Stream(arena.stream),
                     "arena: superblock {:#x} held elsewhere than recorded",
                     place.1
                 );
@@ -910,11 +924,11 @@ impl Policy for ArenaPolicy {
         }
         for (&place, &slot) in &self.orphans {
             let sb = self
-                .superblocks
+                .regions
                 .get(slot)
                 .expect("arena: an orphan slot without its superblock");
             assert!(
-                sb.place == place && sb.holder.is_none(),
+                sb.place == place && sb.holder == Holder::Orphan,
                 "arena: superblock {:#x} held elsewhere than recorded",
                 place.1
             );
@@ -925,32 +939,31 @@ impl Policy for ArenaPolicy {
             );
             listed += 1;
         }
-        assert_eq!(
-            listed,
-            self.superblocks.values().count(),
-            "arena: superblock holders"
-        );
+        let superblocks = || self.regions.values().filter(|r| r.holder != Holder::Chunk);
+        assert_eq!(listed, superblocks().count(), "arena: superblock holders");
         // Superblocks: their free ranges and small blocks tile them.
         let mut owner: BTreeMap<u64, u64> = BTreeMap::new();
-        for sb in self.superblocks.values() {
+        for sb in superblocks() {
             let (position, addr) = sb.place;
             let chunk = self
                 .chunks
                 .iter()
-                .find(|c| c.position == position)
+                .position(|&((p, _), _)| p == position)
                 .expect("arena: superblock of no chunk");
-            let (base, len) = (chunk.segment.addr.0, chunk.segment.size_bytes);
+            let segment = &self.segments[chunk];
+            let (base, len) = (segment.addr.0, segment.size_bytes);
             assert!(
                 addr >= base && addr + o.superblock_bytes <= base + len,
                 "arena: superblock {addr:#x} outside the chunk of its place"
             );
+
             assert!(
                 owner.insert(addr, position).is_none(),
                 "arena: superblock {addr:#x} owned by two streams"
             );
             sb.free.check(addr, addr + o.superblock_bytes, "superblock");
             let mut pieces = small_live.remove(&addr).unwrap_or_default();
-            for &(a, len) in &sb.free.ranges {
+            for &(a, len) in sb.free.ranges() {
                 assert!(
                     pieces.insert(a, len).is_none(),
                     "arena: free range over a live block at {a:#x}"
@@ -966,27 +979,46 @@ impl Policy for ArenaPolicy {
         let mut reserved = 0u64;
         let mut placed = 0usize;
         assert!(
-            self.chunks
-                .windows(2)
-                .all(|w| w[0].position < w[1].position),
+            self.chunks.windows(2).all(|w| w[0].0 .0 < w[1].0 .0),
             "arena: chunks out of arena order"
         );
-        let mut bases: Vec<u64> = self.chunks.iter().map(|c| c.segment.addr.0).collect();
+        assert_eq!(
+            self.chunks.len(),
+            self.segments.len(),
+            "arena: chunks and their segments"
+        );
+        assert_eq!(
+            self.chunks.len(),
+            self.regions
+                .values()
+                .filter(|r| r.holder == Holder::Chunk)
+                .count(),
+            "arena: a chunk's free list outside the global arena"
+        );
+        let mut bases: Vec<u64> = self.segments.iter().map(|s| s.addr.0).collect();
         bases.sort_unstable();
         assert!(
             bases.windows(2).all(|w| w[0] < w[1]),
             "arena: two chunks at one base address"
         );
-        for chunk in &self.chunks {
-            let position = chunk.position;
-            let base = chunk.segment.addr.0;
+        for (&((position, base), slot), segment) in self.chunks.iter().zip(&self.segments) {
             assert!(
                 position < self.next_position,
                 "arena: position from the future"
             );
-            let end = base + chunk.segment.size_bytes;
+            let end = base + segment.size_bytes;
+            let chunk = self
+                .regions
+                .get(slot)
+                .expect("arena: a chunk without its free list");
+            assert!(
+                segment.addr.0 == base
+                    && chunk.place == (position, base)
+                    && chunk.holder == Holder::Chunk,
+                "arena: chunk {base:#x} and its free list disagree"
+            );
             chunk.free.check(base, end, "chunk");
-            let mut pieces: BTreeMap<u64, u64> = chunk.free.ranges.iter().copied().collect();
+            let mut pieces: BTreeMap<u64, u64> = chunk.free.ranges().iter().copied().collect();
             for (&a, &(len, at)) in global_live.range(base..end) {
                 assert_eq!(
                     at, position,
@@ -1007,7 +1039,7 @@ impl Policy for ArenaPolicy {
                 placed += 1;
             }
             assert_tiles(&pieces, base, end, "chunk");
-            reserved += chunk.segment.size_bytes;
+            reserved += segment.size_bytes;
         }
         assert_eq!(
             placed,
