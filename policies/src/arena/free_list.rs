@@ -16,8 +16,6 @@
 //! insertion or removal costs less than an ordered map's node walk for the lengths
 //! met in practice.
 
-use std::hint::select_unpredictable;
-
 /// Slots looked at together by first fit; the vector is a whole number of groups.
 const GROUP: usize = 8;
 
@@ -142,11 +140,12 @@ impl FreeList {
         if merge_prev != merge_next {
             // One neighbour: it grows in place, by `len`, starting at `addr` when it is
             // the next one (no branch on which).
+            // (Both choices are between values already in registers, which the compiler
+            // makes a conditional move rather than a branch; a choice of a value still
+            // to be loaded it would make a branch.)
             let j = i - usize::from(merge_prev);
-            self.slots[j] = (
-                select_unpredictable(merge_prev, prev, addr),
-                len + select_unpredictable(merge_prev, prev_len, next_len),
-            );
+            let start = if merge_prev { prev } else { addr };
+            self.slots[j] = (start, self.slots[j].1 + len);
         } else {
             // Both (the previous range swallows the block and the next range, and the
             // ranges above move down) or neither (a new range at `i`, and the ones
@@ -159,10 +158,9 @@ impl FreeList {
             let both = usize::from(merge_next);
             let lo = i - both;
             self.slots.copy_within(i + both..count + 1, lo + 1);
-            self.slots[lo] = (
-                select_unpredictable(merge_prev, prev, addr),
-                len + select_unpredictable(merge_prev, prev_len + next_len, 0),
-            );
+            let start = if merge_prev { prev } else { addr };
+            let merged = if merge_prev { prev_len + next_len } else { 0 };
+            self.slots[lo] = (start, len + merged);
             self.count = count + 1 - 2 * both;
         }
     }

@@ -441,11 +441,11 @@ impl ArenaPolicy {
             Ok(i) => &self.arenas[i].superblocks,
             Err(_) => &[],
         };
-        let candidates = std::hint::select_unpredictable(
-            bytes > self.options.threshold_bytes,
-            &self.chunks[..],
-            small,
-        );
+        // Chosen by an index, not a branch (`black_box` keeps the compiler from
+        // making it one again).
+        let lists = [small, &self.chunks[..]];
+        let large = std::hint::black_box(usize::from(bytes > self.options.threshold_bytes));
+        let candidates = lists[large];
         let regions = &mut self.regions;
         for &(_, slot) in candidates {
             let region = regions
