@@ -92,6 +92,43 @@ fn start_trace(start: workloads::StartState, events: Vec<workloads::Event>) -> w
     }
 }
 
+/// A trace that starts mid-run with one 20 MiB segment of two live blocks (block 0 of
+/// 3 MiB, its size left to the policy; block 1 of 4 MiB, its free pending), then frees
+/// block 1 and allocates 1 MiB (block 2), and frees block 0 if `free_first`.
+fn two_blocks(free_first: bool) -> workloads::Trace {
+    let start = workloads::StartState {
+        segments: vec![workloads::StartSegment {
+            addr: 0x7f00_0000_0000,
+            size_bytes: 20 * MIB,
+            stream: 0,
+            pool: None,
+            expandable: false,
+            pool_id: workloads::PoolId::default(),
+            blocks: vec![
+                block(0, 0x7f00_0000_0000, None, 3 * MIB, false),
+                block(1, 0x7f00_0040_0000, Some(4 * MIB), 4 * MIB, true),
+            ],
+        }],
+        ..Default::default()
+    };
+    let mut events = vec![
+        workloads::Event::Free {
+            id: workloads::AllocId(1),
+        },
+        workloads::Event::Alloc {
+            id: workloads::AllocId(2),
+            size_bytes: MIB,
+            stream: 0,
+        },
+    ];
+    if free_first {
+        events.push(workloads::Event::Free {
+            id: workloads::AllocId(0),
+        });
+    }
+    start_trace(start, events)
+}
+
 fn checked() -> sim::ReplayOptions {
     sim::ReplayOptions {
         check_invariants: true,
@@ -182,37 +219,7 @@ fn the_caching_policy_adopts_a_state_and_goes_on() {
 /// trace's frees of them, and its replay carries a caveat saying so.
 #[test]
 fn other_policies_allocate_the_live_blocks_first() {
-    let start = workloads::StartState {
-        segments: vec![workloads::StartSegment {
-            addr: 0x7f00_0000_0000,
-            size_bytes: 20 * MIB,
-            stream: 0,
-            pool: None,
-            expandable: false,
-            pool_id: workloads::PoolId::default(),
-            blocks: vec![
-                block(0, 0x7f00_0000_0000, None, 3 * MIB, false),
-                block(1, 0x7f00_0040_0000, Some(4 * MIB), 4 * MIB, true),
-            ],
-        }],
-        ..Default::default()
-    };
-    let trace = start_trace(
-        start,
-        vec![
-            workloads::Event::Free {
-                id: workloads::AllocId(1),
-            },
-            workloads::Event::Alloc {
-                id: workloads::AllocId(2),
-                size_bytes: MIB,
-                stream: 0,
-            },
-            workloads::Event::Free {
-                id: workloads::AllocId(0),
-            },
-        ],
-    );
+    let trace = two_blocks(true);
     // Every policy but the caching one, the only one that adopts a state.
     let others = policies::testing::every_policy()
         .into_iter()
@@ -782,34 +789,7 @@ fn expandable_runs_of_unknown_pools_are_adopted() {
 /// names it (`oom_event_index` empty, `oom_requested_bytes` set, cause `starting state`).
 #[test]
 fn a_device_below_the_starting_state_runs_out_before_the_first_event() {
-    let start = workloads::StartState {
-        segments: vec![workloads::StartSegment {
-            addr: 0x7f00_0000_0000,
-            size_bytes: 20 * MIB,
-            stream: 0,
-            pool: None,
-            expandable: false,
-            pool_id: workloads::PoolId::default(),
-            blocks: vec![
-                block(0, 0x7f00_0000_0000, None, 3 * MIB, false),
-                block(1, 0x7f00_0040_0000, Some(4 * MIB), 4 * MIB, true),
-            ],
-        }],
-        ..Default::default()
-    };
-    let trace = start_trace(
-        start,
-        vec![
-            workloads::Event::Free {
-                id: workloads::AllocId(1),
-            },
-            workloads::Event::Alloc {
-                id: workloads::AllocId(2),
-                size_bytes: MIB,
-                stream: 0,
-            },
-        ],
-    );
+    let trace = two_blocks(false);
     let small = sim::SimDeviceOptions::default()
         .with_total(4 * MIB)
         .unwrap();
