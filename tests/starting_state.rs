@@ -248,3 +248,48 @@ fn across_few_traces_the_range_is_shown_not_the_interval() {
     );
     assert!(!text.contains("range"), "{text}");
 }
+
+/// `diff` of a mid-run trace between a policy that takes the starting state over
+/// (caching: 44 MiB) and one that allocates its live blocks (buddy: a 1 GiB pool)
+/// says the two parted before the first event, and no event is charged with the
+/// starting states' difference: the first CSV row is an event where a side called
+/// the device, its change what that event did, the gap before it the starting one.
+#[test]
+fn diff_counts_the_starting_states_difference_before_the_first_event() {
+    let o = allocsim([
+        "diff",
+        LATE,
+        "--policies",
+        "caching,buddy",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    // Event 0 (no device call on either side) is no row; event 2's 20 MiB segment is.
+    assert_eq!(field(&text, 0, "event_index"), "2", "{text}");
+    assert_eq!(field(&text, 0, "change_bytes"), "-20971520", "{text}");
+    assert_eq!(field(&text, 0, "gap_bytes"), "1006632960", "{text}");
+    let o = allocsim([
+        "diff",
+        LATE,
+        "--policies",
+        "caching,buddy",
+        "--format",
+        "table",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let table = stdout(&o);
+    assert!(
+        table.contains(
+            "parted at           before the first event: the starting state takes 44.00 MiB \
+             under a, 1.00 GiB under b"
+        ),
+        "{table}"
+    );
+    // The events listed add up to the gap at the peak less the starting one.
+    assert!(
+        table.contains("holds 298.00 MiB more than b: 980.00 MiB less before the first event"),
+        "{table}"
+    );
+}

@@ -30,6 +30,10 @@ use policies::spec::PolicySpec;
 /// What one replay did, event by event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Trail {
+    /// Reserved bytes before the first event: the starting state's under this policy
+    /// for a trace that starts mid-run (taken over, or its live blocks allocated), 0
+    /// otherwise.
+    pub start_reserved: u64,
     /// Reserved bytes after each replayed event.
     pub reserved: Vec<u64>,
     /// Allocated bytes after each replayed event.
@@ -41,6 +45,12 @@ pub struct Trail {
 }
 
 impl Observer for Trail {
+    fn before_event(&mut self, index: usize, _event: &Event, policy: &dyn policies::Policy) {
+        if index == 0 {
+            self.start_reserved = policy.stats().reserved_bytes;
+        }
+    }
+
     fn after_event(&mut self, step: &Step<'_>) {
         self.reserved.push(step.policy_stats.reserved_bytes);
         self.allocated.push(step.policy_stats.allocated_bytes);
@@ -94,7 +104,12 @@ pub struct Diff {
     pub a: Side,
     /// The second.
     pub b: Side,
-    /// The first event after which they reserve different bytes.
+    /// `reserved(b) − reserved(a)` before the first event: the starting states of a
+    /// trace that starts mid-run under the two policies (one may take the state over,
+    /// the other allocate its live blocks); 0 otherwise.
+    pub start_gap: i64,
+    /// The first event after which they reserve different bytes, having reserved the
+    /// same before it (`None`: never, or already before the first event: `start_gap`).
     pub parted_at: Option<usize>,
     /// The first event at which their device operations or outcomes differ.
     pub first_decision: Option<usize>,
@@ -103,10 +118,11 @@ pub struct Diff {
     pub higher_is_b: Option<bool>,
     /// The event at which the higher side first reached its peak.
     pub peak_event: Option<usize>,
-    /// reserved(higher) − reserved(lower) at `peak_event`.
+    /// reserved(higher) − reserved(lower) at `peak_event` (before the first event
+    /// where the higher side's peak is its starting state).
     pub gap_at_peak: i64,
     /// Every event up to `peak_event` that changed the gap, the widest first (ties: the
-    /// earlier event).
+    /// earlier event); their sum is `gap_at_peak` less the gap before the first event.
     pub costs: Vec<Cost>,
 }
 
@@ -147,7 +163,12 @@ pub fn diff(
 /// The comparison of two replays of one trace.
 pub fn compare_sides(a: Side, b: Side) -> Diff {
     let n = a.trail.reserved.len().min(b.trail.reserved.len());
-    let parted_at = (0..n).find(|&i| a.trail.reserved[i] != b.trail.reserved[i]);
+    let start_gap = b.trail.start_reserved as i64 - a.trail.start_reserved as i64;
+    let parted_at = if start_gap == 0 {
+        (0..n).find(|&i| a.trail.reserved[i] != b.trail.reserved[i])
+    } else {
+        None
+    };
     let kinds = |t: &Trail, i: usize| -> Vec<(DeviceOpKind, u64)> {
         t.ops_of(i).iter().map(|&(_, k, b)| (k, b)).collect()
     };
@@ -180,9 +201,9 @@ pub fn compare_sides(a: Side, b: Side) -> Diff {
             .unwrap_or(0) as i64
     };
     let mut costs = Vec::new();
-    let mut gap_at_peak = 0;
+    let mut gap_at_peak = hi.trail.start_reserved as i64 - lo.trail.start_reserved as i64;
     if let Some(p) = peak_event {
-        let mut before = 0i64;
+        let mut before = gap_at_peak;
         for i in 0..=p {
             let gap = at(&hi.trail, i) - at(&lo.trail, i);
             if gap != before {
@@ -199,6 +220,7 @@ pub fn compare_sides(a: Side, b: Side) -> Diff {
     Diff {
         a,
         b,
+        start_gap,
         parted_at,
         first_decision,
         higher_is_b,
@@ -249,7 +271,7 @@ pub fn records(trace: &Trace, d: &Diff) -> Vec<DiffRecord> {
     let n = ra.len().max(rb.len());
     let at = |r: &Vec<u64>, i: usize| r.get(i).or(r.last()).copied().unwrap_or(0);
     let mut out = Vec::new();
-    let mut before = 0i64;
+    let mut before = d.start_gap;
     for i in 0..n {
         let gap = at(rb, i) as i64 - at(ra, i) as i64;
         if gap != before {
@@ -376,6 +398,54 @@ mod tests {
         )
         .unwrap();
         (input, d)
+    }
+
+    /// A side of a mid-run trace: `start` reserved before the first event, then
+    /// `reserved` after each, its peak where `summary` says.
+    fn side(start: u64, reserved: &[u64], peak_event: Option<u64>) -> Side {
+        let peak = reserved.iter().copied().chain([start]).max().unwrap();
+        Side {
+            label: String::new(),
+            summary: Summary {
+                reserved_bytes_peak: peak,
+                reserved_peak_event_index: peak_event,
+                ..Summary::default()
+            },
+            oom: None,
+            trail: Trail {
+                start_reserved: start,
+                reserved: reserved.to_vec(),
+                ..Trail::default()
+            },
+        }
+    }
+
+    /// Sides whose starting states differ part before the first event: no event is
+    /// charged with that difference (the costs sum to the gap at the peak less it),
+    /// and a higher peak that is the starting state itself has no event.
+    #[test]
+    fn starting_states_that_differ() {
+        // a takes 10 over and grows to 40 at event 1; b allocates 30 and stays.
+        let d = compare_sides(side(10, &[10, 40], Some(1)), side(30, &[30, 30], None));
+        assert_eq!((d.start_gap, d.parted_at), (20, None));
+        assert_eq!(
+            (d.higher_is_b, d.peak_event, d.gap_at_peak),
+            (Some(false), Some(1), 10)
+        );
+        assert_eq!(
+            d.costs,
+            vec![Cost {
+                event_index: 1,
+                bytes: 30
+            }]
+        );
+        // b's peak is its starting state (50), a never reaches it.
+        let d = compare_sides(side(10, &[10, 20], Some(1)), side(50, &[30, 30], None));
+        assert_eq!(
+            (d.higher_is_b, d.peak_event, d.gap_at_peak),
+            (Some(true), None, 40)
+        );
+        assert!(d.costs.is_empty());
     }
 
     fn alloc(id: u64, size_bytes: u64) -> Event {

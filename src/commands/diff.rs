@@ -210,6 +210,15 @@ fn text(trace: &Trace, d: &Diff, device: &sim::SimDeviceOptions) -> String {
     }
     let reserved = |s: &Side, i: usize| s.trail.reserved.get(i).copied().unwrap_or(0);
     match d.parted_at {
+        None if d.start_gap != 0 => {
+            let _ = writeln!(
+                out,
+                "parted at           before the first event: the starting state takes {} under \
+                 a, {} under b",
+                h(d.a.trail.start_reserved),
+                h(d.b.trail.start_reserved)
+            );
+        }
         None => {
             let _ = writeln!(
                 out,
@@ -245,7 +254,7 @@ fn text(trace: &Trace, d: &Diff, device: &sim::SimDeviceOptions) -> String {
             );
         }
     }
-    let (Some(higher_is_b), Some(p)) = (d.higher_is_b, d.peak_event) else {
+    let Some(higher_is_b) = d.higher_is_b else {
         let _ = writeln!(
             out,
             "the cost            none: the reserved peaks are equal"
@@ -257,10 +266,32 @@ fn text(trace: &Trace, d: &Diff, device: &sim::SimDeviceOptions) -> String {
         d.a.summary
             .reserved_bytes_peak
             .abs_diff(d.b.summary.reserved_bytes_peak);
+    let Some(p) = d.peak_event else {
+        // The higher side's peak is the starting state of a trace that starts mid-run.
+        let _ = writeln!(
+            out,
+            "the cost            {hi_name}'s reserved peak is {} higher, reached before the \
+             first event: its starting state holds {} more than {lo_name}'s",
+            h(peaks),
+            hi(d.gap_at_peak)
+        );
+        return out;
+    };
+    // The gap before the first event, toward the higher side.
+    let start_gap = if higher_is_b {
+        d.start_gap
+    } else {
+        -d.start_gap
+    };
+    let from_start = match start_gap {
+        0 => ",".to_string(),
+        g if g > 0 => format!(": {} more before the first event, and", h(g.unsigned_abs())),
+        g => format!(": {} less before the first event, and", h(g.unsigned_abs())),
+    };
     let _ = writeln!(
         out,
         "the cost            {hi_name}'s reserved peak is {} higher; at its peak ({}) {hi_name} \
-         holds {} more than {lo_name}, the sum of what these events added to the gap:",
+         holds {} more than {lo_name}{from_start} the sum of what these events added to the gap:",
         h(peaks),
         trace.event_ref(p),
         hi(d.gap_at_peak)
