@@ -11,6 +11,7 @@ use crate::replay::{replay_with, Replay, ReplayError, ReplayOptions};
 use policies::registry::OptionsError;
 use policies::spec::PolicySpec;
 use policies::PolicyConfig;
+use policies::{AsDynPolicy, Device, Policy, PolicyVisitor};
 
 /// A comparison that could not finish: the first (trace, policy) pair, in input order,
 /// whose policy did not build or whose replay failed for a reason other than running
@@ -447,19 +448,48 @@ pub(crate) fn replay_policy<O: Observer + ?Sized>(
     options: &ReplayOptions,
     observer: &mut O,
 ) -> Result<Replay, CompareError> {
-    let mut policy = config.build().map_err(|source| CompareError::Build {
-        trace: trace.name.clone(),
-        policy: label.to_string(),
-        source,
-    })?;
     let mut dev = SimDevice::with_hints(device.clone(), hints.for_policy(config));
-    replay_with(trace, policy.as_mut(), &mut dev, options, observer).map_err(|source| {
-        CompareError::Replay {
+    let replay = ReplayUnder {
+        trace,
+        device: &mut dev,
+        options,
+        observer,
+    };
+    config
+        .with_policy(replay)
+        .map_err(|source| CompareError::Build {
             trace: trace.name.clone(),
             policy: label.to_string(),
             source,
-        }
-    })
+        })?
+        .map_err(|source| CompareError::Replay {
+            trace: trace.name.clone(),
+            policy: label.to_string(),
+            source,
+        })
+}
+
+/// [`replay_with`] of `trace` on `device`, as a [`PolicyVisitor`]: given to
+/// [`PolicyConfig::with_policy`], it replays under the policy the configuration builds,
+/// as the policy's own type, so the engine calls the policy directly (one copy of the
+/// engine per registered policy) rather than through `dyn Policy`.
+pub struct ReplayUnder<'a, O: ?Sized> {
+    /// The trace to replay.
+    pub trace: &'a Trace,
+    /// The device to replay on.
+    pub device: &'a mut dyn Device,
+    /// How to replay.
+    pub options: &'a ReplayOptions,
+    /// What is shown every event.
+    pub observer: &'a mut O,
+}
+
+impl<O: Observer + ?Sized> PolicyVisitor for ReplayUnder<'_, O> {
+    type Output = Result<Replay, ReplayError>;
+
+    fn visit<P: Policy + AsDynPolicy + ?Sized>(self, policy: &mut P) -> Self::Output {
+        replay_with(self.trace, policy, self.device, self.options, self.observer)
+    }
 }
 
 /// Replays one (trace, policy, device) row: the replay, then [`row_of`] it.

@@ -388,9 +388,12 @@ impl Checks {
 ///
 /// # Panics
 /// With `check_invariants`, at the first broken invariant (a policy bug).
-pub fn replay(
+///
+/// Generic over the policy's type: a `dyn Policy` or a policy as its own type (as
+/// [`policies::PolicyConfig::with_policy`] gives it), whose calls are then direct.
+pub fn replay<P: Policy + AsDynPolicy + ?Sized>(
     trace: &Trace,
-    policy: &mut dyn Policy,
+    policy: &mut P,
     device: &mut dyn Device,
     options: &ReplayOptions,
 ) -> Result<Replay, ReplayError> {
@@ -415,13 +418,16 @@ pub fn replay(
 ///
 /// # Panics
 /// As [`replay`].
-pub fn replay_with<O: Observer + ?Sized>(
+pub fn replay_with<P, O: Observer + ?Sized>(
     trace: &Trace,
-    policy: &mut dyn Policy,
+    policy: &mut P,
     device: &mut dyn Device,
     options: &ReplayOptions,
     observer: &mut O,
-) -> Result<Replay, ReplayError> {
+) -> Result<Replay, ReplayError>
+where
+    P: Policy + AsDynPolicy + ?Sized,
+{
     replay_events(
         trace.start.as_ref(),
         trace.events.iter(),

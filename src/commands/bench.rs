@@ -119,10 +119,18 @@ fn measure(
     bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<Measured> {
     let replay = || -> anyhow::Result<()> {
-        let mut policy = spec.config.build()?;
+        // The policy as its own type (the engine monomorphized per policy), as
+        // `compare` replays it.
         let mut device =
             SimDevice::with_hints(setup.options.clone(), input.hints.for_policy(&spec.config));
-        let r = sim::replay(&input.trace, policy.as_mut(), &mut device, &setup.replay)
+        let r = spec
+            .config
+            .with_policy(sim::compare::ReplayUnder {
+                trace: &input.trace,
+                device: &mut device,
+                options: &setup.replay,
+                observer: &mut (),
+            })?
             .with_context(|| format!("replaying {} under {}", input.trace.name, spec.label))?;
         std::hint::black_box(r);
         Ok(())
