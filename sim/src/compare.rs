@@ -573,6 +573,75 @@ mod tests {
     use std::sync::atomic::AtomicBool;
     use workloads::{AllocId, Event};
 
+    /// `replay_policy` (each policy as its own type, through `with_policy`) gives what
+    /// the same replay through a `dyn Policy` gives, out-of-memory and every event's
+    /// state included, for every registered policy and expandable segments.
+    #[test]
+    fn replay_policy_as_its_own_type_matches_the_dyn_replay() {
+        let events = (0..40u64)
+            .flat_map(|i| {
+                let alloc = Event::Alloc {
+                    id: AllocId(i),
+                    size_bytes: (3 << 20) + (i % 7) * (5 << 20),
+                    stream: i % 2,
+                };
+                let free = Event::Free { id: AllocId(i / 2) };
+                if i % 3 == 2 {
+                    vec![alloc, free]
+                } else {
+                    vec![alloc]
+                }
+            })
+            .collect();
+        let trace = Trace::new("t", events);
+        let hints = AddressHints::default();
+        let device = SimDeviceOptions {
+            capacity_bytes: 96 << 20,
+            total_bytes: 96 << 20,
+            ..SimDeviceOptions::default()
+        };
+        let options = ReplayOptions::default();
+        let mut configs = PolicyConfig::defaults();
+        configs.extend(
+            policies::spec::parse_policy_list(
+                "caching:expandable_segments=True",
+                &Default::default(),
+            )
+            .unwrap()
+            .into_iter()
+            .map(|s| s.config),
+        );
+        let mut ooms = 0;
+        for config in &configs {
+            let mut timeline = crate::Timeline::default();
+            let r = replay_policy(
+                &trace,
+                &hints,
+                config,
+                "l",
+                &device,
+                &options,
+                &mut timeline,
+            )
+            .unwrap();
+            let mut policy = config.build().unwrap();
+            let mut dev = SimDevice::with_hints(device.clone(), hints.for_policy(config));
+            let mut dyn_timeline = crate::Timeline::default();
+            let want = replay_with(
+                &trace,
+                policy.as_mut(),
+                &mut dev,
+                &options,
+                &mut dyn_timeline,
+            )
+            .unwrap();
+            assert_eq!(r, want, "{config}");
+            assert_eq!(timeline, dyn_timeline, "{config}");
+            ooms += usize::from(r.oom.is_some());
+        }
+        assert!(ooms > 0, "the trace runs out of memory under some policy");
+    }
+
     /// A raised interrupt flag stops every replay of a comparison: the result is the
     /// typed interruption, naming the trace and policy, not rows.
     #[test]
