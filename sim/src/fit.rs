@@ -174,12 +174,7 @@ impl<'a> FitRecord<'a> {
 /// each block live at its first entry from there to its `free`.
 pub fn requested_bytes_peak(trace: &Trace) -> u64 {
     let mut live = std::collections::HashMap::new();
-    for b in trace
-        .start
-        .iter()
-        .flat_map(|s| &s.segments)
-        .flat_map(|s| &s.blocks)
-    {
+    for b in trace.start.iter().flat_map(|s| s.blocks()) {
         live.insert(b.id, b.requested_bytes);
     }
     let mut now: u64 = live.values().sum();

@@ -1014,7 +1014,7 @@ fn start_oom(
         StartFailure::Adopting => 0,
         StartFailure::Allocating { allocated } => allocated as usize,
     };
-    for b in start.segments.iter().flat_map(|s| &s.blocks).skip(held) {
+    for b in start.blocks().skip(held) {
         live.insert_unheld(b.id, b.pending_free);
     }
     let h = workloads::size::format_size_human;
@@ -1038,12 +1038,7 @@ fn start_oom(
             (bytes, message, 0)
         }
         StartFailure::Allocating { allocated } => {
-            let bytes: u64 = start
-                .segments
-                .iter()
-                .flat_map(|s| &s.blocks)
-                .map(|b| b.requested_bytes)
-                .sum();
+            let bytes = start.requested_bytes();
             let message = format!(
                 "the {} block(s) live at the first entry ({} ({bytes} bytes) requested) do not \
                  fit {usable} under this policy: {allocated} of them were allocated ({} \

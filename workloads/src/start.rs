@@ -134,13 +134,19 @@ impl StartState {
         self.segments.iter().map(|s| s.blocks.len()).sum()
     }
 
+    /// The live blocks, segment by segment (in address order within each).
+    pub fn blocks(&self) -> impl Iterator<Item = &StartBlock> {
+        self.segments.iter().flat_map(|s| &s.blocks)
+    }
+
+    /// Bytes the live blocks' requests asked for.
+    pub fn requested_bytes(&self) -> u64 {
+        self.blocks().map(|b| b.requested_bytes).sum()
+    }
+
     /// Live blocks whose size is not known (see [`StartBlock::size_bytes`]).
     pub fn unsized_block_count(&self) -> usize {
-        self.segments
-            .iter()
-            .flat_map(|s| &s.blocks)
-            .filter(|b| b.size_bytes.is_none())
-            .count()
+        self.blocks().filter(|b| b.size_bytes.is_none()).count()
     }
 
     /// One line for people: what the state holds.
@@ -188,18 +194,8 @@ impl StartState {
 
     /// What [`StartState::describe`] says of the segments and blocks.
     fn describe_blocks(&self) -> String {
-        let pending = self
-            .segments
-            .iter()
-            .flat_map(|s| &s.blocks)
-            .filter(|b| b.pending_free)
-            .count();
-        let requested: u64 = self
-            .segments
-            .iter()
-            .flat_map(|s| &s.blocks)
-            .map(|b| b.requested_bytes)
-            .sum();
+        let pending = self.blocks().filter(|b| b.pending_free).count();
+        let requested = self.requested_bytes();
         format!(
             "{} segment(s) of {} reserved, {} live block(s) ({} requested{})",
             self.segments.len(),
