@@ -246,15 +246,21 @@ pub fn cause_name(oom: Option<&Oom>, explanation: Option<&OomExplanation>) -> &'
 /// when the trace's window began, so none is tried; a larger device or a recording
 /// begun earlier can.
 pub fn starting_state_verdict(oom: &Oom) -> String {
-    let what = oom
-        .message
-        .as_deref()
-        .unwrap_or("the starting state does not fit");
+    let what = oom.what_did_not_fit();
     format!(
         "{STARTING_STATE}: the trace starts mid-run, and {what}; no allocator setting shrinks \
          memory the program already held when the trace's window began, so none is tried: a \
          larger GPU (`allocsim fit` finds the smallest) or a recording begun earlier (from the \
          program's first request, which replays from an empty allocator) can answer"
+    )
+}
+
+/// A table's cell for an out-of-memory before the first event (`oom`,
+/// [`Oom::before_first_event`]): the starting state's bytes and [`STARTING_STATE`].
+pub fn starting_state_cell(oom: &Oom) -> String {
+    format!(
+        "before the first event: {} ({STARTING_STATE})",
+        workloads::size::format_size_human(oom.requested_bytes)
     )
 }
 
@@ -502,16 +508,10 @@ pub fn check_remedies(
         };
         // A setting under which the device cannot hold the starting state is no remedy
         // either.
-        let oom_event_index = match r.oom {
-            None => None,
-            Some(Oom {
-                event_index: Some(i),
-                ..
-            }) => Some(i),
-            Some(Oom {
-                event_index: None, ..
-            }) => continue,
-        };
+        if r.oom.as_ref().is_some_and(Oom::before_first_event) {
+            continue;
+        }
+        let oom_event_index = r.oom.and_then(|o| o.event_index);
         let fixed = oom_event_index.is_none();
         explanation.remedies.push(Remedy {
             setting,

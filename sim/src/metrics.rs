@@ -89,6 +89,14 @@ impl Oom {
     pub fn before_first_event(&self) -> bool {
         self.event_index.is_none()
     }
+
+    /// For an out-of-memory before the first event, what did not fit: its message
+    /// (the engine writes one there), else a line that says so.
+    pub fn what_did_not_fit(&self) -> &str {
+        self.message
+            .as_deref()
+            .unwrap_or("the starting state does not fit")
+    }
 }
 
 /// Accumulates a [`Summary`] as events are replayed.

@@ -202,11 +202,7 @@ fn table(rows: &[sim::Row]) -> String {
                     });
                 match o.event_index {
                     Some(i) => format!("event {i}: {}{why}", h(o.requested_bytes)),
-                    None => format!(
-                        "before the first event: {} ({})",
-                        h(o.requested_bytes),
-                        sim::explain::STARTING_STATE
-                    ),
+                    None => sim::explain::starting_state_cell(o),
                 }
             }),
         ]);

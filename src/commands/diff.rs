@@ -168,11 +168,7 @@ fn text(trace: &Trace, d: &Diff, device: &sim::SimDeviceOptions) -> String {
             .as_ref()
             .map_or("none".to_string(), |o| match o.event_index {
                 Some(i) => format!("{}: {}", trace.event_ref(i as usize), h(o.requested_bytes)),
-                None => format!(
-                    "before the first event: {} ({})",
-                    h(o.requested_bytes),
-                    sim::explain::STARTING_STATE
-                ),
+                None => sim::explain::starting_state_cell(o),
             })
     };
     t.row(vec![
@@ -194,9 +190,7 @@ fn text(trace: &Trace, d: &Diff, device: &sim::SimDeviceOptions) -> String {
             Some(format!(
                 "{name} ({}) runs out of memory before the first event: {}",
                 s.label,
-                o.message
-                    .as_deref()
-                    .unwrap_or("its starting state does not fit")
+                o.what_did_not_fit()
             ))
         })
         .collect();

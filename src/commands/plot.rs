@@ -122,9 +122,7 @@ fn timeline_chart(
                     "note: not drawn: {} under {} runs out of memory before the first event: {}",
                     l.trace.name,
                     spec.label,
-                    o.message
-                        .as_deref()
-                        .unwrap_or("its starting state does not fit")
+                    o.what_did_not_fit()
                 );
             }
             let (requested, allocated, reserved, oom) = recorder.finish();

@@ -848,9 +848,7 @@ pub fn summary(
                     let _ = writeln!(
                         out,
                         "out of memory       before the first event: {}",
-                        o.message
-                            .as_deref()
-                            .unwrap_or("the starting state does not fit")
+                        o.what_did_not_fit()
                     );
                 }
             }
