@@ -317,6 +317,18 @@ fn unseen_midrun_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/unseen/midrun")
 }
 
+/// The six recordings of [`unseen_midrun_dir`], by name.
+fn unseen_midrun_recordings() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(unseen_midrun_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 6, "{files:?}");
+    files
+}
+
 /// Real recordings that start mid-run, never seen while the rebuild was written
 /// (`tests/data/unseen/midrun`: ring buffers that wrapped, a late start, both): every
 /// segment decision, the reserved peak of the window and the OOM point agree, with and
@@ -325,13 +337,7 @@ fn unseen_midrun_dir() -> PathBuf {
 /// what made `gpt_train__wrap1500__late` look wrong before).
 #[test]
 fn unseen_midrun_recordings_are_current() {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(unseen_midrun_dir())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), 6, "{files:?}");
+    let files = unseen_midrun_recordings();
     let mut out = String::from(
         "| run | entries | state at the first entry | unsized blocks | exact | exact without addresses | checkpoints |\n| --- | ---: | --- | ---: | --- | --- | --- |\n",
     );
@@ -921,13 +927,7 @@ fn fit_counts_the_starting_state_in_the_requested_peak() {
 /// device too small for it).
 #[test]
 fn every_recorded_start_on_half_its_memory_runs_out_before_the_first_event() {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(unseen_midrun_dir())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), 6, "{files:?}");
+    let files = unseen_midrun_recordings();
     let config = policies::spec::parse_policy_list("caching", &Default::default()).unwrap();
     for f in &files {
         let run = workloads::read_recorded_json(f).unwrap();
