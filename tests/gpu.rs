@@ -105,3 +105,37 @@ fn capacity_oom_matches_on_the_gpu() {
         );
     }
 }
+
+/// A mid-run trace whose starting state (4.38 GiB) the GPU's 1 GiB cannot hold runs out
+/// before its first event on the GPU as in the prediction, under every policy (the
+/// caching policy taking the state over, the others allocating its live blocks), and
+/// everything taken is given back.
+#[test]
+fn midrun_start_larger_than_the_gpu_runs_out_before_the_first_event() {
+    let Some(mut gpu) = gpu() else { return };
+    let free_before = gpu.observed_free_bytes().unwrap();
+    let path = root().join("tests/data/unseen/midrun/gpt_train__wrap2000.json");
+    let trace = workloads::read(&path, None).unwrap();
+    assert!(trace.start.is_some(), "the recording starts mid-run");
+    let input = CompareInput {
+        trace,
+        hints: Default::default(),
+    };
+    let model = DeviceProfile::builtin("h100").unwrap().to_options();
+    for spec in &policies::testing::every_policy() {
+        let v =
+            gpu_backend::validate_one(&mut gpu, &input, spec, Some(1 << 30), &model, None).unwrap();
+        let line = sim::validation::summary_line(&v);
+        let predicted = v.predicted.oom.as_ref().expect("predicted out of memory");
+        let observed = v.observed.oom.as_ref().expect("observed out of memory");
+        assert_eq!(predicted.event_index, None, "{line}");
+        assert_eq!(observed.event_index, None, "{line}");
+        assert_eq!(v.observed.summary.event_count, 0, "{line}");
+        assert!(v.agrees(), "{line}");
+    }
+    assert_eq!(
+        gpu.observed_free_bytes().unwrap(),
+        free_before,
+        "everything was freed"
+    );
+}

@@ -22,6 +22,9 @@
 #                                  the examples, the golden traces and two generated
 #                                  traces, under the five policies, no capacity
 #   capacity.csv (+ .log)          the five capacity runs of the committed H100 validation
+#   midrun.csv (+ .log)            the mid-run recordings of tests/data/unseen (ring-buffer
+#                                  snapshots, late starts, private pools) under the five
+#                                  policies, and one at 1 GiB free, below its starting state
 #   near-limit.csv (+ .log)        per trace and policy, the free memory the model says
 #                                  the run just fits in, and 2 MiB less: the OOM boundary
 #   pages.csv (+ .log)             one page at a time until out of memory: 2 MiB requests
@@ -163,6 +166,15 @@ run_set capacity gpt_train_small tests/data/oracle/h100-torch2.11/gpt_train_smal
 run_set capacity seed000 tests/data/traces/seed000.yaml --capacity 2GiB --policies "$POLICIES" "${PROFILE[@]}"
 run_set capacity gen-s1 "$WORK/gen-s1.yaml" --capacity 1GiB --policies "$POLICIES" "${PROFILE[@]}"
 run_set capacity training_loop examples/training_loop.yaml --capacity 512MiB --policies "$POLICIES" "${PROFILE[@]}"
+
+# ---- mid-run: recordings whose first entry finds the allocator's state -----------------
+# Ring-buffer snapshots and late starts, with and without private pools: the caching
+# policies take the state over (its segments adopted on the GPU), the others allocate its
+# live blocks first. Then one whose state (4.38 GiB reserved) the 1 GiB left free cannot
+# hold: an out-of-memory before the first event, predicted and on the GPU alike.
+MIDRUN=(tests/data/unseen/midrun/*.json tests/data/unseen/midrun-pools/*.json tests/data/unseen/midrun-pools/*.pickle)
+run_set midrun recordings "${MIDRUN[@]}" --policies "$POLICIES" "${PROFILE[@]}"
+run_set midrun start-too-big tests/data/unseen/midrun/gpt_train__wrap2000.json --capacity 1GiB --policies "$POLICIES" "${PROFILE[@]}"
 
 # ---- near the limit ----------------------------------------------------------------------
 # The model runs out when free memory minus the driver's share is below the charged peak:
