@@ -1,6 +1,8 @@
 //! Real CUDA memory. Without a driver these tests print why they skip and pass, unless
 //! `ALLOCSIM_REQUIRE_GPU=1`, in which case a missing driver fails them.
 
+use std::sync::{Mutex, MutexGuard};
+
 use gpu_backend::{CudaDevice, OpenError};
 use policies::caching::CachingDefaults;
 use policies::spec::parse_policy_list;
@@ -13,10 +15,19 @@ pub fn driver_present() -> bool {
     CudaDevice::open(0).is_ok()
 }
 
-/// Opens GPU 0, or explains why not (and fails if a GPU is required).
-fn gpu() -> Option<CudaDevice> {
+/// One test on the GPU at a time: each checks the GPU's free memory before and after,
+/// which another test's allocations (or ballast) in between would move.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Opens GPU 0, or explains why not (and fails if a GPU is required), with the lock
+/// that keeps the other GPU tests off it until the test ends (declared before the
+/// device, so dropped after it).
+fn gpu() -> Option<(MutexGuard<'static, ()>, CudaDevice)> {
+    let lock = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     match CudaDevice::open(0) {
-        Ok(d) => Some(d),
+        Ok(d) => Some((lock, d)),
         Err(OpenError::NoDriver(msg)) => {
             assert!(
                 std::env::var("ALLOCSIM_REQUIRE_GPU").as_deref() != Ok("1"),
@@ -47,7 +58,9 @@ fn input(name: &str) -> CompareInput {
 /// every policy, and nothing is left allocated afterwards.
 #[test]
 fn golden_traces_on_the_gpu() {
-    let Some(mut gpu) = gpu() else { return };
+    let Some((_one_at_a_time, mut gpu)) = gpu() else {
+        return;
+    };
     let free_before = gpu.observed_free_bytes().unwrap();
     let specs = policies::testing::every_policy();
     let model = DeviceProfile::builtin("h100").unwrap().to_options();
@@ -85,7 +98,9 @@ fn golden_traces_on_the_gpu() {
 /// With a capacity, the GPU runs out at the event the simulation predicts.
 #[test]
 fn capacity_oom_matches_on_the_gpu() {
-    let Some(mut gpu) = gpu() else { return };
+    let Some((_one_at_a_time, mut gpu)) = gpu() else {
+        return;
+    };
     let specs = parse_policy_list("caching,immediate", &CachingDefaults::default()).unwrap();
     let model = DeviceProfile::builtin("h100").unwrap().to_options();
     let input = input("seed000");
@@ -112,7 +127,9 @@ fn capacity_oom_matches_on_the_gpu() {
 /// everything taken is given back.
 #[test]
 fn midrun_start_larger_than_the_gpu_runs_out_before_the_first_event() {
-    let Some(mut gpu) = gpu() else { return };
+    let Some((_one_at_a_time, mut gpu)) = gpu() else {
+        return;
+    };
     let free_before = gpu.observed_free_bytes().unwrap();
     let path = root().join("tests/data/unseen/midrun/gpt_train__wrap2000.json");
     let trace = workloads::read(&path, None).unwrap();

@@ -148,8 +148,10 @@ pub trait Device {
     }
 
     /// Takes over a segment that exists at `addr` before the replay (a state rebuilt
-    /// from a recording), as if this device had handed it out. The default refuses:
-    /// only a simulated device can place memory where a recording says it was.
+    /// from a recording), as if this device had handed it out, and says where it is: a
+    /// simulated device places it at `addr`; a real GPU, which cannot place memory where
+    /// a recording says it was, allocates `size_bytes` where its driver puts them. The
+    /// default refuses.
     ///
     /// # Errors
     /// [`DeviceError::Unsupported`] by default; [`DeviceError::OutOfMemory`] when the
@@ -192,7 +194,8 @@ pub trait VirtualMemory {
 
     /// Takes over an address range that exists at `addr` before the replay (the
     /// range of an expandable segment in a rebuilt state), like
-    /// [`Device::adopt_segment`]. The default refuses.
+    /// [`Device::adopt_segment`] (a real GPU reserves the range where its driver
+    /// puts it). The default refuses.
     ///
     /// # Errors
     /// [`DeviceError::Unsupported`] by default.

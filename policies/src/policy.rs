@@ -459,8 +459,10 @@ pub trait Policy {
     /// Takes over an allocator state that already exists: `segments` with their live
     /// blocks, and the private `pools` they belong to (with the pools that hold no
     /// segment yet), as PyTorch held them when a trace that starts mid-run began. The device
-    /// adopts the segments at their addresses ([`Device::adopt_segment`],
-    /// [`crate::VirtualMemory::adopt_range`]); the policy must be fresh. Returns one
+    /// adopts the segments ([`Device::adopt_segment`],
+    /// [`crate::VirtualMemory::adopt_range`]: a simulated device at their recorded
+    /// addresses, a real GPU where its driver puts them; the blocks go where the device
+    /// says, at their recorded offsets); the policy must be fresh. Returns one
     /// allocation per block, in the order given (segment by segment). Statistics start
     /// from this state (peaks are its values).
     ///

@@ -949,3 +949,134 @@ fn every_recorded_start_on_half_its_memory_runs_out_before_the_first_event() {
         );
     }
 }
+
+/// A device that cannot place memory where a recording says it was, as a real GPU:
+/// it adopts a state's segment or range by allocating or reserving one of its size
+/// wherever it places memory (`gpu_backend::CudaDevice` does the same through the
+/// driver). Everything else is the simulated device's.
+struct Relocating(sim::SimDevice);
+
+impl policies::Device for Relocating {
+    fn allocate_segment(
+        &mut self,
+        size_bytes: u64,
+    ) -> Result<policies::Segment, policies::DeviceError> {
+        self.0.allocate_segment(size_bytes)
+    }
+    fn free_segment(&mut self, segment: policies::Segment) -> Result<(), policies::DeviceError> {
+        self.0.free_segment(segment)
+    }
+    fn stats(&self) -> policies::DeviceStats {
+        self.0.stats()
+    }
+    fn virtual_memory(&mut self) -> Option<&mut dyn policies::VirtualMemory> {
+        Some(self)
+    }
+    fn adopt_segment(
+        &mut self,
+        addr: policies::DeviceAddr,
+        size_bytes: u64,
+    ) -> Result<policies::Segment, policies::DeviceError> {
+        let _ = addr;
+        self.0.allocate_segment(size_bytes)
+    }
+}
+
+impl policies::VirtualMemory for Relocating {
+    fn reserve_range(
+        &mut self,
+        size_bytes: u64,
+    ) -> Result<policies::AddressRange, policies::DeviceError> {
+        self.vm().reserve_range(size_bytes)
+    }
+    fn adopt_range(
+        &mut self,
+        addr: policies::DeviceAddr,
+        size_bytes: u64,
+    ) -> Result<policies::AddressRange, policies::DeviceError> {
+        let _ = addr;
+        self.vm().reserve_range(size_bytes)
+    }
+    fn create_physical(
+        &mut self,
+        size_bytes: u64,
+    ) -> Result<policies::PhysicalChunk, policies::DeviceError> {
+        self.vm().create_physical(size_bytes)
+    }
+    fn map(
+        &mut self,
+        range: &policies::AddressRange,
+        offset_bytes: u64,
+        chunks: &[policies::PhysicalChunk],
+    ) -> Result<(), policies::DeviceError> {
+        self.vm().map(range, offset_bytes, chunks)
+    }
+    fn unmap(
+        &mut self,
+        range: &policies::AddressRange,
+        offset_bytes: u64,
+        chunks: &[policies::PhysicalChunk],
+    ) -> Result<(), policies::DeviceError> {
+        self.vm().unmap(range, offset_bytes, chunks)
+    }
+    fn release_physical(
+        &mut self,
+        chunk: policies::PhysicalChunk,
+    ) -> Result<(), policies::DeviceError> {
+        self.vm().release_physical(chunk)
+    }
+    fn release_range(
+        &mut self,
+        range: policies::AddressRange,
+    ) -> Result<(), policies::DeviceError> {
+        self.vm().release_range(range)
+    }
+}
+
+impl Relocating {
+    fn vm(&mut self) -> &mut dyn policies::VirtualMemory {
+        policies::Device::virtual_memory(&mut self.0)
+            .expect("the simulated device has virtual memory")
+    }
+}
+
+/// On a device that puts a mid-run state's segments and expandable ranges elsewhere than
+/// recorded (a real GPU, as `allocsim validate` replays), the caching policy builds the
+/// state where the device put it: every recording replays under the caching policy with
+/// and without expandable segments, every invariant checked after each event, every
+/// live block inside a segment of the device, and the reserved peak that of the replay
+/// that adopts at the recorded addresses.
+#[test]
+fn a_device_that_relocates_the_starting_state_replays_it() {
+    for f in &unseen_midrun_recordings() {
+        let run = workloads::read_recorded_json(f).unwrap();
+        let trace = run.to_trace().unwrap();
+        for spec in ["caching", "caching:expandable_segments=True"] {
+            let config = policies::spec::parse_policy_list(spec, &Default::default()).unwrap();
+            let replay = |relocate: bool| {
+                let mut policy = config[0].config.build().unwrap();
+                let device = sim::SimDevice::new(sim::SimDeviceOptions::default());
+                let r = if relocate {
+                    sim::replay(&trace, policy.as_mut(), &mut Relocating(device), &checked())
+                } else {
+                    let mut device = device;
+                    sim::replay(&trace, policy.as_mut(), &mut device, &checked())
+                };
+                r.unwrap_or_else(|e| panic!("{} under {spec}: {e}", f.display()))
+            };
+            let (moved, recorded) = (replay(true), replay(false));
+            assert_eq!(
+                moved.summary.reserved_bytes_peak,
+                recorded.summary.reserved_bytes_peak,
+                "{} under {spec}",
+                f.display()
+            );
+            assert_eq!(
+                moved.oom.is_some(),
+                recorded.oom.is_some(),
+                "{}",
+                f.display()
+            );
+        }
+    }
+}

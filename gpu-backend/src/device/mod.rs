@@ -370,6 +370,14 @@ impl Device for CudaDevice {
         }
     }
 
+    /// A segment of a state rebuilt from a recording: `cuMemAlloc` of its size, where the
+    /// driver puts it (a real GPU cannot place memory at the recorded `addr`); the policy
+    /// builds the state's blocks there.
+    fn adopt_segment(&mut self, addr: DeviceAddr, size_bytes: u64) -> Result<Segment, DeviceError> {
+        let _ = addr;
+        self.allocate_segment(size_bytes)
+    }
+
     fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
         if self.vmm.is_some() {
             Some(self)

@@ -103,6 +103,18 @@ impl VirtualMemory for CudaDevice {
             .add_range(SegmentId(id), DeviceAddr(ptr), size_bytes))
     }
 
+    /// An expandable segment's range in a state rebuilt from a recording: reserved
+    /// where the driver puts it, as [`VirtualMemory::reserve_range`] (a real GPU cannot
+    /// place it at the recorded `addr`); the policy maps the state's runs into it.
+    fn adopt_range(
+        &mut self,
+        addr: DeviceAddr,
+        size_bytes: u64,
+    ) -> Result<AddressRange, DeviceError> {
+        let _ = addr;
+        self.reserve_range(size_bytes)
+    }
+
     /// `cuMemCreate` of a pinned device allocation; `size_bytes` must be a multiple of
     /// the VMM granularity (the driver refuses it otherwise).
     fn create_physical(&mut self, size_bytes: u64) -> Result<PhysicalChunk, DeviceError> {

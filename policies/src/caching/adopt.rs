@@ -11,6 +11,11 @@
 //! address range from its lowest mapped run (one range per stream and pool, as large
 //! as PyTorch reserves it).
 //!
+//! The device adopts each segment and range ([`Device::adopt_segment`],
+//! [`crate::VirtualMemory::adopt_range`]) and says where: a simulated device at the
+//! recorded address, a real GPU wherever its driver puts it; the blocks are built at
+//! that address, their offsets in the segment as recorded.
+//!
 //! Private pools (CUDA graphs' pools, MemPools) are created first, with the uses,
 //! flags and allocation under way the state gives them, and their segments built into
 //! their own pool pairs (an expandable segment's range per stream, pool pair and
@@ -33,6 +38,17 @@ struct Piece<'a> {
     size: u64,
     mapped: bool,
     live: Option<(usize, &'a AdoptBlock)>,
+}
+
+/// Moves `pieces` laid out from the recorded address `from` to the address `to` the
+/// device adopted their segment or range at: the same on a simulated device, which
+/// places memory where the recording says; where the driver put it on a real GPU.
+fn move_pieces(pieces: &mut [Piece<'_>], from: u64, to: u64) {
+    if from != to {
+        for p in pieces {
+            p.addr = p.addr - from + to;
+        }
+    }
 }
 
 impl CachingPolicy {
@@ -72,8 +88,10 @@ impl CachingPolicy {
                     seg.addr
                 )));
             }
-            let pieces = self.pieces(addr, size, &seg.blocks, pool, owner, false, firsts[i])?;
+            let mut pieces = self.pieces(addr, size, &seg.blocks, pool, owner, false, firsts[i])?;
             let segment = device.adopt_segment(seg.addr, size)?;
+            // A real GPU puts the segment where its driver does: the state is built there.
+            move_pieces(&mut pieces, addr, segment.addr.0);
             let slot = self.segments.insert(segment);
             self.total_allocated += size;
             self.count_pool_segment(owner, true, false);
@@ -196,6 +214,7 @@ impl CachingPolicy {
                 what: "virtual memory management (needed by expandable segments)",
             })?;
             let range = vm.adopt_range(DeviceAddr(base), range_size)?;
+            move_pieces(&mut pieces, base, range.addr.0);
             let mut es = ExpandableSegment {
                 range,
                 page_bytes: page,
