@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use policies::spec::PolicySpec;
 use policies::DeviceError;
 use sim::validation::Validation;
-use sim::{CompareInput, ReplayError, ReplayOptions, SimDevice, SimDeviceOptions};
+use sim::{CompareInput, ReplayError, ReplayOptions, SimDeviceOptions};
 
 use crate::device::CudaDevice;
 
@@ -76,9 +76,10 @@ pub fn validate_one(
         .config
         .build()
         .map_err(|e| ValidateError::Policy(e.to_string()))?;
-    let mut sim_device = SimDevice::with_hints(model.clone(), input.hints.for_policy(&spec.config));
-    let predicted = sim::replay(&input.trace, policy.as_mut(), &mut sim_device, &options)
-        .map_err(|e| fail("predicted", e))?;
+    // A mid-run trace's state is adopted where the device puts it, on both sides.
+    let predicted =
+        sim::validation::predict(input, policy.as_mut(), &spec.config, &model, &options)
+            .map_err(|e| fail("predicted", e))?;
 
     let mut policy = spec
         .config

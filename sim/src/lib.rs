@@ -48,6 +48,7 @@ mod observe;
 mod packing;
 mod profile;
 pub mod recorded;
+mod relocated;
 mod replay;
 pub mod report;
 pub mod stats;
@@ -68,6 +69,7 @@ pub use observe::{DeviceOp, DeviceOpKind, Observer, Outcome, Skip, Step, Timelin
 pub use profile::{
     DeviceProfile, ProfileError, ProfileProblem, MAX_PROFILE_BYTES, MAX_USABLE_SPREAD_BYTES,
 };
+pub use relocated::Relocated;
 pub use replay::{
     replay, replay_checked, replay_events, replay_with, Replay, ReplayError, ReplayOptions,
 };

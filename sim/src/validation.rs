@@ -7,8 +7,38 @@ use std::io;
 
 use serde::Serialize;
 
-use crate::replay::Replay;
+use policies::{Policy, PolicyConfig};
+
+use crate::replay::{Replay, ReplayError, ReplayOptions};
 use crate::report::write_records;
+use crate::{CompareInput, Relocated, SimDevice, SimDeviceOptions};
+
+/// The predicted side of a validation: `input` replayed under `policy` on the simulated
+/// device `model` (with the capacity already in it). A trace that starts mid-run is
+/// predicted as the GPU runs it: a GPU cannot place the starting state's segments where
+/// the recording says they were and allocates them where its driver puts them
+/// (`gpu_backend::CudaDevice::adopt_segment`), so the prediction adopts them through the
+/// model's placements too ([`Relocated`], no recorded addresses), and those steer the
+/// caching policy's choices by address on both sides. Any other trace follows its
+/// recorded addresses ([`crate::AddressHints::for_policy`]).
+///
+/// # Errors
+/// As [`crate::replay()`].
+pub fn predict(
+    input: &CompareInput,
+    policy: &mut dyn Policy,
+    config: &PolicyConfig,
+    model: &SimDeviceOptions,
+    options: &ReplayOptions,
+) -> Result<Replay, ReplayError> {
+    if input.trace.start.is_some() {
+        let mut device = Relocated(SimDevice::new(model.clone()));
+        crate::replay(&input.trace, policy, &mut device, options)
+    } else {
+        let mut device = SimDevice::with_hints(model.clone(), input.hints.for_policy(config));
+        crate::replay(&input.trace, policy, &mut device, options)
+    }
+}
 
 /// One validation: the same trace and policy, predicted and observed.
 #[derive(Clone, Debug)]

@@ -950,96 +950,6 @@ fn every_recorded_start_on_half_its_memory_runs_out_before_the_first_event() {
     }
 }
 
-/// A device that cannot place memory where a recording says it was, as a real GPU:
-/// it adopts a state's segment or range by allocating or reserving one of its size
-/// wherever it places memory (`gpu_backend::CudaDevice` does the same through the
-/// driver). Everything else is the simulated device's.
-struct Relocating(sim::SimDevice);
-
-impl policies::Device for Relocating {
-    fn allocate_segment(
-        &mut self,
-        size_bytes: u64,
-    ) -> Result<policies::Segment, policies::DeviceError> {
-        self.0.allocate_segment(size_bytes)
-    }
-    fn free_segment(&mut self, segment: policies::Segment) -> Result<(), policies::DeviceError> {
-        self.0.free_segment(segment)
-    }
-    fn stats(&self) -> policies::DeviceStats {
-        self.0.stats()
-    }
-    fn virtual_memory(&mut self) -> Option<&mut dyn policies::VirtualMemory> {
-        Some(self)
-    }
-    fn adopt_segment(
-        &mut self,
-        addr: policies::DeviceAddr,
-        size_bytes: u64,
-    ) -> Result<policies::Segment, policies::DeviceError> {
-        let _ = addr;
-        self.0.allocate_segment(size_bytes)
-    }
-}
-
-impl policies::VirtualMemory for Relocating {
-    fn reserve_range(
-        &mut self,
-        size_bytes: u64,
-    ) -> Result<policies::AddressRange, policies::DeviceError> {
-        self.vm().reserve_range(size_bytes)
-    }
-    fn adopt_range(
-        &mut self,
-        addr: policies::DeviceAddr,
-        size_bytes: u64,
-    ) -> Result<policies::AddressRange, policies::DeviceError> {
-        let _ = addr;
-        self.vm().reserve_range(size_bytes)
-    }
-    fn create_physical(
-        &mut self,
-        size_bytes: u64,
-    ) -> Result<policies::PhysicalChunk, policies::DeviceError> {
-        self.vm().create_physical(size_bytes)
-    }
-    fn map(
-        &mut self,
-        range: &policies::AddressRange,
-        offset_bytes: u64,
-        chunks: &[policies::PhysicalChunk],
-    ) -> Result<(), policies::DeviceError> {
-        self.vm().map(range, offset_bytes, chunks)
-    }
-    fn unmap(
-        &mut self,
-        range: &policies::AddressRange,
-        offset_bytes: u64,
-        chunks: &[policies::PhysicalChunk],
-    ) -> Result<(), policies::DeviceError> {
-        self.vm().unmap(range, offset_bytes, chunks)
-    }
-    fn release_physical(
-        &mut self,
-        chunk: policies::PhysicalChunk,
-    ) -> Result<(), policies::DeviceError> {
-        self.vm().release_physical(chunk)
-    }
-    fn release_range(
-        &mut self,
-        range: policies::AddressRange,
-    ) -> Result<(), policies::DeviceError> {
-        self.vm().release_range(range)
-    }
-}
-
-impl Relocating {
-    fn vm(&mut self) -> &mut dyn policies::VirtualMemory {
-        policies::Device::virtual_memory(&mut self.0)
-            .expect("the simulated device has virtual memory")
-    }
-}
-
 /// On a device that puts a mid-run state's segments and expandable ranges elsewhere than
 /// recorded (a real GPU, as `allocsim validate` replays), the caching policy builds the
 /// state where the device put it: every recording replays under the caching policy with
@@ -1057,7 +967,12 @@ fn a_device_that_relocates_the_starting_state_replays_it() {
                 let mut policy = config[0].config.build().unwrap();
                 let device = sim::SimDevice::new(sim::SimDeviceOptions::default());
                 let r = if relocate {
-                    sim::replay(&trace, policy.as_mut(), &mut Relocating(device), &checked())
+                    sim::replay(
+                        &trace,
+                        policy.as_mut(),
+                        &mut sim::Relocated(device),
+                        &checked(),
+                    )
                 } else {
                     let mut device = device;
                     sim::replay(&trace, policy.as_mut(), &mut device, &checked())
@@ -1079,4 +994,43 @@ fn a_device_that_relocates_the_starting_state_replays_it() {
             );
         }
     }
+}
+
+/// `validate`'s prediction of a mid-run trace adopts the starting state where the model
+/// places new segments, as the GPU does: `mempool_phases__wrap2290` under the caching
+/// policy is predicted at the reserved peak an H200 gave (1 893 728 256 bytes, 95 of 95
+/// mid-run validation runs agreeing, docs/validation.md), where the recorded addresses
+/// (the recorded process's placement, which a GPU run cannot have) predict 2 MiB more.
+#[test]
+fn validation_predicts_a_midrun_state_where_the_gpu_puts_it() {
+    let path = unseen_midrun_dir().join("../midrun-pools/mempool_phases__wrap2290.json");
+    let run = workloads::read_recorded_json(&path).unwrap();
+    let trace = run.to_trace().unwrap();
+    assert!(trace.start.is_some());
+    let model = sim::DeviceProfile::builtin("h200").unwrap().to_options();
+    let hints = sim::recorded::address_hints(&run, model.total_bytes).unwrap();
+    let input = sim::CompareInput { trace, hints };
+    let config = policies::spec::parse_policy_list("caching", &Default::default()).unwrap();
+    let config = &config[0].config;
+    let predicted = sim::validation::predict(
+        &input,
+        config.build().unwrap().as_mut(),
+        config,
+        &model,
+        &checked(),
+    )
+    .unwrap();
+    assert_eq!(predicted.summary.reserved_bytes_peak, 1_893_728_256);
+    let mut device = sim::SimDevice::with_hints(model, input.hints.for_policy(config));
+    let recorded = sim::replay(
+        &input.trace,
+        config.build().unwrap().as_mut(),
+        &mut device,
+        &checked(),
+    )
+    .unwrap();
+    assert_eq!(
+        recorded.summary.reserved_bytes_peak,
+        1_893_728_256 + 2 * MIB
+    );
 }
