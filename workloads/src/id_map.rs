@@ -8,11 +8,16 @@
 //! array indexings, with no hashing. Ids from [`DENSE_LIMIT`] up (a trace that numbers
 //! its allocations by address) go to a hash map instead, which is also proportional
 //! to what is live. A trace whose ids count up keeps a sliding window of pages: the
-//! page directory costs 8 bytes per [`PAGE_SLOTS`] ids ever seen (1 MB for 10⁸ ids),
-//! the pages themselves only what is live, give or take a page at each end of a live
-//! run.
+//! pages themselves hold only what is live, give or take a page at each end of a live
+//! run, and the page directory (16 bytes a page) covers only the pages from the oldest
+//! one in use to the newest: where the directory's front is mostly empty (a run of
+//! [`TRIM_GAP`] empty pages or more before its last held pages), it is cut there, and
+//! the pages before the cut that still hold values (ids that live long, such as a
+//! model's weights allocated first) move to an ordered map of their own, found by a
+//! slower lookup. So memory follows the live ids, not the ids ever seen (the directory
+//! was a slot per page ever seen: 6 MB for 10⁸ ids).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::trace::AllocId;
 
@@ -28,6 +33,13 @@ pub const DENSE_LIMIT: u64 = 1 << 28;
 /// Emptied pages kept for reuse, so an id run that keeps crossing a page boundary
 /// does not allocate a page per event.
 const SPARE_PAGES: usize = 4;
+
+/// A run of this many empty pages in the page directory, before the pages it holds
+/// last, is where the directory is cut when it grows (the module docs).
+pub const TRIM_GAP: usize = 16;
+
+/// The directory length below which no cut is tried.
+const TRIM_MIN: usize = 64;
 
 struct Page<T> {
     /// A fixed number of slots: a slot's index needs no bounds check.
@@ -53,7 +65,17 @@ impl<T> Page<T> {
 /// A map from [`AllocId`] to `T` in memory proportional to its entries (see the
 /// module docs).
 pub struct IdMap<T> {
+    /// The page directory: page `first + i` at `pages[i]`.
     pages: Vec<Option<Page<T>>>,
+    /// The page index of `pages[0]`.
+    first: usize,
+    /// Pages held in `pages`.
+    held: usize,
+    /// The directory length at which the next cut is tried (doubled after each
+    /// try, so trying costs a constant per page added).
+    trim_at: usize,
+    /// Pages before `first` that hold values, by page index.
+    behind: BTreeMap<usize, Page<T>>,
     sparse: HashMap<u64, T>,
     spare: Vec<Page<T>>,
     len: usize,
@@ -70,6 +92,10 @@ impl<T> IdMap<T> {
     pub fn new() -> IdMap<T> {
         IdMap {
             pages: Vec::new(),
+            first: 0,
+            held: 0,
+            trim_at: TRIM_MIN,
+            behind: BTreeMap::new(),
             sparse: HashMap::new(),
             spare: Vec::new(),
             len: 0,
@@ -93,6 +119,24 @@ impl<T> IdMap<T> {
         )
     }
 
+    /// Page `p`, if it exists: in the directory (one indexing), else behind it.
+    #[inline(always)]
+    fn page(&self, p: usize) -> Option<&Page<T>> {
+        match self.pages.get(p.wrapping_sub(self.first)) {
+            Some(page) => page.as_ref(),
+            None => page_behind(&self.behind, p),
+        }
+    }
+
+    /// Page `p`, to change it, if it exists.
+    #[inline(always)]
+    fn page_mut(&mut self, p: usize) -> Option<&mut Page<T>> {
+        match self.pages.get_mut(p.wrapping_sub(self.first)) {
+            Some(page) => page.as_mut(),
+            None => page_behind_mut(&mut self.behind, p),
+        }
+    }
+
     /// Sets `id`'s value, returning the one it replaces.
     #[inline]
     pub fn insert(&mut self, id: AllocId, value: T) -> Option<T> {
@@ -100,9 +144,9 @@ impl<T> IdMap<T> {
             return self.insert_sparse(id, value);
         }
         let (p, s) = Self::split(id);
-        let page = match self.pages.get_mut(p) {
-            Some(Some(page)) => page,
-            _ => self.new_page(p),
+        let page = match self.page_mut(p) {
+            Some(page) => page,
+            None => self.new_page(p),
         };
         let old = page.slots[s].replace(value);
         if old.is_none() {
@@ -125,9 +169,9 @@ impl<T> IdMap<T> {
             return Ok(());
         }
         let (p, s) = Self::split(id);
-        let page = match self.pages.get_mut(p) {
-            Some(Some(page)) => page,
-            _ => self.new_page(p),
+        let page = match self.page_mut(p) {
+            Some(page) => page,
+            None => self.new_page(p),
         };
         let slot = &mut page.slots[s];
         if slot.is_some() {
@@ -139,17 +183,18 @@ impl<T> IdMap<T> {
         Ok(())
     }
 
-    /// `id`'s place, where `id` is below [`DENSE_LIMIT`] and its page exists: found
-    /// once, then read, filled or emptied without a second lookup (a caller that
-    /// borrows the value while it calls something else, then empties the slot).
-    /// `None` for other ids, whose values the other methods take.
+    /// `id`'s place, where `id` is below [`DENSE_LIMIT`] and its page is in the
+    /// directory: found once, then read, filled or emptied without a second lookup (a
+    /// caller that borrows the value while it calls something else, then empties the
+    /// slot). `None` for other ids (a page behind the directory included), whose
+    /// values the other methods take.
     #[inline(always)]
     pub fn place(&mut self, id: AllocId) -> Option<Place<'_, T>> {
         if id.0 >= DENSE_LIMIT {
             return None;
         }
         let (p, s) = Self::split(id);
-        let page = self.pages.get_mut(p)?.as_mut()?;
+        let page = self.pages.get_mut(p.wrapping_sub(self.first))?.as_mut()?;
         Some(Place {
             slot: &mut page.slots[s],
             used: &mut page.used,
@@ -166,20 +211,76 @@ impl<T> IdMap<T> {
             return;
         }
         let (p, _) = Self::split(id);
-        if matches!(self.pages.get(p), Some(Some(page)) if page.used == 0) {
+        if self.page(p).is_some_and(|page| page.used == 0) {
             self.release_page(p);
         }
     }
 
-    /// Page `p`, made (or taken from the spares) where it is missing.
+    /// Page `p`, which is missing, made (or taken from the spares): in the directory,
+    /// grown (and cut, [`IdMap::trim`]) to reach it, or behind it for a page before
+    /// the directory's first.
     #[cold]
     #[inline(never)]
     fn new_page(&mut self, p: usize) -> &mut Page<T> {
-        if self.pages.len() <= p {
-            self.pages.resize_with(p + 1, || None);
+        let page = self.spare.pop().unwrap_or_else(Page::new);
+        if self.held == 0 {
+            // Nothing in the directory: it starts again at `p`, or just after the
+            // pages behind it (every page behind comes before `first`).
+            let floor = self.behind.last_key_value().map_or(0, |(&q, _)| q + 1);
+            self.pages.clear();
+            self.first = p.max(floor);
         }
-        let spare = &mut self.spare;
-        self.pages[p].get_or_insert_with(|| spare.pop().unwrap_or_else(Page::new))
+        if p < self.first {
+            return self.behind.entry(p).or_insert(page);
+        }
+        if p - self.first >= self.pages.len() {
+            if self.pages.len() >= self.trim_at {
+                self.trim();
+                if self.pages.is_empty() {
+                    // Cut whole: every page behind comes before `first`, so before `p`.
+                    self.first = p;
+                }
+            }
+            self.pages.resize_with(p - self.first + 1, || None);
+        }
+        self.held += 1;
+        let slot = &mut self.pages[p - self.first];
+        debug_assert!(slot.is_none(), "the page was missing");
+        slot.insert(page)
+    }
+
+    /// Cuts the directory's front where it is mostly empty: after the last run of
+    /// [`TRIM_GAP`] empty pages or more that comes before the last pages it holds
+    /// (all of it where it ends in such a run). Pages before the cut that hold values
+    /// move behind the directory. The next try comes when the directory has doubled.
+    #[cold]
+    #[inline(never)]
+    fn trim(&mut self) {
+        let mut cut = 0;
+        let mut run = 0;
+        for (i, page) in self.pages.iter().enumerate() {
+            if page.is_some() {
+                if run >= TRIM_GAP {
+                    cut = i;
+                }
+                run = 0;
+            } else {
+                run += 1;
+            }
+        }
+        if run >= TRIM_GAP {
+            cut = self.pages.len();
+        }
+        if cut > 0 {
+            for (i, page) in self.pages.drain(..cut).enumerate() {
+                if let Some(page) = page {
+                    self.behind.insert(self.first + i, page);
+                    self.held -= 1;
+                }
+            }
+            self.first += cut;
+        }
+        self.trim_at = (2 * self.pages.len()).max(TRIM_MIN);
     }
 
     #[cold]
@@ -199,7 +300,7 @@ impl<T> IdMap<T> {
             return self.sparse.get(&id.0);
         }
         let (p, s) = Self::split(id);
-        self.pages.get(p)?.as_ref()?.slots[s].as_ref()
+        self.page(p)?.slots[s].as_ref()
     }
 
     /// `id`'s value, to change it.
@@ -209,7 +310,7 @@ impl<T> IdMap<T> {
             return self.sparse.get_mut(&id.0);
         }
         let (p, s) = Self::split(id);
-        self.pages.get_mut(p)?.as_mut()?.slots[s].as_mut()
+        self.page_mut(p)?.slots[s].as_mut()
     }
 
     /// Takes `id`'s value out; a page left empty is dropped (or kept as a spare).
@@ -219,11 +320,12 @@ impl<T> IdMap<T> {
             return self.remove_sparse(id);
         }
         let (p, s) = Self::split(id);
-        let page = self.pages.get_mut(p)?.as_mut()?;
+        let page = self.page_mut(p)?;
         let old = page.slots[s].take()?;
         page.used -= 1;
+        let emptied = page.used == 0;
         self.len -= 1;
-        if page.used == 0 {
+        if emptied {
             self.release_page(p);
         }
         Some(old)
@@ -239,7 +341,7 @@ impl<T> IdMap<T> {
             return;
         }
         let (p, s) = Self::split(id);
-        let Some(Some(page)) = self.pages.get_mut(p) else {
+        let Some(page) = self.page_mut(p) else {
             return;
         };
         let slot = &mut page.slots[s];
@@ -248,8 +350,9 @@ impl<T> IdMap<T> {
         }
         *slot = None;
         page.used -= 1;
+        let emptied = page.used == 0;
         self.len -= 1;
-        if page.used == 0 {
+        if emptied {
             self.release_page(p);
         }
     }
@@ -258,7 +361,14 @@ impl<T> IdMap<T> {
     #[cold]
     #[inline(never)]
     fn release_page(&mut self, p: usize) {
-        let page = self.pages[p].take().expect("the page was just used");
+        let page = match self.pages.get_mut(p.wrapping_sub(self.first)) {
+            Some(page) => {
+                self.held -= 1;
+                page.take()
+            }
+            None => self.behind.remove(&p),
+        };
+        let page = page.expect("the page was just used");
         if self.spare.len() < SPARE_PAGES {
             self.spare.push(page);
         }
@@ -277,10 +387,16 @@ impl<T> IdMap<T> {
     /// Every entry: dense ids in increasing order, then the others in no fixed order
     /// (sort them where the order matters).
     pub fn iter(&self) -> impl Iterator<Item = (AllocId, &T)> {
-        self.pages
+        let first = self.first;
+        self.behind
             .iter()
-            .enumerate()
-            .filter_map(|(p, page)| page.as_ref().map(|page| (p, page)))
+            .map(|(&p, page)| (p, page))
+            .chain(
+                self.pages
+                    .iter()
+                    .enumerate()
+                    .filter_map(move |(i, page)| page.as_ref().map(|page| (first + i, page))),
+            )
             .flat_map(|(p, page)| {
                 page.slots.iter().enumerate().filter_map(move |(s, v)| {
                     v.as_ref()
@@ -293,25 +409,50 @@ impl<T> IdMap<T> {
     /// Removes every entry, in the order of [`IdMap::iter`].
     pub fn drain(&mut self) -> Vec<(AllocId, T)> {
         let mut out = Vec::with_capacity(self.len);
-        for (p, page) in self.pages.iter_mut().enumerate() {
-            if let Some(page) = page.take() {
-                let slots: Box<[Option<T>]> = page.slots;
-                for (s, v) in slots.into_vec().into_iter().enumerate() {
-                    if let Some(v) = v {
-                        out.push((AllocId(((p as u64) << PAGE_BITS) | s as u64), v));
-                    }
+        let first = self.first;
+        let behind = std::mem::take(&mut self.behind);
+        let pages = self
+            .pages
+            .drain(..)
+            .enumerate()
+            .filter_map(|(i, page)| page.map(|page| (first + i, page)));
+        for (p, page) in behind.into_iter().chain(pages) {
+            let slots: Box<[Option<T>]> = page.slots;
+            for (s, v) in slots.into_vec().into_iter().enumerate() {
+                if let Some(v) = v {
+                    out.push((AllocId(((p as u64) << PAGE_BITS) | s as u64), v));
                 }
             }
         }
         out.extend(self.sparse.drain().map(|(id, v)| (AllocId(id), v)));
+        self.held = 0;
         self.len = 0;
         out
     }
 
     /// Pages held now (for tests of the memory bound).
     pub fn pages_held(&self) -> usize {
-        self.pages.iter().flatten().count()
+        self.pages.iter().flatten().count() + self.behind.len()
     }
+
+    /// Entries of the page directory now (for tests of the memory bound).
+    pub fn directory_len(&self) -> usize {
+        self.pages.len()
+    }
+}
+
+/// Page `p` behind the directory, if it exists there (a slower lookup, out of line).
+#[cold]
+#[inline(never)]
+fn page_behind<T>(behind: &BTreeMap<usize, Page<T>>, p: usize) -> Option<&Page<T>> {
+    behind.get(&p)
+}
+
+/// [`page_behind`], to change the page.
+#[cold]
+#[inline(never)]
+fn page_behind_mut<T>(behind: &mut BTreeMap<usize, Page<T>>, p: usize) -> Option<&mut Page<T>> {
+    behind.get_mut(&p)
 }
 
 /// A slot of an [`IdMap`] found once ([`IdMap::place`]).
@@ -509,6 +650,74 @@ mod tests {
         }
         assert_eq!(m.len(), 50);
         assert!(m.pages_held() <= 2, "{} pages", m.pages_held());
+    }
+
+    /// Ids counting up past one that stays live (a model's weights, allocated first)
+    /// keep a directory of a few pages, not one entry per page ever seen: the live
+    /// id's page moves behind the directory and is still found, changed and freed.
+    #[test]
+    fn the_directory_follows_the_live_ids_past_a_long_lived_one() {
+        let mut m = IdMap::new();
+        m.insert(AllocId(0), u64::MAX);
+        for id in 1..1_000_000u64 {
+            m.insert(AllocId(id), id);
+            if id >= 51 {
+                assert_eq!(m.remove(AllocId(id - 50)), Some(id - 50));
+            }
+        }
+        assert_eq!(m.len(), 51);
+        assert!(m.pages_held() <= 3, "{} pages", m.pages_held());
+        assert!(
+            m.directory_len() <= 2 * TRIM_MIN,
+            "{} directory entries for {} pages seen",
+            m.directory_len(),
+            1_000_000 / PAGE_SLOTS
+        );
+        assert_eq!(m.get(AllocId(0)), Some(&u64::MAX));
+        *m.get_mut(AllocId(0)).unwrap() -= 1;
+        assert!(m.place(AllocId(0)).is_none(), "behind the directory");
+        let ids: Vec<u64> = m.iter().map(|(id, _)| id.0).take(2).collect();
+        assert_eq!(ids, [0, 999_950], "the page behind comes first");
+        assert_eq!(m.insert_vacant(AllocId(1), 1), Ok(()), "a new id behind");
+        assert_eq!(m.remove(AllocId(0)), Some(u64::MAX - 1));
+        m.discard(AllocId(1));
+        assert_eq!((m.len(), m.get(AllocId(0))), (50, None));
+        assert!(m.pages_held() <= 2, "{} pages", m.pages_held());
+    }
+
+    /// Ids in an order the directory's cuts do not expect (counting up, then from 0
+    /// again, jumps, some left live) agree with a hash map throughout.
+    #[test]
+    fn cuts_keep_every_value() {
+        let mut m = IdMap::new();
+        let mut reference = HashMap::new();
+        let mut ids: Vec<u64> = (0..200_000).collect();
+        ids.extend(0..100_000);
+        ids.extend((0..50_000).map(|i| i * 97 % 300_000));
+        ids.extend((1_000_000..1_100_000).rev());
+        for (n, &id) in ids.iter().enumerate() {
+            if n % 3 == 2 || (id % 1000 == 7 && reference.contains_key(&id)) {
+                assert_eq!(m.remove(AllocId(id)), reference.remove(&id), "remove {id}");
+            } else {
+                assert_eq!(
+                    m.insert(AllocId(id), n),
+                    reference.insert(id, n),
+                    "insert {id}"
+                );
+            }
+            if n % 1000 == 0 {
+                let probe = ids[n / 2];
+                assert_eq!(m.get(AllocId(probe)), reference.get(&probe), "get {probe}");
+            }
+        }
+        assert_eq!(m.len(), reference.len());
+        let mut expected: Vec<(u64, usize)> = reference.into_iter().collect();
+        expected.sort_unstable();
+        let got: Vec<(u64, usize)> = m.iter().map(|(id, &v)| (id.0, v)).collect();
+        assert_eq!(got, expected, "iteration in id order");
+        let drained: Vec<(u64, usize)> = m.drain().into_iter().map(|(id, v)| (id.0, v)).collect();
+        assert_eq!(drained, expected);
+        assert_eq!((m.len(), m.pages_held()), (0, 0));
     }
 
     /// Iteration and draining give dense ids in order, then the sparse ones.
