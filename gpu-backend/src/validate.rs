@@ -117,8 +117,7 @@ pub fn validate_one(
     // one the GPU is nowhere near its limit.)
     if capacity_bytes.is_some() && !validation.agrees() {
         validation.within_driver_variation = sim::boundary::within_driver_variation(
-            &input.trace,
-            &input.hints,
+            input,
             &spec.config,
             &model,
             &options,

@@ -25,7 +25,7 @@ use policies::PolicyConfig;
 use workloads::size::format_size_human;
 use workloads::Trace;
 
-use crate::compare::{replay_policy, CompareError};
+use crate::compare::{CompareError, CompareInput};
 use crate::device::{AddressHints, SimDeviceOptions};
 use crate::fit::fits;
 use crate::replay::{Replay, ReplayOptions};
@@ -146,23 +146,40 @@ pub fn replays_agree(predicted: &Replay, observed: &Replay) -> bool {
 /// Whether a GPU's `observed` replay, which the prediction on `model` did not match, is
 /// what the model predicts at some capacity within the driver's variation (the band
 /// below and above `model`'s capacity): the prediction and the observation differ, but
-/// the boundary lies within the band. False without a spread.
+/// the boundary lies within the band. False without a spread. Each capacity is
+/// predicted as `validate` predicts ([`crate::validation::predict`]: a mid-run trace's
+/// state adopted where the model places it).
 ///
 /// # Errors
 /// The policy does not build, or a predicted replay stops for a reason other than
 /// memory.
 pub fn within_driver_variation(
-    trace: &Trace,
-    hints: &AddressHints,
+    input: &CompareInput,
     config: &PolicyConfig,
     model: &SimDeviceOptions,
     options: &ReplayOptions,
     observed: &Replay,
 ) -> Result<bool, CompareError> {
-    let label = config.to_string();
+    let fail = |policy: String| (input.trace.name.clone(), policy);
     for below in [true, false] {
         for d in devices_within_band(model, below) {
-            let predicted = replay_policy(trace, hints, config, &label, &d, options, &mut ())?;
+            let mut policy = config.build().map_err(|source| {
+                let (trace, policy) = fail(config.to_string());
+                CompareError::Build {
+                    trace,
+                    policy,
+                    source,
+                }
+            })?;
+            let predicted = crate::validation::predict(input, policy.as_mut(), config, &d, options)
+                .map_err(|source| {
+                    let (trace, policy) = fail(config.to_string());
+                    CompareError::Replay {
+                        trace,
+                        policy,
+                        source,
+                    }
+                })?;
             if replays_agree(&predicted, observed) {
                 return Ok(true);
             }
@@ -323,8 +340,10 @@ mod tests {
         };
         let within = |model: SimDeviceOptions, observed: &Replay| {
             within_driver_variation(
-                &t,
-                &AddressHints::default(),
+                &CompareInput {
+                    trace: t.clone(),
+                    hints: AddressHints::default(),
+                },
                 &immediate(),
                 &model,
                 &ReplayOptions::default(),
