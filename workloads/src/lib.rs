@@ -41,7 +41,6 @@
 #![deny(missing_docs)]
 
 pub mod csv;
-pub mod feed;
 mod format;
 pub mod generate;
 pub mod id_map;
