@@ -383,7 +383,10 @@ fn drive<S: EventStream, P: Policy + AsDynPolicy + ?Sized, O: Observer + ?Sized>
         );
         (replay, false)
     } else {
-        crate::replay::replay_checked(&mut events, policy, device, replay_options, observer)
+        // The reader's own source: a CSV trace's usual rows reach the engine's step
+        // from the branch that read their op.
+        let mut source = events.source();
+        crate::replay::replay_checked(&mut source, policy, device, replay_options, observer)
     };
     // An out-of-memory (or a replay error) stops the replay, not the reading of the
     // rest of the file (checked above unless lenient), whose problems come first; an

@@ -1,6 +1,7 @@
 //! The replay engine: one pass over a trace, one policy, one device, and an observer
 //! that sees every event ([`replay_with`]).
 
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use policies::AsDynPolicy;
@@ -9,6 +10,7 @@ use policies::{
     AllocatorCall, BlockState, CallError, CallOutcome, Device, DeviceAddr, DeviceError,
     DeviceStats, Policy, PolicyStats, PoolId, PoolStreams, Request, StreamId,
 };
+use workloads::feed::{EventSink, EventSource};
 use workloads::id_map::IdMap;
 use workloads::validate::Validator;
 use workloads::{AllocId, Event, StartPool, StartState, Trace};
@@ -481,16 +483,18 @@ where
 /// free is no error. After a stop (an out-of-memory without `continue_after_oom`, a
 /// replay error) the rest of the events are still checked; an interruption stops both.
 ///
-/// The engine calls `events`' own `next` (not through a `&mut` adaptor), so a reader's
-/// row scan can inline into its loop.
+/// `events` is any [`EventSource`]: an iterator (whose own `next` the engine calls in a
+/// loop, so that a reader's row scan inlines there), or a reader that calls the
+/// engine's step from the branch that read each row's op
+/// ([`workloads::csv::CsvEvents::rows`]: the step inlined there has no op to decide).
 ///
 /// # Errors
 /// As [`replay`] (in the result; the check's answer comes either way).
 ///
 /// # Panics
 /// As [`replay`].
-pub fn replay_checked<P, O, E, I>(
-    events: &mut I,
+pub fn replay_checked<P, O, S>(
+    events: &mut S,
     policy: &mut P,
     device: &mut dyn Device,
     options: &ReplayOptions,
@@ -499,8 +503,7 @@ pub fn replay_checked<P, O, E, I>(
 where
     P: Policy + AsDynPolicy + ?Sized,
     O: Observer + ?Sized,
-    E: std::borrow::Borrow<Event>,
-    I: Iterator<Item = E> + ?Sized,
+    S: EventSource + ?Sized,
 {
     replay_checked_from(None, events, policy, device, options, observer)
 }
@@ -510,9 +513,9 @@ where
 /// [`workloads::validate()`] does) or an empty one (`None`: [`replay_checked`] is
 /// this); errors and panics as [`replay_checked`].
 #[inline]
-pub fn replay_checked_from<P, O, E, I>(
+pub fn replay_checked_from<P, O, S>(
     start: Option<&StartState>,
-    events: &mut I,
+    events: &mut S,
     policy: &mut P,
     device: &mut dyn Device,
     options: &ReplayOptions,
@@ -521,8 +524,7 @@ pub fn replay_checked_from<P, O, E, I>(
 where
     P: Policy + AsDynPolicy + ?Sized,
     O: Observer + ?Sized,
-    E: std::borrow::Borrow<Event>,
-    I: Iterator<Item = E> + ?Sized,
+    S: EventSource + ?Sized,
 {
     let mut live = LiveTable::default();
     let mut checks = Checks {
@@ -543,17 +545,38 @@ where
         Err(ReplayError::Interrupted { .. }) => return (result, false),
         Err(e) => e.event_index() as usize + 1,
     };
-    for (index, event) in (first..).zip(events) {
+    let mut rest = CheckOnly {
+        index: first,
+        live: &mut live,
+        checks: &mut checks,
+    };
+    let ControlFlow::Continue(()) = events.feed(&mut rest);
+    let problem = live.problem || checks.pools.has_errors();
+    (result, problem)
+}
+
+/// The checks alone, on the events after a stop ([`replay_checked_from`]).
+struct CheckOnly<'a> {
+    /// The next event's index.
+    index: usize,
+    live: &'a mut LiveTable,
+    checks: &'a mut Checks,
+}
+
+impl<E: std::borrow::Borrow<Event>> EventSink<E> for CheckOnly<'_> {
+    type Stop = std::convert::Infallible;
+
+    fn event(&mut self, event: E) -> ControlFlow<std::convert::Infallible> {
         let event = event.borrow();
         match event {
             Event::Alloc { .. } | Event::Free { .. } | Event::FreeRequested { .. } => {
-                live.check_only(event);
+                self.live.check_only(event);
             }
-            _ => checks.other(index, event),
+            _ => self.checks.other(self.index, event),
         }
+        self.index += 1;
+        ControlFlow::Continue(())
     }
-    let problem = live.problem || checks.pools.has_errors();
-    (result, problem)
 }
 
 /// The engine: [`replay_events`] over `events` with the live table `live`, also
@@ -561,21 +584,20 @@ where
 /// ids). Events after a stop are left in `events`.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn run<P, O, E, I>(
+fn run<P, O, S>(
     start: Option<&StartState>,
-    events: &mut I,
+    events: &mut S,
     policy: &mut P,
     device: &mut dyn Device,
     options: &ReplayOptions,
     observer: &mut O,
     live: &mut LiveTable,
-    mut checks: Option<&mut Checks>,
+    checks: Option<&mut Checks>,
 ) -> Result<Replay, ReplayError>
 where
     P: Policy + AsDynPolicy + ?Sized,
     O: Observer + ?Sized,
-    E: std::borrow::Borrow<Event>,
-    I: Iterator<Item = E> + ?Sized,
+    S: EventSource + ?Sized,
 {
     let mut recorder = Recorder::new();
     let mut started_by_allocating = 0u64;
@@ -656,44 +678,179 @@ where
             check_state(policy.as_dyn(), &stats, &dstats, live, 0);
         }
     }
-    let mut device = OpLog::new(device, observer.wants_device_ops());
-    let mut oom: Option<Oom> = None;
-    let mut oom_count = 0u64;
-    let mut skipped = 0u64;
-    let mut ignored_calls = 0u64;
-    let mut before = policy.stats();
+    let stats_every_event = options.check_invariants || observer.needs_stats_every_event();
+    let period = observer.period();
+    let device = OpLog::new(device, observer.wants_device_ops());
+    let before = policy.stats();
     // The device's accounting changes only through its own calls (`OpLog::touched`),
     // which most events do not make: it is read again only after one. The policy's
     // is read after every event where the observer or the checks need it, else only
     // after events that may raise it (frees only lower it: the peaks stay exact; the
     // checks hold every policy to that).
-    let mut dstats = device.stats();
-    let stats_every_event = options.check_invariants || observer.needs_stats_every_event();
-    let mut stats = before;
-    // The next event with more to do than the rest (one test per event): the first
-    // (the recorder sees its figures, read or not), then every `period`-th (an
-    // observer's progress display, `Observer::period`), never again without one.
-    let period = observer.period();
-    let mut next_tick = 0usize;
-    // The next event with more to do, further: where an out-of-memory stops the
-    // replay (that event), and every event with `check_invariants`.
-    let mut next_special = 0usize;
-    let mut stop = false;
-    // `I::next` itself, not `<&mut I>::next`: a reader's `next` can inline here.
-    // The event is used where `next` left it (not moved into a binding of its own).
-    let mut next_index = 0usize;
-    loop {
-        let next = events.next();
-        let Some(event) = next.as_ref() else {
-            break;
-        };
-        let event: &Event = event.borrow();
-        let index = next_index;
-        next_index += 1;
+    let dstats = device.stats();
+    let mut engine = Engine {
+        policy,
+        device,
+        options,
+        observer,
+        live,
+        checks,
+        recorder,
+        oom: None,
+        oom_count: 0,
+        skipped: 0,
+        ignored_calls: 0,
+        before,
+        dstats,
+        stats: before,
+        stats_every_event,
+        period,
+        next_tick: 0,
+        next_special: 0,
+        stop: false,
+        next_index: 0,
+        failed: None,
+    };
+    let _ = events.feed(&mut engine);
+    if let Some(error) = engine.failed.take() {
+        return Err(error);
+    }
+    let Engine {
+        policy,
+        device,
+        live,
+        mut recorder,
+        oom,
+        oom_count,
+        skipped,
+        ignored_calls,
+        next_index,
+        ..
+    } = engine;
+    // Every event taken was replayed (an out-of-memory that stops the replay
+    // included).
+    recorder.set_event_count(next_index as u64);
+    Ok(Replay {
+        summary: recorder.finish(),
+        oom,
+        oom_count,
+        skipped_event_count: skipped,
+        live_allocation_count: live.len(),
+        ignored_call_count: ignored_calls,
+        started_by_allocating,
+        final_policy: policy.stats(),
+        final_device: device.stats(),
+    })
+}
+
+/// The engine's state between events ([`run`]): it takes the events one at a time
+/// as their source hands them ([`EventSink`]). Its one step, [`Engine::event`], is
+/// the loop's body for every source: inlined where an iterator's loop calls it, and
+/// where a reader calls it from the branch that read the row's op
+/// ([`workloads::csv::CsvEvents::rows`]), whose variant is then known and the
+/// dispatch on it gone.
+struct Engine<'r, 'd, P: ?Sized, O: ?Sized> {
+    policy: &'r mut P,
+    device: OpLog<'d>,
+    options: &'r ReplayOptions,
+    observer: &'r mut O,
+    live: &'r mut LiveTable,
+    checks: Option<&'r mut Checks>,
+    recorder: Recorder,
+    oom: Option<Oom>,
+    oom_count: u64,
+    skipped: u64,
+    ignored_calls: u64,
+    /// The policy's figures before this event, for the checks.
+    before: PolicyStats,
+    dstats: DeviceStats,
+    stats: PolicyStats,
+    stats_every_event: bool,
+    period: usize,
+    /// The next event with more to do than the rest (one test per event): the first
+    /// (the recorder sees its figures, read or not), then every `period`-th (an
+    /// observer's progress display, `Observer::period`), never again without one.
+    next_tick: usize,
+    /// The next event with more to do, further: where an out-of-memory stops the
+    /// replay (that event), and every event with `check_invariants`.
+    next_special: usize,
+    stop: bool,
+    next_index: usize,
+    /// The replay's error, which ended it (the stop's result in a flag, not a value
+    /// every event's step would hand back).
+    failed: Option<ReplayError>,
+}
+
+impl<P, O, E> EventSink<E> for Engine<'_, '_, P, O>
+where
+    P: Policy + AsDynPolicy + ?Sized,
+    O: Observer + ?Sized,
+    E: std::borrow::Borrow<Event>,
+{
+    /// The replay stopped: an out-of-memory without `continue_after_oom`, or a
+    /// replay error (in `failed`).
+    type Stop = ();
+
+    #[inline(always)]
+    fn event(&mut self, next: E) -> ControlFlow<()> {
+        if self.step(next) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+}
+
+impl<P, O> Engine<'_, '_, P, O>
+where
+    P: Policy + AsDynPolicy + ?Sized,
+    O: Observer + ?Sized,
+{
+    /// Replays the next event: whether it stops the replay (an out-of-memory
+    /// without `continue_after_oom`, or a replay error, kept in `failed`).
+    #[inline(always)]
+    fn step<E: std::borrow::Borrow<Event>>(&mut self, next: E) -> bool {
+        let Engine {
+            policy,
+            device,
+            options,
+            observer,
+            live,
+            checks,
+            recorder,
+            oom,
+            oom_count,
+            skipped,
+            ignored_calls,
+            before,
+            dstats,
+            stats,
+            stats_every_event,
+            period,
+            next_tick,
+            next_special,
+            stop,
+            next_index,
+            failed,
+        } = self;
+        // A replay error ends the replay: kept for `run`, and the source stopped.
+        macro_rules! fail {
+            ($error:expr) => {{
+                *failed = Some($error);
+                return true;
+            }};
+        }
+        let (policy, options, observer, live) =
+            (&mut **policy, *options, &mut **observer, &mut **live);
+        // The event is used where the source left it (not moved into a binding of
+        // its own).
+        let event: &Event = next.borrow();
+        let index = *next_index;
+        *next_index += 1;
         let event_index = index as u64;
         if let Some(flag) = options.interrupt {
             if flag.load(Ordering::Relaxed) {
-                return Err(ReplayError::Interrupted { event_index });
+                fail!(ReplayError::Interrupted { event_index });
             }
         }
         observer.before_event(index, event, policy.as_dyn());
@@ -710,7 +867,7 @@ where
                     stream: StreamId(stream),
                 };
                 live.problem |= size_bytes == 0;
-                match policy.allocate(&mut device, request) {
+                match policy.allocate(&mut *device, request) {
                     Ok(a) => {
                         let outcome = Outcome::Allocated {
                             addr: a.addr,
@@ -725,24 +882,24 @@ where
                         tried_bytes,
                         stats,
                     }) => {
-                        oom_count += 1;
+                        *oom_count += 1;
                         live.insert_failed(id);
                         if options.check_invariants {
-                            check_oom(&stats, &policy.stats(), &before, event_index);
+                            check_oom(&stats, &policy.stats(), before, event_index);
                         }
                         if oom.is_none() {
-                            oom = Some(Oom {
+                            *oom = Some(Oom {
                                 event_index: Some(event_index),
                                 requested_bytes,
                                 tried_bytes,
                                 policy: stats,
                                 device: device.stats(),
-                                message: policy.describe_oom(tried_bytes, &device),
+                                message: policy.describe_oom(tried_bytes, &*device),
                             });
                         }
                         if !options.continue_after_oom {
-                            stop = true;
-                            next_special = index;
+                            *stop = true;
+                            *next_special = index;
                         }
                         Outcome::OutOfMemory {
                             requested_bytes,
@@ -750,16 +907,16 @@ where
                         }
                     }
                     Err(AllocError::ZeroSize) => {
-                        skipped += 1;
+                        *skipped += 1;
                         Outcome::Skipped(Skip::ZeroSize)
                     }
                     Err(AllocError::Device(e)) => {
                         live.insert_failed(id);
-                        return Err(device_error(e));
+                        fail!(device_error(e));
                     }
                     Err(error) => {
                         live.insert_failed(id);
-                        return Err(ReplayError::Policy {
+                        fail!(ReplayError::Policy {
                             event_index,
                             error: Box::new(error),
                         });
@@ -768,17 +925,17 @@ where
             }
             Event::FreeRequested { id } => match live.request_free(id) {
                 Requested::NotLive => {
-                    skipped += 1;
+                    *skipped += 1;
                     Outcome::Skipped(Skip::NotLive)
                 }
                 Requested::Twice => {
-                    skipped += 1;
+                    *skipped += 1;
                     Outcome::Skipped(Skip::AlreadyRequested)
                 }
                 Requested::Live(l) => {
-                    policy
-                        .free_requested(&mut device, &l.allocation)
-                        .map_err(device_error)?;
+                    if let Err(e) = policy.free_requested(&mut *device, &l.allocation) {
+                        fail!(device_error(e));
+                    }
                     l.free_requested = true;
                     Outcome::FreeRequested {
                         addr: l.allocation.addr,
@@ -794,27 +951,33 @@ where
                     if let Some(Slot::Live(l)) = place.get() {
                         let a = &l.allocation;
                         let (addr, block_bytes) = (a.addr, a.block_bytes);
-                        let result = policy.free(&mut device, a);
+                        let result = policy.free(&mut *device, a);
                         if place.discard() {
                             live.live.release_if_empty(id);
                         }
-                        result.map_err(device_error)?;
+                        if let Err(e) = result {
+                            fail!(device_error(e));
+                        }
                         break 'free Outcome::Freed { addr, block_bytes };
                     }
                 }
-                match free_elsewhere(live, policy, &mut device, id) {
+                match free_elsewhere(live, policy, &mut *device, id) {
                     Some((result, addr, block_bytes)) => {
-                        result.map_err(device_error)?;
+                        if let Err(e) = result {
+                            fail!(device_error(e));
+                        }
                         Outcome::Freed { addr, block_bytes }
                     }
                     None => {
-                        skipped += 1;
+                        *skipped += 1;
                         Outcome::Skipped(Skip::NotLive)
                     }
                 }
             }
             Event::EmptyCache => {
-                policy.empty_cache(&mut device).map_err(device_error)?;
+                if let Err(e) = policy.empty_cache(&mut *device) {
+                    fail!(device_error(e));
+                }
                 Outcome::CacheEmptied
             }
             Event::Mark { .. } => Outcome::Marked,
@@ -869,15 +1032,15 @@ where
                     | Event::EmptyCache
                     | Event::Mark { .. } => unreachable!("handled above"),
                 };
-                match policy.call(&mut device, &call) {
+                match policy.call(&mut *device, &call) {
                     Ok(CallOutcome::Applied) => Outcome::Called { applied: true },
                     Ok(CallOutcome::Ignored) => {
-                        ignored_calls += 1;
+                        *ignored_calls += 1;
                         Outcome::Called { applied: false }
                     }
-                    Err(CallError::Device(e)) => return Err(device_error(e)),
+                    Err(CallError::Device(e)) => fail!(device_error(e)),
                     Err(CallError::Rejected { message }) => {
-                        return Err(ReplayError::Rejected {
+                        fail!(ReplayError::Rejected {
                             event_index,
                             message,
                         })
@@ -890,8 +1053,8 @@ where
         // event's either way (below; a figure not read again is the one it saw: its
         // peaks would not move).
         if touched {
-            dstats = device.stats();
-            recorder.observe_device(&dstats);
+            *dstats = device.stats();
+            recorder.observe_device(dstats);
         }
         let lowers_only = !touched
             && matches!(
@@ -901,22 +1064,22 @@ where
                     | Outcome::Skipped(_)
                     | Outcome::Marked
             );
-        if stats_every_event || !lowers_only {
-            stats = policy.stats();
-            recorder.observe_policy(event_index, &stats);
+        if *stats_every_event || !lowers_only {
+            *stats = policy.stats();
+            recorder.observe_policy(event_index, stats);
         }
-        let special = index == next_special;
+        let special = index == *next_special;
         let mut ticks = false;
         if special {
             // Seeing the same figures twice at the same event changes nothing.
             if index == 0 {
-                recorder.observe_device(&dstats);
-                recorder.observe_policy(event_index, &stats);
+                recorder.observe_device(dstats);
+                recorder.observe_policy(event_index, stats);
             }
-            if index == next_tick {
-                ticks = period != 0;
-                next_tick = if ticks {
-                    index.saturating_add(period)
+            if index == *next_tick {
+                ticks = *period != 0;
+                *next_tick = if ticks {
+                    index.saturating_add(*period)
                 } else {
                     usize::MAX
                 };
@@ -928,8 +1091,8 @@ where
                 event,
                 outcome,
                 device_ops: &device.ops,
-                policy_stats: &stats,
-                device_stats: &dstats,
+                policy_stats: stats,
+                device_stats: dstats,
                 policy: policy.as_dyn(),
             });
         }
@@ -954,37 +1117,24 @@ where
             std::mem::forget(next);
         }
         if special {
-            if stop {
-                break;
+            if *stop {
+                return true;
             }
             if options.check_invariants {
                 if lowers_only {
-                    check_lowered(&before, &stats, event_index);
+                    check_lowered(before, stats, event_index);
                 }
-                check_state(policy.as_dyn(), &stats, &dstats, live, event_index);
-                before = stats;
+                check_state(policy.as_dyn(), stats, dstats, live, event_index);
+                *before = *stats;
             }
-            next_special = if options.check_invariants {
+            *next_special = if options.check_invariants {
                 index + 1
             } else {
-                next_tick
+                *next_tick
             };
         }
+        false
     }
-    // Every event taken was replayed (an out-of-memory that stops the replay
-    // included).
-    recorder.set_event_count(next_index as u64);
-    Ok(Replay {
-        summary: recorder.finish(),
-        oom,
-        oom_count,
-        skipped_event_count: skipped,
-        live_allocation_count: live.len(),
-        ignored_call_count: ignored_calls,
-        started_by_allocating,
-        final_policy: policy.stats(),
-        final_device: device.stats(),
-    })
 }
 
 /// How the device came to refuse a trace's starting state.
@@ -1503,6 +1653,61 @@ mod tests {
         assert_eq!((oom.event_index, oom.requested_bytes), (Some(1), 2 * GIB));
         assert_eq!(oom.policy.allocated_bytes, 3 * GIB);
         assert_eq!(r.summary.event_count, 2, "stopped at the OOM");
+    }
+
+    /// A CSV trace replayed from the reader's own source (`CsvEvents::rows`, the
+    /// engine's step called from the branch that read each row's op) gives what the
+    /// reader's iterator gives through the same engine: the replay or its error, the
+    /// check's answer, the timeline and where the reader is left, with and without
+    /// `continue_after_oom` and the checks, an out-of-memory that stops the replay
+    /// with problems after it, and an interruption.
+    #[test]
+    fn a_csv_traces_rows_replay_as_its_iterator_does() {
+        use workloads::csv::CsvEvents;
+        static RAISED: AtomicBool = AtomicBool::new(true);
+        let mut text = String::from("op,id,bytes,stream\nalloc,1,512,0\nmark,m,,\n");
+        text += "free_requested,1,,\nfree_completed,1,,\nfree,1,,\nalloc,2,0,1\n";
+        text += "empty_cache,,,\nalloc,3,3221225472,0\nalloc,4,2147483648,0\n";
+        text += "free,3,,\nfree,4,,\nfree,4,,\nalloc,5,1024,0\nfree,9,,\n";
+        let plain = ReplayOptions::default();
+        let go_on = ReplayOptions {
+            continue_after_oom: true,
+            ..checked()
+        };
+        let interrupted = ReplayOptions {
+            interrupt: Some(&RAISED),
+            ..ReplayOptions::default()
+        };
+        let path = std::path::Path::new("t.csv");
+        for options in [plain, checked(), go_on, interrupted] {
+            let run = |rows: bool| {
+                let mut reader = CsvEvents::new(text.as_bytes(), path);
+                let mut device = SimDevice::new(SimDeviceOptions::default().with_capacity(4 * GIB));
+                let mut policy = CachingPolicy::default();
+                let mut timeline = Timeline::default();
+                let (result, problem) = if rows {
+                    let mut source = reader.rows();
+                    replay_checked(
+                        &mut source,
+                        &mut policy,
+                        &mut device,
+                        &options,
+                        &mut timeline,
+                    )
+                } else {
+                    replay_checked(
+                        &mut reader,
+                        &mut policy,
+                        &mut device,
+                        &options,
+                        &mut timeline,
+                    )
+                };
+                let rest: Vec<Event> = reader.by_ref().collect();
+                format!("{result:?} {problem} {timeline:?} {rest:?}")
+            };
+            assert_eq!(run(true), run(false), "{options:?}");
+        }
     }
 
     /// With continue_after_oom the failed allocation's free is skipped.

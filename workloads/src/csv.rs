@@ -33,8 +33,10 @@
 //! header being line 1), so later messages (validation, replay) point into the file.
 
 use std::io;
+use std::ops::ControlFlow;
 use std::path::Path;
 
+use crate::feed::{EventSink, EventSource};
 use crate::ids::{IdTable, IdToken};
 use crate::trace::{AllocId, Event, LocationKind, PoolId, PoolStreams, Trace, TraceMeta, OP_NAMES};
 use crate::{Format, Problems, ReadError};
@@ -948,6 +950,14 @@ pub trait EventStream: Iterator<Item = Event> {
     /// The trace the whole-file reader would give, without its events, ids' names and
     /// times (name, path, metadata), for reports.
     fn shell(&self) -> Trace;
+    /// The same events as an [`EventSource`] (the iterator itself where the reader
+    /// has no other way: every iterator is one); the events after a sink stops stay
+    /// the iterator's.
+    type Source<'a>: EventSource<Item = Event>
+    where
+        Self: 'a;
+    /// [`EventStream::Source`] of these events.
+    fn source(&mut self) -> Self::Source<'_>;
 }
 
 /// The trace of the file at `path` in `format` without its events: what a reader that
@@ -1268,18 +1278,48 @@ fn scan_number(buf: &[u8], at: usize) -> Option<(u64, usize)> {
 /// to `allocs` (counted where the op is known, not found again from the event).
 /// `buf`'s length is a constant, so the row's bounds check compares `at` with one.
 #[inline(always)]
-fn scan_row<const N: usize>(buf: &[u8; N], at: usize, allocs: &mut u64) -> Option<(Event, usize)> {
+fn scan_row<const N: usize, T: Scanned>(
+    buf: &[u8; N],
+    at: usize,
+    allocs: &mut u64,
+    taken: T,
+) -> Option<T::Output> {
     // One bounds check for the row: the reads below are at fixed or bounded offsets
     // into a window of known length.
     let window: &[u8; SCAN_AHEAD] = buf.get(at..)?.first_chunk()?;
-    let (event, len) = scan_window(window, allocs)?;
-    Some((event, at + len))
+    scan_window(window, allocs, at, taken)
 }
 
-/// [`scan_row`] on the [`SCAN_AHEAD`] bytes from the row's start: the event and the
-/// row's length with its `\n`.
+/// What [`scan_row`] does with a row it takes, called from the branch that read the
+/// row's op (so that the event's variant is known there once inlined).
+trait Scanned {
+    /// What the row gives.
+    type Output;
+    /// The row's event, and the position after the row.
+    fn row(self, event: Event, after: usize) -> Self::Output;
+}
+
+/// [`Iterator::next`]'s rows: the event and the position after it.
+struct AsEvent;
+
+impl Scanned for AsEvent {
+    type Output = (Event, usize);
+
+    #[inline(always)]
+    fn row(self, event: Event, after: usize) -> (Event, usize) {
+        (event, after)
+    }
+}
+
+/// [`scan_row`] on the [`SCAN_AHEAD`] bytes from the row's start (at `base` in the
+/// buffer): `taken`'s output for the row, told the position after the row.
 #[inline(always)]
-fn scan_window(buf: &[u8; SCAN_AHEAD], allocs: &mut u64) -> Option<(Event, usize)> {
+fn scan_window<T: Scanned>(
+    buf: &[u8; SCAN_AHEAD],
+    allocs: &mut u64,
+    base: usize,
+    taken: T,
+) -> Option<T::Output> {
     let at = 0;
     let head = word_at(buf, at);
     // The op by its first bytes, then its separator.
@@ -1300,14 +1340,12 @@ fn scan_window(buf: &[u8; SCAN_AHEAD], allocs: &mut u64) -> Option<(Event, usize
         };
         (buf[at] == b'\n').then_some(())?;
         *allocs += 1;
-        return Some((
-            Event::Alloc {
-                id: AllocId(id),
-                size_bytes,
-                stream,
-            },
-            at + 1,
-        ));
+        let event = Event::Alloc {
+            id: AllocId(id),
+            size_bytes,
+            stream,
+        };
+        return Some(taken.row(event, base + at + 1));
     }
     if head & 0xffff_ffff != FREE {
         return None;
@@ -1325,12 +1363,87 @@ fn scan_window(buf: &[u8; SCAN_AHEAD], allocs: &mut u64) -> Option<(Event, usize
     let (id, at) = scan_number(buf, at + skip)?;
     (buf.get(at..at + 3)? == b",,\n").then_some(())?;
     let id = AllocId(id);
-    let event = if free {
-        Event::Free { id }
+    // Each variant from its own branch.
+    Some(if free {
+        taken.row(Event::Free { id }, base + at + 3)
     } else {
-        Event::FreeRequested { id }
-    };
-    Some((event, at + 3))
+        taken.row(Event::FreeRequested { id }, base + at + 3)
+    })
+}
+
+/// [`scan_row`]'s rows handed to a sink ([`Rows`]): the reader moved past the row
+/// first, as [`Iterator::next`] leaves it.
+struct Feed<'a, K> {
+    start: &'a mut usize,
+    events: &'a mut u64,
+    sink: &'a mut K,
+}
+
+impl<K: EventSink<Event>> Scanned for Feed<'_, K> {
+    type Output = ControlFlow<K::Stop>;
+
+    #[inline(always)]
+    fn row(self, event: Event, after: usize) -> ControlFlow<K::Stop> {
+        *self.start = after;
+        *self.events += 1;
+        self.sink.event(event)
+    }
+}
+
+/// The events of a CSV trace handed to a sink ([`CsvEvents::rows`]): the same events
+/// as [`CsvEvents`]' iterator, in the same order, the reader left in the same place
+/// when the sink stops; each usual row's event is handed from the branch that read
+/// its op, so that a sink inlined there has no op of its own to decide.
+pub struct Rows<'a, R: io::Read>(&'a mut CsvEvents<R>);
+
+impl<R: io::Read> CsvEvents<R> {
+    /// The events as an [`EventSource`] ([`Rows`]); the rest of them, after the sink
+    /// stops, are still the iterator's.
+    pub fn rows(&mut self) -> Rows<'_, R> {
+        Rows(self)
+    }
+}
+
+impl<R: io::Read> EventSource for Rows<'_, R> {
+    type Item = Event;
+
+    #[inline(always)]
+    fn feed<K: EventSink<Event>>(&mut self, sink: &mut K) -> ControlFlow<K::Stop> {
+        let reader = &mut *self.0;
+        loop {
+            // As `Iterator::next`: the usual rows scanned from the bytes, the rest
+            // line by line.
+            if reader.scanning {
+                let CsvEvents {
+                    buf,
+                    start,
+                    events,
+                    allocs,
+                    ..
+                } = &mut *reader;
+                if let Some(buf) = buf.first_chunk::<{ CHUNK + SCAN_AHEAD }>() {
+                    let at = *start;
+                    let feed = Feed {
+                        start,
+                        events,
+                        sink: &mut *sink,
+                    };
+                    if let Some(flow) = scan_row(buf, at, allocs, feed) {
+                        flow?;
+                        continue;
+                    }
+                }
+            }
+            if reader.stopped.is_some() {
+                break;
+            }
+            match reader.next_line_by_line() {
+                Some(event) => sink.event(event)?,
+                None => break,
+            }
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 impl<R: io::Read> EventStream for CsvEvents<R> {
@@ -1351,6 +1464,15 @@ impl<R: io::Read> EventStream for CsvEvents<R> {
     fn shell(&self) -> Trace {
         shell_of(&self.path, Format::Csv)
     }
+
+    type Source<'a>
+        = Rows<'a, R>
+    where
+        R: 'a;
+
+    fn source(&mut self) -> Rows<'_, R> {
+        self.rows()
+    }
 }
 
 impl<R: io::Read> Iterator for CsvEvents<R> {
@@ -1366,7 +1488,7 @@ impl<R: io::Read> Iterator for CsvEvents<R> {
         // line by line.
         if self.scanning {
             if let Some(buf) = self.buf.first_chunk::<{ CHUNK + SCAN_AHEAD }>() {
-                if let Some((event, after)) = scan_row(buf, self.start, &mut self.allocs) {
+                if let Some((event, after)) = scan_row(buf, self.start, &mut self.allocs, AsEvent) {
                     self.start = after;
                     self.events += 1;
                     return Some(event);
@@ -1517,6 +1639,74 @@ mod stream_tests {
         assert_eq!(whole.locations.last(), Some(&(events.len() as u64 + 1)));
     }
 
+    /// Takes events until the `stop_at`-th (stops after it, if given).
+    struct Collect {
+        events: Vec<Event>,
+        stop_at: Option<usize>,
+    }
+
+    impl EventSink<Event> for Collect {
+        type Stop = ();
+
+        fn event(&mut self, event: Event) -> ControlFlow<()> {
+            self.events.push(event);
+            if Some(self.events.len()) == self.stop_at {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        }
+    }
+
+    /// `rows()` hands a sink the iterator's events (every usual row kind, rows the
+    /// scan leaves to the line-by-line path, a row behind a grown buffer, a stop at an
+    /// allocator call), with the same counts and stop; a sink that stops after any
+    /// event leaves the rest of them to the iterator, in order.
+    #[test]
+    fn rows_hand_a_sink_the_iterators_events() {
+        let mut text = String::from("op,id,bytes,stream\nalloc,007,512,\n");
+        text += "mark,\"a, label\",,\nfree_requested,7,,\nfree_completed,7,,\n";
+        text += "empty_cache,,,\nalloc,12345678901234567,5,2\nfree,12345678901234567,,\n";
+        text += &format!("mark,{},,\n", "x".repeat(200_000));
+        for i in 0..3_000u64 {
+            text += &format!("alloc,{i},{},{}\nfree,{i},,\n", 512 + i * 4099, i % 3);
+        }
+        let whole = text.clone() + "alloc,5,6,7";
+        let stopped = text + "create_pool,1:0,,\nalloc,1,1,0\n";
+        for text in [whole, stopped] {
+            let path = Path::new("t.csv");
+            let mut reader = CsvEvents::new(text.as_bytes(), path);
+            let expected: Vec<Event> = reader.by_ref().collect();
+            let (stop, events, allocs) = (reader.stopped(), reader.events, reader.allocs);
+            assert!(stop.is_none() || stop == Some(Unstreamable::AllocatorCall));
+            let mut reader = CsvEvents::new(text.as_bytes(), path);
+            let mut sink = Collect {
+                events: Vec::new(),
+                stop_at: None,
+            };
+            assert_eq!(reader.rows().feed(&mut sink), ControlFlow::Continue(()));
+            assert_eq!(sink.events, expected);
+            assert_eq!(
+                (reader.stopped(), reader.events, reader.allocs),
+                (stop, events, allocs)
+            );
+            for stop_at in [1, 2, 5, 8, 9, 10, 1_000, expected.len()] {
+                let mut reader = CsvEvents::new(text.as_bytes(), path);
+                let mut sink = Collect {
+                    events: Vec::new(),
+                    stop_at: Some(stop_at),
+                };
+                assert_eq!(reader.rows().feed(&mut sink), ControlFlow::Break(()));
+                sink.events.extend(reader.by_ref());
+                assert_eq!(sink.events, expected, "stopped after {stop_at}");
+                assert_eq!(
+                    (reader.stopped(), reader.events, reader.allocs),
+                    (stop, events, allocs)
+                );
+            }
+        }
+    }
+
     /// Rows after a row longer than half the buffer (which grows the buffer, and whose
     /// later rows past its first `CHUNK + SCAN_AHEAD` bytes go line by line) give the
     /// events `read_csv` gives.
@@ -1604,7 +1794,7 @@ mod stream_tests {
             buf.resize(buf.len().max(SCAN_AHEAD + 8), b'7');
             let slow = fast_row(row.as_bytes());
             let mut allocs = 0;
-            match scan_row(test_window(&buf), 0, &mut allocs) {
+            match scan_row(test_window(&buf), 0, &mut allocs, AsEvent) {
                 Some((event, after)) => {
                     let alloc = matches!(event, Event::Alloc { .. });
                     proptest::prop_assert_eq!(allocs, u64::from(alloc));
@@ -1663,7 +1853,7 @@ mod stream_tests {
         ] {
             let mut buf = row.as_bytes().to_vec();
             buf.resize(SCAN_AHEAD + 8, b'7');
-            let (event, after) = scan_row(test_window(&buf), 0, &mut 0).expect(row);
+            let (event, after) = scan_row(test_window(&buf), 0, &mut 0, AsEvent).expect(row);
             let shown = format!("{event:?}");
             assert!(shown.contains(&format!("{id}")), "{shown}");
             assert_eq!(Some(event), fast_row(row.trim_end().as_bytes()), "{row}");
@@ -1671,7 +1861,7 @@ mod stream_tests {
         }
         let mut buf = b"free,12345678901234567,,\n".to_vec();
         buf.resize(SCAN_AHEAD + 8, b'7');
-        assert!(scan_row(test_window(&buf), 0, &mut 0).is_none());
+        assert!(scan_row(test_window(&buf), 0, &mut 0, AsEvent).is_none());
     }
 
     /// What a row at a time cannot tell stops the events, naming why; the rows before

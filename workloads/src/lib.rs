@@ -41,6 +41,7 @@
 #![deny(missing_docs)]
 
 pub mod csv;
+pub mod feed;
 mod format;
 pub mod generate;
 pub mod id_map;

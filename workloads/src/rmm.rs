@@ -233,6 +233,16 @@ impl<R: io::Read> EventStream for RmmEvents<R> {
     fn shell(&self) -> Trace {
         crate::csv::shell_of(&self.path, Format::Rmm)
     }
+
+    type Source<'a>
+        = &'a mut Self
+    where
+        R: 'a;
+
+    /// The iterator itself.
+    fn source(&mut self) -> &mut Self {
+        self
+    }
 }
 
 impl<R: io::Read> Iterator for RmmEvents<R> {
