@@ -487,6 +487,17 @@ pub trait Policy {
     /// Current accounting.
     fn stats(&self) -> PolicyStats;
 
+    /// [`Policy::stats`] written into `out`, field by field where the policy writes
+    /// them (the replay engine's figures, read after most events). Through `dyn
+    /// Policy`, a result returned by value is written by the policy eight bytes at a
+    /// time and copied out by the caller sixteen at a time: a load across two pending
+    /// stores waits until they reach the cache. Written in place, the engine's reads
+    /// match the stores. Override only to write the same figures as `stats`.
+    #[inline]
+    fn stats_into(&self, out: &mut PolicyStats) {
+        *out = self.stats();
+    }
+
     /// The policy's own words for an out-of-memory it just returned (the caching policy
     /// gives PyTorch's message), with the device's figures. `None` if it has none.
     fn describe_oom(&mut self, _tried_bytes: u64, _device: &dyn Device) -> Option<String> {

@@ -1065,7 +1065,8 @@ where
                     | Outcome::Marked
             );
         if *stats_every_event || !lowers_only {
-            *stats = policy.stats();
+            // Written in place: see `Policy::stats_into`.
+            policy.stats_into(stats);
             recorder.observe_policy(event_index, stats);
         }
         let special = index == *next_special;

@@ -119,7 +119,10 @@ impl CachingPolicy {
 
     /// `get_free_block`: the smallest free block of the stream (`slot`: its slot) that
     /// fits, subject to the oversize rules; removed from the pool, its record's class
-    /// left for [`CachingPolicy::alloc_found_block`] to clear.
+    /// left for [`CachingPolicy::alloc_found_block`] to clear. Inlined into the malloc
+    /// (about 25 instructions fewer a request: no call, and the request's values stay
+    /// in registers rather than stack slots across it).
+    #[inline(always)]
     pub(super) fn get_free_block(
         &mut self,
         owner: u32,
