@@ -6,13 +6,17 @@
 //!
 //! Faults are injected into the operations that acquire memory: `cuMemAlloc`
 //! ([`Device::allocate_segment`]), `cuMemAddressReserve`
-//! ([`VirtualMemory::reserve_range`]), `cuMemCreate` ([`VirtualMemory::create_physical`])
-//! and `cuMemMap` ([`VirtualMemory::map`]). Operations that give memory back never fail
-//! here: a driver whose `cuMemFree` fails has lost its context, and nothing could be
-//! freed after it anyway. Injection is deterministic: the same plan fails the same calls.
+//! ([`VirtualMemory::reserve_range`]), `cuMemCreate`
+//! ([`VirtualMemory::create_physical`]) and `cuMemMap` ([`VirtualMemory::map`]), and
+//! into a starting state's adoption ([`Device::adopt_segment`] as `cuMemAlloc`,
+//! [`VirtualMemory::adopt_range`] as `cuMemAddressReserve`: what a real GPU does for
+//! them). Operations that give memory back never fail here: a driver whose `cuMemFree`
+//! fails has lost its context, and nothing could be freed after it anyway. Injection is
+//! deterministic: the same plan fails the same calls.
 
 use policies::{
-    AddressRange, Device, DeviceError, DeviceStats, PhysicalChunk, Segment, VirtualMemory,
+    AddressRange, Device, DeviceAddr, DeviceError, DeviceStats, PhysicalChunk, Segment,
+    VirtualMemory,
 };
 
 /// An operation faults can be injected into.
@@ -214,6 +218,13 @@ impl<D: Device> Device for FaultyDevice<D> {
         Some(self)
     }
 
+    /// A starting state's segment, faults counted as `cuMemAlloc`'s (a real GPU allocates
+    /// it: `gpu_backend::CudaDevice::adopt_segment`).
+    fn adopt_segment(&mut self, addr: DeviceAddr, size_bytes: u64) -> Result<Segment, DeviceError> {
+        self.fault(FaultOp::AllocateSegment, size_bytes)?;
+        self.inner.adopt_segment(addr, size_bytes)
+    }
+
     fn observed_used_bytes(&mut self) -> Option<u64> {
         self.inner.observed_used_bytes()
     }
@@ -231,6 +242,16 @@ impl<D: Device> VirtualMemory for FaultyDevice<D> {
     fn reserve_range(&mut self, size_bytes: u64) -> Result<AddressRange, DeviceError> {
         self.fault(FaultOp::ReserveRange, size_bytes)?;
         self.vm().reserve_range(size_bytes)
+    }
+
+    /// A starting state's expandable range, faults counted as `cuMemAddressReserve`'s.
+    fn adopt_range(
+        &mut self,
+        addr: DeviceAddr,
+        size_bytes: u64,
+    ) -> Result<AddressRange, DeviceError> {
+        self.fault(FaultOp::ReserveRange, size_bytes)?;
+        self.vm().adopt_range(addr, size_bytes)
     }
 
     fn create_physical(&mut self, size_bytes: u64) -> Result<PhysicalChunk, DeviceError> {

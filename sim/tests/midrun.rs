@@ -1034,3 +1034,33 @@ fn validation_predicts_a_midrun_state_where_the_gpu_puts_it() {
         1_893_728_256 + 2 * MIB
     );
 }
+
+/// Faults reach a starting state's adoption (a real GPU allocates it): without a fault the
+/// fault-injecting device replays a mid-run trace as the simulated device does; a driver
+/// failure at the state's `cuMemAlloc` is the replay's error, an injected out-of-memory
+/// there an out-of-memory before the first event.
+#[test]
+fn faults_reach_the_adoption_of_a_starting_state() {
+    use sim::{FaultKind, FaultOp, FaultPlan, FaultyDevice, SimDevice, SimDeviceOptions};
+    let trace = two_blocks(true);
+    let config = policies::spec::parse_policy_list("caching", &Default::default()).unwrap();
+    let replay = |plan: FaultPlan| {
+        let mut policy = config[0].config.build().unwrap();
+        let mut device = FaultyDevice::new(SimDevice::new(SimDeviceOptions::default()), plan);
+        sim::replay(&trace, policy.as_mut(), &mut device, &checked())
+    };
+    let mut policy = config[0].config.build().unwrap();
+    let mut device = SimDevice::new(SimDeviceOptions::default());
+    let plain = sim::replay(&trace, policy.as_mut(), &mut device, &checked()).unwrap();
+    let faultless = replay(FaultPlan::At(Vec::new())).unwrap();
+    assert_eq!(faultless.summary, plain.summary);
+    let first = |kind| FaultPlan::At(vec![(FaultOp::AllocateSegment, 1, kind)]);
+    match replay(first(FaultKind::LaunchFailure)) {
+        Err(sim::ReplayError::Start {
+            error: policies::AdoptError::Device(policies::DeviceError::Driver { code: 719, .. }),
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    let oom = replay(first(FaultKind::OutOfMemory)).unwrap();
+    assert_eq!(oom.oom.map(|o| o.event_index), Some(None));
+}
