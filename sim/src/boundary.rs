@@ -160,25 +160,19 @@ pub fn within_driver_variation(
     options: &ReplayOptions,
     observed: &Replay,
 ) -> Result<bool, CompareError> {
-    let fail = |policy: String| (input.trace.name.clone(), policy);
+    let label = config.to_string();
     for below in [true, false] {
         for d in devices_within_band(model, below) {
-            let mut policy = config.build().map_err(|source| {
-                let (trace, policy) = fail(config.to_string());
-                CompareError::Build {
-                    trace,
-                    policy,
-                    source,
-                }
+            let mut policy = config.build().map_err(|source| CompareError::Build {
+                trace: input.trace.name.clone(),
+                policy: label.clone(),
+                source,
             })?;
             let predicted = crate::validation::predict(input, policy.as_mut(), config, &d, options)
-                .map_err(|source| {
-                    let (trace, policy) = fail(config.to_string());
-                    CompareError::Replay {
-                        trace,
-                        policy,
-                        source,
-                    }
+                .map_err(|source| CompareError::Replay {
+                    trace: input.trace.name.clone(),
+                    policy: label.clone(),
+                    source,
                 })?;
             if replays_agree(&predicted, observed) {
                 return Ok(true);
