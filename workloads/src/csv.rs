@@ -1017,9 +1017,7 @@ pub struct CsvEvents<R: io::Read> {
     reader: R,
     /// The bytes read, then [`SCAN_AHEAD`] zeros from `end` (always there: the row
     /// scan's window from any `start` up to `end` lies inside `buf`, and a zero byte
-    /// ends every row the scan takes, so it never takes bytes past `end`). Before the
-    /// header is read and after a stop, `start` is `end`: the scan meets the zeros and
-    /// takes no row there (no flag to test per row).
+    /// ends every row the scan takes, so it never takes bytes past `end`).
     buf: Vec<u8>,
     /// The unread bytes are `buf[start..end]`.
     start: usize,
@@ -1027,6 +1025,9 @@ pub struct CsvEvents<R: io::Read> {
     eof: bool,
     path: std::path::PathBuf,
     header_seen: bool,
+    /// The header was read and nothing stopped the events: the next row may be
+    /// scanned from the bytes (one test where there were two).
+    scanning: bool,
     events: u64,
     allocs: u64,
     stopped: Option<Unstreamable>,
@@ -1057,6 +1058,7 @@ impl<R: io::Read> CsvEvents<R> {
             eof: false,
             path: path.to_path_buf(),
             header_seen: false,
+            scanning: false,
             events: 0,
             allocs: 0,
             stopped: None,
@@ -1070,8 +1072,7 @@ impl<R: io::Read> CsvEvents<R> {
 
     fn stop(&mut self, why: Unstreamable) -> Option<Event> {
         self.stopped = Some(why);
-        // The bytes left are never read: the row scan meets the zeros after `end`.
-        self.start = self.end;
+        self.scanning = false;
         None
     }
 
@@ -1328,18 +1329,15 @@ fn scan_window<T: Scanned>(
         (buf[at] == b',').then_some(())?;
         let (size_bytes, at) = scan_number(buf, at + 1)?;
         (buf[at] == b',').then_some(())?;
-        // One digit, the usual stream, tested first; then none (stream 0); the line
-        // break tested where it is not known already.
-        let digit = buf[at + 1].wrapping_sub(b'0');
-        let (stream, at) = if digit <= 9 && buf[at + 2] == b'\n' {
-            (u64::from(digit), at + 2)
-        } else if buf[at + 1] == b'\n' {
+        let (stream, at) = if buf[at + 1] == b'\n' {
             (0, at + 1)
+        } else if buf[at + 2] == b'\n' && buf[at + 1].is_ascii_digit() {
+            // One digit, the usual stream.
+            (u64::from(buf[at + 1] - b'0'), at + 2)
         } else {
-            let (stream, at) = scan_number(buf, at + 1)?;
-            (buf[at] == b'\n').then_some(())?;
-            (stream, at)
+            scan_number(buf, at + 1)?
         };
+        (buf[at] == b'\n').then_some(())?;
         *allocs += 1;
         let event = Event::Alloc {
             id: AllocId(id),
@@ -1351,30 +1349,25 @@ fn scan_window<T: Scanned>(
     if head & 0xffff_ffff != FREE {
         return None;
     }
-    // The usual `free,` first; each variant from its own branch (`free_completed`
-    // is `free`: the one branch, from its id on).
     let rest = &buf[at + 4..];
-    let from = if rest[0] == b',' {
-        at + 5
+    let (free, skip) = if rest.starts_with(b",") {
+        (true, 5)
     } else if rest.starts_with(b"_completed,") {
-        at + 15
+        (true, 15)
     } else if rest.starts_with(b"_requested,") {
-        let (id, after) = id_and_end(buf, at + 15)?;
-        return Some(taken.row(Event::FreeRequested { id }, base + after));
+        (false, 15)
     } else {
         return None;
     };
-    let (id, after) = id_and_end(buf, from)?;
-    Some(taken.row(Event::Free { id }, base + after))
-}
-
-/// A free row's id at `buf[from..]` and the `,,\n` after it: the id and the position
-/// after the row (the three bytes tested in one word, which the window holds).
-#[inline(always)]
-fn id_and_end(buf: &[u8; SCAN_AHEAD], from: usize) -> Option<(AllocId, usize)> {
-    let (id, at) = scan_number(buf, from)?;
-    const END: u64 = u32::from_le_bytes(*b",,\n\0") as u64;
-    (word_at(buf, at) & 0xff_ffff == END).then_some((AllocId(id), at + 3))
+    let (id, at) = scan_number(buf, at + skip)?;
+    (buf.get(at..at + 3)? == b",,\n").then_some(())?;
+    let id = AllocId(id);
+    // Each variant from its own branch.
+    Some(if free {
+        taken.row(Event::Free { id }, base + at + 3)
+    } else {
+        taken.row(Event::FreeRequested { id }, base + at + 3)
+    })
 }
 
 /// [`scan_row`]'s rows handed to a sink ([`Rows`]): the reader moved past the row
@@ -1419,8 +1412,7 @@ impl<R: io::Read> EventSource for Rows<'_, R> {
         loop {
             // The usual rows scanned from the bytes, the rest line by line (the one
             // row scan: `Iterator::next` is this with a sink that stops at once).
-            // Before the header and after a stop the scan meets zeros (`buf`).
-            {
+            if reader.scanning {
                 let CsvEvents {
                     buf,
                     start,
@@ -1534,6 +1526,7 @@ impl<R: io::Read> CsvEvents<R> {
                 return self.stop(Unstreamable::Problem);
             }
             self.header_seen = true;
+            self.scanning = true;
             return self.next();
         }
         // A blank line is skipped by the csv crate, a quoted field may run over lines:
