@@ -80,11 +80,14 @@ pub(crate) fn read_csv_input(input: crate::format::Input<'_>) -> Result<Trace, R
 /// names; event `i` on line `i + 2`).
 fn scanned(reader: impl io::Read, path: &Path) -> Option<Trace> {
     let mut stream = CsvEvents::new(reader, path);
-    // The reader's own source, whose row scan pushes each event from the branch that
-    // read its op.
-    let mut events = Push(Vec::new());
-    let ControlFlow::Continue(()) = stream.rows().feed(&mut events);
-    let events = events.0;
+    // `CsvEvents::next` itself, whose row scan inlines into this loop: `collect`
+    // through `by_ref` called it through `<&mut I as Iterator>::next`, not inlined (a
+    // call, saved registers and the event through the stack for every row).
+    let mut events: Vec<Event> = Vec::new();
+    #[allow(clippy::while_let_on_iterator)]
+    while let Some(event) = stream.next() {
+        events.push(event);
+    }
     if stream.stopped().is_some() {
         return None;
     }
@@ -94,19 +97,6 @@ fn scanned(reader: impl io::Read, path: &Path) -> Option<Trace> {
         .collect();
     trace.events = events;
     Some(trace)
-}
-
-/// A sink that keeps every event ([`scanned`]).
-struct Push(Vec<Event>);
-
-impl EventSink<Event> for Push {
-    type Stop = std::convert::Infallible;
-
-    #[inline(always)]
-    fn event(&mut self, event: Event) -> ControlFlow<Self::Stop> {
-        self.0.push(event);
-        ControlFlow::Continue(())
-    }
 }
 
 /// The file at `path` read from its start by the general reader.
@@ -1301,13 +1291,24 @@ fn scan_row<const N: usize, T: Scanned>(
 }
 
 /// What [`scan_row`] does with a row it takes, called from the branch that read the
-/// row's op (so that the event's variant is known there once inlined): [`Feed`],
-/// which hands it to a sink.
+/// row's op (so that the event's variant is known there once inlined).
 trait Scanned {
     /// What the row gives.
     type Output;
     /// The row's event, and the position after the row.
     fn row(self, event: Event, after: usize) -> Self::Output;
+}
+
+/// [`Iterator::next`]'s rows: the event and the position after it.
+struct AsEvent;
+
+impl Scanned for AsEvent {
+    type Output = (Event, usize);
+
+    #[inline(always)]
+    fn row(self, event: Event, after: usize) -> (Event, usize) {
+        (event, after)
+    }
 }
 
 /// [`scan_row`] on the [`SCAN_AHEAD`] bytes from the row's start (at `base` in the
@@ -1371,7 +1372,7 @@ fn scan_window<T: Scanned>(
 }
 
 /// [`scan_row`]'s rows handed to a sink ([`Rows`]): the reader moved past the row
-/// first, so that a sink that stops leaves the reader at the next row.
+/// first, as [`Iterator::next`] leaves it.
 struct Feed<'a, K> {
     start: &'a mut usize,
     events: &'a mut u64,
@@ -1410,8 +1411,8 @@ impl<R: io::Read> EventSource for Rows<'_, R> {
     fn feed<K: EventSink<Event>>(&mut self, sink: &mut K) -> ControlFlow<K::Stop> {
         let reader = &mut *self.0;
         loop {
-            // The usual rows scanned from the bytes, the rest line by line (the one
-            // row scan: `Iterator::next` is this with a sink that stops at once).
+            // As `Iterator::next`: the usual rows scanned from the bytes, the rest
+            // line by line.
             if reader.scanning {
                 let CsvEvents {
                     buf,
@@ -1477,27 +1478,27 @@ impl<R: io::Read> EventStream for CsvEvents<R> {
 impl<R: io::Read> Iterator for CsvEvents<R> {
     type Item = Event;
 
-    /// The next event of [`CsvEvents::rows`]: the reader's one row scan, handing its
-    /// event to a sink that stops after it.
     #[inline(always)]
     fn next(&mut self) -> Option<Event> {
-        match self.rows().feed(&mut First) {
-            ControlFlow::Break(event) => Some(event),
-            ControlFlow::Continue(()) => None,
+        // No test of the bytes left: a row whose window reaches past the data meets
+        // the zeros kept there and goes line by line (which reads more).
+        // Rows are scanned in the buffer's first `CHUNK + SCAN_AHEAD` bytes, which it
+        // always has (a constant length: the window's test is one compare); rows
+        // behind them, only in a buffer grown for a row longer than `CHUNK / 2`, go
+        // line by line.
+        if self.scanning {
+            if let Some(buf) = self.buf.first_chunk::<{ CHUNK + SCAN_AHEAD }>() {
+                if let Some((event, after)) = scan_row(buf, self.start, &mut self.allocs, AsEvent) {
+                    self.start = after;
+                    self.events += 1;
+                    return Some(event);
+                }
+            }
         }
-    }
-}
-
-/// A sink that stops at the first event and hands it back ([`CsvEvents`]'
-/// [`Iterator::next`]).
-struct First;
-
-impl EventSink<Event> for First {
-    type Stop = Event;
-
-    #[inline(always)]
-    fn event(&mut self, event: Event) -> ControlFlow<Event> {
-        ControlFlow::Break(event)
+        if self.stopped.is_some() {
+            return None;
+        }
+        self.next_line_by_line()
     }
 }
 
@@ -1756,17 +1757,6 @@ mod stream_tests {
             let events: Vec<Event> = stream.by_ref().collect();
             assert_eq!(stream.stopped(), None, "piece {piece}");
             assert_eq!(events, whole.events, "piece {piece}");
-        }
-    }
-
-    /// A row as [`scan_row`] takes it: the event and the position after it.
-    struct AsEvent;
-
-    impl Scanned for AsEvent {
-        type Output = (Event, usize);
-
-        fn row(self, event: Event, after: usize) -> (Event, usize) {
-            (event, after)
         }
     }
 
