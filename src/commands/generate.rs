@@ -5,7 +5,7 @@
 
 use anyhow::Context;
 use clap::ValueEnum;
-use workloads::generate::spec::read_spec;
+use workloads::generate::spec::{read_spec, WriteError};
 use workloads::Format;
 
 use crate::flags::{GenerateArgs, SizesArg};
@@ -83,18 +83,21 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<Exit> {
             seeds.len()
         );
     }
-    let stage = Stage::start("generating".to_string());
-    let trace = generator.generate()?;
-    Stage::set(&stage, format!("writing {}", args.output.display()));
+    // The options are checked before the output is created; then the events are
+    // written as they are made, never held: memory follows what is live at once,
+    // whatever the trace's length.
+    generator.check()?;
+    let stage = Stage::start(format!("generating {}", args.output.display()));
     let mut out = output::create(Some(&args.output))?;
-    workloads::write(&trace, format, &mut out)
-        .with_context(|| format!("writing {}", args.output.display()))?;
+    let count = match generator.write(format, &mut out) {
+        Ok(count) => count,
+        Err(WriteError::Invalid(e)) => return Err(e.into()),
+        Err(WriteError::Io(e)) => {
+            return Err(anyhow::Error::new(e).context(format!("writing {}", args.output.display())))
+        }
+    };
     out.finish()?;
     drop(stage);
-    eprintln!(
-        "wrote {} ({} events)",
-        args.output.display(),
-        trace.events.len()
-    );
+    eprintln!("wrote {} ({count} events)", args.output.display());
     Ok(Exit::Ran)
 }

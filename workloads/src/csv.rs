@@ -32,13 +32,16 @@
 //! Each event remembers the line it came from ([`LocationKind::Line`], from 1, the
 //! header being line 1), so later messages (validation, replay) point into the file.
 
+use std::borrow::Cow;
 use std::io;
 use std::ops::ControlFlow;
 use std::path::Path;
 
 use crate::feed::{EventSink, EventSource};
 use crate::ids::{IdTable, IdToken};
-use crate::trace::{AllocId, Event, LocationKind, PoolId, PoolStreams, Trace, TraceMeta, OP_NAMES};
+use crate::trace::{
+    AllocId, Event, IdName, LocationKind, PoolId, PoolStreams, Trace, TraceMeta, OP_NAMES,
+};
 use crate::{Format, Problems, ReadError};
 
 /// The header every CSV trace starts with.
@@ -181,27 +184,54 @@ pub fn read_csv_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
 /// # Errors
 /// Errors of `out`.
 pub fn write_csv(trace: &Trace, out: impl io::Write) -> io::Result<()> {
+    write_csv_events(trace, &mut trace.events.iter().map(Cow::Borrowed), out)
+}
+
+/// [`write_csv`] of the events `events` gives, written as they come (a generator's,
+/// made as they are asked for), with `head`'s id names; `head`'s own events are not
+/// read. Nothing is kept per event.
+///
+/// # Errors
+/// Errors of `out`.
+pub fn write_csv_events<'e>(
+    head: &Trace,
+    events: &mut dyn Iterator<Item = Cow<'e, Event>>,
+    out: impl io::Write,
+) -> io::Result<()> {
     let mut csv = ::csv::WriterBuilder::new()
         .terminator(::csv::Terminator::Any(b'\n'))
         .from_writer(out);
     csv.write_record(HEADER_FIELDS)?;
-    let name = |id: AllocId| trace.id_name(id).to_string();
-    for event in &trace.events {
-        match event {
+    // An id's field as the trace wrote it: a name, or the number's digits (no field
+    // here ever needs quoting but a name or a label, as the csv crate decides).
+    let mut digits = [Digits::default(), Digits::default(), Digits::default()];
+    for event in events {
+        match &*event {
             Event::Alloc {
                 id,
                 size_bytes,
                 stream,
-            } => csv.write_record([
-                "alloc",
-                &name(*id),
-                &size_bytes.to_string(),
-                &stream.to_string(),
-            ])?,
-            Event::FreeRequested { id } => {
-                csv.write_record(["free_requested", &name(*id), "", ""])?
+            } => {
+                let [a, b, c] = &mut digits;
+                csv.write_record([
+                    b"alloc" as &[u8],
+                    id_field(head, *id, a),
+                    b.of(*size_bytes),
+                    c.of(*stream),
+                ])?
             }
-            Event::Free { id } => csv.write_record(["free", &name(*id), "", ""])?,
+            Event::FreeRequested { id } => csv.write_record([
+                b"free_requested" as &[u8],
+                id_field(head, *id, &mut digits[0]),
+                b"",
+                b"",
+            ])?,
+            Event::Free { id } => csv.write_record([
+                b"free" as &[u8],
+                id_field(head, *id, &mut digits[0]),
+                b"",
+                b"",
+            ])?,
             Event::EmptyCache => csv.write_record(["empty_cache", "", "", ""])?,
             Event::Mark { label } => csv.write_record(["mark", label.as_str(), "", ""])?,
             Event::CreatePool {
@@ -252,6 +282,32 @@ pub fn write_csv(trace: &Trace, out: impl io::Write) -> io::Result<()> {
         }
     }
     csv.flush()
+}
+
+/// An id's CSV field: its name, or its number's digits written into `digits`.
+fn id_field<'a>(head: &'a Trace, id: AllocId, digits: &'a mut Digits) -> &'a [u8] {
+    match head.id_name(id) {
+        IdName::Name(name) => name.as_bytes(),
+        IdName::Number(n) => digits.of(n),
+    }
+}
+
+/// A number's decimal digits, written without allocating (as `to_string` writes them).
+#[derive(Default)]
+struct Digits([u8; 20]);
+
+impl Digits {
+    fn of(&mut self, mut n: u64) -> &[u8] {
+        let mut at = self.0.len();
+        loop {
+            at -= 1;
+            self.0[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                return &self.0[at..];
+            }
+        }
+    }
 }
 
 fn check_header(path: &Path, line: u64, record: &::csv::StringRecord) -> Result<(), ReadError> {

@@ -19,13 +19,14 @@
 //! So content wins over a wrong extension when it is unmistakable, and the extension
 //! settles what content alone cannot (JSON is also YAML).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::io::{self, Read};
 use std::path::Path;
 use std::str::FromStr;
 
 use crate::recorded::RecordedRun;
-use crate::trace::Trace;
+use crate::trace::{Event, Trace};
 use crate::ReadError;
 
 /// How many leading bytes of a file the sniffers see.
@@ -83,8 +84,14 @@ pub enum Reader {
     Recorded(fn(Input<'_>) -> Result<RecordedRun, ReadError>),
 }
 
-/// A writer of a format.
-pub type Writer = fn(&Trace, &mut dyn io::Write) -> io::Result<()>;
+/// A writer of a format: the trace's name, recorded facts and id names from the first
+/// argument (whose events are not read), the events from the second, written as they
+/// come, so events made on the fly are never held.
+pub type Writer = for<'e> fn(
+    &Trace,
+    &mut dyn Iterator<Item = Cow<'e, Event>>,
+    &mut dyn io::Write,
+) -> io::Result<()>;
 
 /// One entry of the format table.
 #[derive(Clone, Copy)]
@@ -123,7 +130,7 @@ impl Format {
                     extensions: &["yaml", "yml"],
                     sniff: sniff_yaml,
                     read: Reader::Trace(|i| crate::yaml::read_yaml_from(i.reader, i.path)),
-                    write: Some(|t, out| crate::yaml::write_yaml(t, out)),
+                    write: Some(|t, events, out| crate::yaml::write_yaml_events(t, events, out)),
                 };
                 &SPEC
             }
@@ -134,7 +141,7 @@ impl Format {
                     extensions: &["csv"],
                     sniff: sniff_csv,
                     read: Reader::Trace(crate::csv::read_csv_input),
-                    write: Some(|t, out| crate::csv::write_csv(t, out)),
+                    write: Some(|t, events, out| crate::csv::write_csv_events(t, events, out)),
                 };
                 &SPEC
             }

@@ -122,65 +122,124 @@ pub struct InvalidOptions(pub String);
 /// Options out of range: sizes of 0 or min > max, a negative or non-finite sigma, a
 /// mean lifetime below 1 or not finite, 0 streams, `mark_every` of 0.
 pub fn random(options: &RandomOptions) -> Result<Trace, InvalidOptions> {
-    let sizes = SizeSampler::new(options.sizes)?;
-    let mean = options.mean_lifetime_events;
-    if !(mean.is_finite() && mean >= 1.0) {
-        return Err(InvalidOptions(format!(
-            "mean lifetime must be a number of events of at least 1, got {mean}"
-        )));
-    }
-    let lifetime = Geometric::new(1.0 / mean)
-        .map_err(|e| InvalidOptions(format!("mean lifetime {mean}: {e}")))?;
-    if options.streams == 0 {
-        return Err(InvalidOptions("streams must be at least 1".into()));
-    }
-    if options.mark_every == Some(0) {
-        return Err(InvalidOptions("mark_every must be at least 1".into()));
+    let events = RandomEvents::new(options)?.collect();
+    Ok(Trace::new(format!("random-seed{}", options.seed), events))
+}
+
+/// [`random`]'s events one at a time, made as they are asked for: memory follows the
+/// allocations live at once (their scheduled deaths), not the trace's length, so a
+/// trace of any length can be written as it is made.
+pub struct RandomEvents {
+    rng: ChaCha8Rng,
+    sizes: SizeSampler,
+    lifetime: Geometric,
+    options: RandomOptions,
+    /// The next step (alloc/free events made so far).
+    step: u64,
+    /// (death step, id), so the first element is the next to die, ties by id.
+    deaths: BTreeSet<(u64, u64)>,
+    next_id: u64,
+    /// The mark that follows the event just made.
+    mark: Option<Event>,
+    /// The frees at the end, in id order, once the steps are done.
+    end: Option<std::vec::IntoIter<u64>>,
+}
+
+impl RandomEvents {
+    /// The generator of `options`' trace.
+    ///
+    /// # Errors
+    /// As [`random`].
+    pub fn new(options: &RandomOptions) -> Result<RandomEvents, InvalidOptions> {
+        let sizes = SizeSampler::new(options.sizes)?;
+        let mean = options.mean_lifetime_events;
+        if !(mean.is_finite() && mean >= 1.0) {
+            return Err(InvalidOptions(format!(
+                "mean lifetime must be a number of events of at least 1, got {mean}"
+            )));
+        }
+        let lifetime = Geometric::new(1.0 / mean)
+            .map_err(|e| InvalidOptions(format!("mean lifetime {mean}: {e}")))?;
+        if options.streams == 0 {
+            return Err(InvalidOptions("streams must be at least 1".into()));
+        }
+        if options.mark_every == Some(0) {
+            return Err(InvalidOptions("mark_every must be at least 1".into()));
+        }
+        Ok(RandomEvents {
+            rng: ChaCha8Rng::seed_from_u64(options.seed),
+            sizes,
+            lifetime,
+            options: *options,
+            step: 0,
+            deaths: BTreeSet::new(),
+            next_id: 0,
+            mark: None,
+            end: None,
+        })
     }
 
-    let mut rng = ChaCha8Rng::seed_from_u64(options.seed);
-    let mut events = Vec::new();
-    // (death step, id), so the first element is the next to die, ties by id.
-    let mut deaths: BTreeSet<(u64, u64)> = BTreeSet::new();
-    let mut next_id = 0u64;
-    for step in 0..options.events {
-        match deaths.first().copied() {
+    /// The alloc or free of step `step`.
+    fn step_event(&mut self, step: u64) -> Event {
+        match self.deaths.first().copied() {
             Some((death, id)) if death <= step => {
-                deaths.remove(&(death, id));
-                events.push(Event::Free { id: AllocId(id) });
+                self.deaths.remove(&(death, id));
+                Event::Free { id: AllocId(id) }
             }
             _ => {
-                let size_bytes = sizes.sample(&mut rng);
-                let life = sample_geometric(&lifetime, &mut rng);
-                let stream = if options.streams > 1 {
-                    rng.gen_range(0..options.streams)
+                let size_bytes = self.sizes.sample(&mut self.rng);
+                let life = sample_geometric(&self.lifetime, &mut self.rng);
+                let stream = if self.options.streams > 1 {
+                    self.rng.gen_range(0..self.options.streams)
                 } else {
                     0
                 };
-                let id = next_id;
-                next_id += 1;
-                deaths.insert((step.saturating_add(life), id));
-                events.push(Event::Alloc {
+                let id = self.next_id;
+                self.next_id += 1;
+                self.deaths.insert((step.saturating_add(life), id));
+                Event::Alloc {
                     id: AllocId(id),
                     size_bytes,
                     stream,
-                });
-            }
-        }
-        if let Some(k) = options.mark_every {
-            if (step + 1) % k == 0 {
-                events.push(Event::Mark {
-                    label: format!("after {} events", step + 1),
-                });
+                }
             }
         }
     }
-    if options.free_at_end {
-        let mut ids: Vec<u64> = deaths.into_iter().map(|(_, id)| id).collect();
-        ids.sort_unstable();
-        events.extend(ids.into_iter().map(|id| Event::Free { id: AllocId(id) }));
+}
+
+impl Iterator for RandomEvents {
+    type Item = Event;
+
+    fn next(&mut self) -> Option<Event> {
+        if let Some(mark) = self.mark.take() {
+            return Some(mark);
+        }
+        if self.step < self.options.events {
+            let step = self.step;
+            self.step += 1;
+            let event = self.step_event(step);
+            if let Some(k) = self.options.mark_every {
+                if (step + 1) % k == 0 {
+                    self.mark = Some(Event::Mark {
+                        label: format!("after {} events", step + 1),
+                    });
+                }
+            }
+            return Some(event);
+        }
+        if !self.options.free_at_end {
+            return None;
+        }
+        let end = self.end.get_or_insert_with(|| {
+            let mut ids: Vec<u64> = std::mem::take(&mut self.deaths)
+                .into_iter()
+                .map(|(_, id)| id)
+                .collect();
+            ids.sort_unstable();
+            ids.into_iter()
+        });
+        end.next().map(|id| Event::Free { id: AllocId(id) })
     }
-    Ok(Trace::new(format!("random-seed{}", options.seed), events))
 }
 
 /// A draw from `g` on 1, 2, 3, ... by inversion, `ceil(ln u / ln(1 - p))` with `u` in

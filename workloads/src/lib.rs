@@ -174,9 +174,43 @@ fn open<T>(
 /// # Errors
 /// Errors of `out`, and [`io::ErrorKind::Unsupported`] for JSON and pickles, which are
 /// PyTorch's formats and only read.
-pub fn write(trace: &Trace, format: Format, mut out: impl io::Write) -> io::Result<()> {
+pub fn write(trace: &Trace, format: Format, out: impl io::Write) -> io::Result<()> {
+    write_with(
+        trace,
+        &mut trace.events.iter().map(std::borrow::Cow::Borrowed),
+        format,
+        out,
+    )
+}
+
+/// Writes in `format` the trace whose name, recorded facts and id names `head` has
+/// (its events are not read) and whose events `events` gives, each written as it
+/// comes: events made on the fly (a generator's) are never held, so memory does not
+/// grow with the trace's length. Returns how many events were written. The bytes are
+/// those [`write()`] writes of the trace with these events.
+///
+/// # Errors
+/// As [`write()`].
+pub fn write_events(
+    head: &Trace,
+    events: impl Iterator<Item = Event>,
+    format: Format,
+    out: impl io::Write,
+) -> io::Result<u64> {
+    let mut count = 0u64;
+    let mut counted = events.inspect(|_| count += 1).map(std::borrow::Cow::Owned);
+    write_with(head, &mut counted, format, out)?;
+    Ok(count)
+}
+
+fn write_with<'e>(
+    head: &Trace,
+    events: &mut dyn Iterator<Item = std::borrow::Cow<'e, Event>>,
+    format: Format,
+    mut out: impl io::Write,
+) -> io::Result<()> {
     match format.spec().write {
-        Some(write) => write(trace, &mut out),
+        Some(write) => write(head, events, &mut out),
         None => Err(io::Error::new(
             io::ErrorKind::Unsupported,
             format!("{format} traces are read, not written"),

@@ -43,6 +43,7 @@
 //! plain integers for sizes and every string double-quoted (so any label reads back
 //! unchanged); its output depends only on the trace, so it is deterministic.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{self, BufRead};
@@ -748,7 +749,22 @@ fn not_a_mapping(v: &Value) -> String {
 ///
 /// # Errors
 /// Errors of `out`.
-pub fn write_yaml(trace: &Trace, mut out: impl io::Write) -> io::Result<()> {
+pub fn write_yaml(trace: &Trace, out: impl io::Write) -> io::Result<()> {
+    write_yaml_events(trace, &mut trace.events.iter().map(Cow::Borrowed), out)
+}
+
+/// [`write_yaml`] of `head`'s name and recorded facts and of the events `events`
+/// gives, written as they come (a generator's, made as they are asked for), with
+/// `head`'s id names; `head`'s own events are not read. Nothing is kept per event.
+///
+/// # Errors
+/// Errors of `out`.
+pub fn write_yaml_events<'e>(
+    head: &Trace,
+    events: &mut dyn Iterator<Item = Cow<'e, Event>>,
+    mut out: impl io::Write,
+) -> io::Result<()> {
+    let trace = head;
     writeln!(out, "name: {}", quote(&trace.name))?;
     let m = &trace.meta;
     let recorded: Vec<(&str, String)> = [
@@ -793,7 +809,8 @@ pub fn write_yaml(trace: &Trace, mut out: impl io::Write) -> io::Result<()> {
             writeln!(out, "  {k}: {v}")?;
         }
     }
-    if trace.events.is_empty() {
+    let mut events = events.peekable();
+    if events.peek().is_none() {
         return writeln!(out, "events: []");
     }
     writeln!(out, "events:")?;
@@ -806,8 +823,8 @@ pub fn write_yaml(trace: &Trace, mut out: impl io::Write) -> io::Result<()> {
             quote(&name)
         }
     };
-    for event in &trace.events {
-        match event {
+    for event in events {
+        match &*event {
             Event::Alloc {
                 id,
                 size_bytes,

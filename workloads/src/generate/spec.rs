@@ -4,13 +4,15 @@
 //! flags, and a sweep file's generated traces (`sim::sweep`) all go through
 //! [`from_node`], so a generator's keys, defaults and checks are written once.
 
+use std::io;
 use std::path::Path;
 
 use super::dist::{Dist, DistKind};
 use super::emit::Scratch;
 use super::inference::{Growth, InferenceSpec};
 use super::training::{Layer, Optimizer, TrainingSpec};
-use super::{random, InvalidOptions, RandomOptions, SizeDistribution};
+use super::{random, InvalidOptions, RandomEvents, RandomOptions, SizeDistribution};
+use crate::format::Format;
 use crate::nodes::{self, Node, Value};
 use crate::trace::{Event, Trace};
 
@@ -122,8 +124,9 @@ impl Generator {
         result.map_err(|e| InvalidOptions(format!("the {} generator: {e}", self.kind())))
     }
 
-    /// The events, one phase (a step, a batch) at a time for the structured
-    /// generators, so a long trace can be written as it is made.
+    /// The events, made as they are asked for (one step of the random generator, one
+    /// phase (a training step, a batch) of the structured ones), so a trace of any
+    /// length can be written as it is made: memory follows what is live at once.
     ///
     /// # Errors
     /// As [`Generator::check`].
@@ -131,10 +134,8 @@ impl Generator {
         self.check()?;
         Ok(match self {
             Generator::Random(o) => Box::new(
-                random(o)
-                    .map_err(|e| InvalidOptions(format!("the random generator: {e}")))?
-                    .events
-                    .into_iter(),
+                RandomEvents::new(o)
+                    .map_err(|e| InvalidOptions(format!("the random generator: {e}")))?,
             ),
             Generator::Training(s) => Box::new(s.events()),
             Generator::Inference(s) => Box::new(s.events()),
@@ -176,6 +177,31 @@ impl Generator {
     pub fn generate(&self) -> Result<Trace, InvalidOptions> {
         self.generate_at_most(u64::MAX)
     }
+
+    /// Writes the trace, named [`Generator::name`], in `format` to `out`, each event
+    /// as it is made: nothing is kept per event, so memory follows what is live at
+    /// once, not the trace's length (`allocsim generate`). The bytes are those of
+    /// [`crate::write()`] of [`Generator::generate`]'s trace. Returns how many events
+    /// were written.
+    ///
+    /// # Errors
+    /// As [`Generator::check`], and errors of `out` (then part of the trace may have
+    /// been written).
+    pub fn write(&self, format: Format, out: impl io::Write) -> Result<u64, WriteError> {
+        let head = Trace::new(self.name(), Vec::new());
+        Ok(crate::write_events(&head, self.events()?, format, out)?)
+    }
+}
+
+/// Why [`Generator::write`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The options (nothing was written).
+    #[error(transparent)]
+    Invalid(#[from] InvalidOptions),
+    /// Writing.
+    #[error(transparent)]
+    Io(#[from] io::Error),
 }
 
 /// A spec that cannot be used: its line (0: the command line) and what is wrong,
