@@ -65,7 +65,9 @@ pub use export::SnapshotExport;
 pub use fault::{FaultKind, FaultOp, FaultPlan, FaultyDevice};
 pub use fit::{fit, fits, Fit, FitOptions};
 pub use metrics::{Oom, Recorder, Sample, Summary};
-pub use observe::{DeviceOp, DeviceOpKind, Observer, Outcome, Skip, Step, Timeline};
+pub use observe::{
+    DeviceOp, DeviceOpKind, Observer, Outcome, Skip, Step, Timeline, TimelineWriter,
+};
 pub use profile::{
     DeviceProfile, ProfileError, ProfileProblem, MAX_PROFILE_BYTES, MAX_USABLE_SPREAD_BYTES,
 };

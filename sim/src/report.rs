@@ -68,6 +68,16 @@ impl<W: io::Write> RecordWriter<W> {
     pub fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
     }
+
+    /// The writer, once what was written is flushed.
+    ///
+    /// # Errors
+    /// I/O errors of the writer.
+    pub fn into_inner(self) -> io::Result<W> {
+        self.inner
+            .into_inner()
+            .map_err(csv::IntoInnerError::into_error)
+    }
 }
 
 /// Writes `records` as CSV with a header.

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use sim::{OomExplanation, OomWatch, Replay, SimDevice, Timeline};
+use sim::{OomExplanation, OomWatch, Replay, SimDevice, TimelineWriter};
 use workloads::size::format_size_human;
 use workloads::Trace;
 
@@ -66,8 +66,17 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
             args.mark.as_deref(),
         ))
     });
+    // The timeline is written as the replay makes it, never held: its output is
+    // created now, and a failure to create it is reported where the file is finished
+    // (after the replay, as every output is).
+    let (timeline, timeline_unmade) = match args.timeline.as_ref().map(|p| output::create(Some(p)))
+    {
+        Some(Ok(out)) => (Some(TimelineWriter::new(out)), None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (None, None),
+    };
     let mut observer = (
-        (args.timeline.as_ref().map(|_| Timeline::default()), windows),
+        (timeline, windows),
         (OomWatch::default(), EventSpinner::on_terminal()),
     );
     // Ctrl-C stops the replay at its next event; nothing is written then.
@@ -119,13 +128,15 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     let caveats = sim::caveats(&loaded.trace, &spec.config, &r);
     warn_caveats(caveats.iter().cloned());
     // The timeline file is complete before the summary says the replay is done.
-    if let Some(path) = &args.timeline {
-        let mut out = output::create(Some(path))?;
-        let samples = timeline.map(|t| t.samples).unwrap_or_default();
-        sim::report::write_timeline_csv(&samples, &mut out)
+    if let Some(e) = timeline_unmade {
+        return Err(e);
+    }
+    if let (Some(path), Some(timeline)) = (&args.timeline, timeline) {
+        let (rows, out) = timeline
+            .finish()
             .with_context(|| format!("writing {}", path.display()))?;
         out.finish()?;
-        eprintln!("wrote {} ({} rows)", path.display(), samples.len());
+        eprintln!("wrote {} ({rows} rows)", path.display());
     }
     if let (Some(path), Some(windows)) = (&args.iterations_csv, &windows) {
         let mut out = output::create(Some(path))?;
