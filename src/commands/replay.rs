@@ -41,9 +41,10 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
         bail!("--capacity: replay takes one capacity; `allocsim compare` takes several");
     }
     // A CSV trace replays as it is read (memory independent of its length) when
-    // nothing asks for the whole trace: no per-event outputs, and no out-of-memory to
-    // explain (its remedies are checked by replaying the whole trace again).
-    if args.timeline.is_none() && !iterations {
+    // nothing asks for the whole trace: no iteration windows, and no out-of-memory to
+    // explain (its remedies are checked by replaying the whole trace again). A
+    // timeline is written as it goes.
+    if !iterations {
         if let Some(exit) = streamed(&args, &setup)? {
             return Ok(exit);
         }
@@ -243,11 +244,14 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
         return Ok(None);
     }
     let options = load::load_options(&args.input);
-    let stage = Stage::start(format!("reading {} (first pass)", args.trace.display()));
-    let stream = sim::inputs::SnapshotStream::open(&args.trace, &options, &setup.options);
-    drop(stage);
-    if let Some(stream) = stream {
-        return streamed_snapshot(args, setup, &stream, options.lenient);
+    // A timeline streams from a CSV trace or an RMM log only.
+    if args.timeline.is_none() {
+        let stage = Stage::start(format!("reading {} (first pass)", args.trace.display()));
+        let stream = sim::inputs::SnapshotStream::open(&args.trace, &options, &setup.options);
+        drop(stage);
+        if let Some(stream) = stream {
+            return streamed_snapshot(args, setup, &stream, options.lenient);
+        }
     }
     // CSV traces and RMM logs stream; problems are reported by the whole-trace path.
     let Ok(Ok(format)) = sim::inputs::streamed_format(&args.trace, &options) else {
@@ -257,9 +261,18 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     let Some((settings, spec)) = streamed_spec(args, &meta) else {
         return Ok(None);
     };
+    // The timeline is written as the replay makes it; where its output cannot be
+    // made, the whole-trace path says so, at its place.
+    let timeline = match &args.timeline {
+        Some(path) => match output::create(Some(path)) {
+            Ok(out) => Some(TimelineWriter::new(out)),
+            Err(_) => return Ok(None),
+        },
+        None => None,
+    };
     // A CSV trace records no addresses: no hints.
     let mut device = SimDevice::new(setup.options.clone());
-    let mut observer = (OomWatch::default(), EventSpinner::on_terminal());
+    let mut observer = ((OomWatch::default(), EventSpinner::on_terminal()), timeline);
     let in_order = interrupt::in_order();
     // The policy as its own type: the engine calls it directly.
     let run = StreamRun {
@@ -274,7 +287,7 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
         return Ok(None);
     };
     drop(in_order);
-    let (watch, spinner) = observer;
+    let ((watch, spinner), timeline) = observer;
     drop(spinner);
     let (shell, counts, r) = match streamed {
         Ok(Streamed::Replayed {
@@ -291,6 +304,14 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     let label = policy_label(&spec);
     let caveats = sim::caveats(&shell, &spec.config, &r);
     warn_caveats(caveats.iter().cloned());
+    // The timeline file is complete before the summary says the replay is done.
+    if let (Some(path), Some(timeline)) = (&args.timeline, timeline) {
+        let (rows, out) = timeline
+            .finish()
+            .with_context(|| format!("writing {}", path.display()))?;
+        out.finish()?;
+        eprintln!("wrote {} ({rows} rows)", path.display());
+    }
     let line = match format {
         workloads::Format::Rmm => workloads::rmm::RmmEvents::<std::fs::File>::line_of,
         _ => workloads::csv::CsvEvents::<std::fs::File>::line_of,
