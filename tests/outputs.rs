@@ -296,3 +296,69 @@ fn output_to_a_named_pipe_is_written_into_it() {
     assert_eq!(reader.join().unwrap(), expected.stdout);
     assert_eq!(names(dir.path()), ["rows.csv"]);
 }
+
+/// `check` of a named pipe reads it once, whole: a clean CSV is read as it goes only
+/// from a file that can be read again (a problem found sends it to the whole-file
+/// read), so a pipe's double free is listed with its lines, not lost with the content
+/// the first read took.
+#[test]
+fn check_reads_a_pipe_once() {
+    if Command::new("mkfifo").arg("--version").output().is_err() {
+        eprintln!("skipped: no mkfifo on this system");
+        return;
+    }
+    let dir = TempDir::new("check-fifo");
+    let fifo = dir.path().join("pipe.csv");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .args(["check".as_ref(), fifo.as_os_str()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let text = "op,id,bytes,stream\nalloc,1,100,0\nfree,1,,\nfree,1,,\n";
+    let mut pipe = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    std::io::Write::write_all(&mut pipe, text.as_bytes()).unwrap();
+    drop(pipe);
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(2), "{out}{}", stderr(&o));
+    assert!(
+        out.contains("line 4: free of already-freed id 1 (freed at line 3)")
+            && out.contains("3 events, 1 error, 0 warnings"),
+        "{out}"
+    );
+}
+
+/// `replay --timeline` writes the same timeline whether the trace streams (a CSV trace)
+/// or is held (`--iterations` holds it): the rows of an RMM log, whose stream numbers a
+/// freed pointer's next allocation with the old id, came out with other ids when it
+/// streamed.
+#[test]
+fn streamed_and_held_timelines_agree() {
+    let dir = TempDir::new("timeline-paths");
+    for trace in ["examples/random_small.csv", "examples/rmm_log.csv"] {
+        let streamed = dir.path().join("streamed.csv");
+        let held = dir.path().join("held.csv");
+        for (out, extra) in [(&streamed, None), (&held, Some("--iterations"))] {
+            let mut args: Vec<&OsStr> = vec![
+                "replay".as_ref(),
+                trace.as_ref(),
+                "--timeline".as_ref(),
+                out.as_os_str(),
+            ];
+            args.extend(extra.map(OsStr::new));
+            let o = allocsim(args);
+            assert_eq!(o.status.code(), Some(0), "{trace}: {}", stderr(&o));
+        }
+        let (a, b) = (
+            std::fs::read(&streamed).unwrap(),
+            std::fs::read(&held).unwrap(),
+        );
+        assert!(a.len() > 100 && a == b, "{trace}: the timelines differ");
+    }
+}

@@ -88,6 +88,10 @@ pub fn run(args: CheckArgs) -> anyhow::Result<Exit> {
 /// that needs the whole file, any problem): the whole-file read then lists every
 /// problem, with the messages it always gave.
 fn streamed(path: &Path, args: &CheckArgs) -> Option<u64> {
+    // A pipe gives its content once: read once, whole (a problem would need it again).
+    if !crate::load::rereadable(path) {
+        return None;
+    }
     let options = sim::inputs::LoadOptions {
         format: args.input.trace_format,
         snapshot_device: args.input.snapshot_device,

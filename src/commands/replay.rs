@@ -244,7 +244,7 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
         return Ok(None);
     }
     let options = load::load_options(&args.input);
-    // A timeline streams from a CSV trace or an RMM log only.
+    // A timeline streams from a CSV trace only (below).
     if args.timeline.is_none() {
         let stage = Stage::start(format!("reading {} (first pass)", args.trace.display()));
         let stream = sim::inputs::SnapshotStream::open(&args.trace, &options, &setup.options);
@@ -261,8 +261,13 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     let Some((settings, spec)) = streamed_spec(args, &meta) else {
         return Ok(None);
     };
-    // The timeline is written as the replay makes it; where its output cannot be
-    // made, the whole-trace path says so, at its place.
+    // The timeline is written as the replay makes it, from a CSV trace only: its rows
+    // show the ids as the engine numbers them, and an RMM log's stream gives a freed
+    // pointer's id again where the whole log's reader gives each pointer one id. Where
+    // its output cannot be made, the whole-trace path says so, at its place.
+    if args.timeline.is_some() && format != workloads::Format::Csv {
+        return Ok(None);
+    }
     let timeline = match &args.timeline {
         Some(path) => match output::create(Some(path)) {
             Ok(out) => Some(TimelineWriter::new(out)),

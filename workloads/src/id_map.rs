@@ -514,7 +514,7 @@ const BITS_FOLD_MIN: usize = 1 << 10;
 /// that follows the ids not set yet rather than the ids ever set. Ids below
 /// [`DENSE_LIMIT`] are a bitmap over a sliding window of words (ids from `base` up,
 /// grown to the largest id set), whose front is folded away when it has grown: in the
-/// folded part, a page of [`BIT_PAGE_WORDS`] words whose bits are all set is kept as
+/// folded part, a page of 512 ids (8 words) whose bits are all set is kept as
 /// nothing, and only the pages with an id not set (one still live, long-lived weights,
 /// or never used) are kept, in an ordered map; a page there whose last bit is set
 /// goes. A fold is made only where at most half the front's pages would be kept, so a
@@ -523,7 +523,7 @@ const BITS_FOLD_MIN: usize = 1 << 10;
 pub struct IdBits {
     /// Bits of the ids from `base` up.
     words: Vec<u64>,
-    /// The first id of `words[0]` (a multiple of 64 times [`BIT_PAGE_WORDS`]).
+    /// The first id of `words[0]` (a multiple of 512, a page).
     base: u64,
     /// The window length at which the next fold is tried.
     fold_at: usize,
