@@ -120,15 +120,30 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Replay one trace under one policy and print a summary.
+    ///
+    /// Streams a CSV trace, an RMM log or a snapshot pickle from a file: memory follows the
+    /// live allocations, not the trace's length. Holds the whole trace in memory (about 40
+    /// bytes per event) for YAML, recorded JSON or a pipe, with --iterations, with --timeline
+    /// except from a CSV trace, or with a GPU profile whose usable memory varies, and reads it
+    /// again, whole, to explain an out-of-memory or to report a problem.
     Replay(ReplayArgs),
     /// Replay traces × policies × capacities and write one CSV row each.
+    ///
+    /// Holds each trace in memory (about 40 bytes per event), several at once on several
+    /// threads; `replay` streams CSV traces, RMM logs and snapshot pickles.
     Compare(CompareArgs),
     /// The smallest GPU memory each trace runs in under each policy, and which named
     /// GPUs it fits on.
+    ///
+    /// Holds each trace in memory for the bisection's replays (about 40 bytes per event),
+    /// several at once on several threads.
     Fit(FitArgs),
     /// Sweep traces × grids of policy options × GPUs from a YAML file: one CSV row per
     /// combination, and per trace a ranking and the recommended configuration
     /// (docs/sweeps.md).
+    ///
+    /// Holds its traces in memory (about 40 bytes per event), every one until the end
+    /// without --shard, for the recommendation's bisection.
     Sweep(SweepArgs),
     /// Join the CSVs of a sweep's shards (`sweep --shard K/N`) into the CSV one run
     /// gives, with its summary.
@@ -136,35 +151,54 @@ pub enum Command {
     /// Two configurations on one trace side by side: where their reserved bytes part,
     /// the first differing decision, peaks, out-of-memory points, and which requests
     /// cost the difference.
+    ///
+    /// Holds the trace in memory with both replays' per-event series (about 70 bytes per
+    /// event).
     Diff(DiffArgs),
     /// Write a synthetic trace.
     Generate(GenerateArgs),
     /// Validate traces and list every problem found.
+    ///
+    /// Reads a clean CSV trace or RMM log once, as it goes. Holds the whole trace in memory
+    /// (about 40 bytes per event) in other formats or from a pipe, and reads a file with a
+    /// problem again, whole, to list every problem.
     Check(CheckArgs),
     /// List every policy with its options, their defaults and what they mean.
     Policies(PoliciesArgs),
     /// Convert a trace (YAML, CSV, recorded JSON, snapshot pickle) to YAML or CSV.
+    ///
+    /// Holds the trace in memory (about 40 bytes per event).
     Convert(ConvertArgs),
     /// Replay recorded PyTorch runs under the caching policy and compare with what
     /// PyTorch did (CSV on stdout).
+    ///
+    /// Holds each recorded run in memory, one at a time, with everything it records.
     Fidelity(FidelityArgs),
     /// List the built-in GPU profiles (`--gpu-profile NAME`): measured and nominal.
     Gpus(GpusArgs),
     /// Measure the GPU this runs on and write a device profile (needs a CUDA driver).
     Probe(ProbeArgs),
     /// Replay traces in the simulator and on the GPU, side by side (needs a CUDA driver).
+    ///
+    /// Holds each trace in memory (about 40 bytes per event), one at a time.
     Validate(ValidateArgs),
     /// Draw a picture (SVG or PNG): memory over the run for each policy, or the
     /// segments at one moment.
+    ///
+    /// Holds every trace in memory at once (about 45 bytes per event).
     Plot(PlotArgs),
     /// Write what a policy would have done as a PyTorch memory snapshot (pickle), for
     /// pytorch.org/memory_viz and `python -m torch.cuda._memory_viz`.
+    ///
+    /// Holds the trace and the snapshot's entries in memory (about 120 bytes per event).
     Export(ExportArgs),
     /// Measure replay speed: events per second of each policy on each trace (one
     /// core, the thread's CPU time; a warm-up run, then the median and spread of
     /// several), on two generated traces when none is given. Everything runs on one
     /// thread: a trace is read, its runs are timed one after another, it is freed, then
     /// the next is read, so no timed run overlaps a load or another replay.
+    ///
+    /// Holds each trace in memory while its runs are timed (about 40 bytes per event).
     Bench(BenchArgs),
 }
 

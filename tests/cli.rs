@@ -1503,3 +1503,22 @@ fn no_progress_when_stderr_is_not_a_terminal() {
         assert!(!e.contains('\x1b') && !e.contains('\r'), "{args:?}: {e:?}");
     }
 }
+
+/// Every command that holds whole traces in memory says so in its `--help`, with the
+/// figure per event where one was measured (docs/performance.md, "What holds the whole
+/// trace").
+#[test]
+fn help_says_which_commands_hold_whole_traces() {
+    for command in [
+        "replay", "compare", "fit", "sweep", "diff", "check", "convert", "fidelity", "validate",
+        "plot", "export", "bench",
+    ] {
+        let o = allocsim([command, "--help"]);
+        assert_eq!(o.status.code(), Some(0), "{command}: {}", stderr(&o));
+        let help = stdout(&o).split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(help.contains(" in memory"), "{command}: {help}");
+        if command != "fidelity" {
+            assert!(help.contains("bytes per event)"), "{command}: {help}");
+        }
+    }
+}
