@@ -132,13 +132,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     if let Some(e) = timeline_unmade {
         return Err(e);
     }
-    if let (Some(path), Some(timeline)) = (&args.timeline, timeline) {
-        let (rows, out) = timeline
-            .finish()
-            .with_context(|| format!("writing {}", path.display()))?;
-        out.finish()?;
-        eprintln!("wrote {} ({rows} rows)", path.display());
-    }
+    finish_timeline(args.timeline.as_deref(), timeline)?;
     if let (Some(path), Some(windows)) = (&args.iterations_csv, &windows) {
         let mut out = output::create(Some(path))?;
         sim::report::write_records(
@@ -207,6 +201,22 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
 }
 
 /// The policy as the summary names it, with the settings that are not its defaults.
+/// Completes the timeline written as the replay went (`--timeline`) and says so: the
+/// file is complete before the summary says the replay is done.
+fn finish_timeline(
+    path: Option<&Path>,
+    timeline: Option<TimelineWriter<output::Output>>,
+) -> anyhow::Result<()> {
+    if let (Some(path), Some(timeline)) = (path, timeline) {
+        let (rows, out) = timeline
+            .finish()
+            .with_context(|| format!("writing {}", path.display()))?;
+        out.finish()?;
+        eprintln!("wrote {} ({rows} rows)", path.display());
+    }
+    Ok(())
+}
+
 fn policy_label(spec: &policies::spec::PolicySpec) -> String {
     match spec.config.options::<policies::caching::CachingConfig>() {
         Some(c) => {
@@ -310,13 +320,7 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     let caveats = sim::caveats(&shell, &spec.config, &r);
     warn_caveats(caveats.iter().cloned());
     // The timeline file is complete before the summary says the replay is done.
-    if let (Some(path), Some(timeline)) = (&args.timeline, timeline) {
-        let (rows, out) = timeline
-            .finish()
-            .with_context(|| format!("writing {}", path.display()))?;
-        out.finish()?;
-        eprintln!("wrote {} ({rows} rows)", path.display());
-    }
+    finish_timeline(args.timeline.as_deref(), timeline)?;
     let line = match format {
         workloads::Format::Rmm => workloads::rmm::RmmEvents::<std::fs::File>::line_of,
         _ => workloads::csv::CsvEvents::<std::fs::File>::line_of,
