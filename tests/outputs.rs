@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::util::{allocsim, root, stderr, TempDir};
+use crate::util::{allocsim, has_mkfifo, mkfifo, root, stderr, TempDir};
 
 /// The names in `dir`, sorted.
 fn names(dir: &Path) -> Vec<String> {
@@ -192,8 +192,7 @@ fn failed_write_leaves_the_old_file() {
 /// file). The trace is a named pipe that allocsim is still reading when Ctrl-C comes.
 #[test]
 fn ctrl_c_leaves_outputs_untouched() {
-    if Command::new("mkfifo").arg("--version").output().is_err() {
-        eprintln!("skipped: no mkfifo on this system");
+    if !has_mkfifo() {
         return;
     }
     let dir = TempDir::new("out-ctrl-c");
@@ -201,11 +200,7 @@ fn ctrl_c_leaves_outputs_untouched() {
     for (i, command) in ["compare", "replay"].into_iter().enumerate() {
         let old = dir.file(&format!("old{i}.csv"), "OLD\n");
         let fifo = dir.path().join(format!("pipe{i}.csv"));
-        assert!(Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success());
+        mkfifo(&fifo);
         let flag = if command == "compare" {
             "-o"
         } else {
@@ -261,17 +256,12 @@ fn ctrl_c_leaves_outputs_untouched() {
 /// `/dev/null` itself.
 #[test]
 fn output_to_a_named_pipe_is_written_into_it() {
-    if Command::new("mkfifo").arg("--version").output().is_err() {
-        eprintln!("skipped: no mkfifo on this system");
+    if !has_mkfifo() {
         return;
     }
     let dir = TempDir::new("out-fifo");
     let fifo = dir.path().join("rows.csv");
-    assert!(Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    mkfifo(&fifo);
     // Opening the pipe to read blocks until allocsim opens it to write; a pipe that was
     // replaced leaves this thread blocked, which the test does not wait for.
     let reader = {
@@ -303,17 +293,12 @@ fn output_to_a_named_pipe_is_written_into_it() {
 /// the first read took.
 #[test]
 fn check_reads_a_pipe_once() {
-    if Command::new("mkfifo").arg("--version").output().is_err() {
-        eprintln!("skipped: no mkfifo on this system");
+    if !has_mkfifo() {
         return;
     }
     let dir = TempDir::new("check-fifo");
     let fifo = dir.path().join("pipe.csv");
-    assert!(Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    mkfifo(&fifo);
     let child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
         .args(["check".as_ref(), fifo.as_os_str()])
         .stdout(Stdio::piped())

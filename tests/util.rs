@@ -64,3 +64,24 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Whether this system has `mkfifo`; says the test is skipped where it has not.
+pub fn has_mkfifo() -> bool {
+    let found = std::process::Command::new("mkfifo")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !found {
+        eprintln!("skipped: no mkfifo on this system");
+    }
+    found
+}
+
+/// Makes a named pipe at `path`.
+pub fn mkfifo(path: &Path) {
+    assert!(std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap()
+        .success());
+}
