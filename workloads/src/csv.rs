@@ -220,14 +220,8 @@ pub fn write_csv_events<'e>(
                     c.of(*stream),
                 ])?
             }
-            Event::FreeRequested { id } => csv.write_record([
-                b"free_requested" as &[u8],
-                id_field(head, *id, &mut digits[0]),
-                b"",
-                b"",
-            ])?,
-            Event::Free { id } => csv.write_record([
-                b"free" as &[u8],
+            Event::FreeRequested { id } | Event::Free { id } => csv.write_record([
+                event.op_name().as_bytes(),
                 id_field(head, *id, &mut digits[0]),
                 b"",
                 b"",

@@ -507,6 +507,9 @@ impl<T> Place<'_, T> {
 /// Words of a page of bits behind [`IdBits`]' window (512 ids, 64 bytes).
 const BIT_PAGE_WORDS: usize = 8;
 
+/// Ids of a page of bits behind [`IdBits`]' window.
+const BIT_PAGE_IDS: u64 = 64 * BIT_PAGE_WORDS as u64;
+
 /// The window length, in words, below which no fold is tried (64 Ki ids, 8 KB).
 const BITS_FOLD_MIN: usize = 1 << 10;
 
@@ -571,7 +574,7 @@ impl IdBits {
             return self.sparse.contains(&id.0);
         }
         let Some(offset) = id.0.checked_sub(self.base) else {
-            let page = id.0 / (64 * BIT_PAGE_WORDS as u64);
+            let page = id.0 / BIT_PAGE_IDS;
             return self.behind.get(&page).is_none_or(|words| {
                 let w = (id.0 >> 6) as usize % BIT_PAGE_WORDS;
                 words[w] & (1 << (id.0 & 63)) != 0
@@ -592,7 +595,7 @@ impl IdBits {
     /// Marks an id before the window: in its page, if the page has a bit not set.
     #[cold]
     fn set_behind(&mut self, id: u64) {
-        let page = id / (64 * BIT_PAGE_WORDS as u64);
+        let page = id / BIT_PAGE_IDS;
         if let Some(words) = self.behind.get_mut(&page) {
             words[(id >> 6) as usize % BIT_PAGE_WORDS] |= 1 << (id & 63);
             if words.iter().all(|&w| w == u64::MAX) {
@@ -629,7 +632,7 @@ impl IdBits {
         if pages == 0 || 2 * kept > pages {
             return;
         }
-        let first_page = self.base / (64 * BIT_PAGE_WORDS as u64);
+        let first_page = self.base / BIT_PAGE_IDS;
         for (i, page) in front.chunks_exact(BIT_PAGE_WORDS).enumerate() {
             if page.iter().any(|&w| w != u64::MAX) {
                 let words: [u64; BIT_PAGE_WORDS] = page
@@ -639,7 +642,7 @@ impl IdBits {
             }
         }
         self.words.drain(..pages * BIT_PAGE_WORDS);
-        self.base += (pages * BIT_PAGE_WORDS * 64) as u64;
+        self.base += pages as u64 * BIT_PAGE_IDS;
     }
 }
 
