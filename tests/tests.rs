@@ -14,6 +14,8 @@ mod formats;
 mod golden;
 /// Real CUDA memory; skips without a driver unless `ALLOCSIM_REQUIRE_GPU=1`.
 mod gpu;
+/// Peak memory of the streamed commands against the trace's length (issue 12).
+mod memory;
 /// Property tests against a reference model.
 mod model;
 /// Nothing lost: outputs never overwrite inputs, replace old files only when complete,
