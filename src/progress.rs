@@ -145,7 +145,7 @@ mod tests {
     /// The spinner's rate is short and in millions, not every digit of a float.
     #[test]
     fn event_rates_are_readable() {
-        assert_eq!(events_rate(5_650_084.5114), "5.65 M events/s");
+        assert_eq!(events_rate(5_650_084.511_4), "5.65 M events/s");
         assert_eq!(events_rate(812_400.0), "812.4 k events/s");
         assert_eq!(events_rate(950.4), "950 events/s");
         assert_eq!(events_rate(0.0), "0 events/s");
