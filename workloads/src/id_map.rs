@@ -17,7 +17,9 @@
 //! slower lookup. So memory follows the live ids, not the ids ever seen (the directory
 //! was a slot per page ever seen: 6 MB for 10⁸ ids).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use crate::hash::{FastMap, FastSet};
 
 use crate::trace::AllocId;
 
@@ -76,7 +78,7 @@ pub struct IdMap<T> {
     trim_at: usize,
     /// Pages before `first` that hold values, by page index.
     behind: BTreeMap<usize, Page<T>>,
-    sparse: HashMap<u64, T>,
+    sparse: FastMap<u64, T>,
     spare: Vec<Page<T>>,
     len: usize,
 }
@@ -96,7 +98,7 @@ impl<T> IdMap<T> {
             held: 0,
             trim_at: TRIM_MIN,
             behind: BTreeMap::new(),
-            sparse: HashMap::new(),
+            sparse: FastMap::default(),
             spare: Vec::new(),
             len: 0,
         }
@@ -533,7 +535,7 @@ pub struct IdBits {
     /// The pages before `base` with a bit not set, by page index; every other page
     /// before `base` has all its bits set.
     behind: BTreeMap<u64, [u64; BIT_PAGE_WORDS]>,
-    sparse: std::collections::HashSet<u64>,
+    sparse: FastSet<u64>,
 }
 
 impl Default for IdBits {
@@ -543,7 +545,7 @@ impl Default for IdBits {
             base: 0,
             fold_at: BITS_FOLD_MIN,
             behind: BTreeMap::new(),
-            sparse: std::collections::HashSet::new(),
+            sparse: FastSet::default(),
         }
     }
 }

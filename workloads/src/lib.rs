@@ -44,6 +44,7 @@ pub mod csv;
 pub mod feed;
 mod format;
 pub mod generate;
+pub mod hash;
 pub mod id_map;
 pub mod ids;
 pub mod nodes;

@@ -39,7 +39,7 @@
 //! pointers allocated twice are left to validation (`allocsim check`), which names
 //! their lines.
 
-use std::collections::HashMap;
+use crate::hash::FastMap;
 use std::io::{self, BufRead, Read};
 use std::path::Path;
 
@@ -328,13 +328,13 @@ struct Lines {
     next_id: u64,
     /// Pointer -> its id: every pointer seen (the whole-trace reader, whose ids are
     /// the trace's), or only the live ones (the streamed reader, whose ids are reused).
-    ids: HashMap<u64, u64>,
+    ids: FastMap<u64, u64>,
     /// The streamed reader's ids of freed pointers, given again to later allocations
     /// (so that memory follows the live pointers); `None` in the whole-trace reader,
     /// where a pointer keeps its id.
     free_ids: Option<Vec<u64>>,
     /// Live pointer -> (bytes, line of its allocation).
-    live: HashMap<u64, (u64, u64)>,
+    live: FastMap<u64, (u64, u64)>,
     /// Days added to the time of day (the log went past midnight).
     day: u64,
     /// The previous line's time of day.

@@ -62,6 +62,8 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
+
+use crate::hash::FastMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -129,12 +131,12 @@ struct Tally {
     counts: [u64; 12],
     /// Live block addresses, each with whether its free was requested: the trace's own
     /// and, once it frees what it did not allocate, those it found live at its start.
-    blocks: HashMap<u64, bool>,
+    blocks: FastMap<u64, bool>,
     /// Blocks live at the first entry (the trace frees them before it allocates them):
     /// address → what their first free says.
-    start_blocks: HashMap<u64, FirstFree>,
+    start_blocks: FastMap<u64, FirstFree>,
     /// Live segments (address → size), while the trace frees only what it allocated.
-    segments: HashMap<u64, u64>,
+    segments: FastMap<u64, u64>,
     mapped: u64,
     /// The trace frees, releases or unmaps what it did not allocate or map.
     midrun: bool,
@@ -362,7 +364,7 @@ pub fn plan_stream_with(
     }
     // `leaves_listed_segments`.
     let leaves_listed = segments.is_empty() || {
-        let listed: HashMap<u64, u64> = segments
+        let listed: FastMap<u64, u64> = segments
             .iter()
             .filter(|s| !s.is_expandable)
             .map(|s| (s.address, s.total_size))
@@ -765,7 +767,7 @@ struct Events {
     tx: SyncSender<Vec<(Event, u64)>>,
     batch: Vec<(Event, u64)>,
     /// Live blocks: address → id.
-    live: HashMap<u64, AllocId>,
+    live: FastMap<u64, AllocId>,
     next_id: u64,
     /// A `free_requested` (its entry, address and id) waiting for the next entry,
     /// which drops it if it completes the free at once.
@@ -955,13 +957,13 @@ fn second_pass(
     // allocations are numbered after them (as `to_trace` numbers them).
     let (live, verify) = match start {
         Some(MidRun { start, verify }) => {
-            let live: HashMap<u64, AllocId> = (start.segments.iter())
+            let live: FastMap<u64, AllocId> = (start.segments.iter())
                 .flat_map(|s| &s.blocks)
                 .map(|b| (b.addr, b.id))
                 .collect();
             (live, Some(verify))
         }
-        None => (HashMap::new(), None),
+        None => (FastMap::default(), None),
     };
     let mid_run = verify.is_some();
     let events = Rc::new(RefCell::new(Events {
