@@ -650,6 +650,8 @@ impl IdBits {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     /// Insert, get, replace and remove agree with a hash map, for dense and sparse ids.

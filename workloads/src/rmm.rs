@@ -39,9 +39,10 @@
 //! pointers allocated twice are left to validation (`allocsim check`), which names
 //! their lines.
 
-use crate::hash::FastMap;
 use std::io::{self, BufRead, Read};
 use std::path::Path;
+
+use crate::hash::FastMap;
 
 use crate::csv::{file_stem, shorten, EventStream, Unstreamable, MAX_ROW_BYTES};
 use crate::trace::{AllocId, Event, LocationKind, Trace, TraceMeta};
@@ -346,35 +347,16 @@ struct Lines {
 impl Lines {
     /// Reads one line (not the header): its event and its time in microseconds.
     fn line(&mut self, text: &str, line: u64) -> Result<(Event, u64), String> {
-        let fields: Vec<&str> = text.split(',').collect();
-        let [thread, time, action, pointer, size, stream] = fields[..] else {
-            return Err(format!(
-                "a line has 6 fields ({RMM_HEADER}), found {}",
-                fields.len()
-            ));
+        let Fields {
+            time,
+            action,
+            pointer,
+            size,
+            stream,
+        } = match Fields::usual(text) {
+            Some(fields) => fields,
+            None => Fields::read(text)?,
         };
-        if thread.is_empty() {
-            return Err("Thread is missing".into());
-        }
-        let time = time_of_day(time)?;
-        let size: u64 = parse_decimal(size).ok_or_else(|| {
-            format!(
-                "Size '{}' is not a number of bytes (a decimal integer)",
-                shorten(size)
-            )
-        })?;
-        let stream = parse_hex(stream).ok_or_else(|| {
-            format!(
-                "Stream '{}' is not a hexadecimal stream handle",
-                shorten(stream)
-            )
-        })?;
-        let pointer = parse_hex(pointer).ok_or_else(|| {
-            format!(
-                "Pointer '{}' is not a hexadecimal address",
-                shorten(pointer)
-            )
-        })?;
         let event = match action {
             "allocate" => {
                 if pointer == 0 {
@@ -462,6 +444,165 @@ impl Lines {
     }
 }
 
+/// A line's fields as numbers (the thread only checked present).
+#[derive(Debug, PartialEq, Eq)]
+struct Fields<'a> {
+    /// Microseconds since midnight.
+    time: u64,
+    action: &'a str,
+    pointer: u64,
+    size: u64,
+    stream: u64,
+}
+
+impl<'a> Fields<'a> {
+    /// Every field read and checked, the first problem in field order as the error.
+    fn read(text: &'a str) -> Result<Fields<'a>, String> {
+        let mut split = text.split(',');
+        let (Some(thread), Some(time), Some(action), Some(pointer), Some(size), Some(stream), None) = (
+            split.next(),
+            split.next(),
+            split.next(),
+            split.next(),
+            split.next(),
+            split.next(),
+            split.next(),
+        ) else {
+            return Err(format!(
+                "a line has 6 fields ({RMM_HEADER}), found {}",
+                text.split(',').count()
+            ));
+        };
+        if thread.is_empty() {
+            return Err("Thread is missing".into());
+        }
+        let time = time_of_day(time)?;
+        let size: u64 = parse_decimal(size).ok_or_else(|| {
+            format!(
+                "Size '{}' is not a number of bytes (a decimal integer)",
+                shorten(size)
+            )
+        })?;
+        let stream = parse_hex(stream).ok_or_else(|| {
+            format!(
+                "Stream '{}' is not a hexadecimal stream handle",
+                shorten(stream)
+            )
+        })?;
+        let pointer = parse_hex(pointer).ok_or_else(|| {
+            format!(
+                "Pointer '{}' is not a hexadecimal address",
+                shorten(pointer)
+            )
+        })?;
+        Ok(Fields {
+            time,
+            action,
+            pointer,
+            size,
+            stream,
+        })
+    }
+
+    /// The usual line straight from its bytes, in one pass with no allocation: six
+    /// fields, the time `HH:MM:SS.ffffff`, a size of at most 19 digits, pointer and
+    /// stream `0x` (or `0X`, or nothing) and 1 to 16 hexadecimal digits. `None` for
+    /// anything else, which [`Fields::read`] takes: where this gives fields, that gives
+    /// the same.
+    #[inline]
+    fn usual(text: &'a str) -> Option<Fields<'a>> {
+        let b = text.as_bytes();
+        let mut commas = [0usize; 5];
+        let mut n = 0;
+        for (i, &c) in b.iter().enumerate() {
+            if c == b',' {
+                *commas.get_mut(n)? = i;
+                n += 1;
+            }
+        }
+        if n != 5 || commas[0] == 0 {
+            return None;
+        }
+        let field = |k: usize| {
+            let from = if k == 0 { 0 } else { commas[k - 1] + 1 };
+            let to = if k == 5 { b.len() } else { commas[k] };
+            &b[from..to]
+        };
+        let time = usual_time(field(1))?;
+        let action = &text[commas[1] + 1..commas[2]];
+        let pointer = usual_hex(field(3))?;
+        let size = usual_decimal(field(4))?;
+        let stream = usual_hex(field(5))?;
+        Some(Fields {
+            time,
+            action,
+            pointer,
+            size,
+            stream,
+        })
+    }
+}
+
+/// `HH:MM:SS.ffffff` exactly (six digits of fraction) as [`time_of_day`] reads it;
+/// `None` for any other shape, or a value it refuses.
+#[inline]
+fn usual_time(t: &[u8]) -> Option<u64> {
+    if t.len() != 15 || t[2] != b':' || t[5] != b':' || t[8] != b'.' {
+        return None;
+    }
+    let digit = |i: usize| {
+        let d = t[i].wrapping_sub(b'0');
+        (d <= 9).then_some(u64::from(d))
+    };
+    let two = |i: usize, max: u64| Some(digit(i)? * 10 + digit(i + 1)?).filter(|&v| v <= max);
+    let (h, m, s) = (two(0, 23)?, two(3, 59)?, two(6, 60)?);
+    let mut micros = 0;
+    for i in 9..15 {
+        micros = micros * 10 + digit(i)?;
+    }
+    Some(((h * 60 + m) * 60 + s) * 1_000_000 + micros)
+}
+
+/// 1 to 19 decimal digits (never past 64 bits), as [`parse_decimal`] reads them.
+#[inline]
+fn usual_decimal(t: &[u8]) -> Option<u64> {
+    if t.is_empty() || t.len() > 19 {
+        return None;
+    }
+    let mut v = 0u64;
+    for &c in t {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        v = v * 10 + u64::from(d);
+    }
+    Some(v)
+}
+
+/// `0x`, `0X` or nothing, then 1 to 16 hexadecimal digits, as [`parse_hex`] reads them.
+#[inline]
+fn usual_hex(t: &[u8]) -> Option<u64> {
+    let digits = match t {
+        [b'0', b'x' | b'X', rest @ ..] => rest,
+        _ => t,
+    };
+    if digits.is_empty() || digits.len() > 16 {
+        return None;
+    }
+    let mut v = 0u64;
+    for &c in digits {
+        let d = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            b'A'..=b'F' => c - b'A' + 10,
+            _ => return None,
+        };
+        v = v << 4 | u64::from(d);
+    }
+    Some(v)
+}
+
 /// `HH:MM:SS.ffffff` (the fraction 1 to 9 digits, kept to microseconds) as
 /// microseconds since midnight.
 fn time_of_day(text: &str) -> Result<u64, String> {
@@ -472,8 +613,10 @@ fn time_of_day(text: &str) -> Result<u64, String> {
         )
     };
     let (hms, fraction) = text.split_once('.').unwrap_or((text, ""));
-    let parts: Vec<&str> = hms.split(':').collect();
-    let [h, m, s] = parts[..] else {
+    let mut parts = hms.split(':');
+    let (Some(h), Some(m), Some(s), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
         return Err(bad());
     };
     let two = |t: &str, max: u64| -> Option<u64> {
@@ -528,6 +671,118 @@ mod tests {
 
     fn read(text: &str) -> Result<Trace, ReadError> {
         read_rmm_from(text.as_bytes(), Path::new("rmm.csv"))
+    }
+
+    /// The one-pass reading of the usual line gives what the field-by-field reading
+    /// gives, on every line it takes, and leaves the others (spellings of each field,
+    /// boundaries of each number, malformed lines) to it.
+    #[test]
+    fn usual_lines_read_as_field_by_field() {
+        let times = [
+            "10:17:36.614829",
+            "00:00:00.000000",
+            "23:59:60.999999",
+            "24:00:00.000000",
+            "10:60:00.000000",
+            "10:17:36.61482",
+            "10:17:36.6148290",
+            "10:17:36.5",
+            "10:17:36",
+            "10:17:36.",
+            "1:17:36.614829",
+            "10:17:36.61482x",
+            "10-17-36.614829",
+        ];
+        let hexes = [
+            "0x7f8a40000000",
+            "7f8a40000000",
+            "0X7F8A40000000",
+            "0x0",
+            "0",
+            "(nil)",
+            "0x",
+            "",
+            "0xffffffffffffffff",
+            "0x10000000000000000",
+            "0x0000000000000000001",
+            "ffffffffffffffff",
+            "0xg1",
+            "0x0x1",
+            "-0x1",
+        ];
+        let sizes = [
+            "1024",
+            "0",
+            "9999999999999999999",
+            "18446744073709551615",
+            "18446744073709551616",
+            "00000000000000000001",
+            "",
+            "1e3",
+            "-1",
+            " 1",
+        ];
+        let actions = [
+            "allocate",
+            "free",
+            "deallocate",
+            "allocate failure",
+            "frob",
+            "",
+        ];
+        let mut lines = Vec::new();
+        // One field changed at a time from a usual line, then all at once.
+        let base = [
+            "140573312345856",
+            "10:17:36.614829",
+            "allocate",
+            "0x7f8a40000000",
+            "1024",
+            "0x0",
+        ];
+        for (k, variants) in [&times[..], &actions[..], &hexes[..], &sizes[..], &hexes[..]]
+            .into_iter()
+            .enumerate()
+        {
+            for v in variants {
+                let mut fields = base;
+                fields[k + 1] = v;
+                lines.push(fields.join(","));
+            }
+        }
+        for (i, time) in times.iter().enumerate() {
+            for (j, pointer) in hexes.iter().enumerate() {
+                let size = sizes[(i + j) % sizes.len()];
+                let stream = hexes[(i * 7 + j) % hexes.len()];
+                let action = actions[(i + 3 * j) % actions.len()];
+                lines.push(format!(
+                    "140573312345856,{time},{action},{pointer},{size},{stream}"
+                ));
+            }
+        }
+        lines.extend(
+            [
+                ",10:17:36.614829,allocate,0x1,1,0x0",
+                "1,10:17:36.614829,allocate,0x1,1,0x0,",
+                "1,10:17:36.614829,allocate,0x1,1",
+                "1,10:17:36.614829,allocate,0x1,1,0x0\r",
+                "",
+            ]
+            .map(String::from),
+        );
+        let mut usual = 0;
+        for line in &lines {
+            if let Some(fields) = Fields::usual(line) {
+                usual += 1;
+                assert_eq!(Ok(fields), Fields::read(line), "{line}");
+            }
+        }
+        // Both kinds were seen.
+        assert!(
+            usual > 20 && usual < lines.len() - 20,
+            "{usual} of {}",
+            lines.len()
+        );
     }
 
     fn read_err(text: &str) -> String {
