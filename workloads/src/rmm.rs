@@ -213,6 +213,18 @@ impl<R: io::Read> RmmEvents<R> {
         self.done = true;
         None
     }
+
+    /// A line's outcome: its event, counted, or the stream stopped.
+    fn took(&mut self, outcome: Result<(Event, u64), Unstreamable>) -> Option<Event> {
+        match outcome {
+            Ok((event, _)) => {
+                self.events += 1;
+                self.allocs += u64::from(matches!(event, Event::Alloc { .. }));
+                Some(event)
+            }
+            Err(why) => self.stop(why),
+        }
+    }
 }
 
 impl<R: io::Read> EventStream for RmmEvents<R> {
@@ -271,14 +283,7 @@ impl<R: io::Read> Iterator for RmmEvents<R> {
                         },
                     };
                     self.reader.consume(end + 1);
-                    return match outcome {
-                        Ok((event, _)) => {
-                            self.events += 1;
-                            self.allocs += u64::from(matches!(event, Event::Alloc { .. }));
-                            Some(event)
-                        }
-                        Err(why) => self.stop(why),
-                    };
+                    return self.took(outcome);
                 }
             }
         }
@@ -315,14 +320,8 @@ impl<R: io::Read> Iterator for RmmEvents<R> {
         if text.is_empty() {
             return self.stop(Unstreamable::LineBreaks);
         }
-        match self.lines.line(text, self.line) {
-            Ok((event, _)) => {
-                self.events += 1;
-                self.allocs += u64::from(matches!(event, Event::Alloc { .. }));
-                Some(event)
-            }
-            Err(_) => self.stop(Unstreamable::Problem),
-        }
+        let outcome = self.lines.line(text, self.line);
+        self.took(outcome.map_err(|_| Unstreamable::Problem))
     }
 }
 
