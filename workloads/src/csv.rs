@@ -1196,7 +1196,7 @@ impl<R: io::Read> CsvEvents<R> {
 /// A field of decimal digits as a number (as [`parse_uint`] and [`IdToken::parse`]
 /// read it), `None` for anything else.
 #[inline]
-fn digits(field: &[u8]) -> Option<u64> {
+pub(crate) fn digits(field: &[u8]) -> Option<u64> {
     if field.is_empty() || field.len() > 20 {
         return None;
     }

@@ -272,16 +272,7 @@ impl<R: io::Read> Iterator for RmmEvents<R> {
             if let Ok(avail) = self.reader.fill_buf() {
                 if let Some(end) = memchr::memchr(b'\n', avail) {
                     self.line += 1;
-                    let outcome = match std::str::from_utf8(&avail[..end]) {
-                        Err(_) => Err(Unstreamable::Problem),
-                        Ok(text) => match text.trim_end_matches(['\n', '\r']) {
-                            "" => Err(Unstreamable::LineBreaks),
-                            text => self
-                                .lines
-                                .line(text, self.line)
-                                .map_err(|_| Unstreamable::Problem),
-                        },
-                    };
+                    let outcome = read_line(&mut self.lines, &avail[..end], self.line);
                     self.reader.consume(end + 1);
                     return self.took(outcome);
                 }
@@ -306,22 +297,31 @@ impl<R: io::Read> Iterator for RmmEvents<R> {
         if n as u64 > MAX_ROW_BYTES {
             return self.stop(Unstreamable::Problem);
         }
-        let Ok(text) = std::str::from_utf8(&self.buf) else {
-            return self.stop(Unstreamable::Problem);
-        };
-        let text = text.trim_end_matches(['\n', '\r']);
         if !self.header_seen {
-            if text.trim_start_matches('\u{feff}') != RMM_HEADER {
+            let header = std::str::from_utf8(&self.buf).map(|text| {
+                text.trim_end_matches(['\n', '\r'])
+                    .trim_start_matches('\u{feff}')
+            });
+            if header != Ok(RMM_HEADER) {
                 return self.stop(Unstreamable::Problem);
             }
             self.header_seen = true;
             return self.next();
         }
-        if text.is_empty() {
-            return self.stop(Unstreamable::LineBreaks);
-        }
-        let outcome = self.lines.line(text, self.line);
-        self.took(outcome.map_err(|_| Unstreamable::Problem))
+        let outcome = read_line(&mut self.lines, &self.buf, self.line);
+        self.took(outcome)
+    }
+}
+
+/// A line after the header (`bytes`, with its line break or without): its event and
+/// time, or why the stream stops (not UTF-8, a blank line, a problem).
+fn read_line(lines: &mut Lines, bytes: &[u8], line: u64) -> Result<(Event, u64), Unstreamable> {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Err(Unstreamable::Problem);
+    };
+    match text.trim_end_matches(['\n', '\r']) {
+        "" => Err(Unstreamable::LineBreaks),
+        text => lines.line(text, line).map_err(|_| Unstreamable::Problem),
     }
 }
 
@@ -533,7 +533,7 @@ impl<'a> Fields<'a> {
     }
 
     /// The usual line straight from its bytes, with no allocation: six
-    /// fields, the time `HH:MM:SS.ffffff`, a size of at most 19 digits, pointer and
+    /// fields, the time `HH:MM:SS.ffffff`, a size of at most 20 digits, pointer and
     /// stream `0x` (or `0X`, or nothing) and 1 to 16 hexadecimal digits. `None` for
     /// anything else, which [`Fields::read`] takes: where this gives fields, that gives
     /// the same.
@@ -559,7 +559,8 @@ impl<'a> Fields<'a> {
         let time = usual_time(field(1))?;
         let action = &text[commas[1] + 1..commas[2]];
         let pointer = usual_hex(field(3))?;
-        let size = usual_decimal(field(4))?;
+        // 1 to 20 digits within 64 bits, as `parse_decimal` reads them.
+        let size = crate::csv::digits(field(4))?;
         let stream = usual_hex(field(5))?;
         Some(Fields {
             time,
@@ -589,23 +590,6 @@ fn usual_time(t: &[u8]) -> Option<u64> {
         micros = micros * 10 + digit(i)?;
     }
     Some(((h * 60 + m) * 60 + s) * 1_000_000 + micros)
-}
-
-/// 1 to 19 decimal digits (never past 64 bits), as [`parse_decimal`] reads them.
-#[inline]
-fn usual_decimal(t: &[u8]) -> Option<u64> {
-    if t.is_empty() || t.len() > 19 {
-        return None;
-    }
-    let mut v = 0u64;
-    for &c in t {
-        let d = c.wrapping_sub(b'0');
-        if d > 9 {
-            return None;
-        }
-        v = v * 10 + u64::from(d);
-    }
-    Some(v)
 }
 
 /// `0x`, `0X` or nothing, then 1 to 16 hexadecimal digits, as [`parse_hex`] reads them.
