@@ -1,4 +1,4 @@
-//! Hash maps and sets keyed by allocation ids and device addresses on the per-event
+//! Hash maps keyed by allocation ids and device addresses on the per-event
 //! paths: the live table's ids from `id_map::DENSE_LIMIT` up (traces that number their
 //! allocations by address), the RMM reader's pointers and the snapshot reader's block
 //! addresses.
@@ -11,6 +11,3 @@
 
 /// A hash map of the per-event paths (see the module docs).
 pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-
-/// A hash set of the per-event paths (see the module docs).
-pub type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;

@@ -35,7 +35,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::id_map::{IdBits, IdMap};
+use crate::id_map::IdMap;
 use crate::size::format_size_human;
 use crate::start::StartState;
 use crate::trace::{AllocId, Event, IdName, PoolId, Trace};
@@ -315,13 +315,12 @@ struct LiveId {
 }
 
 /// [`validate`] one event at a time, for a reader or a replay that sees each event
-/// once (the trace need not be held). Memory follows the live ids ([`IdMap`]) plus
-/// one bit per id ever freed ([`IdBits`]); where a free repeats an earlier one, the
-/// index of that earlier free is found afterwards by [`Unresolved::resolve`] from the
-/// events again, so nothing per freed id is kept but its bit.
+/// once (the trace need not be held). Memory follows the live ids ([`IdMap`]) and the
+/// issues found, never the ids freed: a free of an id that is not live is reported
+/// unresolved, and [`Unresolved::resolve`] finds afterwards, from the events again,
+/// whether the id was freed before (and where) or never allocated.
 pub struct Validator {
     live: IdMap<LiveId>,
-    freed: IdBits,
     pools: HashMap<PoolId, PoolState>,
     issues: Vec<TraceIssue>,
 }
@@ -360,7 +359,6 @@ impl Validator {
             .collect();
         Validator {
             live,
-            freed: IdBits::default(),
             pools,
             issues: Vec::new(),
         }
@@ -406,11 +404,8 @@ impl Validator {
                 }
             }
             Event::Free { id } => {
-                // An id that is not live was freed before if its bit is set: only a
-                // successful free sets it, and only an alloc makes an id live again.
-                if self.live.remove(id).is_some() {
-                    self.freed.set(id);
-                } else if self.freed.get(id) {
+                // Freed before, or never allocated: resolve tells (from the events).
+                if self.live.remove(id).is_none() {
                     self.report(
                         index,
                         Severity::Error,
@@ -419,8 +414,6 @@ impl Validator {
                             freed_at: UNRESOLVED,
                         },
                     );
-                } else {
-                    self.report(index, Severity::Error, IssueKind::FreeOfUnknownId { id });
                 }
             }
             Event::FreeRequested { id } => match self.live.get_mut(id) {
@@ -503,18 +496,20 @@ impl Validator {
     }
 }
 
-/// Stands for the index of an earlier free until [`Unresolved::resolve`] finds it.
+/// Stands for the index of an earlier free until [`Unresolved::resolve`] finds it (or
+/// finds none: the id was never allocated).
 const UNRESOLVED: usize = usize::MAX;
 
-/// A [`Validator`]'s issues, but for where each repeated free's id was freed before,
-/// which takes a second look at the events (only when there is such an issue).
+/// A [`Validator`]'s issues, but for whether and where each free of an id that was
+/// not live had its id freed before, which takes a second look at the events (only
+/// when there is such a free).
 pub struct Unresolved {
     issues: Vec<TraceIssue>,
 }
 
 impl Unresolved {
-    /// Whether [`Unresolved::resolve`] needs the events (a free repeats an earlier
-    /// one); if not, any (even empty) event list does.
+    /// Whether [`Unresolved::resolve`] needs the events (a free of an id that was not
+    /// live); if not, any (even empty) event list does.
     pub fn needs_events(&self) -> bool {
         self.issues.iter().any(|i| {
             matches!(
@@ -527,8 +522,10 @@ impl Unresolved {
         })
     }
 
-    /// The issues, each repeated free with the index of the free that ended its id's
-    /// last allocation, found in `events` (the trace's events again, in order).
+    /// The issues, each free of an id that was not live either a repeated free, with
+    /// the index of the free that ended its id's last allocation, or a free of an
+    /// unknown id where no free of that id succeeded before; found in `events` (the
+    /// trace's events again, in order).
     pub fn resolve<'a>(mut self, events: impl IntoIterator<Item = &'a Event>) -> Vec<TraceIssue> {
         if !self.needs_events() {
             return self.issues;
@@ -566,8 +563,11 @@ impl Unresolved {
                 break;
             };
             if next.event_index == index {
-                if let IssueKind::FreeOfFreedId { id, freed_at } = &mut next.kind {
-                    *freed_at = last_free.get(id).copied().unwrap_or(UNRESOLVED);
+                if let IssueKind::FreeOfFreedId { id, .. } = next.kind {
+                    next.kind = match last_free.get(&id) {
+                        Some(&freed_at) => IssueKind::FreeOfFreedId { id, freed_at },
+                        None => IssueKind::FreeOfUnknownId { id },
+                    };
                 }
                 pending.next();
                 continue;
