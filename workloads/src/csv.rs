@@ -1293,7 +1293,7 @@ const POW10: [u64; 8] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_0
 /// [`digits`] reads it; `None` for no digit or more than 16 (the caller's slower path
 /// takes those).
 #[inline(always)]
-fn scan_number(buf: &[u8], at: usize) -> Option<(u64, usize)> {
+pub(crate) fn scan_number(buf: &[u8], at: usize) -> Option<(u64, usize)> {
     let (n, first) = digit_run(word_at(buf, at));
     if n == 0 {
         return None;

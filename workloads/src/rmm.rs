@@ -39,6 +39,7 @@
 //! pointers allocated twice are left to validation (`allocsim check`), which names
 //! their lines.
 
+use std::collections::hash_map::Entry;
 use std::io::{self, BufRead, Read};
 use std::path::Path;
 
@@ -314,8 +315,13 @@ impl<R: io::Read> Iterator for RmmEvents<R> {
 }
 
 /// A line after the header (`bytes`, with its line break or without): its event and
-/// time, or why the stream stops (not UTF-8, a blank line, a problem).
+/// time, or why the stream stops (not UTF-8, a blank line, a problem). The usual line
+/// is ASCII throughout ([`Fields::usual`]) and is read from its bytes; any other line
+/// is checked as UTF-8 and read as the whole-trace reader reads it.
 fn read_line(lines: &mut Lines, bytes: &[u8], line: u64) -> Result<(Event, u64), Unstreamable> {
+    if let Some(fields) = Fields::usual(bytes) {
+        return lines.event(fields, line).map_err(|_| Unstreamable::Problem);
+    }
     let Ok(text) = std::str::from_utf8(bytes) else {
         return Err(Unstreamable::Problem);
     };
@@ -355,15 +361,15 @@ struct Lines {
     names: Option<Vec<String>>,
     /// Ids given so far.
     next_id: u64,
-    /// Pointer -> its id: every pointer seen (the whole-trace reader, whose ids are
-    /// the trace's), or only the live ones (the streamed reader, whose ids are reused).
-    ids: FastMap<u64, u64>,
+    /// Pointer -> its id and, while it is live, its allocation: every pointer seen
+    /// (the whole-trace reader, whose ids are the trace's), or only the live ones (the
+    /// streamed reader, whose ids are reused). One map, so that a line looks its
+    /// pointer up once.
+    pointers: FastMap<u64, Pointer>,
     /// The streamed reader's ids of freed pointers, given again to later allocations
     /// (so that memory follows the live pointers); `None` in the whole-trace reader,
     /// where a pointer keeps its id.
     free_ids: Option<Vec<u64>>,
-    /// Live pointer -> (bytes, line of its allocation).
-    live: FastMap<u64, (u64, u64)>,
     /// Days added to the time of day (the log went past midnight).
     day: u64,
     /// The previous line's time of day.
@@ -372,19 +378,33 @@ struct Lines {
     last_t: u64,
 }
 
+/// A pointer as [`Lines`] keeps it.
+#[derive(Clone, Copy)]
+struct Pointer {
+    id: u64,
+    /// While it is live: its bytes and the line of its allocation.
+    live: Option<(u64, u64)>,
+}
+
 impl Lines {
     /// Reads one line (not the header): its event and its time in microseconds.
     fn line(&mut self, text: &str, line: u64) -> Result<(Event, u64), String> {
+        let fields = match Fields::usual(text.as_bytes()) {
+            Some(fields) => fields,
+            None => Fields::read(text)?,
+        };
+        self.event(fields, line)
+    }
+
+    /// The event of a line's fields and its time in microseconds.
+    fn event(&mut self, fields: Fields<'_>, line: u64) -> Result<(Event, u64), String> {
         let Fields {
             time,
             action,
             pointer,
             size,
             stream,
-        } = match Fields::usual(text) {
-            Some(fields) => fields,
-            None => Fields::read(text)?,
-        };
+        } = fields;
         let event = match action {
             "allocate" => {
                 if pointer == 0 {
@@ -393,15 +413,43 @@ impl Lines {
                             .into(),
                     );
                 }
-                self.live.insert(pointer, (size, line));
+                let live = Some((size, line));
+                let id = match self.pointers.entry(pointer) {
+                    // The same id for each of its allocations.
+                    Entry::Occupied(known) => {
+                        let known = known.into_mut();
+                        known.live = live;
+                        known.id
+                    }
+                    Entry::Vacant(new) => {
+                        let id = pointer_id(
+                            &mut self.free_ids,
+                            &mut self.next_id,
+                            &mut self.names,
+                            pointer,
+                        );
+                        new.insert(Pointer { id, live });
+                        id
+                    }
+                };
                 Event::Alloc {
-                    id: self.id_of(pointer),
+                    id: AllocId(id),
                     size_bytes: size,
                     stream,
                 }
             }
             "free" | "deallocate" => {
-                let was_live = self.live.remove(&pointer);
+                // The streamed reader forgets a freed pointer; the whole-trace reader
+                // keeps its id.
+                let known = if self.free_ids.is_some() {
+                    self.pointers.remove(&pointer)
+                } else {
+                    self.pointers.get_mut(&pointer).map(|p| Pointer {
+                        id: p.id,
+                        live: p.live.take(),
+                    })
+                };
+                let was_live = known.and_then(|p| p.live);
                 if let Some((bytes, at)) = was_live {
                     if bytes != size {
                         return Err(format!(
@@ -409,20 +457,33 @@ impl Lines {
                         ));
                     }
                 }
-                let id = self.id_of(pointer);
-                if let Some(free_ids) = &mut self.free_ids {
-                    // The pointer's id goes back for reuse once freed; a free of a
-                    // pointer that is not live took a new id, which no allocation
-                    // has, so the replay's validation still sees it as one.
-                    self.ids.remove(&pointer);
-                    if was_live.is_some() {
-                        free_ids.push(id.0);
+                let id = match known {
+                    Some(p) => p.id,
+                    None => {
+                        let id = pointer_id(
+                            &mut self.free_ids,
+                            &mut self.next_id,
+                            &mut self.names,
+                            pointer,
+                        );
+                        if self.free_ids.is_none() {
+                            self.pointers.insert(pointer, Pointer { id, live: None });
+                        }
+                        id
                     }
+                };
+                // The pointer's id goes back for reuse once freed; a free of a pointer
+                // that is not live took an id no allocation has, so the replay's
+                // validation still sees it as one.
+                if let (Some(free_ids), Some(_)) = (&mut self.free_ids, was_live) {
+                    free_ids.push(id);
                 }
-                Event::Free { id }
+                Event::Free { id: AllocId(id) }
             }
             "allocate failure" => {
-                let id = self.new_id(|| format!("failed@line {line}"));
+                let id = AllocId(new_id(&mut self.next_id, &mut self.names, || {
+                    format!("failed@line {line}")
+                }));
                 Event::Alloc {
                     id,
                     size_bytes: size,
@@ -446,30 +507,34 @@ impl Lines {
         self.last_t = t;
         Ok((event, t))
     }
+}
 
-    /// The id of `pointer` (the same for each of its allocations).
-    fn id_of(&mut self, pointer: u64) -> AllocId {
-        if let Some(&id) = self.ids.get(&pointer) {
-            return AllocId(id);
-        }
-        let reused = self.free_ids.as_mut().and_then(Vec::pop);
-        let id = match reused {
-            Some(id) => AllocId(id),
-            None => self.new_id(|| format!("0x{pointer:x}")),
-        };
-        self.ids.insert(pointer, id.0);
-        id
+/// The id of a pointer [`Lines`] does not know: a freed pointer's id (the streamed
+/// reader), or a new one named by the pointer.
+fn pointer_id(
+    free_ids: &mut Option<Vec<u64>>,
+    next_id: &mut u64,
+    names: &mut Option<Vec<String>>,
+    pointer: u64,
+) -> u64 {
+    match free_ids.as_mut().and_then(Vec::pop) {
+        Some(id) => id,
+        None => new_id(next_id, names, || format!("0x{pointer:x}")),
     }
+}
 
-    /// A new id, named `name()` where names are kept.
-    fn new_id(&mut self, name: impl FnOnce() -> String) -> AllocId {
-        let id = self.next_id;
-        self.next_id += 1;
-        if let Some(names) = &mut self.names {
-            names.push(name());
-        }
-        AllocId(id)
+/// A new id, named `name()` where names are kept.
+fn new_id(
+    next_id: &mut u64,
+    names: &mut Option<Vec<String>>,
+    name: impl FnOnce() -> String,
+) -> u64 {
+    let id = *next_id;
+    *next_id += 1;
+    if let Some(names) = names {
+        names.push(name());
     }
+    id
 }
 
 /// A line's fields as numbers (the thread only checked present).
@@ -533,22 +598,15 @@ impl<'a> Fields<'a> {
     }
 
     /// The usual line straight from its bytes, with no allocation: six
-    /// fields, the time `HH:MM:SS.ffffff`, a size of at most 20 digits, pointer and
-    /// stream `0x` (or `0X`, or nothing) and 1 to 16 hexadecimal digits. `None` for
-    /// anything else, which [`Fields::read`] takes: where this gives fields, that gives
-    /// the same.
+    /// fields, a thread of ASCII, the time `HH:MM:SS.ffffff`, one of the four actions,
+    /// a size of at most 20 digits, pointer and stream `0x` (or `0X`, or nothing) and 1
+    /// to 16 hexadecimal digits: ASCII throughout, so UTF-8. `None` for anything else,
+    /// which [`Fields::read`] takes (after a UTF-8 check): where this gives fields, that
+    /// gives the same.
     #[inline]
-    fn usual(text: &'a str) -> Option<Fields<'a>> {
-        let b = text.as_bytes();
-        let mut commas = [0usize; 5];
-        let mut n = 0;
-        for (i, &c) in b.iter().enumerate() {
-            if c == b',' {
-                *commas.get_mut(n)? = i;
-                n += 1;
-            }
-        }
-        if n != 5 || commas[0] == 0 {
+    fn usual(b: &[u8]) -> Option<Fields<'static>> {
+        let commas = five_commas(b)?;
+        if commas[0] == 0 || !b[..commas[0]].is_ascii() {
             return None;
         }
         let field = |k: usize| {
@@ -557,10 +615,23 @@ impl<'a> Fields<'a> {
             &b[from..to]
         };
         let time = usual_time(field(1))?;
-        let action = &text[commas[1] + 1..commas[2]];
+        let action = match field(2) {
+            b"allocate" => "allocate",
+            b"free" => "free",
+            b"deallocate" => "deallocate",
+            b"allocate failure" => "allocate failure",
+            _ => return None,
+        };
         let pointer = usual_hex(field(3))?;
-        // 1 to 20 digits within 64 bits, as `parse_decimal` reads them.
-        let size = crate::csv::digits(field(4))?;
+        // 1 to 20 digits within 64 bits, as `parse_decimal` reads them: eight at a time
+        // (the CSV reader's scan) where the scan reads the whole field, else (a field
+        // that is not all digits, more than 16 digits, digits too near the line's end
+        // for a word of eight bytes) one at a time.
+        let (from, to) = (commas[3] + 1, commas[4]);
+        let size = match crate::csv::scan_number(b, from) {
+            Some((size, end)) if end == to => size,
+            _ => crate::csv::digits(&b[from..to])?,
+        };
         let stream = usual_hex(field(5))?;
         Some(Fields {
             time,
@@ -570,6 +641,39 @@ impl<'a> Fields<'a> {
             stream,
         })
     }
+}
+
+/// The places of the commas of `b` if it has exactly five, found eight bytes at a time
+/// (a byte that is a comma found exactly, without a branch per byte).
+#[inline]
+fn five_commas(b: &[u8]) -> Option<[usize; 5]> {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    let mut commas = [0usize; 5];
+    let mut n = 0;
+    let mut scan = |at: usize, word: u64| -> Option<()> {
+        let x = word ^ 0x2c2c_2c2c_2c2c_2c2c;
+        // The high bit of each byte of x that is 0 (a comma): (y & 0x7f) + 0x7f carries
+        // into the high bit, never past it, where y's low bits are not all 0.
+        let mut found = !(((x & LOW7) + LOW7) | x | LOW7);
+        while found != 0 {
+            *commas.get_mut(n)? = at + (found.trailing_zeros() / 8) as usize;
+            n += 1;
+            found &= found - 1;
+        }
+        Some(())
+    };
+    let words = b.chunks_exact(8);
+    let rest = words.remainder();
+    for (k, word) in words.enumerate() {
+        scan(8 * k, u64::from_le_bytes(word.try_into().expect("8 bytes")))?;
+    }
+    if !rest.is_empty() {
+        // Bytes past the end are 0, not a comma.
+        let mut last = [0u8; 8];
+        last[..rest.len()].copy_from_slice(rest);
+        scan(b.len() - rest.len(), u64::from_le_bytes(last))?;
+    }
+    (n == 5).then_some(commas)
 }
 
 /// `HH:MM:SS.ffffff` exactly (six digits of fraction) as [`time_of_day`] reads it;
@@ -604,16 +708,32 @@ fn usual_hex(t: &[u8]) -> Option<u64> {
     }
     let mut v = 0u64;
     for &c in digits {
-        let d = match c {
-            b'0'..=b'9' => c - b'0',
-            b'a'..=b'f' => c - b'a' + 10,
-            b'A'..=b'F' => c - b'A' + 10,
-            _ => return None,
-        };
+        let d = HEX_DIGITS[usize::from(c)];
+        if d > 15 {
+            return None;
+        }
         v = v << 4 | u64::from(d);
     }
     Some(v)
 }
+
+/// Each byte's value as a hexadecimal digit (`0-9`, `a-f`, `A-F`); 255 for a byte that
+/// is not one.
+static HEX_DIGITS: [u8; 256] = {
+    let mut table = [255u8; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        table[c] = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            _ => 255,
+        };
+        c += 1;
+    }
+    table
+};
 
 /// `HH:MM:SS.ffffff` (the fraction 1 to 9 digits, kept to microseconds) as
 /// microseconds since midnight.
@@ -729,6 +849,12 @@ mod tests {
             "18446744073709551615",
             "18446744073709551616",
             "00000000000000000001",
+            "12345678",
+            "123456789",
+            "1234567890123456",
+            "12345678901234567",
+            "1234567x",
+            "123456789x",
             "",
             "1e3",
             "-1",
@@ -762,6 +888,11 @@ mod tests {
                 lines.push(fields.join(","));
             }
         }
+        for thread in ["7", "", "thréad", "1 ", "0x1f"] {
+            let mut fields = base;
+            fields[0] = thread;
+            lines.push(fields.join(","));
+        }
         for (i, time) in times.iter().enumerate() {
             for (j, pointer) in hexes.iter().enumerate() {
                 let size = sizes[(i + j) % sizes.len()];
@@ -784,7 +915,7 @@ mod tests {
         );
         let mut usual = 0;
         for line in &lines {
-            if let Some(fields) = Fields::usual(line) {
+            if let Some(fields) = Fields::usual(line.as_bytes()) {
                 usual += 1;
                 assert_eq!(Ok(fields), Fields::read(line), "{line}");
             }
@@ -942,6 +1073,56 @@ mod tests {
         );
         assert_eq!(streamed.shell().meta.format, Some(Format::Rmm));
         assert_eq!(RmmEvents::<&[u8]>::line_of(2), 4);
+    }
+
+    /// The commas found eight bytes at a time are the line's commas, exactly five or
+    /// none: lines of every length up to 40, commas anywhere among bytes one bit or one
+    /// borrow away from a comma, and NUL.
+    #[test]
+    fn five_commas_finds_the_commas() {
+        let others = [b'a', b'-', b'+', 0xac, 0x00, 0x2d, 0x0c, b'1', 0xff];
+        let mut state = 7u64;
+        for len in 0..40 {
+            for _ in 0..300 {
+                let line: Vec<u8> = (0..len)
+                    .map(|_| {
+                        state = state
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        let r = (state >> 33) as usize;
+                        if r % 4 == 0 {
+                            b','
+                        } else {
+                            others[r % others.len()]
+                        }
+                    })
+                    .collect();
+                let commas: Vec<usize> = (0..len).filter(|&i| line[i] == b',').collect();
+                let want = <[usize; 5]>::try_from(commas).ok();
+                assert_eq!(five_commas(&line), want, "{line:?}");
+            }
+        }
+    }
+
+    /// The streamed reader reads the usual line from its bytes without a UTF-8 check,
+    /// so a line that is not UTF-8 must not pass as usual: a thread field of bytes
+    /// that are not UTF-8 stops the stream (the whole-trace reader names the line), a
+    /// thread of other UTF-8 text reads as the whole-trace reader reads it.
+    #[test]
+    fn streamed_lines_that_are_not_ascii() {
+        let head = format!("{RMM_HEADER}\n");
+        let mut bad = head.clone().into_bytes();
+        bad.extend_from_slice(b"\xff,10:00:00.000001,allocate,0x1000,8,0x0\n");
+        let mut streamed = RmmEvents::new(&bad[..], Path::new("rmm.csv"));
+        assert_eq!(streamed.by_ref().count(), 0);
+        assert_eq!(streamed.stopped(), Some(Unstreamable::Problem));
+        let e = read_rmm_from(&bad[..], Path::new("rmm.csv")).unwrap_err();
+        assert_eq!(e.to_string(), "rmm.csv: line 2: not valid UTF-8 text");
+        let text = head + "thréad,10:00:00.000001,allocate,0x1000,8,0x0\n";
+        let mut streamed = RmmEvents::new(text.as_bytes(), Path::new("rmm.csv"));
+        let events: Vec<Event> = streamed.by_ref().collect();
+        assert_eq!(streamed.stopped(), None);
+        assert_eq!(events, read(&text).unwrap().events);
     }
 
     /// Lines read where they lie in the reader's buffer and lines that run past its end
