@@ -8,8 +8,9 @@
 //!   `record_torch.py` run (`read_recorded_json_from`, and `to_trace` after it);
 //! - snapshot pickle: `random_stress.pickle`, a real PyTorch 2.11 snapshot
 //!   (`read_snapshot_pickle`; `benches/snapshot.rs` measures a 512 MiB one);
-//! - RMM log: the same 100 000 events written as an RMM `logging_resource_adaptor` log
-//!   (`read_rmm_from`), each allocation at a fresh address.
+//! - RMM log: the same 100 000 events written as an RMM `logging_resource_adaptor` log,
+//!   each allocation at a fresh address, read whole (`read_rmm_from`) and streamed
+//!   (`RmmEvents`, what `allocsim replay` uses).
 //!
 //! Run with `cargo bench -p workloads --bench readers`; figures in docs/performance.md.
 
@@ -17,6 +18,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use workloads::csv::EventStream;
 use workloads::{random, Event, RandomOptions, Trace};
 
 fn trace() -> Trace {
@@ -95,6 +97,11 @@ fn bench_readers(c: &mut Criterion) {
     });
     bench(BenchmarkId::new("rmm", "whole"), rmm.len(), &mut || {
         workloads::rmm::read_rmm_from(&rmm[..], name).unwrap();
+    });
+    bench(BenchmarkId::new("rmm", "streamed"), rmm.len(), &mut || {
+        let mut events = workloads::rmm::RmmEvents::new(&rmm[..], name);
+        let n = events.by_ref().count();
+        assert_eq!((n, events.stopped()), (t.events.len(), None));
     });
     bench(
         BenchmarkId::new("recorded_json", "gpt_train_small"),
