@@ -79,6 +79,9 @@ pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
     let mut line = 0u64;
     let mut problems = Problems::default();
     let mut header_seen = false;
+    // A line's place, written only for a problem (a `format!` a line was a sixth of
+    // the reading).
+    let at = |line: u64| Some(format!("line {line}"));
     loop {
         // The usual line, wholly in the reader's buffer, is read there (no copy, no
         // UTF-8 check: it is ASCII); the header, any other line, a line past the
@@ -90,11 +93,7 @@ pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
             if let Some((end, fields)) = usual {
                 line += 1;
                 if let Err(message) = log.fields(fields, line) {
-                    problems.push(ReadError::syntax(
-                        path,
-                        Some(format!("line {line}")),
-                        message,
-                    ));
+                    problems.push(ReadError::syntax(path, at(line), message));
                 }
                 reader.consume(end + 1);
                 continue;
@@ -109,19 +108,17 @@ pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
             break;
         }
         line += 1;
-        // Written only for a problem (a `format!` a line was a sixth of the reading).
-        let at = || Some(format!("line {line}"));
         if n as u64 > MAX_ROW_BYTES {
             return Err(ReadError::syntax(
                 path,
-                at(),
+                at(line),
                 format!(
                     "not an RMM log: a line longer than {MAX_ROW_BYTES} bytes starts here (no line break?)"
                 ),
             ));
         }
         let Ok(text) = std::str::from_utf8(&buf) else {
-            problems.push(ReadError::syntax(path, at(), "not valid UTF-8 text"));
+            problems.push(ReadError::syntax(path, at(line), "not valid UTF-8 text"));
             continue;
         };
         let text = text.trim_end_matches(['\n', '\r']);
@@ -130,7 +127,7 @@ pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
             if first != RMM_HEADER {
                 return Err(ReadError::syntax(
                     path,
-                    at(),
+                    at(line),
                     format!(
                         "expected the RMM log header '{RMM_HEADER}', found '{}'",
                         shorten(first)
@@ -144,7 +141,7 @@ pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
             continue;
         }
         if let Err(message) = log.line(text, line) {
-            problems.push(ReadError::syntax(path, at(), message));
+            problems.push(ReadError::syntax(path, at(line), message));
         }
     }
     if !header_seen {
