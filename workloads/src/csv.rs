@@ -1277,7 +1277,7 @@ fn digit_run(word: u64) -> (u32, u64) {
 /// The value of the `n` (1 to 8) decimal digits whose values are the first `n`
 /// bytes of `x` (as [`digit_run`] gives them).
 #[inline]
-fn digits_value(x: u64, n: u32) -> u64 {
+pub(crate) fn digits_value(x: u64, n: u32) -> u64 {
     // The digits to the top bytes, zeros below: the same as leading '0's; the
     // bytes past them shift out.
     let mut v = x << (8 * (8 - n));

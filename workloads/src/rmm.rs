@@ -88,9 +88,7 @@ pub fn read_rmm_from(reader: impl io::Read, path: &Path) -> Result<Trace, ReadEr
         // buffer's end and a last line without a break through `read_until` below.
         if header_seen {
             let avail = reader.fill_buf().map_err(|e| ReadError::io(path, &e))?;
-            let usual = memchr::memchr(b'\n', avail)
-                .and_then(|end| Some((end, Fields::usual(&avail[..end])?)));
-            if let Some((end, fields)) = usual {
+            if let Some((fields, end)) = Fields::usual_line(avail) {
                 line += 1;
                 if let Err(message) = log.fields(fields, line) {
                     problems.push(ReadError::syntax(path, at(line), message));
@@ -289,6 +287,16 @@ impl<R: io::Read> Iterator for RmmEvents<R> {
         // one without a line break) and the header are read into `buf` below.
         if self.header_seen {
             if let Ok(avail) = self.reader.fill_buf() {
+                // The usual line, read as its end is found.
+                if let Some((fields, end)) = Fields::usual_line(avail) {
+                    self.line += 1;
+                    let outcome = self
+                        .lines
+                        .event(fields, self.line)
+                        .map_err(|_| Unstreamable::Problem);
+                    self.reader.consume(end + 1);
+                    return self.took(outcome);
+                }
                 if let Some(end) = memchr::memchr(b'\n', avail) {
                     self.line += 1;
                     let outcome = read_line(&mut self.lines, &avail[..end], self.line);
@@ -436,7 +444,7 @@ impl Lines {
             stream,
         } = fields;
         let event = match action {
-            "allocate" => {
+            Action::Allocate => {
                 if pointer == 0 {
                     return Err(
                         "allocate of a null pointer (a failed allocation is 'allocate failure')"
@@ -468,7 +476,7 @@ impl Lines {
                     stream,
                 }
             }
-            "free" | "deallocate" => {
+            Action::Free | Action::Deallocate => {
                 // The streamed reader forgets a freed pointer; the whole-trace reader
                 // keeps its id.
                 let known = if self.free_ids.is_some() {
@@ -483,7 +491,8 @@ impl Lines {
                 if let Some((bytes, at)) = was_live {
                     if bytes != size {
                         return Err(format!(
-                            "{action} of 0x{pointer:x} with {size} bytes, but it was allocated with {bytes} bytes at line {at} (RMM frees with the size allocated)"
+                            "{} of 0x{pointer:x} with {size} bytes, but it was allocated with {bytes} bytes at line {at} (RMM frees with the size allocated)",
+                            action.name()
                         ));
                     }
                 }
@@ -510,7 +519,7 @@ impl Lines {
                 }
                 Event::Free { id: AllocId(id) }
             }
-            "allocate failure" => {
+            Action::AllocateFailure => {
                 let id = AllocId(new_id(&mut self.next_id, &mut self.names, || {
                     format!("failed@line {line}")
                 }));
@@ -520,7 +529,7 @@ impl Lines {
                     stream,
                 }
             }
-            other => {
+            Action::Other(other) => {
                 return Err(format!(
                     "unknown action '{}' (expected allocate, allocate failure, free or deallocate)",
                     shorten(other)
@@ -567,12 +576,46 @@ fn new_id(
     id
 }
 
+/// A line's action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action<'a> {
+    Allocate,
+    AllocateFailure,
+    Free,
+    Deallocate,
+    /// Any other text (an error where it is read).
+    Other(&'a str),
+}
+
+impl<'a> Action<'a> {
+    fn of(text: &'a str) -> Action<'a> {
+        match text {
+            "allocate" => Action::Allocate,
+            "allocate failure" => Action::AllocateFailure,
+            "free" => Action::Free,
+            "deallocate" => Action::Deallocate,
+            other => Action::Other(other),
+        }
+    }
+
+    /// As the log spells it.
+    fn name(self) -> &'a str {
+        match self {
+            Action::Allocate => "allocate",
+            Action::AllocateFailure => "allocate failure",
+            Action::Free => "free",
+            Action::Deallocate => "deallocate",
+            Action::Other(other) => other,
+        }
+    }
+}
+
 /// A line's fields as numbers (the thread only checked present).
 #[derive(Debug, PartialEq, Eq)]
 struct Fields<'a> {
     /// Microseconds since midnight.
     time: u64,
-    action: &'a str,
+    action: Action<'a>,
     pointer: u64,
     size: u64,
     stream: u64,
@@ -620,131 +663,209 @@ impl<'a> Fields<'a> {
         })?;
         Ok(Fields {
             time,
-            action,
+            action: Action::of(action),
             pointer,
             size,
             stream,
         })
     }
 
-    /// The usual line straight from its bytes, with no allocation: six
-    /// fields, a thread of ASCII, the time `HH:MM:SS.ffffff`, one of the four actions,
-    /// a size of at most 20 digits, pointer and stream `0x` (or `0X`, or nothing) and 1
-    /// to 16 hexadecimal digits: ASCII throughout, so UTF-8. `None` for anything else,
-    /// which [`Fields::read`] takes (after a UTF-8 check): where this gives fields, that
-    /// gives the same.
+    /// The usual line straight from its bytes, with no allocation, in one pass from
+    /// its start: a thread of ASCII, the time `HH:MM:SS.ffffff`, one of the four
+    /// actions, a size of at most 20 digits, pointer and stream `0x` (or `0X`, or
+    /// nothing) and 1 to 16 hexadecimal digits, six fields: ASCII throughout, so UTF-8.
+    /// `None` for anything else, which [`Fields::read`] takes (after a UTF-8 check):
+    /// where this gives fields, that gives the same.
     #[inline]
     fn usual(b: &[u8]) -> Option<Fields<'static>> {
-        let commas = five_commas(b)?;
-        if commas[0] == 0 || !b[..commas[0]].is_ascii() {
+        match Fields::usual_until(b)? {
+            (fields, end) if end == b.len() => Some(fields),
+            _ => None,
+        }
+    }
+
+    /// The usual line at the start of `buf` (a reader's buffer) and the place of its
+    /// line break: the line is read in the same pass that finds its end (no search
+    /// for the break first). `None` where [`Fields::usual`] of the line is, or where
+    /// the line does not end within `buf` with `\n`.
+    #[inline]
+    fn usual_line(buf: &[u8]) -> Option<(Fields<'static>, usize)> {
+        match Fields::usual_until(buf)? {
+            (fields, end) if buf.get(end) == Some(&b'\n') => Some((fields, end)),
+            _ => None,
+        }
+    }
+
+    /// [`Fields::usual`] of the line at the start of `b`, whatever follows the
+    /// stream's digits, and the place after them. The thread stops at a line break.
+    #[inline(always)]
+    fn usual_until(b: &[u8]) -> Option<(Fields<'static>, usize)> {
+        let thread_end = ascii_to_comma(b)?;
+        if thread_end == 0 {
             return None;
         }
-        let field = |k: usize| {
-            let from = if k == 0 { 0 } else { commas[k - 1] + 1 };
-            let to = if k == 5 { b.len() } else { commas[k] };
-            &b[from..to]
+        let at = thread_end + 1;
+        let time = usual_time(b, at)?;
+        // The time's 15 bytes and its comma.
+        let (action, at) = usual_action(b, at + 16)?;
+        let (pointer, at) = usual_hex(b, at)?;
+        if b.get(at) != Some(&b',') {
+            return None;
+        }
+        let at = at + 1;
+        // 1 to 20 digits within 64 bits, as `parse_decimal` reads them: eight at a
+        // time (the CSV reader's scan) where the scan reads the whole field, else (a
+        // field that is not all digits, more than 16 digits, digits too near the
+        // line's end for a word of eight bytes) one at a time up to the comma.
+        let (size, at) = match crate::csv::scan_number(b, at) {
+            Some((size, end)) if b.get(end) == Some(&b',') => (size, end),
+            _ => {
+                let end = at + memchr::memchr(b',', b.get(at..)?)?;
+                (crate::csv::digits(&b[at..end])?, end)
+            }
         };
-        let time = usual_time(field(1))?;
-        let action = match field(2) {
-            b"allocate" => "allocate",
-            b"free" => "free",
-            b"deallocate" => "deallocate",
-            b"allocate failure" => "allocate failure",
-            _ => return None,
-        };
-        let pointer = usual_hex(field(3))?;
-        // 1 to 20 digits within 64 bits, as `parse_decimal` reads them: eight at a time
-        // (the CSV reader's scan) where the scan reads the whole field, else (a field
-        // that is not all digits, more than 16 digits, digits too near the line's end
-        // for a word of eight bytes) one at a time.
-        let (from, to) = (commas[3] + 1, commas[4]);
-        let size = match crate::csv::scan_number(b, from) {
-            Some((size, end)) if end == to => size,
-            _ => crate::csv::digits(&b[from..to])?,
-        };
-        let stream = usual_hex(field(5))?;
-        Some(Fields {
+        let (stream, end) = usual_hex(b, at + 1)?;
+        let fields = Fields {
             time,
             action,
             pointer,
             size,
             stream,
-        })
+        };
+        Some((fields, end))
     }
 }
 
-/// The places of the commas of `b` if it has exactly five, found eight bytes at a time
-/// (a byte that is a comma found exactly, without a branch per byte).
-#[inline]
-fn five_commas(b: &[u8]) -> Option<[usize; 5]> {
+/// Eight bytes of `b` from `at` as a little-endian word (the first byte lowest), if
+/// there are eight.
+#[inline(always)]
+fn word(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// The high bit of each byte.
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of each byte of `w` that equals each byte of `pattern`, exactly:
+/// for `x = w ^ pattern`, `(y & 0x7f) + 0x7f` carries into a byte's high bit, never
+/// past it, where y's low bits are not all 0.
+#[inline(always)]
+fn bytes_equal(w: u64, pattern: u64) -> u64 {
     const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-    let mut commas = [0usize; 5];
-    let mut n = 0;
-    let mut scan = |at: usize, word: u64| -> Option<()> {
-        let x = word ^ 0x2c2c_2c2c_2c2c_2c2c;
-        // The high bit of each byte of x that is 0 (a comma): (y & 0x7f) + 0x7f carries
-        // into the high bit, never past it, where y's low bits are not all 0.
-        let mut found = !(((x & LOW7) + LOW7) | x | LOW7);
-        while found != 0 {
-            *commas.get_mut(n)? = at + (found.trailing_zeros() / 8) as usize;
-            n += 1;
-            found &= found - 1;
-        }
-        Some(())
-    };
-    let words = b.chunks_exact(8);
-    let rest = words.remainder();
-    for (k, word) in words.enumerate() {
-        scan(8 * k, u64::from_le_bytes(word.try_into().expect("8 bytes")))?;
-    }
-    if !rest.is_empty() {
-        // Bytes past the end are 0, not a comma.
-        let mut last = [0u8; 8];
-        last[..rest.len()].copy_from_slice(rest);
-        scan(b.len() - rest.len(), u64::from_le_bytes(last))?;
-    }
-    (n == 5).then_some(commas)
+    let x = w ^ pattern;
+    !(((x & LOW7) + LOW7) | x | LOW7)
 }
 
-/// `HH:MM:SS.ffffff` exactly (six digits of fraction) as [`time_of_day`] reads it;
-/// `None` for any other shape, or a value it refuses.
-#[inline]
-fn usual_time(t: &[u8]) -> Option<u64> {
-    if t.len() != 15 || t[2] != b':' || t[5] != b':' || t[8] != b'.' {
+/// The place of the first comma of `b` if every byte before it is ASCII and none is
+/// a line break, read eight bytes at a time; `None` without one within the line's
+/// words (a thread so near the end leaves no room for the other fields), or with a
+/// byte before it that is not ASCII or is a line break.
+#[inline(always)]
+fn ascii_to_comma(b: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    loop {
+        let w = word(b, at)?;
+        let commas = bytes_equal(w, 0x2c2c_2c2c_2c2c_2c2c);
+        // Bytes that are not ASCII, or are a line break (both end the thread).
+        let stops = (w & HIGH) | bytes_equal(w, 0x0a0a_0a0a_0a0a_0a0a);
+        if commas != 0 {
+            let k = commas.trailing_zeros() / 8;
+            // The bytes before the comma (none where it is the first).
+            let before = (1u64 << (8 * k)) - 1;
+            return (stops & before == 0).then_some(at + k as usize);
+        }
+        if stops != 0 {
+            return None;
+        }
+        at += 8;
+    }
+}
+
+/// Each byte of `x` whose bit is set in `mask` is at most 9 (`x` a word of bytes
+/// less `b'0'` by xor, so exactly the digits): no byte's high bit set, and none set
+/// by adding 0x76 (a carry out of a byte comes only from one whose high bit is set).
+#[inline(always)]
+fn all_digits(x: u64, mask: u64) -> bool {
+    (x.wrapping_add(0x7676_7676_7676_7676) | x) & mask == 0
+}
+
+/// `HH:MM:SS.ffffff` and a comma at `b[at..]` (exactly six digits of fraction), as
+/// [`time_of_day`] reads the time; `None` for any other shape, or a value it refuses.
+/// Two words: `HH:MM:SS` and `.ffffff,`.
+#[inline(always)]
+fn usual_time(b: &[u8], at: usize) -> Option<u64> {
+    let (w1, w2) = (word(b, at)?, word(b, at + 8)?);
+    const ZEROS: u64 = 0x3030_3030_3030_3030;
+    let colons = u64::from_le_bytes(*b"\0\0:\0\0:\0\0");
+    let ends = u64::from_le_bytes(*b".\0\0\0\0\0\0,");
+    if w1 & 0x0000_ff00_00ff_0000 != colons || w2 & 0xff00_0000_0000_00ff != ends {
         return None;
     }
-    let digit = |i: usize| {
-        let d = t[i].wrapping_sub(b'0');
-        (d <= 9).then_some(u64::from(d))
-    };
-    let two = |i: usize, max: u64| Some(digit(i)? * 10 + digit(i + 1)?).filter(|&v| v <= max);
-    let (h, m, s) = (two(0, 23)?, two(3, 59)?, two(6, 60)?);
-    let mut micros = 0;
-    for i in 9..15 {
-        micros = micros * 10 + digit(i)?;
+    let (x1, x2) = (w1 ^ ZEROS, w2 ^ ZEROS);
+    if !all_digits(x1, 0x8080_0080_8000_8080) || !all_digits(x2, 0x0080_8080_8080_8000) {
+        return None;
     }
+    // Each byte i of `pairs` is 10 x1[i] + x1[i + 1] (every byte of x1 at most 10: no
+    // carry between bytes): the hours at byte 0, the minutes at 3, the seconds at 6.
+    let pairs = x1.wrapping_mul(10).wrapping_add(x1 >> 8);
+    let (h, m, s) = (pairs & 0xff, (pairs >> 24) & 0xff, (pairs >> 48) & 0xff);
+    if h > 23 || m > 59 || s > 60 {
+        return None;
+    }
+    let micros = crate::csv::digits_value(x2 >> 8, 6);
     Some(((h * 60 + m) * 60 + s) * 1_000_000 + micros)
 }
 
-/// `0x`, `0X` or nothing, then 1 to 16 hexadecimal digits, as [`parse_hex`] reads them.
-#[inline]
-fn usual_hex(t: &[u8]) -> Option<u64> {
-    let digits = match t {
-        [b'0', b'x' | b'X', rest @ ..] => rest,
-        _ => t,
+/// One of the four actions and its comma at `b[at..]`, and the place after the comma.
+#[inline(always)]
+fn usual_action(b: &[u8], at: usize) -> Option<(Action<'static>, usize)> {
+    const ALLOCATE: u64 = u64::from_le_bytes(*b"allocate");
+    const DEALLOCA: u64 = u64::from_le_bytes(*b"dealloca");
+    const FREE: u64 = u64::from_le_bytes(*b"free,\0\0\0");
+    let w = word(b, at)?;
+    if w & 0xff_ffff_ffff == FREE {
+        return Some((Action::Free, at + 5));
+    }
+    let rest = b.get(at + 8..)?;
+    match w {
+        ALLOCATE if rest.first() == Some(&b',') => Some((Action::Allocate, at + 9)),
+        ALLOCATE if rest.starts_with(b" failure,") => Some((Action::AllocateFailure, at + 17)),
+        DEALLOCA if rest.starts_with(b"te,") => Some((Action::Deallocate, at + 11)),
+        _ => None,
+    }
+}
+
+/// `0x`, `0X` or nothing, then 1 to 16 hexadecimal digits at `b[at..]`, as
+/// [`parse_hex`] reads them, and the place after the digits. Two digits a step.
+#[inline(always)]
+fn usual_hex(b: &[u8], at: usize) -> Option<(u64, usize)> {
+    let from = match b.get(at..at + 2) {
+        Some([b'0', b'x' | b'X']) => at + 2,
+        _ => at,
     };
-    if digits.is_empty() || digits.len() > 16 {
-        return None;
-    }
     let mut v = 0u64;
-    for &c in digits {
-        let d = HEX_DIGITS[usize::from(c)];
-        if d > 15 {
-            return None;
+    let mut i = from;
+    // At most 17 bytes looked at: a seventeenth digit refuses the field.
+    while i < from + 16 {
+        let Some(&[c0, c1]) = b.get(i..i + 2) else {
+            break;
+        };
+        let (d0, d1) = (HEX_DIGITS[usize::from(c0)], HEX_DIGITS[usize::from(c1)]);
+        if d0 | d1 > 15 {
+            break;
         }
-        v = v << 4 | u64::from(d);
+        v = v << 8 | u64::from(d0) << 4 | u64::from(d1);
+        i += 2;
     }
-    Some(v)
+    // One more digit (an odd count, or the line's last byte), or a seventeenth.
+    if let Some(&c) = b.get(i) {
+        let d = HEX_DIGITS[usize::from(c)];
+        if d <= 15 {
+            v = v << 4 | u64::from(d);
+            i += 1;
+        }
+    }
+    (i > from && i - from <= 16).then_some((v, i))
 }
 
 /// Each byte's value as a hexadecimal digit (`0-9`, `a-f`, `A-F`); 255 for a byte that
@@ -1105,33 +1226,97 @@ mod tests {
         assert_eq!(RmmEvents::<&[u8]>::line_of(2), 4);
     }
 
-    /// The commas found eight bytes at a time are the line's commas, exactly five or
-    /// none: lines of every length up to 40, commas anywhere among bytes one bit or one
-    /// borrow away from a comma, and NUL.
+    /// The usual lines RMM writes are read as usual lines (the fast path), however
+    /// long their fields: every spelling of pointer and stream, sizes of 1 to 20
+    /// digits, threads of 1 to 20 digits, each action; and in a reader's buffer,
+    /// ended by a line break with more text after it.
     #[test]
-    fn five_commas_finds_the_commas() {
-        let others = [b'a', b'-', b'+', 0xac, 0x00, 0x2d, 0x0c, b'1', 0xff];
-        let mut state = 7u64;
-        for len in 0..40 {
-            for _ in 0..300 {
-                let line: Vec<u8> = (0..len)
-                    .map(|_| {
-                        state = state
-                            .wrapping_mul(6364136223846793005)
-                            .wrapping_add(1442695040888963407);
-                        let r = (state >> 33) as usize;
-                        if r % 4 == 0 {
-                            b','
-                        } else {
-                            others[r % others.len()]
-                        }
-                    })
-                    .collect();
-                let commas: Vec<usize> = (0..len).filter(|&i| line[i] == b',').collect();
-                let want = <[usize; 5]>::try_from(commas).ok();
-                assert_eq!(five_commas(&line), want, "{line:?}");
+    fn usual_lines_take_the_usual_path() {
+        let hexes = [
+            "0x7f8a40000000",
+            "7f8a40000000",
+            "0X7F8A40000000",
+            "0x0",
+            "0",
+            "0xffffffffffffffff",
+            "fedcba9876543210",
+        ];
+        let actions = ["allocate", "free", "deallocate", "allocate failure"];
+        let mut count = 0;
+        for digits in 1..=20usize {
+            let size: String = (0..digits)
+                .map(|i| char::from(b'1' + (i % 9) as u8))
+                .collect();
+            let thread = &"14057331234585612345"[..digits];
+            for (i, pointer) in hexes.iter().enumerate() {
+                let stream = hexes[(i + digits) % hexes.len()];
+                let action = actions[(i + digits) % actions.len()];
+                let line = format!("{thread},10:17:36.614829,{action},{pointer},{size},{stream}");
+                let read = Fields::read(&line).unwrap();
+                assert_eq!(Fields::usual(line.as_bytes()), Some(read), "{line}");
+                let buffered = format!("{line}\n1,10:17:36.614830,free,0x1,1,0x0\n");
+                let Some((fields, end)) = Fields::usual_line(buffered.as_bytes()) else {
+                    panic!("{line}");
+                };
+                assert_eq!((fields, end), (Fields::read(&line).unwrap(), line.len()));
+                count += 1;
             }
         }
+        assert_eq!(count, 140);
+    }
+
+    /// A usual line with one byte changed, added or taken away anywhere reads by the
+    /// fast path as field by field, or not by the fast path: every position, bytes
+    /// that are field separators, line breaks, digits, hexadecimal letters, the
+    /// time's punctuation and not ASCII; in a buffer too, followed by a line break.
+    #[test]
+    fn changed_usual_lines_read_as_field_by_field() {
+        let bases = [
+            "140573312345856,10:17:36.614829,allocate,0x7f8a40000000,123456789,0x7f8a38001020",
+            "7,23:59:60.999999,free,7f8a40000000,1,0",
+            "12,00:00:00.000000,allocate failure,0x0,68719476736,0X0",
+        ];
+        let others = *b",\n\r:.x X0959aAfFgG/\x80\xff\x00-";
+        let mut lines: Vec<Vec<u8>> = Vec::new();
+        for base in bases {
+            let base = base.as_bytes();
+            for at in 0..=base.len() {
+                if at < base.len() {
+                    let mut cut = base.to_vec();
+                    cut.remove(at);
+                    lines.push(cut);
+                }
+                for &c in &others {
+                    if at < base.len() {
+                        let mut changed = base.to_vec();
+                        changed[at] = c;
+                        lines.push(changed);
+                    }
+                    let mut added = base.to_vec();
+                    added.insert(at, c);
+                    lines.push(added);
+                }
+            }
+        }
+        let (mut usual, mut not) = (0, 0);
+        for line in &lines {
+            let fast = Fields::usual(line);
+            if let Some(fields) = &fast {
+                let text = std::str::from_utf8(line).expect("a usual line is ASCII");
+                assert_eq!(Ok(fields), Fields::read(text).as_ref(), "{text}");
+                usual += 1;
+            } else {
+                not += 1;
+            }
+            let mut buffered = line.clone();
+            buffered.extend_from_slice(b"\n1,10:17:36.614830,free,0x1,1,0x0\n");
+            // In a buffer, the line up to its first break is read, as it would be
+            // alone.
+            let end = buffered.iter().position(|&c| c == b'\n').expect("a break");
+            let alone = Fields::usual(&buffered[..end]).map(|f| (f, end));
+            assert_eq!(Fields::usual_line(&buffered), alone, "{line:?}");
+        }
+        assert!(usual > 100 && not > 100, "{usual} usual, {not} not");
     }
 
     /// The streamed reader reads the usual line from its bytes without a UTF-8 check,
