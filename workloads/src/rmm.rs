@@ -558,8 +558,23 @@ fn pointer_id(
 ) -> u64 {
     match free_ids.as_mut().and_then(Vec::pop) {
         Some(id) => id,
-        None => new_id(next_id, names, || format!("0x{pointer:x}")),
+        None => new_id(next_id, names, || pointer_name(pointer)),
     }
+}
+
+/// A pointer's name, `0x` and its lower-case hexadecimal digits without leading zeros,
+/// as `format!("0x{pointer:x}")` writes it, without the formatting machinery (which
+/// cost about 900 instructions a pointer: a quarter of reading a log whole).
+fn pointer_name(pointer: u64) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    // At least one digit (for 0).
+    let n = (64 - (pointer | 1).leading_zeros()).div_ceil(4);
+    let mut name = String::with_capacity(2 + n as usize);
+    name.push_str("0x");
+    for k in (0..n).rev() {
+        name.push(char::from(DIGITS[((pointer >> (4 * k)) & 0xf) as usize]));
+    }
+    name
 }
 
 /// A new id, named `name()` where names are kept.
@@ -1224,6 +1239,17 @@ mod tests {
         );
         assert_eq!(streamed.shell().meta.format, Some(Format::Rmm));
         assert_eq!(RmmEvents::<&[u8]>::line_of(2), 4);
+    }
+
+    /// A pointer's name is what `format!("0x{:x}")` writes, at every length.
+    #[test]
+    fn pointer_names_are_formatted_hexadecimal() {
+        let mut pointers = vec![0, 1, 0xf, 0x10, 0xff, 0x100, u64::MAX, 0x7f8a_4000_0000];
+        pointers.extend((0..64).map(|k| 1u64 << k));
+        pointers.extend((1..64).map(|k| (1u64 << k) - 1));
+        for pointer in pointers {
+            assert_eq!(pointer_name(pointer), format!("0x{pointer:x}"));
+        }
     }
 
     /// The usual lines RMM writes are read as usual lines (the fast path), however
