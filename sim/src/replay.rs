@@ -299,30 +299,6 @@ impl LiveTable {
         }
     }
 
-    /// A `free` of `id`: its live allocation, left where it lies for the policy to
-    /// free it (not moved out; [`LiveTable::discard`] empties the slot after), if it
-    /// has one.
-    #[inline(always)]
-    fn freeing(&mut self, id: AllocId) -> Option<&Allocation> {
-        match self.live.get(id) {
-            Some(Slot::Live(_)) => {}
-            Some(Slot::Failed { .. }) | None => {
-                self.remove(id);
-                return None;
-            }
-        }
-        match self.live.get(id) {
-            Some(Slot::Live(l)) => Some(&l.allocation),
-            _ => unreachable!("the slot was just seen live"),
-        }
-    }
-
-    /// Empties `id`'s slot, whose allocation was freed ([`LiveTable::freeing`]).
-    #[inline(always)]
-    fn discard(&mut self, id: AllocId) {
-        self.live.discard(id);
-    }
-
     /// An event after the replay stopped, checked only (as validation does).
     fn check_only(&mut self, event: &Event) {
         match *event {
@@ -1235,11 +1211,12 @@ fn free_elsewhere<P: Policy + ?Sized>(
     device: &mut dyn Device,
     id: AllocId,
 ) -> Option<(Result<(), DeviceError>, DeviceAddr, u64)> {
-    let a = live.freeing(id)?;
+    // Taken out with one lookup (a sparse id's is a hash map's), then freed: the
+    // table is not the policy's to read, so the order changes nothing.
+    let l = live.remove(id)?;
+    let a = &l.allocation;
     let (addr, block_bytes) = (a.addr, a.block_bytes);
-    let result = policy.free(device, a);
-    live.discard(id);
-    Some((result, addr, block_bytes))
+    Some((policy.free(device, a), addr, block_bytes))
 }
 
 /// A trace's pool id as the policies know it.

@@ -164,11 +164,7 @@ impl<T> IdMap<T> {
     #[inline]
     pub fn insert_vacant(&mut self, id: AllocId, value: T) -> Result<(), T> {
         if id.0 >= DENSE_LIMIT {
-            if self.sparse.contains_key(&id.0) {
-                return Err(value);
-            }
-            self.insert_sparse(id, value);
-            return Ok(());
+            return self.insert_vacant_sparse(id, value);
         }
         let (p, s) = Self::split(id);
         let page = match self.page_mut(p) {
@@ -283,6 +279,20 @@ impl<T> IdMap<T> {
             self.first += cut;
         }
         self.trim_at = (2 * self.pages.len()).max(TRIM_MIN);
+    }
+
+    /// [`IdMap::insert_vacant`] of a sparse id: one lookup.
+    #[cold]
+    #[inline(never)]
+    fn insert_vacant_sparse(&mut self, id: AllocId, value: T) -> Result<(), T> {
+        match self.sparse.entry(id.0) {
+            std::collections::hash_map::Entry::Occupied(_) => Err(value),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(value);
+                self.len += 1;
+                Ok(())
+            }
+        }
     }
 
     #[cold]
