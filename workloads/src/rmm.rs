@@ -340,14 +340,13 @@ impl<R: io::Read> Iterator for RmmEvents<R> {
     }
 }
 
-/// A line after the header (`bytes`, with its line break or without): its event and
-/// time, or why the stream stops (not UTF-8, a blank line, a problem). The usual line
-/// is ASCII throughout ([`Fields::usual`]) and is read from its bytes; any other line
-/// is checked as UTF-8 and read as the whole-trace reader reads it.
+/// A line after the header that is not a usual line in the reader's buffer
+/// ([`Fields::usual_line`] took those: this one is not usual, runs past the buffer's
+/// end, or is the last one without a line break), with its line break or without:
+/// its event and time, or why the stream stops (not UTF-8, a blank line, a problem).
+/// Checked as UTF-8 and read as the whole-trace reader reads it ([`Lines::line`],
+/// which still reads a usual line from its bytes).
 fn read_line(lines: &mut Lines, bytes: &[u8], line: u64) -> Result<(Event, u64), Unstreamable> {
-    if let Some(fields) = Fields::usual(bytes) {
-        return lines.event(fields, line).map_err(|_| Unstreamable::Problem);
-    }
     let Ok(text) = std::str::from_utf8(bytes) else {
         return Err(Unstreamable::Problem);
     };
