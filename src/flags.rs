@@ -61,6 +61,18 @@ fn split_device_flag(_: &str) -> Result<String, SplitFlag> {
     })
 }
 
+/// An input file; `-` is standard input (read as a pipe is: once, whole).
+fn input(text: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(if text == "-" {
+        PathBuf::from(STDIN)
+    } else {
+        PathBuf::from(text)
+    })
+}
+
+/// What `-` stands for as an input.
+pub const STDIN: &str = "/dev/stdin";
+
 /// The formats allocsim writes, as `--to` / `--format` values of writing commands.
 fn writable_format() -> impl TypedValueParser<Value = Format> {
     PossibleValuesParser::new(
@@ -202,6 +214,26 @@ pub enum Command {
     Bench(BenchArgs),
 }
 
+impl Command {
+    /// `-o -` where `-o` is optional: standard output, the same as leaving `-o` out (so
+    /// that the command's report does not go to standard output beside it).
+    pub fn dash_means_stdout(&mut self) {
+        let output = match self {
+            Command::Compare(a) => &mut a.output,
+            Command::Fit(a) => &mut a.output,
+            Command::Sweep(a) => &mut a.output,
+            Command::Merge(a) => &mut a.output,
+            Command::Diff(a) => &mut a.output,
+            Command::Probe(a) => &mut a.output,
+            Command::Validate(a) => &mut a.output,
+            _ => return,
+        };
+        if output.as_deref().is_some_and(crate::output::is_stdout) {
+            *output = None;
+        }
+    }
+}
+
 /// How traces are read.
 #[derive(Debug, Args, Clone)]
 pub struct ReadArgs {
@@ -273,7 +305,9 @@ pub struct DeviceArgs {
 /// `allocsim replay`.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// The trace: YAML, CSV, a recorded run (.json) or a PyTorch snapshot (.pickle).
+    /// The trace: YAML, CSV, a recorded run (.json) or a PyTorch snapshot (.pickle); `-`
+    /// for standard input.
+    #[arg(value_parser = input)]
     pub trace: PathBuf,
     /// The policy (generated help: see `policy_help`).
     #[arg(
@@ -312,8 +346,8 @@ pub struct ReplayArgs {
 /// `allocsim compare`.
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// Traces to replay.
-    #[arg(required = true)]
+    /// Traces to replay (`-` for standard input).
+    #[arg(required = true, value_parser = input)]
     pub traces: Vec<PathBuf>,
     #[command(flatten)]
     pub policies: PoliciesArg,
@@ -334,7 +368,8 @@ pub struct CompareArgs {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Traces to replay (any format); without any, the random generator's traces of
-    /// 100 000 and 1 000 000 events (seed 1, two streams).
+    /// 100 000 and 1 000 000 events (seed 1, two streams). `-` for standard input.
+    #[arg(value_parser = input)]
     pub traces: Vec<PathBuf>,
     #[command(flatten)]
     pub policies: PoliciesArg,
@@ -353,8 +388,8 @@ pub struct BenchArgs {
 /// `allocsim fit`.
 #[derive(Debug, Args)]
 pub struct FitArgs {
-    /// Traces to fit.
-    #[arg(required = true)]
+    /// Traces to fit (`-` for standard input).
+    #[arg(required = true, value_parser = input)]
     pub traces: Vec<PathBuf>,
     #[command(flatten)]
     pub policies: PoliciesArg,
@@ -386,8 +421,8 @@ pub struct SweepArgs {
     /// (YAML, docs/sweeps.md).
     pub sweep: PathBuf,
     /// Sweep these trace files instead of the file's `traces` (the file is then a grid
-    /// to try on them, e.g. examples/sweeps/pytorch-knobs.yaml).
-    #[arg(long, value_name = "FILE")]
+    /// to try on them, e.g. examples/sweeps/pytorch-knobs.yaml); `-` for standard input.
+    #[arg(long, value_name = "FILE", value_parser = input)]
     pub trace: Vec<PathBuf>,
     /// Write the CSV (one row per combination) here; the summary then goes to stdout.
     #[arg(long, short)]
@@ -409,8 +444,9 @@ pub struct SweepArgs {
 /// `allocsim merge`.
 #[derive(Debug, Args)]
 pub struct MergeArgs {
-    /// The shards' CSVs (`allocsim sweep --shard K/N -o FILE.csv`), in any order.
-    #[arg(required = true)]
+    /// The shards' CSVs (`allocsim sweep --shard K/N -o FILE.csv`), in any order (`-`
+    /// for standard input).
+    #[arg(required = true, value_parser = input)]
     pub shards: Vec<PathBuf>,
     /// Write the joined CSV here; the summary then goes to stdout.
     #[arg(long, short)]
@@ -423,7 +459,8 @@ pub struct MergeArgs {
 /// `allocsim diff`.
 #[derive(Debug, Args)]
 pub struct DiffArgs {
-    /// The trace.
+    /// The trace (`-` for standard input).
+    #[arg(value_parser = input)]
     pub trace: PathBuf,
     /// The two configurations, comma-separated (generated help: see `policy_help`).
     #[arg(
@@ -531,8 +568,8 @@ pub enum SizesArg {
 /// `allocsim check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Traces to validate.
-    #[arg(required = true)]
+    /// Traces to validate (`-` for standard input).
+    #[arg(required = true, value_parser = input)]
     pub traces: Vec<PathBuf>,
     #[command(flatten)]
     pub input: ReadArgs,
@@ -548,7 +585,8 @@ pub struct PoliciesArgs {
 /// `allocsim convert`.
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
-    /// Input trace.
+    /// Input trace (`-` for standard input).
+    #[arg(value_parser = input)]
     pub input: PathBuf,
     /// Output file (.yaml or .csv).
     #[arg(long, short)]
@@ -575,8 +613,9 @@ pub struct ConvertArgs {
 /// `allocsim fidelity`.
 #[derive(Debug, Args)]
 pub struct FidelityArgs {
-    /// Recorded runs: record_torch.py JSON or PyTorch snapshot pickles.
-    #[arg(required = true)]
+    /// Recorded runs: record_torch.py JSON or PyTorch snapshot pickles (`-` for
+    /// standard input).
+    #[arg(required = true, value_parser = input)]
     pub files: Vec<PathBuf>,
     /// For each run that is not exact, print the first divergence (the entries before
     /// it and both sides' decisions) and any other disagreement, on stderr.
@@ -636,8 +675,8 @@ pub struct ProbeArgs {
 /// `allocsim validate`.
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
-    /// Traces to replay.
-    #[arg(required = true)]
+    /// Traces to replay (`-` for standard input).
+    #[arg(required = true, value_parser = input)]
     pub traces: Vec<PathBuf>,
     #[command(flatten)]
     pub policies: PoliciesArg,
@@ -673,8 +712,8 @@ fn moment(text: &str) -> Result<plot::Moment, MomentError> {
 /// `allocsim plot`.
 #[derive(Debug, Args)]
 pub struct PlotArgs {
-    /// Traces to replay.
-    #[arg(required = true)]
+    /// Traces to replay (`-` for standard input).
+    #[arg(required = true, value_parser = input)]
     pub traces: Vec<PathBuf>,
     #[command(flatten)]
     pub policies: PoliciesArg,
@@ -716,7 +755,8 @@ pub enum XAxisArg {
 #[derive(Debug, Args)]
 pub struct ExportArgs {
     /// The trace: YAML, CSV, a recorded run (.json), a PyTorch snapshot (.pickle) or an
-    /// RMM log.
+    /// RMM log; `-` for standard input.
+    #[arg(value_parser = input)]
     pub trace: PathBuf,
     /// The policy (generated help: see `policy_help`).
     #[arg(

@@ -131,7 +131,7 @@ impl Exit {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             // --help, --version.
@@ -143,6 +143,7 @@ fn main() -> ExitCode {
             return ExitCode::from(Exit::BadInput.code());
         }
     };
+    cli.command.dash_means_stdout();
     // A panic is a bug: report it on one line, not as a backtrace dump.
     std::panic::set_hook(Box::new(|info| {
         let msg = info

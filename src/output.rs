@@ -3,7 +3,9 @@
 //! extension that fits), and a file is written to a temporary file in its directory
 //! that replaces it only when everything was written ([`Output::finish`]); on an error
 //! or Ctrl-C the old file is left as it was and the temporary file is removed. A named
-//! pipe or a device (`-o /dev/null`) is written into, never replaced.
+//! pipe or a device (`-o /dev/null`) is written into, never replaced. `-o -` is
+//! standard output: for a command whose `-o` is optional, the same as leaving it out
+//! ([`crate::flags::Command::dash_means_stdout`]).
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
@@ -70,6 +72,15 @@ pub struct Planned<'a> {
 pub fn check(outputs: &[Planned<'_>], inputs: &[&Path]) -> anyhow::Result<()> {
     for (i, out) in outputs.iter().enumerate() {
         let (flag, path) = (out.flag, out.path);
+        if is_stdout(path) {
+            if flag != "-o" {
+                bail!(
+                    "{flag} -: standard output has the command's own report; write {flag} to \
+                     a file"
+                );
+            }
+            continue;
+        }
         for input in inputs {
             if path == *input || same_file(path, input) {
                 bail!(
@@ -114,6 +125,11 @@ pub fn check(outputs: &[Planned<'_>], inputs: &[&Path]) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether `path` is `-`, standard output (`-o -`).
+pub fn is_stdout(path: &Path) -> bool {
+    path.as_os_str() == "-"
 }
 
 /// Whether `a` and `b` name the same existing file, through links or other spellings.
@@ -185,12 +201,12 @@ impl Drop for Pending {
 }
 
 /// An output to `path` (a temporary file beside it until [`Output::finish`]), or to
-/// stdout.
+/// stdout (no path, or `-`).
 ///
 /// # Errors
 /// [`WriteFailed`] when the temporary file cannot be created.
 pub fn create(path: Option<&Path>) -> anyhow::Result<Output> {
-    let Some(path) = path else {
+    let Some(path) = path.filter(|p| !is_stdout(p)) else {
         return Ok(Output {
             target: "stdout".into(),
             writer: BufWriter::new(Box::new(io::stdout().lock())),

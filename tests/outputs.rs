@@ -347,3 +347,84 @@ fn streamed_and_held_timelines_agree() {
         assert!(a.len() > 100 && a == b, "{trace}: the timelines differ");
     }
 }
+
+/// `-` is standard input as a trace and standard output as `-o`: `generate -o -`
+/// wrote a file named `-`, `replay -` looked for one; `-o -` of a command whose `-o` is
+/// optional is the same as leaving it out, and `--timeline -` (beside the summary) is
+/// refused.
+#[test]
+fn dash_is_standard_input_and_output() {
+    let dir = TempDir::new("dash");
+    // Runs allocsim in `dir` with `input` on its standard input.
+    let run = |args: &[&str], input: &[u8]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+            .args(args)
+            .current_dir(dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        let writer = std::thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut pipe, &input);
+        });
+        let o = child.wait_with_output().unwrap();
+        writer.join().unwrap();
+        o
+    };
+    let generate = ["generate", "random", "--seed", "1", "--events", "300"];
+    let o = run(&[&generate[..], &["-o", "t.csv"]].concat(), b"");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let csv = std::fs::read(dir.path().join("t.csv")).unwrap();
+    let o = run(
+        &[&generate[..], &["-o", "-", "--format", "csv"]].concat(),
+        b"",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        o.stdout, csv,
+        "generate -o - wrote other bytes than to a file"
+    );
+    // Without a format flag, stdout has no extension to take it from.
+    let o = run(&[&generate[..], &["-o", "-"]].concat(), b"");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("standard output"), "{}", stderr(&o));
+
+    let o = run(&["convert", "-", "-o", "-", "--to", "csv"], &csv);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(o.stdout, csv, "convert - -o - changed the trace");
+
+    let from_file = run(&["replay", "t.csv"], b"");
+    let from_stdin = run(&["replay", "-"], &csv);
+    assert_eq!(from_stdin.status.code(), Some(0), "{}", stderr(&from_stdin));
+    let numbers = |o: &std::process::Output| {
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        text.lines()
+            .skip_while(|l| !l.starts_with("peak requested"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(!numbers(&from_file).is_empty());
+    assert_eq!(numbers(&from_stdin), numbers(&from_file));
+
+    let compare = [
+        "compare",
+        "-",
+        "--policies",
+        "caching,buddy",
+        "--format",
+        "csv",
+    ];
+    let plain = run(&compare, &csv);
+    let dashed = run(&[&compare[..], &["-o", "-"]].concat(), &csv);
+    assert_eq!(plain.status.code(), Some(0), "{}", stderr(&plain));
+    assert_eq!(dashed.status.code(), Some(0), "{}", stderr(&dashed));
+    assert_eq!(dashed.stdout, plain.stdout, "compare -o - is not compare");
+
+    let o = run(&["replay", "t.csv", "--timeline", "-"], b"");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--timeline -"), "{}", stderr(&o));
+    assert_eq!(names(dir.path()), ["t.csv"], "a file named - was written");
+}

@@ -340,6 +340,11 @@ pub fn detect(path: &Path, prefix: &[u8]) -> Result<Format, ReadError> {
 
 /// `the extension .x` or `a file without extension`.
 fn extension_text(path: &Path) -> String {
+    if path.as_os_str() == "-" {
+        return "standard output, which has no extension: name it with the command's format \
+                flag"
+            .to_string();
+    }
     match path.extension() {
         Some(e) => format!("the extension .{}", e.to_string_lossy()),
         None => "a file without extension".to_string(),
