@@ -141,14 +141,14 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Replay traces × policies × capacities and write one CSV row each.
     ///
-    /// Holds each trace in memory (about 40 bytes per event), several at once on several
-    /// threads; `replay` streams CSV traces, RMM logs and snapshot pickles.
+    /// Holds each trace in memory (about 40 bytes per event), at most twice as many at
+    /// once as threads; `replay` streams CSV traces, RMM logs and snapshot pickles.
     Compare(CompareArgs),
     /// The smallest GPU memory each trace runs in under each policy, and which named
     /// GPUs it fits on.
     ///
     /// Holds each trace in memory for the bisection's replays (about 40 bytes per event),
-    /// several at once on several threads.
+    /// at most twice as many at once as threads.
     Fit(FitArgs),
     /// Sweep traces × grids of policy options × GPUs from a YAML file: one CSV row per
     /// combination, and per trace a ranking and the recommended configuration

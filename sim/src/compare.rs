@@ -205,8 +205,12 @@ pub struct Ran<T, R> {
 ///
 /// Each step (a load or a job) is one task, and a task takes the best step there is
 /// when it starts: a load while any remains (loads are short beside the jobs, and a
-/// thread that replays while another loads ran slower on 2 cores), else the costliest
-/// waiting job (longest first: the long jobs do not start last and finish alone). A
+/// thread that replays while another loads ran slower on 2 cores) and fewer than twice
+/// the pool's threads are held (loading, or loaded with jobs left), else the costliest
+/// waiting job (longest first: the long jobs do not start last and finish alone). So a
+/// batch holds at most twice as many sources as threads at once (with `keep`, those
+/// with jobs left, besides the kept ones), not the whole batch: 16 traces of 10⁶
+/// events took 633 MB on 2 threads, where one took 47 MB. A
 /// thread whose load ends while others still load starts a job at once. In a pool of
 /// one thread, where no load can run beside a job, a waiting job comes before a load:
 /// a source is loaded, its jobs run, it is freed, then the next is loaded, so one
@@ -252,6 +256,9 @@ where
         remaining: Vec<usize>,
         loaded: Vec<Option<Arc<T>>>,
         kept: Vec<Option<Arc<T>>>,
+        /// Sources loading, or loaded and not yet freed (with `keep`: not yet done), at
+        /// most [`Ctx::most_held`] while a waiting job can run instead of a load.
+        held: usize,
         /// The first failed load in input order, so far.
         failed: Option<(usize, E)>,
     }
@@ -262,6 +269,7 @@ where
         remaining,
         loaded: (0..n).map(|_| None).collect(),
         kept: (0..n).map(|_| None).collect(),
+        held: 0,
         failed: None,
     });
     let results: Vec<Mutex<Option<R>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
@@ -286,8 +294,13 @@ where
                 s.ready.clear();
                 s.loads.retain(|&i| i < cut);
             }
-            let load_now = !s.loads.is_empty() && (!ctx.alone || s.ready.is_empty());
+            // A load while any remains, unless a job is waiting and the sources held
+            // are many (they would all be held at once: memory in proportion to the
+            // whole batch), or on one thread.
+            let load_now = !s.loads.is_empty()
+                && (s.ready.is_empty() || (!ctx.alone && s.held < ctx.most_held));
             if load_now {
+                s.held += 1;
                 s.loads.pop().map(Step::Load)
             } else {
                 // The costliest, ties to the first in input order.
@@ -322,6 +335,7 @@ where
                 }
                 Err(e) => {
                     let mut s = ctx.lock();
+                    s.held -= 1;
                     if s.failed.as_ref().is_none_or(|(at, _)| i < *at) {
                         s.failed = Some((i, e));
                     }
@@ -331,8 +345,11 @@ where
                 let r = (ctx.work.run)(&ctx.jobs[k].1, &trace);
                 *ctx.results[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
                 let source = ctx.jobs[k].0;
-                // The last job of its source takes the pool's reference: the trace is
-                // freed here, on this thread, when `trace` goes.
+                // Each job lets its reference go before it counts itself done, so the
+                // last job of its source takes the pool's, the last one (but `keep`'s):
+                // the trace is freed here, on this thread, and only then no longer
+                // counted as held.
+                drop(trace);
                 let last = {
                     let mut s = ctx.lock();
                     s.remaining[source] -= 1;
@@ -342,8 +359,10 @@ where
                         None
                     }
                 };
-                drop(last);
-                drop(trace);
+                if let Some(last) = last {
+                    drop(last);
+                    ctx.lock().held -= 1;
+                }
             }
         }
     }
@@ -356,6 +375,9 @@ where
         keep: bool,
         /// Whether the pool has one thread: a waiting job then comes before a load.
         alone: bool,
+        /// Twice the pool's threads: the sources held at once, beyond which a waiting
+        /// job comes before a load.
+        most_held: usize,
     }
     impl<T, J, R, E> Ctx<'_, T, J, R, E> {
         fn lock(&self) -> std::sync::MutexGuard<'_, State<T, E>> {
@@ -370,6 +392,7 @@ where
         work,
         keep,
         alone: rayon::current_num_threads() == 1,
+        most_held: 2 * rayon::current_num_threads(),
     };
     rayon::scope(|scope| {
         for _ in 0..load_count {
@@ -875,6 +898,69 @@ mod tests {
             assert_eq!(ran.results, want, "keep {keep}");
             drop(ran);
             assert_eq!(live.load(Ordering::SeqCst), 0);
+        }
+    }
+
+    /// A batch of many sources holds at most twice as many as threads at once, with
+    /// or without `keep` (counting those with jobs left): every load came first, so 24
+    /// sources were all held at once on 2 threads.
+    #[test]
+    fn load_and_run_holds_at_most_twice_the_threads() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let sources = 24;
+        let sizes: Vec<u64> = (0..sources as u64).collect();
+        let jobs: Vec<(usize, usize)> = (0..sources).flat_map(|s| [(s, 0), (s, 1)]).collect();
+        for threads in [2, 3] {
+            for keep in [false, true] {
+                let live = Arc::new(AtomicUsize::new(0));
+                // Sources held with jobs left: loaded, not yet done by all their jobs.
+                let open = AtomicUsize::new(0);
+                let done = std::sync::Mutex::new(vec![0usize; sources]);
+                let most = AtomicUsize::new(0);
+                let load = |i: usize| -> Result<Counted, String> {
+                    live.fetch_add(1, Ordering::SeqCst);
+                    let now = open.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    // Loads take a while beside the jobs, as files do.
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    Ok(Counted {
+                        source: i,
+                        live: Arc::clone(&live),
+                    })
+                };
+                let cost = |&k: &usize, _: &Counted| k as f64;
+                let run = |_: &usize, t: &Counted| {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    let mut done = done.lock().unwrap();
+                    done[t.source] += 1;
+                    if done[t.source] == 2 {
+                        open.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    // Without `keep`, the sources held are the live ones.
+                    if !keep {
+                        most.fetch_max(live.load(Ordering::SeqCst), Ordering::SeqCst);
+                    }
+                };
+                let work = Work {
+                    load: &load,
+                    cost: &cost,
+                    run: &run,
+                };
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let ran = pool
+                    .install(|| load_and_run(&sizes, &jobs, &work, keep))
+                    .unwrap();
+                assert_eq!(ran.results.len(), jobs.len());
+                let most = most.load(Ordering::SeqCst);
+                assert!(
+                    most <= 2 * threads,
+                    "{threads} threads, keep {keep}: {most} sources held at once"
+                );
+            }
         }
     }
 
