@@ -37,6 +37,12 @@ pub(super) struct FreeList {
     slots: Vec<(u64, u64)>,
     /// Ranges held.
     count: usize,
+    /// At least the longest range's length: a request longer than it fits nowhere in
+    /// the list, which first fit then answers without a scan. Raised by a free that
+    /// makes a longer range, brought down to the longest range by a first fit that
+    /// scanned and found nothing; a carve leaves it (so the usual allocation pays
+    /// nothing for it).
+    bound: u64,
 }
 
 impl FreeList {
@@ -44,7 +50,11 @@ impl FreeList {
     pub(super) fn whole(addr: u64, len: u64) -> FreeList {
         let mut slots = vec![PAD; MIN_GROUPS * GROUP];
         slots[0] = (addr, len);
-        FreeList { slots, count: 1 }
+        FreeList {
+            slots,
+            count: 1,
+            bound: len,
+        }
     }
 
     /// The free ranges, (address, length), by address.
@@ -60,8 +70,20 @@ impl FreeList {
     }
 
     /// Whether some free range holds `bytes` (RMM's `superblock::fits`).
+    #[inline]
     pub(super) fn fits(&self, bytes: u64) -> bool {
         self.first_fitting(bytes).is_some()
+    }
+
+    /// At least the longest free range's length: nothing longer fits.
+    #[inline]
+    pub(super) fn bound(&self) -> u64 {
+        self.bound
+    }
+
+    /// The longest range's length (0 for none), by a scan.
+    fn scan_widest(&self) -> u64 {
+        self.ranges().iter().map(|&(_, len)| len).max().unwrap_or(0)
     }
 
     /// The slots of the groups that hold ranges: the ranges and at least one padding
@@ -74,6 +96,15 @@ impl FreeList {
     /// The index of the first range (by address) that holds `bytes`.
     #[inline(always)]
     fn first_fitting(&self, bytes: u64) -> Option<usize> {
+        if self.bound < bytes {
+            return None;
+        }
+        self.scan_first(bytes)
+    }
+
+    /// [`FreeList::first_fitting`] by the search alone.
+    #[inline(always)]
+    fn scan_first(&self, bytes: u64) -> Option<usize> {
         // A bit per slot of a group that holds `bytes`, then the lowest: the group is
         // read whole (a fixed length, unrolled), and a long list is not read past the
         // group that fits.
@@ -96,8 +127,23 @@ impl FreeList {
     /// Address-ordered first fit: carves `bytes` from the front of the first range that
     /// holds them.
     #[inline(always)]
+    #[cfg(test)]
     pub(super) fn first_fit(&mut self, bytes: u64) -> Option<u64> {
-        let i = self.first_fitting(bytes)?;
+        if self.bound < bytes {
+            return None;
+        }
+        self.carve_first(bytes)
+    }
+
+    /// [`FreeList::first_fit`] without the bound's test, for a caller that made it (on
+    /// its own copy of the bound): searches the ranges, and brings the bound down to the
+    /// longest range when none holds `bytes`.
+    #[inline(always)]
+    pub(super) fn carve_first(&mut self, bytes: u64) -> Option<u64> {
+        let Some(i) = self.scan_first(bytes) else {
+            self.bound = self.bound.min(self.scan_widest());
+            return None;
+        };
         let (addr, len) = self.slots[i];
         if len > bytes {
             // The rest starts above `addr` and below the next range: same place.
@@ -145,7 +191,9 @@ impl FreeList {
             // to be loaded it would make a branch.)
             let j = i - usize::from(merge_prev);
             let start = if merge_prev { prev } else { addr };
-            self.slots[j] = (start, self.slots[j].1 + len);
+            let grown = self.slots[j].1 + len;
+            self.slots[j] = (start, grown);
+            self.bound = self.bound.max(grown);
         } else {
             // Both (the previous range swallows the block and the next range, and the
             // ranges above move down) or neither (a new range at `i`, and the ones
@@ -161,6 +209,7 @@ impl FreeList {
             let start = if merge_prev { prev } else { addr };
             let merged = if merge_prev { prev_len + next_len } else { 0 };
             self.slots[lo] = (start, len + merged);
+            self.bound = self.bound.max(len + merged);
             self.count = count + 1 - 2 * both;
         }
     }
@@ -190,6 +239,10 @@ impl FreeList {
             }
             prev_end = Some(addr + len);
         }
+        assert!(
+            self.bound >= self.scan_widest(),
+            "arena: a free range of {what} is longer than the bound kept"
+        );
     }
 }
 
@@ -262,6 +315,7 @@ mod tests {
                 list.check(BASE, BASE + (64 << 10), "test range");
                 prop_assert_eq!(list.ranges(), &model.ranges.iter().map(|(&a, &l)| (a, l)).collect::<Vec<_>>());
                 prop_assert_eq!(list.peek(512), model.ranges.iter().find(|(_, &l)| l >= 512).map(|(&a, _)| a));
+                prop_assert!(list.bound() >= model.ranges.values().copied().max().unwrap_or(0));
             }
             for (addr, bytes) in live {
                 list.insert(addr, bytes);

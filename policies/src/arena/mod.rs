@@ -79,6 +79,7 @@
 //! of the global arena). Free ranges report 0 requested bytes.
 
 mod free_list;
+mod regions;
 #[cfg(test)]
 mod tests;
 
@@ -92,8 +93,8 @@ use crate::policy::{
     SegmentSnapshot, StreamId, MAX_REQUEST_BYTES,
 };
 use crate::registry::OptionsError;
-use crate::slab::Slab;
 use free_list::FreeList;
+use regions::Regions;
 
 /// Every allocation size is rounded up to a multiple of this (RMM's
 /// `CUDA_ALLOCATION_ALIGNMENT`).
@@ -258,7 +259,7 @@ pub struct ArenaPolicy {
     next_position: u64,
     /// Every chunk and superblock (held by a stream arena or orphaned), by slot. A live
     /// block names its slot, so a free goes to its free list whatever the block's size.
-    regions: Slab<Region>,
+    regions: Regions,
     /// Per-stream arenas, by stream. No empty arena is kept.
     arenas: Vec<StreamArena>,
     /// Orphan superblocks by place (arena order): their slots.
@@ -280,7 +281,7 @@ impl ArenaPolicy {
             chunks: Vec::new(),
             segments: Vec::new(),
             next_position: 0,
-            regions: Slab::default(),
+            regions: Regions::default(),
             arenas: Vec::new(),
             orphans: BTreeMap::new(),
             live: Leases::default(),
@@ -309,28 +310,16 @@ impl ArenaPolicy {
     /// place and its chunk's slot.
     #[inline]
     fn global_first_fit(&mut self, bytes: u64) -> Option<(Place, u32)> {
-        let regions = &mut self.regions;
-        self.chunks.iter().find_map(|&((position, _), slot)| {
-            regions
-                .get_mut(slot)
-                .expect("arena: a chunk without its free list")
-                .free
-                .first_fit(bytes)
-                .map(|addr| ((position, addr), slot))
-        })
+        self.regions
+            .first_fit_among(&self.chunks, bytes)
+            .map(|((position, _), addr, slot)| ((position, addr), slot))
     }
 
     /// The first place (arena order) of a chunk range that holds `bytes`, without
     /// carving it.
     fn global_peek(&self, bytes: u64) -> Option<Place> {
-        self.chunks.iter().find_map(|&((position, _), slot)| {
-            self.regions
-                .get(slot)
-                .expect("arena: a chunk without its free list")
-                .free
-                .peek(bytes)
-                .map(|addr| (position, addr))
-        })
+        let ((position, _), _, addr) = self.regions.peek_among(&self.chunks, bytes)?;
+        Some((position, addr))
     }
 
     /// First fit over the global arena; grows by a chunk if nothing fits. `None` when
@@ -360,10 +349,7 @@ impl ArenaPolicy {
 
     /// Gives the superblock in `slot` (at `place`) to `stream`'s arena.
     fn hand_to(&mut self, stream: StreamId, place: Place, slot: u32) {
-        self.regions
-            .get_mut(slot)
-            .expect("arena: a superblock slot without its superblock")
-            .holder = Holder::Stream(stream);
+        self.regions.set_holder(slot, Holder::Stream(stream));
         let i = match self.arena_index(stream) {
             Ok(i) => i,
             Err(i) => {
@@ -446,16 +432,9 @@ impl ArenaPolicy {
         let lists = [small, &self.chunks[..]];
         let large = std::hint::black_box(usize::from(bytes > self.options.threshold_bytes));
         let candidates = lists[large];
-        let regions = &mut self.regions;
-        for &(_, slot) in candidates {
-            let region = regions
-                .get_mut(slot)
-                .expect("arena: an arena names an empty slot");
-            if let Some(addr) = region.free.first_fit(bytes) {
-                return Some((addr, slot));
-            }
-        }
-        None
+        self.regions
+            .first_fit_among(candidates, bytes)
+            .map(|(_, addr, slot)| (addr, slot))
     }
 
     /// One attempt at a block of `bytes` for `stream` (large: the global arena; small:
@@ -481,10 +460,7 @@ impl ArenaPolicy {
         };
         let addr = self
             .regions
-            .get_mut(slot)
-            .expect("an acquired superblock is in its slot")
-            .free
-            .first_fit(bytes)
+            .first_fit(slot, bytes)
             .expect("an acquired superblock fits the request");
         Ok(Some((addr, slot)))
     }
@@ -508,12 +484,12 @@ impl ArenaPolicy {
             for (place, slot) in arena.superblocks {
                 let sb = self
                     .regions
-                    .get_mut(slot)
+                    .get(slot)
                     .expect("arena: a stream arena names an empty slot");
                 if sb.free.is_whole(place.1, superblock_bytes) {
                     self.dissolve(slot);
                 } else {
-                    sb.holder = Holder::Orphan;
+                    self.regions.set_holder(slot, Holder::Orphan);
                     self.orphans.insert(place, slot);
                 }
             }
@@ -562,11 +538,7 @@ impl ArenaPolicy {
             addr >= base && addr + len <= base + self.segments[i].size_bytes,
             "arena: freed range {addr:#x} leaves its chunk"
         );
-        let chunk = self
-            .regions
-            .get_mut(slot)
-            .expect("arena: a chunk without its free list");
-        chunk.free.insert(addr, len);
+        self.regions.give_back(slot, addr, len);
     }
 
     /// Empty superblocks back to the global arena, then wholly free chunks back to the
@@ -726,11 +698,7 @@ impl Policy for ArenaPolicy {
         // superblock's free list is the same whichever arena holds it now); an orphan
         // superblock that becomes empty coalesces into its chunk.
         let slot = block.detail;
-        let region = self
-            .regions
-            .get_mut(slot)
-            .expect("arena: a live block's chunk or superblock is gone");
-        region.free.insert(block.addr, block.block_bytes);
+        let region = self.regions.give_back(slot, block.addr, block.block_bytes);
         if region.holder == Holder::Orphan
             && region
                 .free

@@ -364,6 +364,72 @@ fn option_validation() {
     assert!(PolicyConfig::new(ArenaOptions::default()).build().is_ok());
 }
 
+/// With hundreds of superblocks in one stream's arena, each small request lands where
+/// first fit over the superblocks' free blocks (the snapshot's, in address order: one
+/// chunk, so arena order) puts it: the superblocks passed over by their bound (at least
+/// their widest free range) are exactly those that cannot hold it, including bounds
+/// left high by carves and brought down by a search that failed.
+#[test]
+fn many_superblocks_take_the_first_that_fits() {
+    let mut d = TestDevice::unbounded();
+    let mut p = ArenaPolicy::new(ArenaOptions {
+        superblock_bytes: 64 * KIB,
+        growth_bytes: 64 * MIB,
+        threshold_bytes: 32 * KIB,
+    })
+    .unwrap();
+    // First fit over the free blocks of stream 0's superblocks, by address.
+    let expected = |p: &ArenaPolicy, bytes: u64| -> Option<u64> {
+        let mut free: Vec<(u64, u64)> = p
+            .snapshot()
+            .iter()
+            .filter(|s| s.pool == "arena-superblock" && s.stream == StreamId(0))
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.state == BlockState::Free)
+            .map(|b| (b.addr.0, b.size_bytes))
+            .collect();
+        free.sort_unstable();
+        free.iter().find(|&&(_, len)| len >= bytes).map(|&(a, _)| a)
+    };
+    let mut live: Vec<Allocation> = Vec::new();
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut superblocks_most = 0;
+    for step in 0..6000 {
+        // Allocations outnumber frees two to one until 3000 steps, then the reverse.
+        let alloc = live.is_empty() || (next() % 3 != 0) == (step < 3000);
+        if alloc {
+            let size = 256 + next() % (32 * KIB - 256);
+            let bytes = size.div_ceil(256) * 256;
+            let want = expected(&p, bytes);
+            let a = p.allocate(&mut d, on(0, size)).unwrap();
+            if let Some(want) = want {
+                assert_eq!(a.addr.0, want, "step {step}: {bytes} bytes");
+            }
+            live.push(a);
+        } else {
+            let i = (next() % live.len() as u64) as usize;
+            let a = live.swap_remove(i);
+            p.free(&mut d, &a).unwrap();
+        }
+        superblocks_most =
+            superblocks_most.max(p.arenas.first().map_or(0, |a| a.superblocks.len()));
+        if step % 500 == 0 {
+            p.check_invariants();
+        }
+    }
+    assert!(
+        superblocks_most > 200,
+        "only {superblocks_most} superblocks"
+    );
+    p.check_invariants();
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Alloc(u64, u64),
