@@ -15,7 +15,7 @@
 #            the trace is counted from the trace itself
 #   ROUNDS   end-to-end runs of each (trace, policy), the best one kept (default 3)
 #   CORE     the CPU every run is pinned to (default 5)
-#   BENCH_MAX  the longest trace `bench` replays in memory (default 10000000: it holds
+#   BENCH_MAX  the longest trace `bench` replays in memory (default 20000000: it holds
 #            the trace, about 40 bytes per event)
 # Output: $OUT/curves.csv, one row per (series, trace, policy): series (length or live),
 # events, mean_live (allocations live on average over the events), policy,
@@ -30,7 +30,7 @@ LENGTHS=${LENGTHS:-"10000 100000 1000000 10000000 100000000"}
 LIFETIMES=${LIFETIMES:-"20 200 2000 20000 200000 2000000"}
 ROUNDS=${ROUNDS:-3}
 CORE=${CORE:-5}
-BENCH_MAX=${BENCH_MAX:-10000000}
+BENCH_MAX=${BENCH_MAX:-20000000}
 POLICIES="caching immediate buddy arena"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
