@@ -232,6 +232,24 @@ impl Command {
             *output = None;
         }
     }
+
+    /// Whether standard input (`-`) is named as more than one of the command's input
+    /// files: it can be read once, and the second read would find it empty.
+    pub fn reads_stdin_twice(&self) -> bool {
+        let inputs: &[PathBuf] = match self {
+            Command::Compare(a) => &a.traces,
+            Command::Fit(a) => &a.traces,
+            Command::Sweep(a) => &a.trace,
+            Command::Merge(a) => &a.shards,
+            Command::Check(a) => &a.traces,
+            Command::Fidelity(a) => &a.files,
+            Command::Validate(a) => &a.traces,
+            Command::Plot(a) => &a.traces,
+            Command::Bench(a) => &a.traces,
+            _ => return false,
+        };
+        inputs.iter().filter(|p| p.as_os_str() == STDIN).count() > 1
+    }
 }
 
 /// How traces are read.

@@ -144,6 +144,13 @@ fn main() -> ExitCode {
         }
     };
     cli.command.dash_means_stdout();
+    if cli.command.reads_stdin_twice() {
+        eprintln!(
+            "error: - (standard input) is named more than once: it can be read once; save it \
+             to a file to use it twice"
+        );
+        return ExitCode::from(Exit::BadInput.code());
+    }
     // A panic is a bug: report it on one line, not as a backtrace dump.
     std::panic::set_hook(Box::new(|info| {
         let msg = info

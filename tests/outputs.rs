@@ -423,6 +423,17 @@ fn dash_is_standard_input_and_output() {
     assert_eq!(dashed.status.code(), Some(0), "{}", stderr(&dashed));
     assert_eq!(dashed.stdout, plain.stdout, "compare -o - is not compare");
 
+    // Standard input twice: refused before anything is read (the second read found it
+    // empty, "cannot tell the trace format").
+    let o = run(&["compare", "-", "-"], &csv);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("named more than once"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stderr(&o).trim_end().lines().count(), 1, "{}", stderr(&o));
+
     let o = run(&["replay", "t.csv", "--timeline", "-"], b"");
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--timeline -"), "{}", stderr(&o));

@@ -14,7 +14,9 @@
 //! superblock holds at most `superblock / 512` ranges and a chunk's ranges are
 //! separated by blocks or superblocks, so the vectors stay short; shifting one on an
 //! insertion or removal costs less than an ordered map's node walk for the lengths
-//! met in practice.
+//! met in practice. A bound, at least the longest range, answers "nothing here fits"
+//! without a search (the arena keeps a copy of each list's bound, `regions.rs`, to pass
+//! over the superblocks that cannot hold a request).
 
 /// Slots looked at together by first fit; the vector is a whole number of groups.
 const GROUP: usize = 8;

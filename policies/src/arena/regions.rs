@@ -63,14 +63,17 @@ impl Regions {
     }
 
     /// Address-ordered first fit in the region in `slot`: carves `bytes` from the first
-    /// range that holds them; a search that finds none brings the bound down (a carve
-    /// leaves it as it was).
+    /// range that holds them; none where the list's bound is below `bytes` (no search),
+    /// and a search that finds none brings the bound down (a carve leaves it as it was).
     #[inline(always)]
     pub(super) fn first_fit(&mut self, slot: u32, bytes: u64) -> Option<u64> {
         let region = self
             .slab
             .get_mut(slot)
             .expect("arena: an arena names an empty slot");
+        if region.free.bound() < bytes {
+            return None;
+        }
         let addr = region.free.carve_first(bytes);
         if addr.is_none() {
             self.bound[slot as usize] = region.free.bound();
@@ -87,9 +90,9 @@ impl Regions {
         candidates: &[(Place, u32)],
         bytes: u64,
     ) -> Option<(Place, u64, u32)> {
-        // The first region is searched outright (in a steady run it is usually the
-        // one that holds the request: the bound's test would only add to it), the
-        // others only where their bound allows.
+        // The first region is tried at once (in a steady run it is usually the one
+        // that holds the request), by its own list's bound, next to the list; the
+        // others by the compact copy first, so that passing one over reads one array.
         let (&(place, slot), rest) = candidates.split_first()?;
         if let Some(addr) = self.first_fit(slot, bytes) {
             return Some((place, addr, slot));
