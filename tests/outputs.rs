@@ -357,19 +357,7 @@ fn dash_is_standard_input_and_output() {
     let dir = TempDir::new("dash");
     // Runs allocsim in `dir` with `input` on its standard input.
     let run = |args: &[&str], input: &[u8]| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
-            .args(args)
-            .current_dir(dir.path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut pipe = child.stdin.take().unwrap();
-        let input = input.to_vec();
-        let writer = std::thread::spawn(move || {
-            let _ = std::io::Write::write_all(&mut pipe, &input);
-        });
+        let (child, writer) = crate::util::spawn_fed(dir.path(), args, input.to_vec());
         let o = child.wait_with_output().unwrap();
         writer.join().unwrap();
         o

@@ -1038,20 +1038,7 @@ fn wait_or_kill(child: &mut std::process::Child, secs: u64) -> bool {
 /// Runs the binary with `args` and `input` on its stdin (a pipe), killing it after
 /// `secs` seconds; the output and whether it finished.
 fn allocsim_fed(args: &[&str], input: Vec<u8>, secs: u64) -> (std::process::Output, bool) {
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
-        .args(args)
-        .current_dir(root())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut pipe = child.stdin.take().unwrap();
-    // A reader that stops early closes the pipe: the rest is not wanted.
-    let writer = std::thread::spawn(move || {
-        let _ = std::io::Write::write_all(&mut pipe, &input);
-    });
+    let (mut child, writer) = crate::util::spawn_fed(&root(), args, input);
     let finished = wait_or_kill(&mut child, secs);
     let output = child.wait_with_output().unwrap();
     writer.join().unwrap();

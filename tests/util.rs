@@ -23,6 +23,30 @@ where
         .expect("run allocsim")
 }
 
+/// Starts the built `allocsim` with `args` in `dir` and `input` written to its stdin (a
+/// pipe) by a thread: the child and the writer, which ends when the input is written or
+/// the child stops reading (the rest is not wanted).
+pub fn spawn_fed(
+    dir: &Path,
+    args: &[&str],
+    input: Vec<u8>,
+) -> (std::process::Child, std::thread::JoinHandle<()>) {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run allocsim");
+    let mut pipe = child.stdin.take().expect("a piped stdin");
+    let writer = std::thread::spawn(move || {
+        let _ = std::io::Write::write_all(&mut pipe, &input);
+    });
+    (child, writer)
+}
+
 /// stdout as text.
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()

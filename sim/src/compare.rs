@@ -764,6 +764,14 @@ mod tests {
         }
     }
 
+    /// A pool of `threads` threads for a test of `load_and_run`.
+    fn pool(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+    }
+
     /// Runs `load_and_run` on `threads` threads over sources whose size is their index
     /// (the last loads first) and jobs `(source, k)`, each answering `source * 100 + k`;
     /// returns the results, how many sources were ever live at once, which sources
@@ -795,10 +803,7 @@ mod tests {
             cost: &cost,
             run: &run,
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
+        let pool = pool(threads);
         let ran = pool
             .install(|| load_and_run(&sizes, jobs, &work, keep))
             .unwrap();
@@ -829,10 +834,7 @@ mod tests {
             cost: &cost,
             run: &run,
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
+        let pool = pool(1);
         pool.install(|| load_and_run(&[0], &jobs, &work, false))
             .unwrap();
         assert_eq!(order.into_inner().unwrap(), [1, 2, 4, 3, 0, 5]);
@@ -883,10 +885,7 @@ mod tests {
             cost: &cost,
             run: &run,
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
+        let pool = pool(1);
         for keep in [false, true] {
             let ran = pool
                 .install(|| load_and_run(&[0; 5], &jobs, &work, keep))
@@ -947,10 +946,7 @@ mod tests {
                     cost: &cost,
                     run: &run,
                 };
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
+                let pool = pool(threads);
                 let ran = pool
                     .install(|| load_and_run(&sizes, &jobs, &work, keep))
                     .unwrap();
@@ -988,10 +984,7 @@ mod tests {
             run: &run,
         };
         for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
+            let pool = pool(threads);
             let e = pool
                 .install(|| load_and_run(&sizes, &jobs, &work, false))
                 .err();

@@ -338,7 +338,8 @@ pub fn detect(path: &Path, prefix: &[u8]) -> Result<Format, ReadError> {
     ))
 }
 
-/// `the extension .x` or `a file without extension`.
+/// `the extension .x` or `a file without extension` (for `-`, standard output and the
+/// format flag that names its format).
 fn extension_text(path: &Path) -> String {
     if path.as_os_str() == "-" {
         return "standard output, which has no extension: name it with the command's format \
