@@ -343,32 +343,6 @@ impl<T> IdMap<T> {
         Some(old)
     }
 
-    /// Drops `id`'s value where it lies (nothing is moved out: for a caller that has
-    /// used the value in place); a page left empty is dropped (or kept as a spare).
-    /// Nothing happens where `id` has no value.
-    #[inline]
-    pub fn discard(&mut self, id: AllocId) {
-        if id.0 >= DENSE_LIMIT {
-            self.remove_sparse(id);
-            return;
-        }
-        let (p, s) = Self::split(id);
-        let Some(page) = self.page_mut(p) else {
-            return;
-        };
-        let slot = &mut page.slots[s];
-        if slot.is_none() {
-            return;
-        }
-        *slot = None;
-        page.used -= 1;
-        let emptied = page.used == 0;
-        self.len -= 1;
-        if emptied {
-            self.release_page(p);
-        }
-    }
-
     /// Drops the emptied page `p` (or keeps it as a spare).
     #[cold]
     #[inline(never)]
@@ -567,27 +541,6 @@ mod tests {
         assert_eq!(m.get(AllocId(300)), Some(&8));
     }
 
-    /// `discard` drops a value as `remove` does, for dense and sparse ids; an absent
-    /// id changes nothing; emptied pages go.
-    #[test]
-    fn discard_drops_in_place() {
-        let mut m = IdMap::new();
-        let ids = [0, 1, 255, 256, DENSE_LIMIT - 1, DENSE_LIMIT, u64::MAX];
-        for &id in &ids {
-            m.insert(AllocId(id), id);
-        }
-        m.discard(AllocId(7));
-        assert_eq!(m.len(), ids.len());
-        for (n, &id) in ids.iter().enumerate() {
-            m.discard(AllocId(id));
-            assert_eq!(m.get(AllocId(id)), None);
-            m.discard(AllocId(id));
-            assert_eq!(m.len(), ids.len() - n - 1);
-        }
-        assert!(m.is_empty());
-        assert_eq!(m.pages_held(), 0);
-    }
-
     /// A place found once reads, fills and empties its slot as the map's own
     /// methods do; emptying the last value of a page and releasing it leaves no page;
     /// ids without a page, or sparse ones, have no place.
@@ -658,7 +611,7 @@ mod tests {
         assert_eq!(ids, [0, 999_950], "the page behind comes first");
         assert_eq!(m.insert_vacant(AllocId(1), 1), Ok(()), "a new id behind");
         assert_eq!(m.remove(AllocId(0)), Some(u64::MAX - 1));
-        m.discard(AllocId(1));
+        assert_eq!(m.remove(AllocId(1)), Some(1));
         assert_eq!((m.len(), m.get(AllocId(0))), (50, None));
         assert!(m.pages_held() <= 2, "{} pages", m.pages_held());
     }

@@ -318,7 +318,7 @@ impl ArenaPolicy {
     /// The first place (arena order) of a chunk range that holds `bytes`, without
     /// carving it.
     fn global_peek(&self, bytes: u64) -> Option<Place> {
-        let ((position, _), _, addr) = self.regions.peek_among(&self.chunks, bytes)?;
+        let ((position, _), addr) = self.regions.peek_among(&self.chunks, bytes)?;
         Some((position, addr))
     }
 

@@ -108,13 +108,12 @@ impl Regions {
     }
 
     /// The first region of `candidates` (arena order) whose free list holds `bytes`:
-    /// its place and slot, and the address first fit would carve there (nothing
-    /// carved).
+    /// its place and the address first fit would carve there (nothing carved).
     pub(super) fn peek_among(
         &self,
         candidates: &[(Place, u32)],
         bytes: u64,
-    ) -> Option<(Place, u32, u64)> {
+    ) -> Option<(Place, u64)> {
         candidates.iter().find_map(|&(place, slot)| {
             if self.bound.get(slot as usize).is_none_or(|&b| b < bytes) {
                 return None;
@@ -123,7 +122,7 @@ impl Regions {
                 .slab
                 .get(slot)
                 .expect("arena: an arena names an empty slot");
-            region.free.peek(bytes).map(|addr| (place, slot, addr))
+            region.free.peek(bytes).map(|addr| (place, addr))
         })
     }
 
