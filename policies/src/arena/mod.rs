@@ -94,7 +94,7 @@ use crate::policy::{
 };
 use crate::registry::OptionsError;
 use free_list::FreeList;
-use regions::Regions;
+use regions::{Order, Regions};
 
 /// Every allocation size is rounded up to a multiple of this (RMM's
 /// `CUDA_ALLOCATION_ALIGNMENT`).
@@ -231,6 +231,8 @@ struct Region {
     place: Place,
     holder: Holder,
     free: FreeList,
+    /// The id of the run of its order it is in (`regions.rs`), or `NO_RUN`.
+    run: u32,
 }
 
 /// One stream's arena: its superblocks (their places, and their slots in
@@ -238,7 +240,7 @@ struct Region {
 #[derive(Debug)]
 struct StreamArena {
     stream: StreamId,
-    superblocks: Vec<(Place, u32)>,
+    superblocks: Order,
 }
 
 /// A handed-out block; its detail is the slot of the chunk or superblock holding it
@@ -252,7 +254,7 @@ pub struct ArenaPolicy {
     /// The global arena: its chunks in arena order (by position), each as its place
     /// and its slot in `regions`, the same form as a stream arena's superblocks, so
     /// one first fit serves both.
-    chunks: Vec<(Place, u32)>,
+    chunks: Order,
     /// Each chunk's device segment, in the order of `chunks`.
     segments: Vec<Segment>,
     /// The position the next chunk gets.
@@ -278,7 +280,7 @@ impl ArenaPolicy {
         options.validate()?;
         Ok(ArenaPolicy {
             options,
-            chunks: Vec::new(),
+            chunks: Order::default(),
             segments: Vec::new(),
             next_position: 0,
             regions: Regions::default(),
@@ -357,15 +359,14 @@ impl ArenaPolicy {
                     i,
                     StreamArena {
                         stream,
-                        superblocks: Vec::new(),
+                        superblocks: Order::default(),
                     },
                 );
                 i
             }
         };
-        let superblocks = &mut self.arenas[i].superblocks;
-        let at = superblocks.partition_point(|&(p, _)| p < place);
-        superblocks.insert(at, (place, slot));
+        self.regions
+            .place_in(&mut self.arenas[i].superblocks, place, slot);
     }
 
     /// A superblock for `stream` holding a free range of `bytes`: the first orphan that
@@ -408,6 +409,7 @@ impl ArenaPolicy {
             place,
             holder: Holder::Orphan,
             free: FreeList::whole(place.1, superblock_bytes),
+            run: regions::NO_RUN,
         });
         self.hand_to(stream, place, slot);
         Ok(Some(slot))
@@ -423,13 +425,13 @@ impl ArenaPolicy {
     /// places to search (without a branch), and one loop searches either.
     #[inline(always)]
     fn first_fit_held(&mut self, stream: StreamId, bytes: u64) -> Option<(u64, u32)> {
-        let small: &[(Place, u32)] = match self.arena_index(stream) {
+        let small: &Order = match self.arena_index(stream) {
             Ok(i) => &self.arenas[i].superblocks,
-            Err(_) => &[],
+            Err(_) => &Order::EMPTY,
         };
         // Chosen by an index, not a branch (`black_box` keeps the compiler from
         // making it one again).
-        let lists = [small, &self.chunks[..]];
+        let lists = [small, &self.chunks];
         let large = std::hint::black_box(usize::from(bytes > self.options.threshold_bytes));
         let candidates = lists[large];
         self.regions
@@ -480,8 +482,8 @@ impl ArenaPolicy {
     /// wholly free chunk goes back to the device.
     fn defragment(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
         let superblock_bytes = self.options.superblock_bytes;
-        for arena in std::mem::take(&mut self.arenas) {
-            for (place, slot) in arena.superblocks {
+        for mut arena in std::mem::take(&mut self.arenas) {
+            for (place, slot) in self.regions.take_all(&mut arena.superblocks) {
                 let sb = self
                     .regions
                     .get(slot)
@@ -519,18 +521,19 @@ impl ArenaPolicy {
             place,
             holder: Holder::Chunk,
             free: FreeList::whole(base, size),
+            run: regions::NO_RUN,
         });
-        // Positions only grow: pushing keeps the chunks in arena order.
-        self.chunks.push((place, slot));
+        // Positions only grow: the chunk goes last.
+        self.regions.place_in(&mut self.chunks, place, slot);
         self.segments.push(segment);
         Ok(true)
     }
 
     /// Returns a range to the global arena: the chunk at `position`.
     fn global_free(&mut self, position: u64, addr: u64, len: u64) {
-        let i = self.chunks.partition_point(|&((p, _), _)| p < position);
-        let &((_, base), slot) = self
-            .chunks
+        let chunks = self.chunks.items();
+        let i = chunks.partition_point(|&((p, _), _)| p < position);
+        let &((_, base), slot) = chunks
             .get(i)
             .filter(|&&((p, _), _)| p == position)
             .expect("arena: freed range of no chunk");
@@ -546,8 +549,9 @@ impl ArenaPolicy {
     fn release_cached(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
         let superblock_bytes = self.options.superblock_bytes;
         for mut arena in std::mem::take(&mut self.arenas) {
-            let mut kept = Vec::with_capacity(arena.superblocks.len());
-            for (place, slot) in arena.superblocks {
+            let superblocks = self.regions.take_all(&mut arena.superblocks);
+            let mut kept = Vec::with_capacity(superblocks.len());
+            for (place, slot) in superblocks {
                 let sb = self
                     .regions
                     .get(slot)
@@ -559,7 +563,7 @@ impl ArenaPolicy {
                 }
             }
             if !kept.is_empty() {
-                arena.superblocks = kept;
+                self.regions.fill(&mut arena.superblocks, kept);
                 self.arenas.push(arena);
             }
         }
@@ -570,7 +574,7 @@ impl ArenaPolicy {
     fn release_free_chunks(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
         let mut i = 0;
         while i < self.chunks.len() {
-            let ((_, base), slot) = self.chunks[i];
+            let ((_, base), slot) = self.chunks.items()[i];
             let size = self.segments[i].size_bytes;
             let chunk = self
                 .regions
@@ -580,7 +584,7 @@ impl ArenaPolicy {
                 i += 1;
                 continue;
             }
-            self.chunks.remove(i);
+            self.regions.take_out(&mut self.chunks, i);
             self.regions.remove(slot);
             let segment = self.segments.remove(i);
             self.stats.reserved_bytes -= size;
@@ -761,6 +765,7 @@ impl Policy for ArenaPolicy {
         // Snapshots list segments in address order.
         let mut chunks: Vec<(&Region, u64)> = self
             .chunks
+            .items()
             .iter()
             .zip(&self.segments)
             .map(|(&(_, slot), segment)| {
@@ -862,7 +867,10 @@ impl Policy for ArenaPolicy {
             }
         }
         // Where each superblock is: its arena's list or the orphans, as it records.
-        self.regions.check("arena chunks and superblocks");
+        self.regions.check(
+            "arena chunks and superblocks",
+            std::iter::once(&self.chunks).chain(self.arenas.iter().map(|a| &a.superblocks)),
+        );
         assert!(
             self.arenas.windows(2).all(|w| w[0].stream < w[1].stream),
             "arena: stream arenas out of order"
@@ -874,10 +882,14 @@ impl Policy for ArenaPolicy {
                 "arena: empty stream arena kept"
             );
             assert!(
-                arena.superblocks.windows(2).all(|w| w[0].0 < w[1].0),
+                arena
+                    .superblocks
+                    .items()
+                    .windows(2)
+                    .all(|w| w[0].0 < w[1].0),
                 "arena: a stream's superblocks out of arena order"
             );
-            for &(place, slot) in &arena.superblocks {
+            for &(place, slot) in arena.superblocks.items() {
                 let sb = self
                     .regions
                     .get(slot)
@@ -915,6 +927,7 @@ impl Policy for ArenaPolicy {
             let (position, addr) = sb.place;
             let chunk = self
                 .chunks
+                .items()
                 .iter()
                 .position(|&((p, _), _)| p == position)
                 .expect("arena: superblock of no chunk");
@@ -947,7 +960,10 @@ impl Policy for ArenaPolicy {
         let mut reserved = 0u64;
         let mut placed = 0usize;
         assert!(
-            self.chunks.windows(2).all(|w| w[0].0 .0 < w[1].0 .0),
+            self.chunks
+                .items()
+                .windows(2)
+                .all(|w| w[0].0 .0 < w[1].0 .0),
             "arena: chunks out of arena order"
         );
         assert_eq!(
@@ -969,7 +985,7 @@ impl Policy for ArenaPolicy {
             bases.windows(2).all(|w| w[0] < w[1]),
             "arena: two chunks at one base address"
         );
-        for (&((position, base), slot), segment) in self.chunks.iter().zip(&self.segments) {
+        for (&((position, base), slot), segment) in self.chunks.items().iter().zip(&self.segments) {
             assert!(
                 position < self.next_position,
                 "arena: position from the future"

@@ -368,7 +368,8 @@ fn option_validation() {
 /// first fit over the superblocks' free blocks (the snapshot's, in address order: one
 /// chunk, so arena order) puts it: the superblocks passed over by their bound (at least
 /// their widest free range) are exactly those that cannot hold it, including bounds
-/// left high by carves and brought down by a search that failed.
+/// left high by carves and brought down by a search that failed, and the runs of 64
+/// superblocks passed over by theirs (raised by frees, brought down by a search).
 #[test]
 fn many_superblocks_take_the_first_that_fits() {
     let mut d = TestDevice::unbounded();
