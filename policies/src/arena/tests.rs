@@ -431,6 +431,83 @@ fn many_superblocks_take_the_first_that_fits() {
     p.check_invariants();
 }
 
+/// With hundreds of superblocks, so many runs of them, that `empty_cache` hands back
+/// and memory pressure gives to the global arena as orphans (the orders emptied and
+/// refilled), each small request still lands where first fit over its stream's
+/// superblocks puts it, and every order, run and bound stays sound.
+#[test]
+fn many_superblocks_survive_releases_and_defragmenting() {
+    // 64 superblocks of 64 KiB to a chunk (one run); three chunks at most.
+    let mut d = TestDevice::with_capacity(12 * MIB);
+    let mut p = ArenaPolicy::new(ArenaOptions {
+        superblock_bytes: 64 * KIB,
+        growth_bytes: 4 * MIB,
+        threshold_bytes: 32 * KIB,
+    })
+    .unwrap();
+    // First fit over the free blocks of stream 1's superblocks (orphans report stream 0).
+    let expected = |p: &ArenaPolicy, bytes: u64| -> Option<u64> {
+        let mut free: Vec<(u64, u64)> = p
+            .snapshot()
+            .iter()
+            .filter(|s| s.pool == "arena-superblock" && s.stream == StreamId(1))
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.state == BlockState::Free)
+            .map(|b| (b.addr.0, b.size_bytes))
+            .collect();
+        free.sort_unstable();
+        free.iter().find(|&&(_, len)| len >= bytes).map(|&(a, _)| a)
+    };
+    let mut live: Vec<Allocation> = Vec::new();
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (mut ooms, mut releases, mut superblocks_most) = (0, 0, 0);
+    for step in 0..9000 {
+        // Allocations outnumber frees two to one for 2000 steps, then the reverse for
+        // 1000, three times over: the live set grows past what the device holds.
+        let alloc = live.is_empty() || (next() % 3 != 0) == (step % 3000 < 2000);
+        if alloc {
+            let size = 256 + next() % (32 * KIB - 256);
+            let bytes = size.div_ceil(256) * 256;
+            let want = expected(&p, bytes);
+            match p.allocate(&mut d, on(1, size)) {
+                Ok(a) => {
+                    if let Some(want) = want {
+                        assert_eq!(a.addr.0, want, "step {step}: {bytes} bytes");
+                    }
+                    live.push(a);
+                }
+                Err(AllocError::OutOfMemory { .. }) => ooms += 1,
+                Err(e) => panic!("step {step}: {e:?}"),
+            }
+        } else {
+            let i = (next() % live.len() as u64) as usize;
+            let a = live.swap_remove(i);
+            p.free(&mut d, &a).unwrap();
+        }
+        if step % 1000 == 999 {
+            p.empty_cache(&mut d).unwrap();
+            releases += 1;
+        }
+        superblocks_most =
+            superblocks_most.max(p.arenas.first().map_or(0, |a| a.superblocks.len()));
+        if step % 250 == 0 {
+            p.check_invariants();
+        }
+    }
+    assert!(
+        superblocks_most > 2 * regions::RUN && ooms > 0 && releases > 0,
+        "{superblocks_most} superblocks at most, {ooms} out of memory"
+    );
+    check_against_device(&p, &d);
+    p.check_invariants();
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Alloc(u64, u64),
