@@ -77,6 +77,16 @@ impl FreeList {
         self.first_fitting(bytes).is_some()
     }
 
+    /// [`FreeList::fits`], bringing the bound down to the longest range when nothing
+    /// fits (as a failed [`FreeList::carve_first`] does).
+    pub(super) fn holds(&mut self, bytes: u64) -> bool {
+        if self.fits(bytes) {
+            return true;
+        }
+        self.bound = self.bound.min(self.scan_widest());
+        false
+    }
+
     /// At least the longest free range's length: nothing longer fits.
     #[inline]
     pub(super) fn bound(&self) -> u64 {

@@ -265,7 +265,7 @@ pub struct ArenaPolicy {
     /// Per-stream arenas, by stream. No empty arena is kept.
     arenas: Vec<StreamArena>,
     /// Orphan superblocks by place (arena order): their slots.
-    orphans: BTreeMap<Place, u32>,
+    orphans: Order,
     /// Live blocks; an allocation's `block` indexes it.
     live: Leases<u32>,
     stats: PolicyStats,
@@ -285,7 +285,7 @@ impl ArenaPolicy {
             next_position: 0,
             regions: Regions::default(),
             arenas: Vec::new(),
-            orphans: BTreeMap::new(),
+            orphans: Order::default(),
             live: Leases::default(),
             stats: PolicyStats::default(),
         })
@@ -380,24 +380,17 @@ impl ArenaPolicy {
         bytes: u64,
     ) -> Result<Option<u32>, DeviceError> {
         let superblock_bytes = self.options.superblock_bytes;
-        let orphan = self.orphans.iter().find(|(_, &slot)| {
-            self.regions
-                .get(slot)
-                .expect("arena: an orphan slot without its superblock")
-                .free
-                .fits(bytes)
-        });
-        let orphan = orphan.map(|(&place, &slot)| (place, slot));
+        let orphan = self.regions.first_holding(&self.orphans, bytes);
         let fresh = self.global_peek(superblock_bytes);
-        let place = match (orphan, fresh) {
-            (Some((o, slot)), Some(f)) if o < f => {
-                self.orphans.remove(&o);
-                self.hand_to(stream, o, slot);
-                return Ok(Some(slot));
-            }
-            (Some((o, slot)), None) => {
-                self.orphans.remove(&o);
-                self.hand_to(stream, o, slot);
+        let adopt = match (orphan, fresh) {
+            (Some(i), Some(f)) => self.orphans.items()[i].0 < f,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        let place = match orphan {
+            Some(i) if adopt => {
+                let (place, slot) = self.regions.take_out(&mut self.orphans, i);
+                self.hand_to(stream, place, slot);
                 return Ok(Some(slot));
             }
             _ => match self.global_allocate(device, superblock_bytes)? {
@@ -482,6 +475,7 @@ impl ArenaPolicy {
     /// wholly free chunk goes back to the device.
     fn defragment(&mut self, device: &mut dyn Device) -> Result<(), DeviceError> {
         let superblock_bytes = self.options.superblock_bytes;
+        let mut orphans = Vec::new();
         for mut arena in std::mem::take(&mut self.arenas) {
             for (place, slot) in self.regions.take_all(&mut arena.superblocks) {
                 let sb = self
@@ -492,10 +486,13 @@ impl ArenaPolicy {
                     self.dissolve(slot);
                 } else {
                     self.regions.set_holder(slot, Holder::Orphan);
-                    self.orphans.insert(place, slot);
+                    orphans.push((place, slot));
                 }
             }
         }
+        // Each stream's in arena order; places are distinct.
+        orphans.sort_unstable();
+        self.regions.merge_into(&mut self.orphans, orphans);
         self.release_free_chunks(device)
     }
 
@@ -709,9 +706,12 @@ impl Policy for ArenaPolicy {
                 .is_whole(region.place.1, self.options.superblock_bytes)
         {
             let place = region.place;
-            self.orphans
-                .remove(&place)
-                .expect("arena: an orphan superblock missing");
+            let i = self.orphans.items().partition_point(|&(p, _)| p < place);
+            assert!(
+                self.orphans.items().get(i) == Some(&(place, slot)),
+                "arena: an orphan superblock missing"
+            );
+            self.regions.take_out(&mut self.orphans, i);
             self.dissolve(slot);
         }
         Ok(())
@@ -869,7 +869,9 @@ impl Policy for ArenaPolicy {
         // Where each superblock is: its arena's list or the orphans, as it records.
         self.regions.check(
             "arena chunks and superblocks",
-            std::iter::once(&self.chunks).chain(self.arenas.iter().map(|a| &a.superblocks)),
+            [&self.chunks, &self.orphans]
+                .into_iter()
+                .chain(self.arenas.iter().map(|a| &a.superblocks)),
         );
         assert!(
             self.arenas.windows(2).all(|w| w[0].stream < w[1].stream),
@@ -902,7 +904,7 @@ impl Policy for ArenaPolicy {
                 listed += 1;
             }
         }
-        for (&place, &slot) in &self.orphans {
+        for &(place, slot) in self.orphans.items() {
             let sb = self
                 .regions
                 .get(slot)

@@ -112,15 +112,67 @@ impl Regions {
     pub(super) fn place_in(&mut self, order: &mut Order, place: Place, slot: u32) {
         let at = order.items.partition_point(|&(p, _)| p < place);
         order.items.insert(at, (place, slot));
-        self.regroup(order, at / RUN);
+        if order.runs.len() != runs_for(order.items.len()) {
+            self.regroup(order, at / RUN);
+            return;
+        }
+        // Each run from `at`'s on gains the region now at its front (`at`'s run the new
+        // one) and passes its last to the next run: each is raised by the one it gains
+        // (the bound of one that left is still an upper bound of those that stay).
+        for k in at / RUN..order.runs.len() {
+            self.join_run(order, k, if k == at / RUN { at } else { k * RUN });
+        }
     }
 
     /// Takes the `i`-th region out of `order`; its place and slot.
     pub(super) fn take_out(&mut self, order: &mut Order, i: usize) -> (Place, u32) {
         let (place, slot) = order.items.remove(i);
         self.region_mut(slot).run = NO_RUN;
-        self.regroup(order, i / RUN);
+        if order.runs.len() != runs_for(order.items.len()) {
+            self.regroup(order, i / RUN);
+            return (place, slot);
+        }
+        // Each run from `i`'s on gains the region now at its end, from the next run.
+        for k in i / RUN..order.runs.len() {
+            let last = (k + 1) * RUN - 1;
+            if last < order.items.len() {
+                self.join_run(order, k, last);
+            }
+        }
         (place, slot)
+    }
+
+    /// Makes the `i`-th region of `order` a member of its `k`-th run, raising the run's
+    /// bound by its own.
+    fn join_run(&mut self, order: &Order, k: usize, i: usize) {
+        let id = order.runs[k];
+        let slot = order.items[i].1;
+        self.region_mut(slot).run = id;
+        let bound = self.bound[slot as usize];
+        let run_bound = &mut self.run_bound[id as usize];
+        *run_bound = (*run_bound).max(bound);
+    }
+
+    /// Adds `items` (in arena order, none in an order) to `order`: one at a time when
+    /// they are few (a memory move and a region for each run after its place), else
+    /// in one pass over both (every region of the order touched twice).
+    pub(super) fn merge_into(&mut self, order: &mut Order, items: Vec<(Place, u32)>) {
+        if items.len() <= order.len() / RUN {
+            for (place, slot) in items {
+                self.place_in(order, place, slot);
+            }
+            return;
+        }
+        let held = self.take_all(order);
+        let mut merged = Vec::with_capacity(held.len() + items.len());
+        let (mut a, mut b) = (held.into_iter().peekable(), items.into_iter().peekable());
+        while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+            let next = if x.0 < y.0 { a.next() } else { b.next() };
+            merged.extend(next);
+        }
+        merged.extend(a);
+        merged.extend(b);
+        self.fill(order, merged);
     }
 
     /// Empties `order`; its regions, in arena order.
@@ -264,6 +316,51 @@ impl Regions {
                     return Some((place, addr, slot));
                 }
             }
+        }
+        None
+    }
+
+    /// The index in `order` of the first region (arena order) whose free list holds
+    /// `bytes` (nothing carved): runs and regions passed over by their bounds as in
+    /// [`Regions::first_fit_among`], and the bounds of those searched in vain brought
+    /// down as a failed first fit brings them.
+    pub(super) fn first_holding(&mut self, order: &Order, bytes: u64) -> Option<usize> {
+        if order.runs.is_empty() {
+            return self.first_holding_in(&order.items, 0, bytes);
+        }
+        for (k, (run, &id)) in order.items.chunks(RUN).zip(&order.runs).enumerate() {
+            if self.run_bound[id as usize] < bytes {
+                continue;
+            }
+            if let Some(i) = self.first_holding_in(run, k * RUN, bytes) {
+                return Some(i);
+            }
+            // Read through without a fit: every member's bound is now below `bytes`.
+            self.run_bound[id as usize] = bytes.saturating_sub(1);
+        }
+        None
+    }
+
+    /// [`Regions::first_holding`] over the regions of `run`, which starts at index
+    /// `start` of its order.
+    fn first_holding_in(
+        &mut self,
+        run: &[(Place, u32)],
+        start: usize,
+        bytes: u64,
+    ) -> Option<usize> {
+        for (i, &(_, slot)) in run.iter().enumerate() {
+            if self.bound[slot as usize] < bytes {
+                continue;
+            }
+            let region = self
+                .slab
+                .get_mut(slot)
+                .expect("arena: an order names an empty slot");
+            if region.free.holds(bytes) {
+                return Some(start + i);
+            }
+            self.bound[slot as usize] = region.free.bound();
         }
         None
     }
