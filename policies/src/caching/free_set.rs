@@ -749,13 +749,13 @@ impl FreeSet {
     }
 
     /// Every block in order (streams by their ids, `stream_ids` by slot), with its
-    /// stream's id.
+    /// stream's id: read as it goes (a release that looks at every free block of a
+    /// pool on each out-of-memory retry copies none of them).
     pub(super) fn iter<'a, N: NodeTable>(
         &'a self,
         nodes: &'a N,
         stream_ids: &[StreamId],
     ) -> impl Iterator<Item = (u64, Entry)> + 'a {
-        let mut all = Vec::new();
         let mut streams: Vec<(u64, &StreamBlocks)> = self
             .streams
             .iter()
@@ -763,26 +763,19 @@ impl FreeSet {
             .map(|(slot, s)| (stream_ids[slot].0, s))
             .collect();
         streams.sort_unstable_by_key(|&(id, _)| id);
-        for (stream, s) in streams {
-            let mut class = s.next_class(0);
-            while let Some(c) = class {
-                let mut cur = s.classes[c].head;
-                while cur != NIL {
-                    let (size, addr) = nodes.key(cur);
-                    all.push((
-                        stream,
-                        Entry {
-                            size,
-                            addr,
-                            id: cur,
-                        },
-                    ));
-                    cur = nodes.link(cur).next;
-                }
-                class = s.next_class(c + 1);
-            }
-        }
-        all.into_iter()
+        streams.into_iter().flat_map(move |(stream, s)| {
+            let classes = std::iter::successors(s.next_class(0), move |&c| s.next_class(c + 1));
+            classes.flat_map(move |c| {
+                let head = Some(s.classes[c].head).filter(|&id| id != NIL);
+                std::iter::successors(head, move |&id| {
+                    Some(nodes.link(id).next).filter(|&next| next != NIL)
+                })
+                .map(move |id| {
+                    let (size, addr) = nodes.key(id);
+                    (stream, Entry { size, addr, id })
+                })
+            })
+        })
     }
 
     /// The ids of every block, in order (`stream_ids`: as for [`FreeSet::iter`]).

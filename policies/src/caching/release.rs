@@ -120,10 +120,21 @@ impl CachingPolicy {
         owner: u32,
         pool_kind: PoolKind,
     ) -> Result<(), DeviceError> {
+        // Only these can be released: a whole segment (its block without neighbours,
+        // which releasing another whole one leaves so) or an expandable block. Picked
+        // while the set is read, so that a pool of many split blocks under repeated
+        // out-of-memory retries does not copy every id each time.
+        let releasable = |id: &u32| {
+            let b = self.blocks.live(*id);
+            b.expandable() || (b.prev == NIL && b.next == NIL)
+        };
         let ids: Vec<u32> = self
             .pool(owner, pool_kind)
             .blocks
-            .ids(&self.blocks, &self.streams);
+            .iter(&self.blocks, &self.streams)
+            .map(|(_, e)| e.id)
+            .filter(releasable)
+            .collect();
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = self.block(id);
