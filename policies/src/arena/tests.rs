@@ -364,6 +364,34 @@ fn option_validation() {
     assert!(PolicyConfig::new(ArenaOptions::default()).build().is_ok());
 }
 
+/// The free blocks of the snapshot's entries of `pool` and `stream`, as (address,
+/// size, the entry's address), by address.
+fn free_blocks(p: &ArenaPolicy, pool: &str, stream: u64) -> Vec<(u64, u64, u64)> {
+    let mut free: Vec<(u64, u64, u64)> = p
+        .snapshot()
+        .iter()
+        .filter(|s| s.pool == pool && s.stream == StreamId(stream))
+        .flat_map(|s| {
+            s.blocks
+                .iter()
+                .filter(|b| b.state == BlockState::Free)
+                .map(move |b| (b.addr.0, b.size_bytes, s.addr.0))
+        })
+        .collect();
+    free.sort_unstable();
+    free
+}
+
+/// A xorshift64 sequence from `seed` (not 0).
+fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 /// With hundreds of superblocks in one stream's arena, each small request lands where
 /// first fit over the superblocks' free blocks (the snapshot's, in address order: one
 /// chunk, so arena order) puts it: the superblocks passed over by their bound (at least
@@ -381,25 +409,13 @@ fn many_superblocks_take_the_first_that_fits() {
     .unwrap();
     // First fit over the free blocks of stream 0's superblocks, by address.
     let expected = |p: &ArenaPolicy, bytes: u64| -> Option<u64> {
-        let mut free: Vec<(u64, u64)> = p
-            .snapshot()
-            .iter()
-            .filter(|s| s.pool == "arena-superblock" && s.stream == StreamId(0))
-            .flat_map(|s| s.blocks.iter())
-            .filter(|b| b.state == BlockState::Free)
-            .map(|b| (b.addr.0, b.size_bytes))
-            .collect();
-        free.sort_unstable();
-        free.iter().find(|&&(_, len)| len >= bytes).map(|&(a, _)| a)
+        let free = free_blocks(p, "arena-superblock", 0);
+        free.iter()
+            .find(|&&(_, len, _)| len >= bytes)
+            .map(|&(a, _, _)| a)
     };
     let mut live: Vec<Allocation> = Vec::new();
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut next = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
     let mut superblocks_most = 0;
     for step in 0..6000 {
         // Allocations outnumber frees two to one until 3000 steps, then the reverse.
@@ -453,21 +469,7 @@ fn many_superblocks_survive_releases_and_defragmenting() {
     // holds a new superblock comes first (the device hands out ascending addresses, so
     // arena order is address order); else a new chunk (not predicted).
     let expected = |p: &ArenaPolicy, bytes: u64| -> Option<(u64, bool)> {
-        let snapshot = p.snapshot();
-        let free_of = |pool: &str, stream: u64| -> Vec<(u64, u64, u64)> {
-            let mut free: Vec<(u64, u64, u64)> = snapshot
-                .iter()
-                .filter(|s| s.pool == pool && s.stream == StreamId(stream))
-                .flat_map(|s| {
-                    s.blocks
-                        .iter()
-                        .filter(|b| b.state == BlockState::Free)
-                        .map(move |b| (b.addr.0, b.size_bytes, s.addr.0))
-                })
-                .collect();
-            free.sort_unstable();
-            free
-        };
+        let free_of = |pool: &str, stream: u64| free_blocks(p, pool, stream);
         let first = |free: &[(u64, u64, u64)], bytes: u64| {
             free.iter().find(|&&(_, len, _)| len >= bytes).copied()
         };
@@ -484,13 +486,7 @@ fn many_superblocks_survive_releases_and_defragmenting() {
         }
     };
     let mut live: Vec<Allocation> = Vec::new();
-    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-    let mut next = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x2545_f491_4f6c_dd1d);
     let (mut ooms, mut releases, mut superblocks_most, mut adopted) = (0, 0, 0, 0);
     for step in 0..9000 {
         // Allocations outnumber frees two to one for 2000 steps, then the reverse for
