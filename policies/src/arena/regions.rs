@@ -3,8 +3,8 @@
 //! [`FreeList`](super::free_list::FreeList)), so that first fit over a stream's
 //! superblocks (or the global arena's chunks) passes over those that cannot hold the
 //! request by one load each, in one array, instead of searching their lists; and the
-//! lists themselves ([`Order`]: a stream arena's superblocks, the global arena's chunks)
-//! in runs of [`RUN`], each run with an upper bound of its members' bounds, so that a
+//! lists themselves ([`Order`]: a stream arena's superblocks, the global arena's chunks,
+//! the orphan superblocks) in runs of [`RUN`], each run with an upper bound of its members' bounds, so that a
 //! search passes over a run that cannot hold the request by one load.
 //!
 //! RMM searches every superblock's list in turn; so did this policy, and a stream with
