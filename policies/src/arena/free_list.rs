@@ -72,19 +72,19 @@ impl FreeList {
     }
 
     /// Whether some free range holds `bytes` (RMM's `superblock::fits`).
-    #[inline]
+    #[cfg(test)]
     pub(super) fn fits(&self, bytes: u64) -> bool {
         self.first_fitting(bytes).is_some()
     }
 
-    /// [`FreeList::fits`], bringing the bound down to the longest range when nothing
+    /// [`FreeList::peek`], bringing the bound down to the longest range when nothing
     /// fits (as a failed [`FreeList::carve_first`] does).
-    pub(super) fn holds(&mut self, bytes: u64) -> bool {
-        if self.fits(bytes) {
-            return true;
+    pub(super) fn peek_lowering(&mut self, bytes: u64) -> Option<u64> {
+        let found = self.peek(bytes);
+        if found.is_none() {
+            self.bound = self.bound.min(self.scan_widest());
         }
-        self.bound = self.bound.min(self.scan_widest());
-        false
+        found
     }
 
     /// At least the longest free range's length: nothing longer fits.
