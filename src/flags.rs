@@ -355,6 +355,13 @@ pub struct ReplayArgs {
     /// Iterations left out of the steady state at the start (the first fills the cache).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub warmup: usize,
+    /// Read an RMM log on the replaying thread. By default an RMM log, whose reading
+    /// costs more than its replay, is read on a second thread while it replays, where
+    /// the process may use two cores or more (its CPU affinity and quota: `taskset -c
+    /// 3` gives it one); the results are the same either way. Other formats are read
+    /// on the replaying thread.
+    #[arg(long)]
+    pub one_thread: bool,
     #[command(flatten)]
     pub input: InputArgs,
     #[command(flatten)]

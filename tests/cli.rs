@@ -1,4 +1,4 @@
-use crate::util::{allocsim, root, stderr, stdout, TempDir};
+use crate::util::{allocsim, rmm_log_of, root, stderr, stdout, TempDir};
 
 /// Runs `allocsim replay` on a file with `text` and returns (exit code, stderr).
 fn replay_text(dir: &TempDir, name: &str, text: &str) -> (i32, String) {
@@ -1520,5 +1520,41 @@ fn help_says_which_commands_hold_whole_traces() {
         if command != "fidelity" {
             assert!(help.contains("bytes per event)"), "{command}: {help}");
         }
+    }
+}
+
+/// `replay` reading an RMM log on a second thread (the default where the process may
+/// use two cores, as on the test machines) prints what `--one-thread` prints, byte for
+/// byte: summaries, out-of-memory reports, and a bad line's error and exit code, on a
+/// log of several read-ahead chunks.
+#[test]
+fn replay_reads_ahead_with_the_same_output() {
+    let dir = TempDir::new("cli-read-ahead");
+    let csv = dir.path().join("t.csv");
+    let t = csv.to_str().unwrap();
+    let o = allocsim([
+        "generate", "random", "--seed", "4", "--events", "30000", "-o", t,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let log = dir.path().join("t.log");
+    rmm_log_of(&csv, &log);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[20_000] = "1,00:00:00.000000,free,0x1234,512,0x0";
+    let bad = dir.file("bad.log", &(lines.join("\n") + "\n"));
+    let (l, b) = (log.to_str().unwrap(), bad.to_str().unwrap());
+    let cases: [Vec<&str>; 5] = [
+        vec!["replay", l, "--policy", "caching", "--stats"],
+        vec!["replay", l, "--policy", "arena", "--capacity", "1GiB"],
+        vec!["replay", l, "--capacity", "1GiB", "--continue-after-oom"],
+        vec!["replay", l, "--policy", "immediate"],
+        vec!["replay", b],
+    ];
+    for case in cases {
+        let run = |extra: &[&str]| allocsim(case.iter().chain(extra));
+        let (two, one) = (run(&[]), run(&["--one-thread"]));
+        assert_eq!(stdout(&two), stdout(&one), "{case:?}");
+        assert_eq!(stderr(&two), stderr(&one), "{case:?}");
+        assert_eq!(two.status.code(), one.status.code(), "{case:?}");
     }
 }

@@ -3,14 +3,13 @@
 //! process runs) barely moves from a trace to one ten times as long, where a command
 //! that holds the trace grows by about 40 bytes per event.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::util::TempDir;
+use crate::util::{rmm_log_of, TempDir};
 
 /// Events of the short and the long trace.
 const SHORT: u64 = 30_000;
@@ -59,30 +58,6 @@ fn peak_kib_once<S: AsRef<OsStr>>(args: &[S]) -> Option<u64> {
     let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy()).collect();
     assert!(status.success(), "allocsim {} failed", shown.join(" "));
     peak
-}
-
-/// The CSV trace `csv` written as an RMM log (fake pointers, one per id).
-fn rmm_log_of(csv: &Path, out: &Path) {
-    let text = std::fs::read_to_string(csv).unwrap();
-    let mut log = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
-    let mut sizes = HashMap::new();
-    for line in text.lines().skip(1) {
-        let f: Vec<&str> = line.split(',').collect();
-        let id: u64 = f[1].parse().unwrap();
-        let ptr = 0x7f00_0000_0000u64 + (id << 12);
-        match f[0] {
-            "alloc" => {
-                sizes.insert(id, f[2].to_string());
-                writeln!(log, "1,00:00:00.000000,allocate,{ptr:#x},{},0x0", f[2]).unwrap();
-            }
-            "free" => {
-                let size = sizes.remove(&id).unwrap();
-                writeln!(log, "1,00:00:00.000000,free,{ptr:#x},{size},0x0").unwrap();
-            }
-            other => panic!("unexpected row {other}"),
-        }
-    }
-    std::fs::write(out, log).unwrap();
 }
 
 /// Each streamed command (`generate`, `replay` of a CSV trace and of an RMM log, a

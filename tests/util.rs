@@ -1,5 +1,7 @@
 //! Helpers shared by the integration tests.
 
+use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -108,4 +110,28 @@ pub fn mkfifo(path: &Path) {
         .status()
         .unwrap()
         .success());
+}
+
+/// The CSV trace `csv` written as an RMM log (fake pointers, one per id).
+pub fn rmm_log_of(csv: &Path, out: &Path) {
+    let text = std::fs::read_to_string(csv).unwrap();
+    let mut log = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    let mut sizes = HashMap::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let id: u64 = f[1].parse().unwrap();
+        let ptr = 0x7f00_0000_0000u64 + (id << 12);
+        match f[0] {
+            "alloc" => {
+                sizes.insert(id, f[2].to_string());
+                writeln!(log, "1,00:00:00.000000,allocate,{ptr:#x},{},0x0", f[2]).unwrap();
+            }
+            "free" => {
+                let size = sizes.remove(&id).unwrap();
+                writeln!(log, "1,00:00:00.000000,free,{ptr:#x},{size},0x0").unwrap();
+            }
+            other => panic!("unexpected row {other}"),
+        }
+    }
+    std::fs::write(out, log).unwrap();
 }

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use workloads::generate::Generator;
 
 use policies::{AsDynPolicy, Device, Policy};
+use workloads::ahead::ReadAhead;
 use workloads::csv::{CsvEvents, EventStream, Unstreamable};
 use workloads::rmm::RmmEvents;
 use workloads::validate::{validate, Severity};
@@ -75,6 +76,10 @@ pub struct LoadOptions {
     /// Ignore a recorded run's segment addresses (no hints: the simulated device's
     /// address model places every segment).
     pub no_recorded_addresses: bool,
+    /// Read a streamed RMM log on a second thread while the replay runs
+    /// ([`workloads::ahead::ReadAhead`]): the same events and results. (A CSV trace is
+    /// read on the replaying thread either way.)
+    pub read_ahead: bool,
 }
 
 /// A trace that cannot be replayed. One line naming the file and the place.
@@ -349,13 +354,23 @@ pub fn stream_replay<P: Policy + AsDynPolicy + ?Sized, O: Observer + ?Sized>(
 ) -> Result<Streamed, StreamError> {
     match streamed_format(path, options).map_err(StreamError::Read)? {
         Ok(Format::Csv) => {
+            // Read on this thread: its usual rows reach the engine from the branch that
+            // read their op, and a second thread was no faster end to end
+            // (docs/performance.md, "Reading ahead on a second thread").
             let events = CsvEvents::open(path).map_err(StreamError::Read)?;
             drive(events, options, policy, device, replay_options, observer)
         }
         Ok(Format::Rmm) => {
-            let events = RmmEvents::open(path).map_err(StreamError::Read)?;
+            let open = || RmmEvents::open(path).map_err(StreamError::Read);
             let policy = policy.as_dyn_mut();
-            drive(events, options, policy, device, replay_options, observer)
+            // Reading an RMM log costs more than replaying it: a second thread reads
+            // ahead where asked (and where it starts).
+            if options.read_ahead {
+                if let Ok(events) = ReadAhead::start(open()?) {
+                    return drive(events, options, policy, device, replay_options, observer);
+                }
+            }
+            drive(open()?, options, policy, device, replay_options, observer)
         }
         Ok(_) | Err(None) => Ok(Streamed::NeedsWholeTrace(None)),
         Err(Some(why)) => Ok(Streamed::NeedsWholeTrace(Some(why))),
@@ -685,19 +700,29 @@ mod tests {
         (dir, path)
     }
 
+    /// The file at `path` replayed as it is read under `policy` on a device of
+    /// `capacity` bytes, read on the replaying thread and on a second one (the same).
     fn stream(path: &Path, policy: &str, capacity: u64) -> Streamed {
-        let spec = policies::spec::parse_policy(policy, &Default::default()).unwrap();
-        let mut p = spec.config.build().unwrap();
-        let mut d = crate::SimDevice::new(SimDeviceOptions::default().with_capacity(capacity));
-        stream_replay(
-            path,
-            &LoadOptions::default(),
-            p.as_mut(),
-            &mut d,
-            &ReplayOptions::default(),
-            &mut (),
-        )
-        .unwrap()
+        let [one, two] = [false, true].map(|read_ahead| {
+            let spec = policies::spec::parse_policy(policy, &Default::default()).unwrap();
+            let mut p = spec.config.build().unwrap();
+            let mut d = crate::SimDevice::new(SimDeviceOptions::default().with_capacity(capacity));
+            let options = LoadOptions {
+                read_ahead,
+                ..LoadOptions::default()
+            };
+            stream_replay(
+                path,
+                &options,
+                p.as_mut(),
+                &mut d,
+                &ReplayOptions::default(),
+                &mut (),
+            )
+            .unwrap()
+        });
+        assert_eq!(format!("{one:?}"), format!("{two:?}"), "read ahead");
+        one
     }
 
     /// The file at `path` replayed as it is read gives the replay of `whole` (the same

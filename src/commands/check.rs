@@ -97,6 +97,7 @@ fn streamed(path: &Path, args: &CheckArgs) -> Option<u64> {
         snapshot_device: args.input.snapshot_device,
         lenient: false,
         no_recorded_addresses: false,
+        read_ahead: false,
     };
     match sim::inputs::streamed_format(path, &options).ok()?.ok()? {
         Format::Csv => clean(CsvEvents::open(path).ok()?),

@@ -253,7 +253,11 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     if !load::rereadable(&args.trace) {
         return Ok(None);
     }
-    let options = load::load_options(&args.input);
+    let mut options = load::load_options(&args.input);
+    // A second core, where the process may use one, reads an RMM log ahead of the
+    // replay.
+    options.read_ahead =
+        !args.one_thread && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
     // A timeline streams from a CSV trace only (below).
     if args.timeline.is_none() {
         let stage = Stage::start(format!("reading {} (first pass)", args.trace.display()));

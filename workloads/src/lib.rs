@@ -40,6 +40,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod ahead;
 pub mod csv;
 pub mod feed;
 mod format;
