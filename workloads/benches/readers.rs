@@ -9,8 +9,9 @@
 //! - snapshot pickle: `random_stress.pickle`, a real PyTorch 2.11 snapshot
 //!   (`read_snapshot_pickle`; `benches/snapshot.rs` measures a 512 MiB one);
 //! - RMM log: the same 100 000 events written as an RMM `logging_resource_adaptor` log,
-//!   each allocation at a fresh address, read whole (`read_rmm_from`) and streamed
-//!   (`RmmEvents`, what `allocsim replay` uses).
+//!   each allocation at a fresh address, read whole (`read_rmm_from`), streamed
+//!   (`RmmEvents`) and streamed on a second thread (`ReadAhead`, what `allocsim replay`
+//!   uses where it may use two cores).
 //!
 //! Run with `cargo bench -p workloads --bench readers`; figures in docs/performance.md.
 
@@ -103,6 +104,20 @@ fn bench_readers(c: &mut Criterion) {
         let n = events.by_ref().count();
         assert_eq!((n, events.stopped()), (t.events.len(), None));
     });
+    // The same, read on a second thread and taken on this one (`ReadAhead`, what
+    // `allocsim replay` does with a log where it may use two cores).
+    let shared: std::sync::Arc<[u8]> = rmm.clone().into();
+    bench(
+        BenchmarkId::new("rmm", "read_ahead"),
+        rmm.len(),
+        &mut || {
+            let reader = std::io::Cursor::new(std::sync::Arc::clone(&shared));
+            let events = workloads::rmm::RmmEvents::new(reader, name);
+            let mut ahead = workloads::ahead::ReadAhead::start(events).unwrap();
+            let n = ahead.by_ref().count();
+            assert_eq!((n, ahead.stopped()), (t.events.len(), None));
+        },
+    );
     bench(
         BenchmarkId::new("recorded_json", "gpt_train_small"),
         json.len(),
