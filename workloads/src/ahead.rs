@@ -54,7 +54,8 @@ pub struct ReadAhead {
     allocs_before: u64,
     /// The reader has ended, and why it stopped early if it did.
     ended: Option<Option<Unstreamable>>,
-    /// The trace without its events, from the reader before it started.
+    /// The trace without its events, from the reader before it started (a reader's
+    /// shell names the file and its format: reading does not change it).
     shell: Trace,
     /// Asks the reader to stop at its next chunk.
     stop: Arc<AtomicBool>,
