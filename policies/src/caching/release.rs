@@ -121,28 +121,23 @@ impl CachingPolicy {
         pool_kind: PoolKind,
     ) -> Result<(), DeviceError> {
         // Only these can be released: a whole segment (its block without neighbours,
-        // which releasing another whole one leaves so) or an expandable block. Picked
-        // while the set is read, so that a pool of many split blocks under repeated
-        // out-of-memory retries does not copy every id each time.
+        // which releasing another whole one leaves so) or an expandable block, unmapped
+        // after the whole segments are freed. Picked while the set is read, so that a
+        // pool of many split blocks under repeated out-of-memory retries does not copy
+        // every id each time.
         let releasable = |id: &u32| {
             let b = self.blocks.live(*id);
             b.expandable() || (b.prev == NIL && b.next == NIL)
         };
-        let ids: Vec<u32> = self
+        let (to_unmap, whole): (Vec<u32>, Vec<u32>) = self
             .pool(owner, pool_kind)
             .blocks
             .iter(&self.blocks, &self.streams)
             .map(|(_, e)| e.id)
             .filter(releasable)
-            .collect();
-        let mut to_unmap = Vec::new();
-        for id in ids {
-            let b = self.block(id);
-            if b.expandable() {
-                to_unmap.push(id);
-            } else if b.prev == NIL && b.next == NIL {
-                self.release_block(device, id)?;
-            }
+            .partition(|&id| self.blocks.live(id).expandable());
+        for id in whole {
+            self.release_block(device, id)?;
         }
         for id in to_unmap {
             self.unmap_block(device, id)?;
