@@ -41,7 +41,7 @@ pub fn load_options(input: &InputArgs) -> LoadOptions {
         snapshot_device: input.read.snapshot_device,
         lenient: input.lenient,
         no_recorded_addresses: input.no_recorded_addresses,
-        read_ahead: false,
+        ..LoadOptions::default()
     }
 }
 

@@ -145,7 +145,7 @@ impl Options {
             snapshot_device: self.device,
             lenient: self.lenient,
             no_recorded_addresses: self.no_recorded_addresses,
-            read_ahead: false,
+            ..LoadOptions::default()
         })
     }
 

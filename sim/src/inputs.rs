@@ -77,8 +77,9 @@ pub struct LoadOptions {
     /// address model places every segment).
     pub no_recorded_addresses: bool,
     /// Read a streamed RMM log on a second thread while the replay runs
-    /// ([`workloads::ahead::ReadAhead`]): the same events and results. (A CSV trace is
-    /// read on the replaying thread either way.)
+    /// ([`workloads::ahead::ReadAhead`]), where the process may use two cores or more
+    /// (its CPU affinity and quota): the same events and results. (A CSV trace is read
+    /// on the replaying thread either way.)
     pub read_ahead: bool,
 }
 
@@ -364,8 +365,9 @@ pub fn stream_replay<P: Policy + AsDynPolicy + ?Sized, O: Observer + ?Sized>(
             let open = || RmmEvents::open(path).map_err(StreamError::Read);
             let policy = policy.as_dyn_mut();
             // Reading an RMM log costs more than replaying it: a second thread reads
-            // ahead where asked (and where it starts).
-            if options.read_ahead {
+            // ahead where asked, where there is a second core, and where it starts.
+            let cores = || std::thread::available_parallelism().map_or(1, |n| n.get());
+            if options.read_ahead && cores() > 1 {
                 if let Ok(events) = ReadAhead::start(open()?) {
                     return drive(events, options, policy, device, replay_options, observer);
                 }

@@ -95,9 +95,7 @@ fn streamed(path: &Path, args: &CheckArgs) -> Option<u64> {
     let options = sim::inputs::LoadOptions {
         format: args.input.trace_format,
         snapshot_device: args.input.snapshot_device,
-        lenient: false,
-        no_recorded_addresses: false,
-        read_ahead: false,
+        ..sim::inputs::LoadOptions::default()
     };
     match sim::inputs::streamed_format(path, &options).ok()?.ok()? {
         Format::Csv => clean(CsvEvents::open(path).ok()?),

@@ -256,8 +256,7 @@ fn streamed(args: &ReplayArgs, setup: &load::DeviceSetup) -> anyhow::Result<Opti
     let mut options = load::load_options(&args.input);
     // A second core, where the process may use one, reads an RMM log ahead of the
     // replay.
-    options.read_ahead =
-        !args.one_thread && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    options.read_ahead = !args.one_thread;
     // A timeline streams from a CSV trace only (below).
     if args.timeline.is_none() {
         let stage = Stage::start(format!("reading {} (first pass)", args.trace.display()));
