@@ -274,7 +274,10 @@ impl Regions {
 
     /// The address first fit would carve for `bytes` in the region in `slot`, without
     /// carving it; none where the list's bound is below `bytes`, and a search that finds
-    /// none brings the bound down (as in [`Regions::first_fit`]).
+    /// none brings the bound down (as in [`Regions::first_fit`], whose body this repeats
+    /// with another search of the list: through one body taking the search as a
+    /// closure, the dense benchmark trace ran 10 more instructions an event under
+    /// arena, 412.5 → 422.5 M at 10⁶ events).
     fn peek(&mut self, slot: u32, bytes: u64) -> Option<u64> {
         let region = self
             .slab
