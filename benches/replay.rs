@@ -3,8 +3,11 @@
 //! traces held in memory (reading files is not measured): group `replay`, sizes from
 //! 512 B to 256 MiB (segments created and released, both pools, oversize blocks), and
 //! group `replay_small`, sizes from 1 B to 1 MiB (the small pool's hot path: cached blocks
-//! found, split and merged, few new segments). Figures and the machine they came from
-//! are recorded in docs/performance.md.
+//! found, split and merged, few new segments), and group `replay_pressure`, the caching
+//! policy on a 512 MiB device that runs out of memory about 3 500 times (long-lived
+//! allocations of 1 B to 1 MiB, replayed on past each out-of-memory: each one's retry
+//! releases the cache, whose cost once grew with every free block of the pool). Figures
+//! and the machine they came from are recorded in docs/performance.md.
 //!
 //! Run with `cargo bench --bench replay`.
 
@@ -39,12 +42,49 @@ fn bench_replay(c: &mut Criterion) {
         &CachingDefaults::default(),
     )
     .unwrap();
+    let device = SimDeviceOptions::default();
+    let replay = ReplayOptions::default();
     for (name, trace) in [("replay", &wide), ("replay_small", &small)] {
-        bench_group(c, name, trace, &specs);
+        bench_group(c, name, trace, &specs, &device, &replay);
     }
+    let pressed = random(&RandomOptions {
+        seed: 3,
+        events: 200_000,
+        streams: 2,
+        mean_lifetime_events: 20_000.0,
+        sizes: SizeDistribution::LogUniform {
+            min_bytes: 1,
+            max_bytes: 1 << 20,
+        },
+        ..RandomOptions::default()
+    })
+    .unwrap();
+    let caching = parse_policy_list(
+        "caching,caching:expandable_segments=True",
+        &CachingDefaults::default(),
+    )
+    .unwrap();
+    bench_group(
+        c,
+        "replay_pressure",
+        &pressed,
+        &caching,
+        &SimDeviceOptions::default().with_capacity(512 << 20),
+        &ReplayOptions {
+            continue_after_oom: true,
+            ..ReplayOptions::default()
+        },
+    );
 }
 
-fn bench_group(c: &mut Criterion, name: &str, trace: &Trace, specs: &[PolicySpec]) {
+fn bench_group(
+    c: &mut Criterion,
+    name: &str,
+    trace: &Trace,
+    specs: &[PolicySpec],
+    device: &SimDeviceOptions,
+    options: &ReplayOptions,
+) {
     let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(trace.events.len() as u64));
     group.sample_size(20);
@@ -55,14 +95,8 @@ fn bench_group(c: &mut Criterion, name: &str, trace: &Trace, specs: &[PolicySpec
             |b, config| {
                 b.iter(|| {
                     let mut policy = config.build().unwrap();
-                    let mut device = SimDevice::new(SimDeviceOptions::default());
-                    sim::replay(
-                        trace,
-                        policy.as_mut(),
-                        &mut device,
-                        &ReplayOptions::default(),
-                    )
-                    .unwrap()
+                    let mut device = SimDevice::new(device.clone());
+                    sim::replay(trace, policy.as_mut(), &mut device, options).unwrap()
                 })
             },
         );

@@ -445,6 +445,15 @@ impl CachingPolicy {
         let max_split = self.config.max_split_size_bytes;
         let stream_slot = self.stream_slot(stream);
         let split = pieces.len() > 1;
+        let release = if expandable {
+            self.expandables[segment as usize]
+                .as_ref()
+                .expect("an adopted expandable segment")
+                .page_bytes
+        } else {
+            pieces.iter().map(|p| p.size).sum()
+        };
+        self.pool_mut(owner, pool).got_segment(release);
         let mut prev = NIL;
         let mut ids = Vec::with_capacity(pieces.len());
         for p in &pieces {

@@ -117,6 +117,7 @@ impl CachingPolicy {
         let id = self.insert_block(Block::whole(
             addr, va_size, slot, pool_kind, owner, es, true, false,
         ));
+        self.pool_mut(owner, pool_kind).got_segment(page_bytes);
         self.pool_mut(owner, pool_kind)
             .unmapped
             .insert((stream.0, addr), id);

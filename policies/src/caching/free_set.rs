@@ -756,6 +756,18 @@ impl FreeSet {
         nodes: &'a N,
         stream_ids: &[StreamId],
     ) -> impl Iterator<Item = (u64, Entry)> + 'a {
+        self.iter_from(nodes, stream_ids, 0)
+    }
+
+    /// [`FreeSet::iter`] without the blocks smaller than `min_size`: each stream's
+    /// blocks from its first of at least `min_size` bytes, found as
+    /// [`FreeSet::first_at_least`] finds it.
+    pub(super) fn iter_from<'a, N: NodeTable>(
+        &'a self,
+        nodes: &'a N,
+        stream_ids: &[StreamId],
+        min_size: u64,
+    ) -> impl Iterator<Item = (u64, Entry)> + 'a {
         let mut streams: Vec<(u64, &StreamBlocks)> = self
             .streams
             .iter()
@@ -764,23 +776,14 @@ impl FreeSet {
             .collect();
         streams.sort_unstable_by_key(|&(id, _)| id);
         streams.into_iter().flat_map(move |(stream, s)| {
-            let classes = std::iter::successors(s.next_class(0), move |&c| s.next_class(c + 1));
-            classes.flat_map(move |c| {
-                let head = Some(s.classes[c].head).filter(|&id| id != NIL);
-                std::iter::successors(head, move |&id| {
-                    Some(nodes.link(id).next).filter(|&next| next != NIL)
-                })
-                .map(move |id| {
-                    let (size, addr) = nodes.key(id);
-                    (stream, Entry { size, addr, id })
-                })
+            std::iter::successors(s.first_from(nodes, (min_size, 0)), move |&id| {
+                s.after(nodes, id)
+            })
+            .map(move |id| {
+                let (size, addr) = nodes.key(id);
+                (stream, Entry { size, addr, id })
             })
         })
-    }
-
-    /// The ids of every block, in order (`stream_ids`: as for [`FreeSet::iter`]).
-    pub(super) fn ids(&self, nodes: &impl NodeTable, stream_ids: &[StreamId]) -> Vec<u32> {
-        self.iter(nodes, stream_ids).map(|(_, e)| e.id).collect()
     }
 }
 
@@ -855,6 +858,7 @@ mod tests {
         Remove(usize),
         FirstAtLeast(u32, u64),
         LastBelow(u32, u64),
+        WalkFrom(u64),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -870,13 +874,15 @@ mod tests {
             4 => crowded,
             3 => any::<usize>().prop_map(Op::Remove),
             2 => (0u32..4, size.clone()).prop_map(|(s, z)| Op::FirstAtLeast(s, z)),
-            2 => (0u32..4, size).prop_map(|(s, z)| Op::LastBelow(s, z)),
+            2 => (0u32..4, size.clone()).prop_map(|(s, z)| Op::LastBelow(s, z)),
+            2 => size.prop_map(Op::WalkFrom),
         ]
     }
 
     proptest! {
         /// The free set agrees with an ordered map of (stream, size, address) on every
-        /// insert, removal, lookup and walk in either direction.
+        /// insert, removal, lookup, walk in either direction and walk of the blocks of
+        /// at least a size.
         #[test]
         fn agrees_with_an_ordered_map(ops in proptest::collection::vec(op(), 1..600)) {
             let mut set = FreeSet::default();
@@ -932,6 +938,18 @@ mod tests {
                         let want: Vec<_> = model
                             .range((s, 0, 0)..(s, z, 0))
                             .rev()
+                            .map(|(k, v)| (*k, *v))
+                            .collect();
+                        prop_assert_eq!(got, want);
+                    }
+                    Op::WalkFrom(z) => {
+                        let got: Vec<_> = set
+                            .iter_from(&nodes, &ids(), z)
+                            .map(|(s, e)| ((s as u32, e.size, e.addr), e.id))
+                            .collect();
+                        let want: Vec<_> = model
+                            .iter()
+                            .filter(|(k, _)| k.1 >= z)
                             .map(|(k, v)| (*k, *v))
                             .collect();
                         prop_assert_eq!(got, want);

@@ -28,6 +28,24 @@ impl CachingPolicy {
                 b.state == State::Free && b.mapped(),
                 "a block is in a free set exactly while it is free and mapped"
             );
+            // The cache releases read no free block below the pool's bound: none there
+            // is a whole segment, and none covers an expandable segment's page.
+            let bound = self.pool(b.owner, b.pool()).smallest_release;
+            let least = if b.expandable() {
+                self.expandables[b.segment as usize]
+                    .as_ref()
+                    .expect("a block of a dead expandable segment")
+                    .page_bytes
+            } else if b.prev == NIL && b.next == NIL {
+                b.size
+            } else {
+                u64::MAX
+            };
+            assert!(
+                least >= bound,
+                "a block that a cache release could give back ({least} bytes at once) \
+                 below its pool's bound, {bound}: the releases would pass over it"
+            );
             assert!(
                 b.size > 0 && b.size % MIN_BLOCK_BYTES == 0,
                 "block size {} not a positive multiple of 512",

@@ -347,6 +347,7 @@ impl CachingPolicy {
         let slot = self.segments.insert(segment);
         self.total_allocated += size;
         self.count_pool_segment(a.owner, true, false);
+        self.pool_mut(a.owner, a.pool).got_segment(size);
         let id = self.insert_block(Block::whole(
             addr, size, a.slot, a.pool, a.owner, slot, false, true,
         ));

@@ -316,7 +316,7 @@ impl free_set::NodeTable for DenseSlab<Block> {
 type AddrKey = (u64, u64);
 
 /// One pool's free blocks: PyTorch's `BlockPool`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct BlockPool {
     /// Free mapped blocks by (stream, size, address).
     blocks: free_set::FreeSet,
@@ -324,6 +324,39 @@ struct BlockPool {
     unmapped: BTreeMap<AddrKey, u32>,
     /// `get_free_block` calls while garbage collection is on: the clock of block ages.
     get_free_blocks_call_count: u64,
+    /// The least memory a cache release can give back at once in this pool, over every
+    /// segment it ever got: a segment's size, or an expandable segment's page (`u64::MAX`:
+    /// no segment yet). A release frees whole segments, whose one block is the
+    /// segment's size, and unmaps the pages that free blocks of expandable segments
+    /// cover whole, so it passes over the free blocks smaller than this: a pool of many
+    /// split blocks under repeated out-of-memory retries reads only those that may give
+    /// memory back.
+    smallest_release: u64,
+}
+
+impl Default for BlockPool {
+    fn default() -> Self {
+        BlockPool {
+            blocks: free_set::FreeSet::default(),
+            unmapped: BTreeMap::new(),
+            get_free_blocks_call_count: 0,
+            smallest_release: u64::MAX,
+        }
+    }
+}
+
+impl BlockPool {
+    /// A segment joins the pool: `release` is its size, or an expandable segment's
+    /// page size (see [`BlockPool::smallest_release`]).
+    fn got_segment(&mut self, release: u64) {
+        self.smallest_release = self.smallest_release.min(release);
+    }
+
+    /// The smallest free block a cache release must read: a smaller one is no whole
+    /// segment and covers no page of an expandable one.
+    fn releasable_from(&self) -> u64 {
+        self.smallest_release
+    }
 }
 
 /// The small and large pool of one owner (the default pools, or a private pool).

@@ -122,17 +122,19 @@ impl CachingPolicy {
     ) -> Result<(), DeviceError> {
         // Only these can be released: a whole segment (its block without neighbours,
         // which releasing another whole one leaves so) or an expandable block, unmapped
-        // after the whole segments are freed. Picked while the set is read, so that a
-        // pool of many split blocks under repeated out-of-memory retries does not copy
-        // every id each time.
+        // after the whole segments are freed. Picked while the set is read, from the
+        // least that a release can give back in the pool up (`BlockPool::
+        // smallest_release`: a smaller block is neither a whole segment nor covers a
+        // page), so that a pool of many split blocks under repeated out-of-memory
+        // retries neither copies nor reads every block each time.
         let releasable = |id: &u32| {
             let b = self.blocks.live(*id);
             b.expandable() || (b.prev == NIL && b.next == NIL)
         };
-        let (to_unmap, whole): (Vec<u32>, Vec<u32>) = self
-            .pool(owner, pool_kind)
+        let pool = self.pool(owner, pool_kind);
+        let (to_unmap, whole): (Vec<u32>, Vec<u32>) = pool
             .blocks
-            .iter(&self.blocks, &self.streams)
+            .iter_from(&self.blocks, &self.streams, pool.releasable_from())
             .map(|(_, e)| e.id)
             .filter(releasable)
             .partition(|&id| self.blocks.live(id).expandable());
@@ -187,9 +189,16 @@ impl CachingPolicy {
         }
         let target = self.total_allocated - gc_threshold;
         let clock = self.pools[0].large.get_free_blocks_call_count;
+        // Only unsplit blocks count, and none is smaller than the least a release can
+        // give back (`BlockPool::smallest_release`).
+        let from = self.pools[0].large.releasable_from();
         let mut total_age = 0u64;
         let mut freeable = 0u64;
-        for (_, entry) in self.pools[0].large.blocks.iter(&self.blocks, &self.streams) {
+        for (_, entry) in self.pools[0]
+            .large
+            .blocks
+            .iter_from(&self.blocks, &self.streams, from)
+        {
             let id = entry.id;
             if !self.is_split(id) {
                 total_age += clock - self.block(id).stamp;
@@ -204,7 +213,12 @@ impl CachingPolicy {
         while reclaimed < target && block_freed && freeable > 0 {
             let age_threshold = total_age as f64 / freeable as f64;
             block_freed = false;
-            let ids: Vec<u32> = self.pools[0].large.blocks.ids(&self.blocks, &self.streams);
+            let ids: Vec<u32> = self.pools[0]
+                .large
+                .blocks
+                .iter_from(&self.blocks, &self.streams, from)
+                .map(|(_, e)| e.id)
+                .collect();
             for id in ids {
                 let b = self.block(id);
                 let age = clock - b.stamp;
