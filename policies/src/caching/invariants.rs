@@ -12,6 +12,22 @@ impl CachingPolicy {
         let mut unmapped = 0usize;
         let mut reserved = 0u64;
         self.blocks.check("caching blocks");
+        if self.streams.len() > SCANNED_STREAMS {
+            assert_eq!(
+                self.stream_slots.len(),
+                self.streams.len(),
+                "the stream map misses streams"
+            );
+            for (slot, stream) in self.streams.iter().enumerate() {
+                assert_eq!(
+                    self.stream_slots.get(stream),
+                    Some(&(slot as u32)),
+                    "the stream map gives another slot"
+                );
+            }
+        } else {
+            assert!(self.stream_slots.is_empty(), "a stream map for few streams");
+        }
         assert_eq!(
             self.power2_divisions,
             CachingPolicy::rounds_to_divisions(&self.config),

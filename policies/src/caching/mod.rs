@@ -85,8 +85,14 @@ use crate::slab::{DenseSlab, Slab, Vacancy};
 
 const NIL: u32 = u32::MAX;
 
-/// Up to this many streams, [`CachingPolicy::stream_slot`] scans them all.
+/// Up to this many streams, [`CachingPolicy::stream_slot`] scans them all without a
+/// branch per stream.
 const FEW_STREAMS: usize = 8;
+
+/// Up to this many streams, [`CachingPolicy::stream_slot`] scans them until it finds
+/// the stream; past it, it looks the stream up in a hashed map (a scan of a thousand
+/// streams on every request was most of a replay's time).
+const SCANNED_STREAMS: usize = 64;
 
 /// `if cond { a } else { b }` by a mask, not a branch: for choices that follow the
 /// trace's data (a small or a large request, a neighbour or none), which a branch
@@ -454,6 +460,9 @@ pub struct CachingPolicy {
     /// The streams seen, in the order they came: a block keeps its stream's slot here
     /// (see [`CachingPolicy::stream_slot`]).
     streams: Vec<StreamId>,
+    /// Each stream's slot in `streams`, kept once there are more than
+    /// [`SCANNED_STREAMS`] (empty before).
+    stream_slots: std::collections::HashMap<StreamId, u32, foldhash::fast::RandomState>,
     /// Free blocks by owner: slot 0 the default pools, then one pair per private pool
     /// ever created (slots are not reused).
     pools: Vec<PoolPair>,
@@ -526,6 +535,7 @@ impl CachingPolicy {
             active_mirrors_allocation: true,
             blocks: DenseSlab::default(),
             streams: Vec::new(),
+            stream_slots: Default::default(),
             pools: vec![PoolPair::default()],
             private: BTreeMap::new(),
             freeable: BTreeSet::new(),
@@ -745,8 +755,12 @@ impl CachingPolicy {
             if found != NIL {
                 return found;
             }
-        } else if let Some(i) = self.streams.iter().position(|&s| s == stream) {
-            return i as u32;
+        } else if self.streams.len() <= SCANNED_STREAMS {
+            if let Some(i) = self.streams.iter().position(|&s| s == stream) {
+                return i as u32;
+            }
+        } else if let Some(&i) = self.stream_slots.get(&stream) {
+            return i;
         }
         self.add_stream(stream)
     }
@@ -754,7 +768,16 @@ impl CachingPolicy {
     #[inline(never)]
     fn add_stream(&mut self, stream: StreamId) -> u32 {
         self.streams.push(stream);
-        u32::try_from(self.streams.len() - 1).expect("more than 4 billion streams")
+        let slot = u32::try_from(self.streams.len() - 1).expect("more than 4 billion streams");
+        if self.streams.len() > SCANNED_STREAMS {
+            if self.stream_slots.is_empty() {
+                // The map starts with the streams scanned until now.
+                self.stream_slots = self.streams.iter().zip(0..).map(|(&s, i)| (s, i)).collect();
+            } else {
+                self.stream_slots.insert(stream, slot);
+            }
+        }
+        slot
     }
 
     /// The stream whose slot is `slot`.
