@@ -7,7 +7,10 @@
 //! policy on a 512 MiB device that runs out of memory about 3 500 times (long-lived
 //! allocations of 1 B to 1 MiB, replayed on past each out-of-memory: each one's retry
 //! releases the cache, whose cost once grew with every free block of the pool). Figures
-//! and the machine they came from are recorded in docs/performance.md.
+//! and the machine they came from are recorded in docs/performance.md. Group
+//! `replay_many`: `immediate` with about 5 000 allocations of 2 to 8 MiB live on a 1 TiB
+//! device (as many segments, each placed by the simulated driver's address model), and
+//! `caching` on 1 024 streams (each request finds its stream's slot).
 //!
 //! Run with `cargo bench --bench replay`.
 
@@ -64,6 +67,42 @@ fn bench_replay(c: &mut Criterion) {
         &CachingDefaults::default(),
     )
     .unwrap();
+    let many_segments = random(&RandomOptions {
+        seed: 1,
+        events: 200_000,
+        mean_lifetime_events: 10_000.0,
+        sizes: SizeDistribution::LogUniform {
+            min_bytes: 2 << 20,
+            max_bytes: 8 << 20,
+        },
+        ..RandomOptions::default()
+    })
+    .unwrap();
+    let many_streams = random(&RandomOptions {
+        seed: 2,
+        events: 200_000,
+        streams: 1024,
+        ..RandomOptions::default()
+    })
+    .unwrap();
+    let tera = SimDeviceOptions::default().with_capacity(1 << 40);
+    for (label, trace, policy, device) in [
+        ("immediate/5000-segments", &many_segments, "immediate", &tera),
+        ("caching/1024-streams", &many_streams, "caching", &device),
+    ] {
+        let spec = &parse_policy_list(policy, &CachingDefaults::default()).unwrap()[0];
+        let mut group = c.benchmark_group("replay_many");
+        group.throughput(Throughput::Elements(trace.events.len() as u64));
+        group.sample_size(20);
+        group.bench_function(label, |b| {
+            b.iter(|| {
+                let mut policy = spec.config.build().unwrap();
+                let mut device = SimDevice::new(device.clone());
+                sim::replay(trace, policy.as_mut(), &mut device, &replay).unwrap()
+            })
+        });
+        group.finish();
+    }
     bench_group(
         c,
         "replay_pressure",
