@@ -87,7 +87,12 @@ fn bench_replay(c: &mut Criterion) {
     .unwrap();
     let tera = SimDeviceOptions::default().with_capacity(1 << 40);
     for (label, trace, policy, device) in [
-        ("immediate/5000-segments", &many_segments, "immediate", &tera),
+        (
+            "immediate/5000-segments",
+            &many_segments,
+            "immediate",
+            &tera,
+        ),
         ("caching/1024-streams", &many_streams, "caching", &device),
     ] {
         let spec = &parse_policy_list(policy, &CachingDefaults::default()).unwrap()[0];

@@ -136,6 +136,34 @@ fn no_cross_stream_reuse() {
     p.check_invariants();
 }
 
+/// With more streams than are scanned (the slots then come from a map), each stream
+/// still gets back the block it freed, at its address, and no other stream's.
+#[test]
+fn many_streams_reuse_their_own_blocks() {
+    let mut d = TestDevice::unbounded();
+    let mut p = CachingPolicy::default();
+    let streams = (SCANNED_STREAMS as u64) * 3;
+    let first: Vec<Allocation> = (0..streams)
+        .map(|s| p.allocate(&mut d, on(1000 + s, 4 * MIB)).unwrap())
+        .collect();
+    p.check_invariants();
+    for a in &first {
+        p.free(&mut d, a).unwrap();
+    }
+    let reserved = p.stats().reserved_bytes;
+    // In another order: a slot handed to the wrong stream would give it another
+    // stream's block (or none cached, and a new segment).
+    for s in (0..streams).rev() {
+        let b = p.allocate(&mut d, on(1000 + s, 4 * MIB)).unwrap();
+        assert_eq!(
+            b.addr, first[s as usize].addr,
+            "stream {s} got another block"
+        );
+    }
+    assert_eq!(p.stats().reserved_bytes, reserved, "no new segment");
+    p.check_invariants();
+}
+
 /// A large remainder of exactly 1 MiB stays attached; small remainders of 512 B split.
 #[test]
 fn split_thresholds() {
