@@ -621,12 +621,13 @@ impl VaSpace {
     /// Frees a placement; a chunk left empty becomes a hole. A placement no longer
     /// there is ignored.
     pub fn release(&mut self, placed: Placed) {
+        let bounded = self.bounded();
         let Some(Some(chunk)) = self.chunks.get_mut(placed.chunk as usize) else {
             return;
         };
         chunk.forget(placed.addr);
         if !chunk.live.is_empty() {
-            if self.order.len() > RUN {
+            if bounded {
                 // Room again: the bound goes back up to the chunk's free bytes.
                 let (pos, room) = (chunk.pos as usize, chunk.room());
                 self.room[pos] = room;
