@@ -478,10 +478,19 @@ impl VaSpace {
         // (perhaps shorter): then any span may fit.
         if !chunk.disjoint && bounded {
             let pos = chunk.pos as usize;
-            self.room[pos] = u64::MAX;
-            self.run_room[pos / RUN] = u64::MAX;
+            self.reset_bound(pos, u64::MAX);
         }
         Placed { addr, chunk: slot }
+    }
+
+    /// The bound of the chunk at `pos` in `order` becomes `room`, a fresh upper bound
+    /// of the span it has room for (which may be above the old one), and its run's rises
+    /// to it. Only while the bounds are kept.
+    #[inline(always)]
+    fn reset_bound(&mut self, pos: usize, room: u64) {
+        self.room[pos] = room;
+        let run = &mut self.run_room[pos / RUN];
+        *run = (*run).max(room);
     }
 
     /// Removes `[lo, hi)` from the holes (a chunk now covers it): the holes below `hi`,
@@ -516,7 +525,7 @@ impl VaSpace {
         let found = if self.bounded() {
             self.place_in_chunks(span)
         } else {
-            // Few chunks: each is read.
+            // Few chunks: each is read (a dropped chunk's gap, `NO_CHUNK`, is no slot).
             let chunks = &mut self.chunks;
             self.order.iter().rev().find_map(|&slot| {
                 let chunk = chunks.get_mut(slot as usize)?.as_mut()?;
@@ -630,9 +639,7 @@ impl VaSpace {
             if bounded {
                 // Room again: the bound goes back up to the chunk's free bytes.
                 let (pos, room) = (chunk.pos as usize, chunk.room());
-                self.room[pos] = room;
-                let run = &mut self.run_room[pos / RUN];
-                *run = (*run).max(room);
+                self.reset_bound(pos, room);
             }
             return;
         }
