@@ -55,6 +55,16 @@ fn remove_at<T>(v: &mut Vec<T>, i: usize) -> T {
     }
 }
 
+/// A page bitmap of a chunk ([`Chunk::occupied`]).
+type Pages = u128;
+
+/// Pages of [`PLACEMENT_ALIGN_BYTES`] a chunk can hold and still be kept as a page
+/// bitmap ([`Chunk::occupied`]): 128, a [`Pages`]' bits (256 MiB).
+const BITMAP_PAGES: u64 = Pages::BITS as u64;
+
+/// log2 of [`PLACEMENT_ALIGN_BYTES`].
+const PAGE_SHIFT: u32 = PLACEMENT_ALIGN_BYTES.trailing_zeros();
+
 #[derive(Clone, Debug)]
 struct Chunk {
     base: u64,
@@ -62,7 +72,23 @@ struct Chunk {
     /// Its place in [`VaSpace::order`] (creation order: chunks are searched newest
     /// first).
     pos: u32,
-    /// Live placements as (address, end), sorted by address.
+    /// Whether the placements are kept as page bitmaps (`occupied`, `starts`), not in
+    /// `live`: while the chunk starts on a page, holds at most [`BITMAP_PAGES`] pages
+    /// and every placement covers whole pages without overlapping another (what
+    /// [`VaSpace::place`] makes). A recorded placement that is not so turns the chunk
+    /// to `live` for good. A bitmap finds the lowest run of free pages with a few
+    /// shifts and masks, where `live` is walked placement by placement with a branch
+    /// on each (most of the address model's mispredicted branches).
+    paged: bool,
+    /// While `paged`: the pages live placements cover (bit `i`: the page at
+    /// `base + i` pages).
+    occupied: Pages,
+    /// While `paged`: the first page of each live placement.
+    starts: Pages,
+    /// While `paged`: the chunk's whole pages (bit `i` set for each page `i` that
+    /// lies inside it).
+    pages: Pages,
+    /// While not `paged`: live placements as (address, end), sorted by address.
     live: Vec<(u64, u64)>,
     /// Bytes the live placements cover, while they do not overlap (`disjoint`): no
     /// free run of the chunk is longer than `size - used`.
@@ -72,9 +98,50 @@ struct Chunk {
     disjoint: bool,
 }
 
+/// Bit `i` set for each `i` below `n` (`n` at most [`BITMAP_PAGES`]).
+#[inline(always)]
+fn low_bits(n: u64) -> Pages {
+    if n >= BITMAP_PAGES {
+        Pages::MAX
+    } else {
+        (1 << n) - 1
+    }
+}
+
+/// Bits `first .. first + count` set (`count` from 1 to [`BITMAP_PAGES`] - `first`):
+/// without a branch.
+#[inline(always)]
+fn page_run(first: u64, count: u64) -> Pages {
+    debug_assert!(count >= 1 && first + count <= BITMAP_PAGES);
+    (Pages::MAX >> (BITMAP_PAGES - count)) << first
+}
+
 impl Chunk {
-    /// An upper bound of the span [`Chunk::lowest_fit`] can find room for: the free
-    /// bytes while the placements are disjoint, else any.
+    /// A new chunk at `base` of `size` bytes, without placements, whose `live` vector
+    /// (for a chunk that is not paged) is `live` (empty).
+    fn new(base: u64, size: u64, pos: u32, live: Vec<(u64, u64)>) -> Chunk {
+        debug_assert!(live.is_empty());
+        let paged = base % PLACEMENT_ALIGN_BYTES == 0 && size >> PAGE_SHIFT <= BITMAP_PAGES;
+        Chunk {
+            base,
+            size,
+            pos,
+            paged,
+            occupied: 0,
+            starts: 0,
+            pages: if paged {
+                low_bits(size >> PAGE_SHIFT)
+            } else {
+                0
+            },
+            live,
+            used: 0,
+            disjoint: true,
+        }
+    }
+
+    /// An upper bound of the span [`Chunk::take`] can find room for: the free bytes
+    /// while the placements are disjoint, else any.
     #[inline(always)]
     fn room(&self) -> u64 {
         if self.disjoint {
@@ -84,17 +151,81 @@ impl Chunk {
         }
     }
 
-    /// The lowest [`PLACEMENT_ALIGN_BYTES`]-aligned address in this chunk where `span`
-    /// bytes are free, and where a placement there goes in `live` (for
-    /// [`Chunk::record_fit`]). (A constant alignment: rounding up is a mask, not a
-    /// division.)
-    #[inline]
-    fn lowest_fit(&self, span: u64) -> Option<(u64, usize)> {
-        let align = PLACEMENT_ALIGN_BYTES;
+    /// Whether no placement is live.
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        if self.paged {
+            self.occupied == 0
+        } else {
+            self.live.is_empty()
+        }
+    }
+
+    /// Whether every live placement ends at or before `addr`.
+    fn all_end_by(&self, addr: u64) -> bool {
+        if self.paged {
+            let end_pages = u64::from(Pages::BITS - self.occupied.leading_zeros());
+            self.base + (end_pages << PAGE_SHIFT) <= addr
+        } else {
+            self.live.iter().all(|&(_, e)| e <= addr)
+        }
+    }
+
+    /// Shrinks the chunk to `size` bytes (every placement ends within it).
+    fn shrink(&mut self, size: u64) {
+        self.size = size;
+        if self.paged {
+            self.pages = low_bits(size >> PAGE_SHIFT);
+            debug_assert_eq!(self.occupied & !self.pages, 0);
+        }
+    }
+
+    /// Takes `span` bytes (whole pages) at the lowest [`PLACEMENT_ALIGN_BYTES`]-aligned
+    /// address of this chunk where they are free, and records the placement there;
+    /// `None` (nothing recorded) when no free run holds them.
+    #[inline(always)]
+    fn take(&mut self, span: u64) -> Option<u64> {
         if self.disjoint && self.size.saturating_sub(self.used) < span {
             // Fewer free bytes than `span`: no free run holds it.
             return None;
         }
+        if !self.paged {
+            return self.take_listed(span);
+        }
+        // Bit `i` of `runs`: pages `i .. i + have` are all free (and inside the chunk).
+        let want = span >> PAGE_SHIFT;
+        let mut runs = !self.occupied & self.pages;
+        let mut have = 1;
+        while have < want {
+            let step = (want - have).min(have);
+            runs &= runs >> step;
+            have += step;
+        }
+        if runs == 0 {
+            return None;
+        }
+        let first = u64::from(runs.trailing_zeros());
+        self.occupied |= page_run(first, want);
+        self.starts |= 1 << first;
+        self.used += span;
+        Some(self.base + (first << PAGE_SHIFT))
+    }
+
+    /// [`Chunk::take`] of a chunk that is not `paged`.
+    #[inline(never)]
+    fn take_listed(&mut self, span: u64) -> Option<u64> {
+        let (addr, i) = self.lowest_fit(span)?;
+        self.record_fit(i, addr, addr + span);
+        Some(addr)
+    }
+
+    /// The lowest [`PLACEMENT_ALIGN_BYTES`]-aligned address in this chunk where `span`
+    /// bytes are free, and where a placement there goes in `live` (for
+    /// [`Chunk::record_fit`]); not `paged`. (A constant alignment: rounding up is a
+    /// mask, not a division.)
+    #[inline]
+    fn lowest_fit(&self, span: u64) -> Option<(u64, usize)> {
+        let align = PLACEMENT_ALIGN_BYTES;
         let mut cur = self.base;
         for (i, &(addr, end)) in self.live.iter().enumerate() {
             let start = cur.next_multiple_of(align);
@@ -120,9 +251,67 @@ impl Chunk {
         self.used += end - addr;
     }
 
+    /// The live placements as (address, end), sorted by address, of a `paged` chunk.
+    fn paged_live(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut starts = self.starts;
+        while starts != 0 {
+            let first = u64::from(starts.trailing_zeros());
+            starts &= starts - 1;
+            let end = self.paged_end(first);
+            out.push((
+                self.base + (first << PAGE_SHIFT),
+                self.base + (end << PAGE_SHIFT),
+            ));
+        }
+        out
+    }
+
+    /// The page after the last of the placement starting at page `first` (`paged`):
+    /// the next placement's first page or the next free page, whichever comes first.
+    #[inline(always)]
+    fn paged_end(&self, first: u64) -> u64 {
+        // Bits above `first` (none when it is the last page: the shift by one more
+        // than `first` is done in two, so it never reaches the width).
+        let after = (Pages::MAX << first) << 1;
+        u64::from(((self.starts | !self.occupied) & after).trailing_zeros())
+    }
+
+    /// Keeps the placements in `live` from now on (a recorded placement the bitmaps
+    /// cannot hold).
+    #[cold]
+    fn unpage(&mut self) {
+        debug_assert!(self.live.is_empty());
+        self.live = self.paged_live();
+        self.paged = false;
+        self.occupied = 0;
+        self.starts = 0;
+        self.pages = 0;
+    }
+
     /// Records a placement (replacing one at the same address, as a map would).
     #[inline(always)]
     fn record(&mut self, addr: u64, end: u64) {
+        if self.paged {
+            let offset = addr.wrapping_sub(self.base);
+            let first = offset >> PAGE_SHIFT;
+            let count = (end - addr) >> PAGE_SHIFT;
+            if addr >= self.base
+                && offset % PLACEMENT_ALIGN_BYTES == 0
+                && (end - addr) % PLACEMENT_ALIGN_BYTES == 0
+                && count > 0
+                && first + count <= BITMAP_PAGES
+            {
+                let mask = page_run(first, count);
+                if mask & !self.pages == 0 && mask & self.occupied == 0 {
+                    self.occupied |= mask;
+                    self.starts |= 1 << first;
+                    self.used += end - addr;
+                    return;
+                }
+            }
+            self.unpage();
+        }
         let i = self.live.partition_point(|&(a, _)| a < addr);
         if self.live.get(i).is_some_and(|&(a, _)| a == addr) {
             self.live[i] = (addr, end);
@@ -141,6 +330,21 @@ impl Chunk {
     /// Forgets the placement at `addr`, if there is one.
     #[inline(always)]
     fn forget(&mut self, addr: u64) {
+        if self.paged {
+            let offset = addr.wrapping_sub(self.base);
+            let first = offset >> PAGE_SHIFT;
+            if addr < self.base || offset % PLACEMENT_ALIGN_BYTES != 0 || first >= BITMAP_PAGES {
+                return;
+            }
+            if self.starts & (1 << first) == 0 {
+                return;
+            }
+            let end = self.paged_end(first);
+            self.occupied &= !page_run(first, end - first);
+            self.starts &= !(1 << first);
+            self.used -= (end - first) << PAGE_SHIFT;
+            return;
+        }
         let i = self.live.partition_point(|&(a, _)| a < addr);
         if self.live.get(i).is_some_and(|&(a, _)| a == addr) {
             let (a, end) = remove_at(&mut self.live, i);
@@ -339,14 +543,7 @@ impl VaSpace {
             self.drop_chunk(old);
         }
         let pos = u32::try_from(self.order.len()).expect("fewer than 2^32 chunks");
-        let chunk = Chunk {
-            base,
-            size,
-            pos,
-            live: self.spare_live.pop().unwrap_or_default(),
-            used: 0,
-            disjoint: true,
-        };
+        let chunk = Chunk::new(base, size, pos, self.spare_live.pop().unwrap_or_default());
         let slot = match self.free_slots.pop() {
             Some(s) => {
                 self.chunks[s as usize] = Some(chunk);
@@ -529,8 +726,7 @@ impl VaSpace {
             let chunks = &mut self.chunks;
             self.order.iter().rev().find_map(|&slot| {
                 let chunk = chunks.get_mut(slot as usize)?.as_mut()?;
-                let (addr, i) = chunk.lowest_fit(span)?;
-                chunk.record_fit(i, addr, addr + span);
+                let addr = chunk.take(span)?;
                 Some(Placed { addr, chunk: slot })
             })
         };
@@ -570,9 +766,8 @@ impl VaSpace {
                         continue;
                     }
                     let chunk = self.chunks[slot as usize].as_mut().expect("live chunk");
-                    if let Some((addr, i)) = chunk.lowest_fit(span) {
+                    if let Some(addr) = chunk.take(span) {
                         // The bound holds: a placement more leaves no longer free run.
-                        chunk.record_fit(i, addr, addr + span);
                         return Some(Placed { addr, chunk: slot });
                     }
                     // No free run of `span` bytes: none longer either.
@@ -609,8 +804,8 @@ impl VaSpace {
             .collect();
         for (b, slot) in overlapping {
             let c = self.chunk_mut(slot);
-            if b < addr && c.live.iter().all(|&(_, e)| e <= addr) {
-                c.size = addr - b;
+            if b < addr && c.all_end_by(addr) {
+                c.shrink(addr - b);
             }
         }
         let next = self
@@ -635,7 +830,7 @@ impl VaSpace {
             return;
         };
         chunk.forget(placed.addr);
-        if !chunk.live.is_empty() {
+        if !chunk.is_empty() {
             if bounded {
                 // Room again: the bound goes back up to the chunk's free bytes.
                 let (pos, room) = (chunk.pos as usize, chunk.room());
@@ -1097,6 +1292,99 @@ mod tests {
             assert_eq!(holes, old.holes, "seed {seed} step {step}: holes");
         }
         true
+    }
+
+    /// A chunk kept as page bitmaps answers as one kept as a list of placements, step
+    /// for step: the same addresses taken, the same room, emptiness and ends, over
+    /// random takes, releases (of live placements, and of addresses that are not one)
+    /// and recorded placements (aligned and not, over others, at a live placement's
+    /// address), which turn the bitmaps into the list; chunks of up to 128 pages and
+    /// one page more (never paged).
+    #[test]
+    fn paged_chunks_agree_with_listed_chunks() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let page = PLACEMENT_ALIGN_BYTES;
+        let mut unpaged = 0;
+        for round in 0..400 {
+            let pages = [1, 16, 63, 64, 65, 127, 128, 129][round % 8];
+            let base = (1u64 << 40) + (round as u64) * (1 << 32);
+            let mut paged = Chunk::new(base, pages * page, 0, Vec::new());
+            assert_eq!(paged.paged, pages <= BITMAP_PAGES);
+            let mut listed = Chunk::new(base, pages * page, 0, Vec::new());
+            listed.paged = false;
+            listed.pages = 0;
+            let mut live: Vec<u64> = Vec::new();
+            for step in 0..300 {
+                let ctx = format!("round {round} ({pages} pages) step {step}");
+                match next() % 10 {
+                    0..=4 => {
+                        let span = match next() % 3 {
+                            0 => page,
+                            1 => (1 + next() % 8) * page,
+                            _ => (1 + next() % pages.max(2)) * page,
+                        };
+                        let got = paged.take(span);
+                        assert_eq!(got, listed.take(span), "{ctx}: take {span}");
+                        live.extend(got);
+                    }
+                    5..=7 if !live.is_empty() => {
+                        let at = (next() % live.len() as u64) as usize;
+                        let addr = live.swap_remove(at);
+                        paged.forget(addr);
+                        listed.forget(addr);
+                    }
+                    8 => {
+                        // An address that may be no placement's start.
+                        let addr = base + (next() % (pages * 2 + 1)) * page / 2;
+                        if !live.contains(&addr) {
+                            paged.forget(addr);
+                            listed.forget(addr);
+                        }
+                    }
+                    _ => {
+                        // A recorded placement: mostly whole pages, sometimes not, maybe
+                        // over others or at a live placement's start.
+                        let addr = match next() % 4 {
+                            0 => base + (next() % (pages * 2)) * page / 2,
+                            _ => base + (next() % pages) * page,
+                        };
+                        let span = (1 + next() % 4) * page;
+                        let end = (addr + span).min(base + pages * page);
+                        if end > addr && next() % 4 == 0 {
+                            paged.record(addr, end);
+                            listed.record(addr, end);
+                            live.retain(|&a| a != addr);
+                            live.push(addr);
+                        }
+                    }
+                }
+                assert_eq!(paged.is_empty(), listed.is_empty(), "{ctx}: empty");
+                assert_eq!(paged.room(), listed.room(), "{ctx}: room");
+                let placed = if paged.paged {
+                    paged.paged_live()
+                } else {
+                    paged.live.clone()
+                };
+                assert_eq!(placed, listed.live, "{ctx}: placements");
+                let probe = base + (next() % (pages + 1)) * page;
+                assert_eq!(
+                    paged.all_end_by(probe),
+                    listed.all_end_by(probe),
+                    "{ctx}: ends"
+                );
+            }
+            unpaged += usize::from(!paged.paged && pages <= BITMAP_PAGES);
+        }
+        assert!(
+            unpaged > 20,
+            "recorded placements turned only {unpaged} chunks to lists"
+        );
     }
 
     /// The sizes of the first model test: whole pages, a few pages, anything to 300 MiB.
