@@ -1233,13 +1233,7 @@ mod tests {
         sizes: impl Fn(&mut dyn FnMut() -> u64) -> u64,
     ) -> bool {
         use std::panic::{catch_unwind, AssertUnwindSafe};
-        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::xorshift(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let top = 1u64 << 40;
         let floor = top - (1 << 34);
         let mut new = ByAddress::new(VaSpace::new(top, 0, floor));
@@ -1302,13 +1296,7 @@ mod tests {
     /// one page more (never paged).
     #[test]
     fn paged_chunks_agree_with_listed_chunks() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::xorshift(0x9e37_79b9_7f4a_7c15u64);
         let page = PLACEMENT_ALIGN_BYTES;
         let mut unpaged = 0;
         for round in 0..400 {
@@ -1443,13 +1431,7 @@ mod tests {
     /// inserts (new keys and replacements), removals and lookups near the keys.
     #[test]
     fn sorted_map_is_an_ordered_map() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::xorshift(0x2545_f491_4f6c_dd1du64);
         let mut fast: SortedMap<u64> = SortedMap::new();
         let mut map: BTreeMap<u64, u64> = BTreeMap::new();
         for step in 0..20_000 {

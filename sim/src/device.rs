@@ -1042,13 +1042,7 @@ mod tests {
         let mut kept = SimDevice::new(SimDeviceOptions::default());
         assert!(!late.regions_kept);
         kept.keep_regions();
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::xorshift(0x9e37_79b9_7f4a_7c15u64);
         let mut live: Vec<(Segment, Segment)> = Vec::new();
         let mut ranges = Vec::new();
         for step in 0..4000 {

@@ -55,6 +55,18 @@ pub mod stats;
 pub mod sweep;
 pub mod validation;
 
+/// The tests' pseudo-random numbers: xorshift64 from `state` (not 0), the same sequence
+/// for the same start.
+#[cfg(test)]
+pub(crate) fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
 pub use caveats::caveats;
 pub use compare::{
     compare, compare_each, longest_first, replay_cost, CompareError, CompareInput, Row,
