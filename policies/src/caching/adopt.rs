@@ -446,10 +446,7 @@ impl CachingPolicy {
         let stream_slot = self.stream_slot(stream);
         let split = pieces.len() > 1;
         let release = if expandable {
-            self.expandables[segment as usize]
-                .as_ref()
-                .expect("an adopted expandable segment")
-                .page_bytes
+            self.expandable(segment).page_bytes
         } else {
             pieces.iter().map(|p| p.size).sum()
         };

@@ -134,9 +134,7 @@ impl CachingPolicy {
     ) -> Result<bool, DeviceError> {
         let b = *self.block(id);
         debug_assert!(!b.mapped() && size <= b.size);
-        let es = self.expandables[b.segment as usize]
-            .as_mut()
-            .expect("dead expandable segment");
+        let es = self.expandable_mut(b.segment);
         let page = es.page_bytes;
         let base = es.range.addr.0;
         let begin = (b.addr - base) / page;
@@ -149,7 +147,8 @@ impl CachingPolicy {
         if !es.map(vm, begin, end)? {
             return Ok(false);
         }
-        self.mapped_expandables += u64::from(!was_mapped && es.mapped_bytes > 0);
+        let now_mapped = es.mapped_bytes > 0;
+        self.mapped_expandables += u64::from(!was_mapped && now_mapped);
         let mapped_size = (end - begin) * page;
         let stream = self.stream_id(b.stream).0;
         self.pool_mut(b.owner, b.pool())
@@ -191,9 +190,7 @@ impl CachingPolicy {
         id: u32,
     ) -> Result<(), DeviceError> {
         let b = *self.block(id);
-        let es = self.expandables[b.segment as usize]
-            .as_mut()
-            .expect("dead expandable segment");
+        let es = self.expandable_mut(b.segment);
         let page = es.page_bytes;
         let base = es.range.addr.0;
         let begin = (b.addr - base).div_ceil(page);

@@ -48,10 +48,7 @@ impl CachingPolicy {
             // is a whole segment, and none covers an expandable segment's page.
             let bound = self.pool(b.owner, b.pool()).smallest_release;
             let least = if b.expandable() {
-                self.expandables[b.segment as usize]
-                    .as_ref()
-                    .expect("a block of a dead expandable segment")
-                    .page_bytes
+                self.expandable(b.segment).page_bytes
             } else if b.prev == NIL && b.next == NIL {
                 b.size
             } else {
@@ -163,9 +160,7 @@ impl CachingPolicy {
                 reserved += seg.size_bytes;
             }
             if b.prev == NIL && b.expandable() {
-                let es = self.expandables[b.segment as usize]
-                    .as_ref()
-                    .expect("block of a released expandable segment");
+                let es = self.expandable(b.segment);
                 assert_eq!(
                     es.range.addr.0, b.addr,
                     "expandable head is not at the range base"

@@ -728,6 +728,21 @@ impl CachingPolicy {
         self.blocks.live_mut(id)
     }
 
+    /// The expandable segment in slot `segment`, which a block of it names (live by
+    /// the policy's invariants: a segment's slot is emptied only with its last block).
+    fn expandable(&self, segment: u32) -> &ExpandableSegment {
+        self.expandables[segment as usize]
+            .as_ref()
+            .expect("a block of a released expandable segment")
+    }
+
+    /// [`CachingPolicy::expandable`], mutably.
+    fn expandable_mut(&mut self, segment: u32) -> &mut ExpandableSegment {
+        self.expandables[segment as usize]
+            .as_mut()
+            .expect("a block of a released expandable segment")
+    }
+
     fn is_split(&self, id: u32) -> bool {
         let b = self.block(id);
         b.prev != NIL || b.next != NIL
