@@ -3,10 +3,10 @@
 //! that order at or after `(stream, size, 0)`); this structure only finds it faster
 //! than an ordered map of triples.
 //!
-//! Per stream (a vector indexed by the stream's slot, which the caller gives: the caching
-//! policy numbers its streams in the order they came, and a block's record keeps its
-//! stream's slot and its class, so a removal finds both without a search), blocks are
-//! segregated by size class:
+//! Per stream (lists made for the streams that have blocks here, found through an index
+//! by the stream's slot, which the caller gives: the caching policy numbers its streams
+//! in the order they came, and a block's record keeps its stream's slot and its class,
+//! so a removal finds both without a search), blocks are segregated by size class:
 //! one class per 512-byte unit up to 64 KiB, then 64 classes per power of two (the
 //! classes of a two-level segregated fit allocator). Classes are monotone in size, so
 //! every block of a lower class is smaller than every block of a higher one; a bitmap
