@@ -14,8 +14,12 @@
 //!
 //! Run with `cargo bench --bench replay`.
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{
+    criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
+};
 use policies::caching::CachingDefaults;
+use policies::registry::PolicyConfig;
 use policies::spec::{parse_policy_list, PolicySpec};
 use sim::{ReplayOptions, SimDevice, SimDeviceOptions};
 use workloads::generate::{random, RandomOptions, SizeDistribution};
@@ -99,13 +103,7 @@ fn bench_replay(c: &mut Criterion) {
         let mut group = c.benchmark_group("replay_many");
         group.throughput(Throughput::Elements(trace.events.len() as u64));
         group.sample_size(20);
-        group.bench_function(label, |b| {
-            b.iter(|| {
-                let mut policy = spec.config.build().unwrap();
-                let mut device = SimDevice::new(device.clone());
-                sim::replay(trace, policy.as_mut(), &mut device, &replay).unwrap()
-            })
-        });
+        bench_one(&mut group, label, trace, &spec.config, device, &replay);
         group.finish();
     }
     bench_group(
@@ -133,19 +131,35 @@ fn bench_group(
     group.throughput(Throughput::Elements(trace.events.len() as u64));
     group.sample_size(20);
     for spec in specs {
-        group.bench_with_input(
-            BenchmarkId::from_parameter(&spec.label),
+        bench_one(
+            &mut group,
+            &spec.label,
+            trace,
             &spec.config,
-            |b, config| {
-                b.iter(|| {
-                    let mut policy = config.build().unwrap();
-                    let mut device = SimDevice::new(device.clone());
-                    sim::replay(trace, policy.as_mut(), &mut device, options).unwrap()
-                })
-            },
+            device,
+            options,
         );
     }
     group.finish();
+}
+
+/// One benchmark of `group`, named `id`: `trace` replayed under a fresh policy built
+/// from `config` on a fresh device.
+fn bench_one(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: &str,
+    trace: &Trace,
+    config: &PolicyConfig,
+    device: &SimDeviceOptions,
+    options: &ReplayOptions,
+) {
+    group.bench_with_input(BenchmarkId::from_parameter(id), config, |b, config| {
+        b.iter(|| {
+            let mut policy = config.build().unwrap();
+            let mut device = SimDevice::new(device.clone());
+            sim::replay(trace, policy.as_mut(), &mut device, options).unwrap()
+        })
+    });
 }
 
 criterion_group!(benches, bench_replay);
