@@ -61,7 +61,8 @@ fn split_device_flag(_: &str) -> Result<String, SplitFlag> {
     })
 }
 
-/// An input file; `-` is standard input (read as a pipe is: once, whole).
+/// An input file; `-` is standard input (a pipe is first copied to a temporary file:
+/// `spool.rs`).
 fn input(text: &str) -> Result<PathBuf, std::convert::Infallible> {
     Ok(if text == "-" {
         PathBuf::from(STDIN)
@@ -133,9 +134,10 @@ pub struct Cli {
 pub enum Command {
     /// Replay one trace under one policy and print a summary.
     ///
-    /// Streams a CSV trace, an RMM log or a snapshot pickle from a file: memory follows the
-    /// live allocations, not the trace's length. Holds the whole trace in memory (about 40
-    /// bytes per event) for YAML, recorded JSON or a pipe, with --iterations, with --timeline
+    /// Streams a CSV trace, an RMM log or a snapshot pickle from a file or from standard
+    /// input (`-`; a pipe is first copied to a temporary file in $TMPDIR): memory follows
+    /// the live allocations, not the trace's length. Holds the whole trace in memory (about
+    /// 40 bytes per event) for YAML, recorded JSON or another pipe, with --iterations, with --timeline
     /// except from a CSV trace, or with a GPU profile whose usable memory varies, and reads it
     /// again, whole, to explain an out-of-memory or to report a problem.
     Replay(ReplayArgs),
@@ -171,8 +173,9 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Validate traces and list every problem found.
     ///
-    /// Reads a clean CSV trace or RMM log once, as it goes. Holds the whole trace in memory
-    /// (about 40 bytes per event) in other formats or from a pipe, and reads a file with a
+    /// Reads a clean CSV trace or RMM log once, as it goes (standard input from a pipe
+    /// through a temporary file in $TMPDIR). Holds the whole trace in memory (about 40
+    /// bytes per event) in other formats or from another pipe, and reads a file with a
     /// problem again, whole, to list every problem.
     Check(CheckArgs),
     /// List every policy with its options, their defaults and what they mean.
@@ -233,10 +236,15 @@ impl Command {
         }
     }
 
-    /// Whether standard input (`-`) is named as more than one of the command's input
-    /// files: it can be read once, and the second read would find it empty.
-    pub fn reads_stdin_twice(&self) -> bool {
+    /// How many of the command's input files are standard input (`-`): more than one
+    /// cannot be read (main refuses it), and one from a pipe is kept in a temporary
+    /// file first (`spool.rs`).
+    pub fn stdin_inputs(&self) -> usize {
         let inputs: &[PathBuf] = match self {
+            Command::Replay(a) => std::slice::from_ref(&a.trace),
+            Command::Diff(a) => std::slice::from_ref(&a.trace),
+            Command::Convert(a) => std::slice::from_ref(&a.input),
+            Command::Export(a) => std::slice::from_ref(&a.trace),
             Command::Compare(a) => &a.traces,
             Command::Fit(a) => &a.traces,
             Command::Sweep(a) => &a.trace,
@@ -246,9 +254,11 @@ impl Command {
             Command::Validate(a) => &a.traces,
             Command::Plot(a) => &a.traces,
             Command::Bench(a) => &a.traces,
-            _ => return false,
+            Command::Generate(_) | Command::Policies(_) | Command::Gpus(_) | Command::Probe(_) => {
+                &[]
+            }
         };
-        inputs.iter().filter(|p| p.as_os_str() == STDIN).count() > 1
+        inputs.iter().filter(|p| p.as_os_str() == STDIN).count()
     }
 }
 

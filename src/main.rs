@@ -15,6 +15,8 @@ mod interrupt;
 mod load;
 mod output;
 mod progress;
+#[cfg(unix)]
+mod spool;
 mod table;
 
 use std::process::ExitCode;
@@ -144,12 +146,21 @@ fn main() -> ExitCode {
         }
     };
     cli.command.dash_means_stdout();
-    if cli.command.reads_stdin_twice() {
+    let stdin_inputs = cli.command.stdin_inputs();
+    if stdin_inputs > 1 {
         eprintln!(
             "error: - (standard input) is named more than once: it can be read once; save it \
              to a file to use it twice"
         );
         return ExitCode::from(Exit::BadInput.code());
+    }
+    // A piped trace reads as a file does (streamed, read again where needed).
+    #[cfg(unix)]
+    if stdin_inputs == 1 {
+        if let Err(e) = spool::stdin() {
+            eprintln!("error: {e}");
+            return ExitCode::from(Exit::BadInput.code());
+        }
     }
     // A panic is a bug: report it on one line, not as a backtrace dump.
     std::panic::set_hook(Box::new(|info| {

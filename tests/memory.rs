@@ -34,17 +34,35 @@ fn vm_hwm_kib(pid: u32) -> Option<u64> {
 /// `check` of the short trace once read 1 256 KiB (the process just started) against
 /// its usual 5 800. `None` where `/proc` has no `VmHWM`. Panics if the command fails.
 fn peak_kib<S: AsRef<OsStr>>(args: &[S]) -> Option<u64> {
-    (0..3).map(|_| peak_kib_once(args)).max().flatten()
+    peak_kib_fed(args, None)
 }
 
-/// [`peak_kib`] of one run.
-fn peak_kib_once<S: AsRef<OsStr>>(args: &[S]) -> Option<u64> {
+/// [`peak_kib`] with the file `fed` written to the command's standard input through a
+/// pipe (by a thread).
+fn peak_kib_fed<S: AsRef<OsStr>>(args: &[S], fed: Option<&Path>) -> Option<u64> {
+    (0..3).map(|_| peak_kib_once(args, fed)).max().flatten()
+}
+
+/// [`peak_kib_fed`] of one run.
+fn peak_kib_once<S: AsRef<OsStr>>(args: &[S], fed: Option<&Path>) -> Option<u64> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_allocsim"))
         .args(args)
+        .stdin(if fed.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("allocsim starts");
+    let writer = fed.map(|path| {
+        let bytes = std::fs::read(path).expect("the fed file reads");
+        let mut pipe = child.stdin.take().expect("a piped stdin");
+        std::thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut pipe, &bytes);
+        })
+    });
     let mut peak = None;
     let status = loop {
         if let Some(kib) = vm_hwm_kib(child.id()) {
@@ -55,15 +73,18 @@ fn peak_kib_once<S: AsRef<OsStr>>(args: &[S]) -> Option<u64> {
         }
         std::thread::sleep(Duration::from_millis(1));
     };
+    if let Some(writer) = writer {
+        writer.join().expect("the writer ends");
+    }
     let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy()).collect();
     assert!(status.success(), "allocsim {} failed", shown.join(" "));
     peak
 }
 
 /// Each streamed command (`generate`, `replay` of a CSV trace and of an RMM log, a
-/// clean `check`, `replay --timeline`) peaks within SLACK_KIB on a trace ten times as
-/// long, while `compare`, which holds its trace, grows by more than twice that (the
-/// measurement sees a held trace).
+/// clean `check`, `replay --timeline`, `replay -` and `check -` of a CSV trace from a
+/// pipe) peaks within SLACK_KIB on a trace ten times as long, while `compare`, which
+/// holds its trace, grows by more than twice that (the measurement sees a held trace).
 #[test]
 fn streamed_commands_peak_the_same_on_ten_times_the_events() {
     let dir = TempDir::new("memory");
@@ -77,7 +98,7 @@ fn streamed_commands_peak_the_same_on_ten_times_the_events() {
             path(format!("tl{n}.csv")),
         );
         let n = n.to_string();
-        let runs: [(&str, Vec<&str>); 7] = [
+        let runs: [(&str, Vec<&str>); 9] = [
             (
                 "generate",
                 vec![
@@ -96,6 +117,11 @@ fn streamed_commands_peak_the_same_on_ten_times_the_events() {
             ),
             ("replay rmm", vec!["replay", &rmm]),
             (
+                "replay - (piped)",
+                vec!["replay", "-", "--policy", "caching"],
+            ),
+            ("check - (piped)", vec!["check", "-"]),
+            (
                 "compare (holds the trace)",
                 vec!["compare", &csv, "--policies", "caching"],
             ),
@@ -104,7 +130,8 @@ fn streamed_commands_peak_the_same_on_ten_times_the_events() {
             if name == "replay rmm" {
                 rmm_log_of(Path::new(&csv), Path::new(&rmm));
             }
-            let Some(kib) = peak_kib(&args) else {
+            let fed = name.contains("piped").then_some(Path::new(&csv));
+            let Some(kib) = peak_kib_fed(&args, fed) else {
                 eprintln!("skipped: no VmHWM in /proc/PID/status (not Linux)");
                 return;
             };

@@ -1054,8 +1054,38 @@ fn summary_numbers(text: &str) -> String {
         .join("\n")
 }
 
+/// Where no temporary file can be made for a piped trace (`$TMPDIR` missing), the pipe
+/// is read whole as before: the replay still runs and says what the file's says.
+#[test]
+fn a_piped_trace_without_a_temporary_directory_is_read_whole() {
+    use std::process::Stdio;
+    let csv = "examples/random_small.csv";
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_allocsim"))
+        .args(["replay", "-", "--capacity", "1GiB"])
+        .current_dir(root())
+        .env("TMPDIR", "/nonexistent/allocsim-no-tmp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let bytes = std::fs::read(root().join(csv)).unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = std::io::Write::write_all(&mut pipe, &bytes);
+    });
+    let o = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        summary_numbers(&stdout(&o)),
+        summary_numbers(&stdout(&allocsim(["replay", csv, "--capacity", "1GiB"]))),
+    );
+}
+
 /// A trace read from a pipe (`/dev/stdin`, `<(zcat t.csv.gz)`, a named pipe) is read
-/// once and replays as the file does: `replay` read its first bytes to tell the format,
+/// once and replays as the file does (standard input from a pipe through a temporary
+/// file, `src/spool.rs`; the others whole): `replay` read its first bytes to tell the format,
 /// then opened it again (a pipe: "cannot tell the trace format" of a valid CSV or
 /// snapshot; a named pipe whose writer had gone: waiting for ever), and `export` read a
 /// snapshot's first bytes, then failed on the rest.
