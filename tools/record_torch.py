@@ -1514,6 +1514,86 @@ def mempool_phases(rec, phases, allocations, max_mib, keep, use_on_oom, no_split
     rec.cp("empty_cache")
 
 
+@workload(batch=65536, width=4096, layers=4, steps=6, floor=256)
+def oom_backoff(rec, batch, width, layers, steps, floor):
+    """Training that finds its batch size by running out of memory (the pattern of
+    `find_executable_batch_size`): an MLP (`layers` Linear + GELU of `width`) with
+    Adam; a step that raises OutOfMemoryError is dropped, the batch halved and the step
+    tried again (down to `floor`), and training goes on at the batch that fits; a
+    checkpoint after every step and every caught out-of-memory."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    mods = []
+    for _ in range(layers):
+        mods += [nn.Linear(width, width), nn.GELU()]
+    m = nn.Sequential(*mods).to(rec.dev)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-4)
+    rec.setup_done("model")
+    step, ooms = 0, 0
+    while step < steps:
+        try:
+            x = torch.randn(batch, width, device=rec.dev)
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del x, loss
+        except torch.cuda.OutOfMemoryError:
+            # Leaving the handler drops the failed step's tensors (the traceback's
+            # frames); the gradients computed so far go too.
+            opt.zero_grad(set_to_none=True)
+            if batch <= floor:
+                raise
+            batch //= 2
+            ooms += 1
+            rec.cp(f"oom{ooms}_b{batch}")
+            continue
+        rec.cp(f"step{step}_b{batch}")
+        step += 1
+
+
+@workload(experts=8, tokens=8192, d_model=1024, d_ff=4096, steps=5, seed=3)
+def moe_train(rec, experts, tokens, d_model, d_ff, steps, seed):
+    """A mixture-of-experts layer trained with AdamW: each step routes `tokens` tokens
+    to `experts` feed-forward experts by a random, skewed assignment (each expert's
+    share drawn afresh), so every expert's activations take a new size each step;
+    index_select, index_add_ and the backward of both."""
+    torch.manual_seed(0)
+    rng = random.Random(seed)
+    nn = torch.nn
+    gate = nn.Linear(d_model, experts).to(rec.dev)
+    ffs = nn.ModuleList(
+        nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model)) for _ in range(experts)
+    ).to(rec.dev)
+    opt = torch.optim.AdamW(list(gate.parameters()) + list(ffs.parameters()), lr=1e-4)
+    rec.setup_done("model")
+    for step in range(steps):
+        weights = [rng.random() ** 3 + 0.01 for _ in range(experts)]
+        total = sum(weights)
+        counts = [int(tokens * w / total) for w in weights]
+        counts[0] += tokens - sum(counts)
+        order = list(range(tokens))
+        rng.shuffle(order)
+        x = torch.randn(tokens, d_model, device=rec.dev)
+        score = torch.softmax(gate(x), dim=-1)
+        out = torch.zeros_like(x)
+        at = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            idx = torch.tensor(order[at : at + n], device=rec.dev)
+            at += n
+            h = ffs[e](x.index_select(0, idx)) * score.index_select(0, idx)[:, e : e + 1]
+            out.index_add_(0, idx, h)
+            del h, idx
+        loss = out.pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del x, score, out, loss
+        rec.cp(f"step{step}")
+
+
 if __name__ == "__main__":
     try:
         sys.exit(main())
