@@ -1594,6 +1594,94 @@ def moe_train(rec, experts, tokens, d_model, d_ff, steps, seed):
         rec.cp(f"step{step}")
 
 
+@workload(batches=12, batch=512, features=8192, hidden=4096, depth=3)
+def prefetch_train(rec, batches, batch, features, hidden, depth):
+    """Training fed by a prefetching side stream, as a data loader's CUDA prefetcher
+    does: each batch is copied from pinned host memory on a side stream one step
+    ahead (allocated on that stream), the training stream waits for it and marks it
+    used there (`record_stream`), and it is freed while the step's kernels may still
+    read it: frees that wait for the other stream's work (`free_requested`, then
+    `free_completed`). An MLP of `depth` layers with SGD."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    layers = [nn.Linear(features, hidden), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(hidden, hidden), nn.ReLU()]
+    m = nn.Sequential(*layers, nn.Linear(hidden, 1)).to(rec.dev)
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+    host = [torch.randn(batch, features).pin_memory() for _ in range(2)]
+    side = torch.cuda.Stream()
+    main = torch.cuda.current_stream()
+    rec.setup_done("model")
+
+    def fetch(i):
+        with torch.cuda.stream(side):
+            x = host[i % 2].to(rec.dev, non_blocking=True)
+            y = torch.randn(batch, 1, device=rec.dev)
+            ready = torch.cuda.Event()
+            ready.record(side)
+        return x, y, ready
+
+    nxt = fetch(0)
+    for i in range(batches):
+        x, y, ready = nxt
+        main.wait_event(ready)
+        x.record_stream(main)
+        y.record_stream(main)
+        if i + 1 < batches:
+            nxt = fetch(i + 1)
+        loss = (m(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del x, y, loss
+        if i % 4 == 3:
+            rec.cp(f"batch{i}")
+
+
+@workload(requests=48, max_seq=4096, d_model=1024, heads=16, layers=6, seed=5, empty_every=16)
+def serve_dynamic(rec, requests, max_seq, d_model, heads, layers, seed, empty_every):
+    """Inference serving of requests of random shapes: each request has a batch of 1 to
+    16 and a prompt of log-uniform length (64 to `max_seq` tokens); it allocates a
+    bf16 KV cache per layer for its prompt, runs attention over it layer by layer and
+    frees it. A request that raises OutOfMemoryError is dropped and serving goes on;
+    `empty_cache` every `empty_every` requests; a checkpoint after every eighth
+    request and every dropped one (run it under `--cap`)."""
+    torch.manual_seed(0)
+    rng = random.Random(seed)
+    F = torch.nn.functional
+    hd = d_model // heads
+    proj = [torch.nn.Linear(d_model, 3 * d_model).to(rec.dev, torch.bfloat16) for _ in range(layers)]
+    rec.setup_done("model")
+
+    @torch.no_grad()
+    def serve(b, t):
+        # Its tensors die with its frame, also when it raises (once handled).
+        x = torch.randn(b, t, d_model, device=rec.dev, dtype=torch.bfloat16)
+        caches = []
+        for p in proj:
+            q, k, v = p(x).view(b, t, 3, heads, hd).permute(2, 0, 3, 1, 4)
+            caches.append((k.contiguous(), v.contiguous()))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + y.transpose(1, 2).reshape(b, t, d_model)
+            del q, k, v, y
+
+    dropped = 0
+    for r in range(requests):
+        b = rng.randint(1, 16)
+        t = int(math.exp(rng.uniform(math.log(64), math.log(max_seq))))
+        try:
+            serve(b, t)
+        except torch.cuda.OutOfMemoryError:
+            dropped += 1
+            rec.cp(f"dropped{dropped}_r{r}")
+            continue
+        if (r + 1) % empty_every == 0:
+            torch.cuda.empty_cache()
+        if r % 8 == 7:
+            rec.cp(f"r{r}")
+
+
 if __name__ == "__main__":
     try:
         sys.exit(main())
