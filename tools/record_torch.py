@@ -478,8 +478,9 @@ class Recorder:
     """Runs a workload and keeps everything the JSON needs. Workloads get it as `rec`:
     `rec.dev` (cuda:0), `rec.cp(label)` (a checkpoint of PyTorch's statistics) and
     `rec.setup_done()` (where `--late-start` begins recording: after the model is
-    loaded). Graph captures, MemPools, use_mem_pool and the calls that change the
-    allocator are recorded through patches installed by `install()`."""
+    loaded). Graph captures, MemPools, use_mem_pool, allocation to a pool through
+    the bindings under it (as torch.compile's CUDA graph trees use them) and the calls
+    that change the allocator are recorded through patches installed by `install()`."""
 
     def __init__(self, opts):
         self.opts = opts
@@ -497,6 +498,8 @@ class Recorder:
         self.start_state = None
         self.final_snapshot = None
         self.can_tag = hasattr(torch.cuda.memory, "_set_memory_metadata")
+        self.quiet = 0  # inside use_mem_pool's own enter or exit: its bindings record nothing
+        self.pool_windows_open = []  # windows of the allocate-to-pool bindings, open
 
     # -- marks and checkpoints
     def mark(self):
@@ -578,7 +581,7 @@ class Recorder:
         }
         self.windows.append(w)
         if pool is not None:
-            self.note_pool(pool, "graph" if kind == "graph_capture" else "mem_pool", w["begin"])
+            self.note_pool(pool, "graph" if kind in ("graph_capture", "allocate_to_pool") else "mem_pool", w["begin"])
         return w
 
     def close_window(self, w):
@@ -617,6 +620,58 @@ class Recorder:
         patch_c("_cuda_setMemoryFraction", "set_per_process_memory_fraction")
         patch_c("_cuda_cudaCachingAllocator_enable", "caching_allocator_enable")
         patch_c("_accelerator_setAllocatorSettings", "set_allocator_settings")
+
+        patch_c("_cuda_setCheckpointPoolState", "set_checkpoint_pool_state")
+
+        # Allocation to a private pool outside a graph capture, through the bindings
+        # that `torch.cuda.use_mem_pool` is built on: inductor's CUDA graph trees
+        # (`torch.compile(mode="reduce-overhead")`) warm their graphs up in the trees'
+        # pool this way (`_use_cuda_memory_pool_manager`: begin, the work, end, then
+        # release). `use_mem_pool` itself is recorded below, so these record nothing
+        # while it enters or exits (`rec.quiet`).
+        def patch_begin(name, scope):
+            orig = getattr(C, name, None)
+            if orig is None:
+                return
+
+            def begin_to_pool(device, pool, *args, **kwargs):
+                out = orig(device, pool, *args, **kwargs)
+                if not rec.finished and not rec.quiet:
+                    streams = [torch.cuda.current_stream().cuda_stream] if scope == "stream" else []
+                    rec.pool_windows_open.append(rec.open_window(tuple(pool), "allocate_to_pool", scope, streams))
+                return out
+
+            setattr(C, name, begin_to_pool)
+
+        def patch_end(name):
+            orig = getattr(C, name, None)
+            if orig is None:
+                return
+
+            def end_to_pool(device, *args, **kwargs):
+                if not rec.finished and not rec.quiet and rec.pool_windows_open:
+                    pool = tuple(args[0]) if args else None
+                    open_ = rec.pool_windows_open
+                    i = max((k for k, w in enumerate(open_) if pool is None or w["pool"] == pool), default=None)
+                    if i is not None:
+                        rec.close_window(open_.pop(i))
+                return orig(device, *args, **kwargs)
+
+            setattr(C, name, end_to_pool)
+
+        patch_begin("_cuda_beginAllocateCurrentStreamToPool", "stream")
+        patch_begin("_cuda_beginAllocateCurrentThreadToPool", "thread")
+        patch_end("_cuda_endAllocateCurrentStreamToPool")
+        patch_end("_cuda_endAllocateToPool")
+        orig_release_pool = getattr(C, "_cuda_releasePool", None)
+        if orig_release_pool is not None:
+
+            def release_pool(device, pool, *args, **kwargs):
+                if not rec.finished and not rec.quiet:
+                    rec.release(tuple(pool), "release_pool")
+                return orig_release_pool(device, pool, *args, **kwargs)
+
+            C._cuda_releasePool = release_pool
 
         G = torch.cuda.CUDAGraph
         orig_begin, orig_end, orig_reset = G.capture_begin, G.capture_end, G.reset
@@ -698,15 +753,25 @@ class Recorder:
         @contextlib.contextmanager
         def use_mem_pool(pool, device=None):
             w = None
+            inner = orig_use(pool, device)
+            rec.quiet += 1
             try:
-                with orig_use(pool, device):
-                    # PyTorch routes this thread's requests, on every stream, to the pool.
-                    w = rec.open_window(tuple(pool.id), "use_mem_pool", "thread", [])
-                    try:
-                        yield
-                    finally:
-                        rec.close_window(w)
+                inner.__enter__()
             finally:
+                rec.quiet -= 1
+            try:
+                # PyTorch routes this thread's requests, on every stream, to the pool.
+                w = rec.open_window(tuple(pool.id), "use_mem_pool", "thread", [])
+                try:
+                    yield
+                finally:
+                    rec.close_window(w)
+            finally:
+                rec.quiet += 1
+                try:
+                    inner.__exit__(*sys.exc_info())
+                finally:
+                    rec.quiet -= 1
                 if w is not None:  # the exit ended the window and released the pool once
                     rec.release(tuple(pool.id), "use_mem_pool_exit", w["end"])
 
@@ -1680,6 +1745,54 @@ def serve_dynamic(rec, requests, max_seq, d_model, heads, layers, seed, empty_ev
             torch.cuda.empty_cache()
         if r % 8 == 7:
             rec.cp(f"r{r}")
+
+
+@workload(batches=(4, 16, 64), hidden=2048, layers=4, calls=4, train=False)
+def compiled_graphs(rec, batches, hidden, layers, calls, train):
+    """An MLP under `torch.compile(mode="reduce-overhead")`, as users turn CUDA graphs
+    on: inductor's CUDA graph trees record each batch size's graph on its second call
+    and replay it after, all graphs in one private pool that the trees manage
+    themselves (checkpointing and restoring the pool's state between graphs); `calls`
+    calls per batch size, in order, then every size again; with train=1 a training step
+    (forward and backward graphs, SGD outside them)."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    mods = []
+    for _ in range(layers):
+        mods += [nn.Linear(hidden, hidden), nn.GELU()]
+    m = nn.Sequential(*mods).to(rec.dev)
+    opt = torch.optim.SGD(m.parameters(), lr=1e-4) if train else None
+    if not train:
+        m.eval()
+    f = torch.compile(m, mode="reduce-overhead")
+    rec.setup_done()
+
+    def call(b):
+        x = torch.randn(b, hidden, device=rec.dev)
+        if train:
+            torch.compiler.cudagraph_mark_step_begin()
+            loss = f(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.item()
+        with torch.no_grad():
+            torch.compiler.cudagraph_mark_step_begin()
+            return f(x).sum().item()
+
+    for b in batches:
+        for _ in range(calls):
+            call(b)
+        rec.cp(f"b{b}")
+    for b in batches:
+        call(b)
+    rec.cp("again")
+    del f
+    torch._dynamo.reset()
+    torch.cuda.synchronize()
+    rec.cp("reset")
+    torch.cuda.empty_cache()
+    rec.cp("empty_cache")
 
 
 if __name__ == "__main__":

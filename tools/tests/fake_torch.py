@@ -297,6 +297,22 @@ def make(total=80 << 30, available=True, metadata=True, metadata_in_trace=True):
     C._cuda_setMemoryFraction = lambda fraction, device=0: setattr(A, "limit", int(fraction * A.total))
     C._accelerator_setAllocatorSettings = lambda env: None
 
+    def begin_thread_to_pool(device, pool):
+        tid = threading.get_ident()
+        A.begin(tuple(pool), lambda s: threading.get_ident() == tid)
+
+    def begin_stream_to_pool(device, pool):
+        stream = current_stream().cuda_stream
+        A.begin(tuple(pool), lambda s: s == stream)
+
+    # The bindings use_mem_pool is built on, which torch.compile's CUDA graph trees call
+    # themselves.
+    C._cuda_beginAllocateCurrentThreadToPool = begin_thread_to_pool
+    C._cuda_beginAllocateCurrentStreamToPool = begin_stream_to_pool
+    C._cuda_endAllocateToPool = lambda device, pool: A.end(tuple(pool))
+    C._cuda_endAllocateCurrentStreamToPool = lambda device, pool: A.end(tuple(pool))
+    C._cuda_releasePool = lambda device, pool: A.release_pool(tuple(pool))
+
     def empty_cache():
         torch._C._cuda_emptyCache()
 
@@ -340,13 +356,12 @@ def make(total=80 << 30, available=True, metadata=True, metadata_in_trace=True):
 
     @contextlib.contextmanager
     def use_mem_pool(pool, device=None):
-        tid = threading.get_ident()
-        A.begin(pool.id, lambda s: threading.get_ident() == tid)
+        torch._C._cuda_beginAllocateCurrentThreadToPool(0, pool.id)
         try:
             yield
         finally:
-            A.end(pool.id)
-            A.release_pool(pool.id)
+            torch._C._cuda_endAllocateToPool(0, pool.id)
+            torch._C._cuda_releasePool(0, pool.id)
 
     class _CUDAGraph:  # the C++ class: its destructor resets
         def __init__(self, keep_graph=False):

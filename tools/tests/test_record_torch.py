@@ -57,6 +57,32 @@ def fake_churn(rec, n, every, seed):
 
 
 @rt.workload()
+def fake_tree_pool(rec):
+    """Test only: what torch.compile's CUDA graph trees do: an empty capture makes the
+    trees' pool, then warm-ups allocate to it through the bindings outside any capture
+    (begin, the work, end, release); an eager request after them goes to the default
+    pool."""
+    torch, dev = T(), rec.dev
+    u8 = torch.uint8
+    rec.setup_done()
+    g = torch.cuda.CUDAGraph()
+    pool = (0, 9)
+    with torch.cuda.graph(g, pool=pool):
+        pass
+    keep = []
+    for size in (2 * MiB, 3 * MiB):
+        torch._C._cuda_beginAllocateCurrentThreadToPool(0, pool)
+        try:
+            keep.append(torch.empty(size, dtype=u8, device=dev))
+        finally:
+            torch._C._cuda_endAllocateToPool(0, pool)
+            torch._C._cuda_releasePool(0, pool)
+        rec.cp(f"warm{size}")
+    eager = torch.empty(MiB, dtype=u8, device=dev)
+    del eager, keep, g
+
+
+@rt.workload()
 def fake_pools(rec):
     """Test only: two graph captures, default-pool work, a MemPool phase with a
     request from another thread, a reset graph, a destroyed graph, a destroyed
@@ -257,6 +283,25 @@ class PoolTests(RecorderTest):
                          [([1, 0], "graph"), ([3, 0], "graph"), ([0, 5], "mem_pool")])
         self.assertEqual([c["call"] for c in j["calls"]], ["reset_peak_memory_stats"])
         self.assertTrue(all(s["pool"] != [0, 0] for s in j["pool_segments"]))
+
+    def test_allocation_to_a_pool_through_the_bindings(self):
+        """The bindings under use_mem_pool called directly (torch.compile's CUDA graph
+        trees warm up that way) are windows of kind allocate_to_pool with their releases,
+        so every request they route agrees with the pool that served it; use_mem_pool
+        itself stays one use_mem_pool window (test_windows_and_releases)."""
+        name, j = self.record("fake_tree_pool")
+        w = j["pool_windows"]
+        self.assertEqual([(x["kind"], x["scope"], x["pool"]) for x in w],
+                         [("graph_capture", "capture", [0, 9]),
+                          ("allocate_to_pool", "thread", [0, 9]),
+                          ("allocate_to_pool", "thread", [0, 9])])
+        self.assertEqual([(r["pool"], r["how"]) for r in j["pool_releases"]],
+                         [([0, 9], "release_pool"), ([0, 9], "release_pool"), ([0, 9], "graph_destroyed")])
+        self.assertEqual(j["pool_attribution"]["window_disagreements"], 0)
+        self.assertEqual(len(j["request_pools"]), 2)
+        for x in w[1:]:
+            inside = [e for e in j["events"][x["begin"] + 1 : x["end"]] if e[0] == "alloc"]
+            self.assertEqual(len(inside), 1)
 
     def test_golden_fake_pools_json(self):
         """The fake_pools recording is byte-for-byte the committed fixture (the Rust

@@ -551,6 +551,16 @@ struct JsonWindow {
     closed: bool,
 }
 
+impl JsonWindow {
+    /// Whether the window routes the requests of its streams only: a graph capture
+    /// (`"capture"`) or allocation to a pool from one stream outside a capture
+    /// (`"stream"`: `_cuda_beginAllocateCurrentStreamToPool`, as inductor's CUDA graph
+    /// trees warm up in their pool); `use_mem_pool` (`"thread"`) routes every stream.
+    fn stream_scoped(&self) -> bool {
+        self.scope == "capture" || self.scope == "stream"
+    }
+}
+
 fn yes() -> bool {
     true
 }
@@ -626,7 +636,7 @@ fn json_calls(
                 0,
                 Event::BeginAllocateToPool {
                     pool,
-                    streams: if w.scope == "capture" {
+                    streams: if w.stream_scoped() {
                         PoolStreams::only(w.streams.clone())
                     } else {
                         PoolStreams::All
@@ -639,9 +649,10 @@ fn json_calls(
         }
         let end = if w.closed { w.end } else { None };
         let inside = |i: u64| w.begin.is_none_or(|b| i > b) && end.is_none_or(|e| i < e);
-        let streams = if w.scope == "capture" {
+        let streams = if w.stream_scoped() {
             // A capture routes every stream it spreads to; the recorder lists the one it
-            // began on, and the requests attributed to the pool show the others.
+            // began on, and the requests attributed to the pool show the others (a
+            // stream's window routes its stream only, which is all they show).
             let mut streams = w.streams.clone();
             for (&i, &p) in &request_pools {
                 if p == pool && inside(i) {
@@ -695,6 +706,16 @@ fn json_calls(
                 Some(enabled) => Event::SetEnabled { enabled },
                 None => Event::SetEnabled { enabled: true },
             },
+            "set_checkpoint_pool_state" => {
+                // Inductor's CUDA graph trees set a private pool back to a checkpoint when
+                // they record a graph on another path of the tree: every block of the pool
+                // freed, then its checkpointed blocks allocated again where they were. The
+                // trace shows those frees and allocations as requests.
+                caveats.push(
+                    "the run set a private pool back to a checkpointed state (torch.compile's CUDA graph trees recording another path), which is not modelled: the allocations and frees that did it are replayed as requests, so its pool can differ from there on".to_string(),
+                );
+                continue;
+            }
             other => {
                 caveats.push(format!(
                     "the run called {other} mid-run, which a trace cannot carry: the replay keeps the setting it started with"
@@ -1011,6 +1032,47 @@ mod tests {
     }
 
     /// The JSON reader fills the trace metadata from the file's fields.
+    /// The windows of the allocate-to-pool bindings (inductor's CUDA graph trees warm
+    /// up in their pool through them): scope `stream` routes its stream only, scope
+    /// `thread` every stream; a restore of a pool's checkpointed state, which is not
+    /// modelled, says so in a caveat.
+    #[test]
+    fn allocate_to_pool_windows_and_the_checkpoint_caveat() {
+        let text = r#"{"events": [["alloc", 4096, 512, 7, 0], ["alloc", 8192, 512, 9, 0],
+            ["free_requested", 4096, 512, 7, 0], ["free_completed", 4096, 512, 7, 0]],
+            "pools": [{"id": [0, 1], "kind": "graph", "created_at": null}],
+            "pool_windows": [
+              {"pool": [0, 1], "kind": "allocate_to_pool", "scope": "stream", "streams": [7], "begin": null, "end": 2, "closed": true},
+              {"pool": [0, 1], "kind": "allocate_to_pool", "scope": "thread", "streams": [], "begin": 2, "end": 3, "closed": true}],
+            "pool_releases": [{"pool": [0, 1], "at": 3, "how": "release_pool"}],
+            "calls": [{"call": "set_checkpoint_pool_state", "at": 3, "args": [0]}],
+            "request_pools": [[0, 0, 1]]}"#;
+        let run = read_recorded_json_from(text.as_bytes(), Path::new("r.json")).unwrap();
+        let pool = PoolId(0, 1);
+        let routes: Vec<&PoolStreams> = run
+            .calls
+            .iter()
+            .filter_map(|(_, e)| match e {
+                Event::BeginAllocateToPool { streams, .. } => Some(streams),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            routes,
+            vec![&PoolStreams::only(vec![7]), &PoolStreams::All],
+            "{:?}",
+            run.calls
+        );
+        assert!(run.calls.contains(&(Some(3), Event::ReleasePool { pool })));
+        assert_eq!(run.meta.caveats.len(), 1, "{:?}", run.meta.caveats);
+        assert!(
+            run.meta.caveats[0].contains("checkpointed state")
+                && run.meta.caveats[0].contains("not modelled"),
+            "{:?}",
+            run.meta.caveats
+        );
+    }
+
     #[test]
     fn json_fills_the_metadata() {
         let text = r#"{"workload": "w", "alloc_conf": "expandable_segments:True", "cap_bytes": 1024,
