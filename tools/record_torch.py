@@ -1795,6 +1795,77 @@ def compiled_graphs(rec, batches, hidden, layers, calls, train):
     rec.cp("empty_cache")
 
 
+@workload(batch=8, seq=1024, layers=6, d_model=1024, heads=16, steps=4, fp16=True)
+def checkpointed_train(rec, batch, seq, layers, d_model, heads, steps, fp16):
+    """Transformer blocks trained with activation checkpointing
+    (`torch.utils.checkpoint`, non-reentrant: each block's activations recomputed in the
+    backward pass) under fp16 autocast with a GradScaler (its scale and found-inf
+    tensors, unscaling, skipped steps), AdamW."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    from torch.utils.checkpoint import checkpoint
+
+    blocks = nn.ModuleList(
+        nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, batch_first=True, dropout=0.0) for _ in range(layers)
+    ).to(rec.dev)
+    head = nn.Linear(d_model, 1).to(rec.dev)
+    params = list(blocks.parameters()) + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    scaler = torch.amp.GradScaler("cuda", enabled=fp16)
+    rec.setup_done("model")
+    for step in range(steps):
+        x = torch.randn(batch, seq, d_model, device=rec.dev)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=fp16):
+            h = x
+            for blk in blocks:
+                h = checkpoint(blk, h, use_reentrant=False)
+            loss = head(h).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        del x, h, loss
+        rec.cp(f"step{step}")
+
+
+@workload(stages=3, micro=6, batch=64, width=4096)
+def stream_pipeline(rec, stages, micro, batch, width):
+    """A pipeline of `stages` MLP stages, each on its own CUDA stream (the last with high
+    priority), micro-batches handed from stage to stage through events and
+    device-to-device copies on the receiving stream, each hand-off's source freed on the
+    sending stream while the receiver may still read it (`record_stream`)."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    mods = [nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width)).to(rec.dev).eval() for _ in range(stages)]
+    streams = [torch.cuda.Stream(priority=-1 if i == stages - 1 else 0) for i in range(stages)]
+    rec.setup_done("model")
+    outs = []
+    with torch.no_grad():
+        for m in range(micro):
+            prev, prev_done = None, None
+            for i, (mod, st) in enumerate(zip(mods, streams)):
+                with torch.cuda.stream(st):
+                    if prev is None:
+                        x = torch.randn(batch, width, device=rec.dev)
+                    else:
+                        st.wait_event(prev_done)
+                        x = torch.empty_like(prev)
+                        x.copy_(prev, non_blocking=True)
+                        prev.record_stream(st)
+                    y = mod(x)
+                    done = torch.cuda.Event()
+                    done.record(st)
+                    del x
+                prev, prev_done = y, done
+            outs.append(prev)
+            if len(outs) > 2:
+                outs.pop(0)
+            rec.cp(f"micro{m}")
+    torch.cuda.synchronize()
+    outs.clear()
+    rec.cp("end")
+
+
 if __name__ == "__main__":
     try:
         sys.exit(main())
