@@ -1215,6 +1215,16 @@ def multistream(rec):
 
 
 # ------------------------------------------------------------------ real-job workloads
+def _gelu_mlp(width, layers, device):
+    """`layers` pairs of Linear(width, width) and GELU, built on the CPU (seeded by the
+    caller) and moved to `device`."""
+    nn = torch.nn
+    mods = []
+    for _ in range(layers):
+        mods += [nn.Linear(width, width), nn.GELU()]
+    return nn.Sequential(*mods).to(device)
+
+
 def _autocast(enabled):
     if enabled:
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -1491,11 +1501,7 @@ def graph_capture(rec, batches, hidden, layers, replays, shared_pool, eager_afte
     static input, eager work in the default pool between them, then each graph reset
     (its pool released) and the cache emptied."""
     torch.manual_seed(0)
-    nn = torch.nn
-    mods = []
-    for _ in range(layers):
-        mods += [nn.Linear(hidden, hidden), nn.GELU()]
-    m = nn.Sequential(*mods).to(rec.dev).eval()
+    m = _gelu_mlp(hidden, layers, rec.dev).eval()
     rec.setup_done()
     order = sorted(batches, reverse=True) if shared_pool else list(batches)
     pool = torch.cuda.graph_pool_handle() if shared_pool else None
@@ -1587,11 +1593,7 @@ def oom_backoff(rec, batch, width, layers, steps, floor):
     tried again (down to `floor`), and training goes on at the batch that fits; a
     checkpoint after every step and every caught out-of-memory."""
     torch.manual_seed(0)
-    nn = torch.nn
-    mods = []
-    for _ in range(layers):
-        mods += [nn.Linear(width, width), nn.GELU()]
-    m = nn.Sequential(*mods).to(rec.dev)
+    m = _gelu_mlp(width, layers, rec.dev)
     opt = torch.optim.Adam(m.parameters(), lr=1e-4)
     rec.setup_done("model")
     step, ooms = 0, 0
@@ -1756,11 +1758,7 @@ def compiled_graphs(rec, batches, hidden, layers, calls, train):
     calls per batch size, in order, then every size again; with train=1 a training step
     (forward and backward graphs, SGD outside them)."""
     torch.manual_seed(0)
-    nn = torch.nn
-    mods = []
-    for _ in range(layers):
-        mods += [nn.Linear(hidden, hidden), nn.GELU()]
-    m = nn.Sequential(*mods).to(rec.dev)
+    m = _gelu_mlp(hidden, layers, rec.dev)
     opt = torch.optim.SGD(m.parameters(), lr=1e-4) if train else None
     if not train:
         m.eval()
