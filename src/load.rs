@@ -236,6 +236,42 @@ pub fn device_setup(args: &DeviceArgs) -> anyhow::Result<DeviceSetup> {
     })
 }
 
+/// The device a recorded run recorded (`sim::recorded::recorded_device`: the run's
+/// card, total and capacity, as `fidelity` replays it), where no flag names a device
+/// (`--gpu-profile`, `--capacity`, `--total-bytes`); `None` otherwise, and for traces
+/// that record no device: those run on the flags' device.
+fn recorded_device(
+    run: Option<&workloads::RecordedRun>,
+    args: &DeviceArgs,
+    base: &SimDeviceOptions,
+) -> Option<SimDeviceOptions> {
+    let named =
+        args.gpu_profile.is_some() || !args.capacity.is_empty() || args.total_bytes.is_some();
+    if named {
+        return None;
+    }
+    sim::recorded::recorded_device(run?, base)
+}
+
+impl DeviceSetup {
+    /// This setup for a replay of `run` (`replay`, `diff`, `export`: one trace): on the
+    /// device the run recorded where no flag names a device ([`recorded_device`]), else
+    /// as it is. Commands of many traces (`compare`, `sweep`, `plot`) keep one device
+    /// for all, the flags'.
+    pub fn for_run(
+        mut self,
+        run: Option<&workloads::RecordedRun>,
+        args: &DeviceArgs,
+    ) -> DeviceSetup {
+        if let Some(device) = recorded_device(run, args, &self.options) {
+            self.capacities = vec![device.total_bytes];
+            self.devices = vec![device.clone()];
+            self.options = device;
+        }
+        self
+    }
+}
+
 /// Parses `--policies` (each flag may hold a comma-separated list).
 pub fn policies(lists: &[String], caching: &CachingDefaults) -> anyhow::Result<Vec<PolicySpec>> {
     let mut out = Vec::new();

@@ -636,3 +636,41 @@ fn bench_rows_per_trace_and_policy() {
     let o = allocsim(["bench", "--runs", "0"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// A recorded run replays on the device it recorded unless a flag names one: a run
+/// recorded on an H200 (150 GB) that held 90 GiB ran out of memory at its first
+/// request on the default 80 GiB device in `replay`, `diff` and `export`.
+#[test]
+fn a_recorded_run_replays_on_its_own_device() {
+    let dir = TempDir::new("recorded-device");
+    let run = dir.path().join("h200.json");
+    let (addr, size) = (0x7f00_0000_0000u64, 90u64 << 30);
+    std::fs::write(
+        &run,
+        format!(
+            r#"{{"device": "NVIDIA H200", "total_bytes": 150109880320,
+              "events": [["segment_alloc", {addr}, {size}, 0, 1], ["alloc", {addr}, {size}, 0, 2],
+                         ["free_requested", {addr}, {size}, 0, 3], ["free_completed", {addr}, {size}, 0, 4]]}}"#
+        ),
+    )
+    .unwrap();
+    let run = run.to_str().unwrap();
+    let o = allocsim(["replay", run]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("device              NVIDIA H200, as recorded: total 139.80 GiB"),
+        "{text}"
+    );
+    assert!(text.contains("out of memory               none"), "{text}");
+    // A flag names another device: it runs out there.
+    let o = allocsim(["replay", run, "--gpu-profile", "h100"]);
+    assert!(
+        stdout(&o).contains("out of memory       at event 0"),
+        "{}",
+        stdout(&o)
+    );
+    let o = allocsim(["diff", run, "--policies", "caching,immediate"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("oom"), "{}", stdout(&o));
+}

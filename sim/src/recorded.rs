@@ -113,11 +113,14 @@ pub fn run_config_with(
 
 /// The simulated device a recorded run ran on: `base` with the run's total, and as
 /// capacity the least free memory the driver reported plus what PyTorch held at that
-/// moment.
+/// moment (without a checkpoint that reported it, the total less what `base` keeps
+/// back).
 pub fn run_device(run: &RecordedRun, base: &SimDeviceOptions) -> SimDeviceOptions {
     let mut d = base.clone();
     if let Some(total) = run.meta.total_bytes {
         d.total_bytes = total;
+        d.capacity_bytes =
+            total.saturating_sub(base.total_bytes.saturating_sub(base.capacity_bytes));
     }
     if let Some(cap) = run
         .checkpoints
@@ -129,6 +132,25 @@ pub fn run_device(run: &RecordedRun, base: &SimDeviceOptions) -> SimDeviceOption
     }
     d.capacity_bytes = d.capacity_bytes.min(d.total_bytes);
     d
+}
+
+/// The device a replay of a recorded run takes when no flag names one: the device the
+/// run recorded ([`run_device`] over `base`: its total, and as capacity the least free
+/// memory the driver reported plus what PyTorch held then), named after its card, as
+/// `fidelity` replays it. `None` for a run that records no device total (snapshot
+/// pickles, traces of other formats): those replay on the flags' device. A run recorded
+/// on a card larger than the default 80 GiB ran out of memory at its first large request
+/// on the default device.
+pub fn recorded_device(run: &RecordedRun, base: &SimDeviceOptions) -> Option<SimDeviceOptions> {
+    run.meta.total_bytes?;
+    let mut d = run_device(run, base);
+    d.name = format!(
+        "{}, as recorded",
+        run.meta.device.as_deref().unwrap_or("the recorded GPU")
+    );
+    // The capacity is this run's own; how it varies between processes does not apply.
+    d.usable_spread_bytes = 0;
+    Some(d)
 }
 
 /// Recorded segment addresses, for best-fit ties: each `segment_alloc`'s (size,
@@ -507,5 +529,42 @@ mod tests {
         assert_eq!(address_hints(&run, 80 << 30).unwrap().ranges.len(), 1);
         let d = run_device(&run, &SimDeviceOptions::default());
         assert_eq!((d.capacity_bytes, d.total_bytes), (u64::MAX, u64::MAX));
+    }
+
+    /// The recorded device: none without a recorded total; its card's name; without a
+    /// checkpoint, its total less what the base device keeps back (it was the base's
+    /// capacity, 80 GiB, whatever the run's card), with one, what the checkpoints say.
+    #[test]
+    fn the_recorded_device() {
+        let gib = 1u64 << 30;
+        let base = SimDeviceOptions {
+            capacity_bytes: 79 * gib,
+            ..SimDeviceOptions::default()
+        };
+        let mut run = RecordedRun::default();
+        assert!(recorded_device(&run, &base).is_none());
+        run.meta.total_bytes = Some(140 * gib);
+        run.meta.device = Some("NVIDIA H200".into());
+        let d = recorded_device(&run, &base).unwrap();
+        assert_eq!(d.name, "NVIDIA H200, as recorded");
+        assert_eq!((d.total_bytes, d.capacity_bytes), (140 * gib, 139 * gib));
+        assert_eq!(d.usable_spread_bytes, 0);
+        run.checkpoints = vec![workloads::Checkpoint {
+            label: "x".into(),
+            trace_len: 0,
+            allocated: 0,
+            reserved: 2 * gib,
+            max_allocated: 0,
+            max_reserved: 0,
+            inactive_split: 0,
+            num_alloc_retries: 0,
+            num_ooms: 0,
+            segments: 0,
+            driver_free: 130 * gib,
+        }];
+        assert_eq!(
+            recorded_device(&run, &base).unwrap().capacity_bytes,
+            132 * gib
+        );
     }
 }

@@ -52,6 +52,8 @@ pub fn run(args: DiffArgs) -> anyhow::Result<Exit> {
     let stage = Stage::start(format!("reading {}", args.trace.display()));
     let loaded = load::load_trace(&args.trace, &args.input, &setup.options)?;
     drop(stage);
+    // A recorded run on the device it recorded, unless a flag names one (as replay).
+    let setup = setup.for_run(loaded.run.as_ref(), &args.device);
     // A recorded run under its recorded settings, unless flags replace them (as replay).
     let settings = load::settings(&loaded.trace.meta, &args.device);
     if let Some(note) = &settings.note {

@@ -47,6 +47,8 @@ pub fn run(args: ExportArgs) -> anyhow::Result<Exit> {
     let stage = crate::progress::Stage::start(format!("reading {}", args.trace.display()));
     let (loaded, frames) = load_with_frames(&args, &setup.options)?;
     drop(stage);
+    // A recorded run on the device it recorded, unless a flag names one (as replay).
+    let setup = setup.for_run(loaded.run.as_ref(), &args.device);
     let trace = &loaded.trace;
     let n = trace.events.len();
     for (flag, event) in [("--from", args.from), ("--to", args.to)] {

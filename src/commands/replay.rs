@@ -52,6 +52,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Exit> {
     let stage = Stage::start(format!("reading {}", args.trace.display()));
     let loaded = load::load_trace(&args.trace, &args.input, &setup.options)?;
     drop(stage);
+    // A recorded run replays on the device it recorded unless a flag names another.
+    let setup = setup.for_run(loaded.run.as_ref(), &args.device);
     let settings = load::settings(&loaded.trace.meta, &args.device);
     let specs = load::policies(std::slice::from_ref(&args.policy), &settings.caching)?;
     let [spec] = specs.as_slice() else {
