@@ -301,14 +301,15 @@ pub struct DeviceArgs {
     /// reserve are kept back (none without a profile); a number without a unit below
     /// 1 MiB is refused as a likely mistake; `compare` and `validate` take a
     /// comma-separated list. Default: 80 GiB, or the GPU profile's own memory; a
-    /// recorded run (record_torch.py JSON) in `replay`, `diff` and `export` runs on the
-    /// device it recorded.
+    /// recorded run (record_torch.py JSON) in `replay`, `compare`, `diff` and `export`
+    /// runs on the device it recorded.
     #[arg(long, value_name = "SIZE", value_delimiter = ',', value_parser = memory_size)]
     pub capacity: Vec<u64>,
     /// The GPU to simulate: a built-in profile (`allocsim gpus` lists them: h100, h200,
     /// a100-40gb, l4, ...) or a profile file measured by `allocsim probe`. Default: an
-    /// 80 GiB device, or for a recorded run (record_torch.py JSON) in `replay`, `diff`
-    /// and `export` the device it recorded (its card, total and free memory).
+    /// 80 GiB device, or for a recorded run (record_torch.py JSON) in `replay`,
+    /// `compare`, `diff` and `export` the device it recorded (its card, total and free
+    /// memory).
     #[arg(long, value_name = "NAME|FILE", alias = "device-profile")]
     pub gpu_profile: Option<String>,
     /// The device's total memory as cudaMemGetInfo reports it (memory fractions use it).

@@ -125,8 +125,17 @@ impl<'a> Batch<'a> {
     /// Reads and validates trace `i`, named for reports. After Ctrl-C, reads nothing
     /// more: [`interrupt::Interrupted`].
     pub fn load(&self, i: usize) -> anyhow::Result<CompareInput> {
+        self.load_with_run(i).map(|(input, _)| input)
+    }
+
+    /// [`Batch::load`], also giving the recorded run trace `i` came from, if any.
+    pub fn load_with_run(
+        &self,
+        i: usize,
+    ) -> anyhow::Result<(CompareInput, Option<workloads::RecordedRun>)> {
         interrupt::check()?;
-        let mut input = sim::inputs::load(&self.sources[i], &self.options, self.model)?;
+        let (mut input, run) =
+            sim::inputs::load_with_run(&self.sources[i], &self.options, self.model)?;
         input.trace.name = self.names[i].clone();
         let read = self.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let total = self.sources.len();
@@ -135,7 +144,7 @@ impl<'a> Batch<'a> {
         } else {
             String::new()
         });
-        Ok(input)
+        Ok((input, run))
     }
 }
 
@@ -240,7 +249,7 @@ pub fn device_setup(args: &DeviceArgs) -> anyhow::Result<DeviceSetup> {
 /// card, total and capacity, as `fidelity` replays it), where no flag names a device
 /// (`--gpu-profile`, `--capacity`, `--total-bytes`); `None` otherwise, and for traces
 /// that record no device: those run on the flags' device.
-fn recorded_device(
+pub fn recorded_device(
     run: Option<&workloads::RecordedRun>,
     args: &DeviceArgs,
     base: &SimDeviceOptions,
@@ -256,8 +265,7 @@ fn recorded_device(
 impl DeviceSetup {
     /// This setup for a replay of `run` (`replay`, `diff`, `export`: one trace): on the
     /// device the run recorded where no flag names a device ([`recorded_device`]), else
-    /// as it is. Commands of many traces (`compare`, `sweep`, `plot`) keep one device
-    /// for all, the flags'.
+    /// as it is. `compare` asks [`recorded_device`] for each trace.
     pub fn for_run(
         mut self,
         run: Option<&workloads::RecordedRun>,

@@ -639,7 +639,7 @@ fn bench_rows_per_trace_and_policy() {
 
 /// A recorded run replays on the device it recorded unless a flag names one: a run
 /// recorded on an H200 (150 GB) that held 90 GiB ran out of memory at its first
-/// request on the default 80 GiB device in `replay`, `diff` and `export`.
+/// request on the default 80 GiB device in `replay`, `compare`, `diff` and `export`.
 #[test]
 fn a_recorded_run_replays_on_its_own_device() {
     let dir = TempDir::new("recorded-device");
@@ -670,6 +670,14 @@ fn a_recorded_run_replays_on_its_own_device() {
         "{}",
         stdout(&o)
     );
+    let o = allocsim(["compare", run, "--policies", "caching", "--format", "csv"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let csv = stdout(&o);
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    let col = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+    assert_eq!(col("total_bytes"), "150109880320", "{csv}");
+    assert_eq!(col("oom_event_index"), "", "{csv}");
     let o = allocsim(["diff", run, "--policies", "caching,immediate"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(!stdout(&o).contains("oom"), "{}", stdout(&o));

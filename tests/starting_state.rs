@@ -236,7 +236,16 @@ fn across_few_traces_the_range_is_shown_not_the_interval() {
         .filter(|p| p.ends_with(".json"))
         .collect();
     args.extend(all.iter().map(String::as_str));
-    args.extend(["--policies", "caching", "--format", "table"]);
+    // One device for all six (recorded on an H100 and an H200, each would run on its own
+    // and the table would group them apart).
+    args.extend([
+        "--policies",
+        "caching",
+        "--format",
+        "table",
+        "--capacity",
+        "80GiB",
+    ]);
     let o = allocsim(&args);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let text = stdout(&o);

@@ -391,7 +391,10 @@ def replay(
     and cap unless ``alloc_conf``, ``cap``, ``memory_fraction`` or ``capacity`` replace
     them (``Replay.settings`` says which applied). ``capacity`` is the GPU's total
     memory (``"24GiB"``), ``gpu_profile`` a built-in profile (``h100``) or a profile
-    file. ``timeline=True`` keeps the memory after every event. ``explain`` says why
+    file; without either, a recorded JSON run replays on the device it recorded (its
+    total and free memory, as in :func:`compare`), anything else on an 80 GiB device.
+    ``timeline=True`` keeps
+    the memory after every event. ``explain`` says why
     an out-of-memory happened and checks the settings that would avoid it (more
     replays). ``name`` names a snapshot given in memory in messages and reports.
     """
@@ -427,7 +430,9 @@ def compare(
     """Every trace × policy × capacity (``allocsim compare``), replayed in parallel.
 
     ``policies`` is a comma-separated list or a list of specifications (default: every
-    registered policy); ``capacity`` one size or several. Rows come in the CSV's order
+    registered policy); ``capacity`` one size or several (without it or
+    ``gpu_profile``, a recorded JSON run replays on the device it recorded, anything
+    else on an 80 GiB device). Rows come in the CSV's order
     (trace, then policy, then capacity), with its columns. ``as_frame=True`` returns a
     pandas DataFrame instead of :class:`Rows`.
     """

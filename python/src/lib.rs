@@ -125,6 +125,19 @@ impl Options {
         serde_json::from_str(text).map_err(|e| config_err(format!("allocsim: options: {e}")))
     }
 
+    /// The device a recorded run recorded (`sim::recorded::recorded_device`), where no
+    /// argument names a device (`gpu_profile`, `capacity`), as the command line decides.
+    fn recorded_device(
+        &self,
+        run: Option<&RecordedRun>,
+        base: &SimDeviceOptions,
+    ) -> Option<SimDeviceOptions> {
+        if self.gpu_profile.is_some() || !self.capacity.is_empty() {
+            return None;
+        }
+        sim::recorded::recorded_device(run?, base)
+    }
+
     fn load(&self) -> PyResult<LoadOptions> {
         let format = match &self.format {
             None => None,
@@ -525,8 +538,9 @@ fn replay<'py>(
     let device = devices.into_iter().next().expect("one device");
     let replay_options = o.replay();
     let name = report_names(std::slice::from_ref(&source)).remove(0);
-    let (input, _run) =
-        work(py, || load_one(&source, &name, &load, &device))?.map_err(trace_err)?;
+    let (input, run) = work(py, || load_one(&source, &name, &load, &device))?.map_err(trace_err)?;
+    // A recorded run replays on the device it recorded unless an argument names one.
+    let device = o.recorded_device(run.as_ref(), &device).unwrap_or(device);
     let (specs, note) = o.specs(&input.trace.meta)?;
     let [spec] = specs.as_slice() else {
         return Err(config_err(
@@ -659,13 +673,18 @@ fn compare(
         sources.iter().map(|_| Default::default()).collect();
     let ran = work(py, || {
         let load = |i: usize| -> Result<Loaded, LoadError> {
-            let (input, _) = load_one(&sources[i], &names[i], &load, &model)?;
+            let (input, run) = load_one(&sources[i], &names[i], &load, &model)?;
             let (specs, note) = match o.specs(&input.trace.meta) {
                 Ok((specs, note)) => (Some(specs), Ok(note)),
                 Err(e) => (None, Err(e)),
             };
             *prepared[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(note);
-            Ok(Loaded { input, specs })
+            let device = o.recorded_device(run.as_ref(), &model);
+            Ok(Loaded {
+                input,
+                specs,
+                device,
+            })
         };
         let cost = |&(p, _): &(usize, usize), l: &Loaded| {
             l.specs
@@ -677,7 +696,7 @@ fn compare(
             Some(sim::compare::run_one(
                 &l.input,
                 &specs[p],
-                &devices[d],
+                l.device.as_ref().unwrap_or(&devices[d]),
                 &replay,
             ))
         };
@@ -712,6 +731,9 @@ fn compare(
 struct Loaded {
     input: CompareInput,
     specs: Option<Vec<PolicySpec>>,
+    /// The device of a recorded run, where no argument names one (`devices` then holds
+    /// one, which it replaces).
+    device: Option<SimDeviceOptions>,
 }
 
 /// The least memory each trace × policy runs in (`allocsim fit`): the fit CSV's rows as

@@ -384,3 +384,13 @@ def test_every_trace_format_replays(path):
     [row] = allocsim.compare(ROOT / path, "caching")
     assert r.events > 0
     assert {k: r.to_dict()[k] for k in row} == row
+
+
+def test_a_recorded_run_replays_on_its_own_device():
+    """A run recorded on an H200 replays on it unless gpu_profile or capacity names
+    another device (as `allocsim replay`)."""
+    run = DATA / "unseen" / "moe_train.json"
+    r = allocsim.replay(run)
+    assert r.total_bytes == 150109880320
+    assert r.oom is None
+    assert allocsim.replay(run, gpu_profile="h100").total_bytes == 85017493504

@@ -41,8 +41,11 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         let notes: Vec<std::sync::Mutex<Option<Prepared>>> =
             args.traces.iter().map(|_| Default::default()).collect();
         let load = |i: usize| -> anyhow::Result<Loaded> {
-            let input = batch.load(i)?;
+            let (input, run) = batch.load_with_run(i)?;
             let path = &args.traces[i];
+            // A recorded run replays on the device it recorded unless a flag names one.
+            let devices =
+                load::recorded_device(run.as_ref(), &args.device, &setup.options).map(|d| vec![d]);
             let settings = load::settings(&input.trace.meta, &args.device);
             let mut lines = Vec::new();
             if let Some(note) = &settings.note {
@@ -57,7 +60,11 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
                 Err(e) => (None, Some(e)),
             };
             *notes[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(Prepared { lines, error });
-            Ok(Loaded { input, specs })
+            Ok(Loaded {
+                input,
+                specs,
+                devices,
+            })
         };
         // Every (trace, policy, device), in the rows' order.
         let devices = setup.devices.len();
@@ -71,7 +78,8 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         };
         let run = |&(p, d): &(usize, usize), l: &Loaded| {
             let row = l.specs.as_ref().map(|specs| {
-                sim::compare::run_one(&l.input, &specs[p], &setup.devices[d], &setup.replay)
+                let devices = l.devices.as_deref().unwrap_or(&setup.devices);
+                sim::compare::run_one(&l.input, &specs[p], &devices[d], &setup.replay)
             });
             bar.inc(1);
             row
@@ -131,6 +139,9 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
 struct Loaded {
     input: sim::CompareInput,
     specs: Option<Vec<policies::spec::PolicySpec>>,
+    /// The device of a recorded run, where no flag names one (in place of
+    /// `setup.devices`, which then holds one).
+    devices: Option<Vec<sim::SimDeviceOptions>>,
 }
 
 /// What a trace's loading printed before the batch ran in parallel (each recorded
