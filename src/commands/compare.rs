@@ -44,8 +44,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
             let (input, run) = batch.load_with_run(i)?;
             let path = &args.traces[i];
             // A recorded run replays on the device it recorded unless a flag names one.
-            let devices =
-                load::recorded_device(run.as_ref(), &args.device, &setup.options).map(|d| vec![d]);
+            let device = load::recorded_device(run.as_ref(), &args.device, &setup.options);
             let settings = load::settings(&input.trace.meta, &args.device);
             let mut lines = Vec::new();
             if let Some(note) = &settings.note {
@@ -63,7 +62,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
             Ok(Loaded {
                 input,
                 specs,
-                devices,
+                device,
             })
         };
         // Every (trace, policy, device), in the rows' order.
@@ -78,8 +77,8 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
         };
         let run = |&(p, d): &(usize, usize), l: &Loaded| {
             let row = l.specs.as_ref().map(|specs| {
-                let devices = l.devices.as_deref().unwrap_or(&setup.devices);
-                sim::compare::run_one(&l.input, &specs[p], &devices[d], &setup.replay)
+                let device = l.device.as_ref().unwrap_or(&setup.devices[d]);
+                sim::compare::run_one(&l.input, &specs[p], device, &setup.replay)
             });
             bar.inc(1);
             row
@@ -139,9 +138,9 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Exit> {
 struct Loaded {
     input: sim::CompareInput,
     specs: Option<Vec<policies::spec::PolicySpec>>,
-    /// The device of a recorded run, where no flag names one (in place of
-    /// `setup.devices`, which then holds one).
-    devices: Option<Vec<sim::SimDeviceOptions>>,
+    /// The device of a recorded run, where no flag names one (`setup.devices` then holds
+    /// one, which it replaces).
+    device: Option<sim::SimDeviceOptions>,
 }
 
 /// What a trace's loading printed before the batch ran in parallel (each recorded
