@@ -134,10 +134,11 @@ pub struct Cli {
 pub enum Command {
     /// Replay one trace under one policy and print a summary.
     ///
-    /// Streams a CSV trace, an RMM log or a snapshot pickle from a file or from standard
-    /// input (`-`; a pipe is first copied to a temporary file in $TMPDIR): memory follows
-    /// the live allocations, not the trace's length. Holds the whole trace in memory (about
-    /// 40 bytes per event) for YAML, recorded JSON or another pipe, with --iterations, with --timeline
+    /// Streams a CSV trace, an RMM log or a snapshot pickle from a file, from standard
+    /// input (`-`) or from a process substitution (`<(zcat t.csv.gz)`; a pipe is first
+    /// copied to a temporary file in $TMPDIR): memory follows the live allocations, not
+    /// the trace's length. Holds the whole trace in memory (about 40 bytes per event) for
+    /// YAML, recorded JSON or a named pipe, with --iterations, with --timeline
     /// except from a CSV trace, or with a GPU profile whose usable memory varies, and reads it
     /// again, whole, to explain an out-of-memory or to report a problem.
     Replay(ReplayArgs),
@@ -173,9 +174,10 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Validate traces and list every problem found.
     ///
-    /// Reads a clean CSV trace or RMM log once, as it goes (standard input from a pipe
-    /// through a temporary file in $TMPDIR). Holds the whole trace in memory (about 40
-    /// bytes per event) in other formats or from another pipe, and reads a file with a
+    /// Reads a clean CSV trace or RMM log once, as it goes (standard input from a pipe,
+    /// and a process substitution, through a temporary file in $TMPDIR). Holds the whole
+    /// trace in memory (about 40 bytes per event) in other formats or from a named pipe,
+    /// and reads a file with a
     /// problem again, whole, to list every problem.
     Check(CheckArgs),
     /// List every policy with its options, their defaults and what they mean.
@@ -236,29 +238,37 @@ impl Command {
         }
     }
 
+    /// The command's input files (traces, shards, recorded runs), to read or to replace
+    /// by a copy (`spool.rs`).
+    pub fn inputs_mut(&mut self) -> &mut [PathBuf] {
+        match self {
+            Command::Replay(a) => std::slice::from_mut(&mut a.trace),
+            Command::Diff(a) => std::slice::from_mut(&mut a.trace),
+            Command::Convert(a) => std::slice::from_mut(&mut a.input),
+            Command::Export(a) => std::slice::from_mut(&mut a.trace),
+            Command::Compare(a) => &mut a.traces,
+            Command::Fit(a) => &mut a.traces,
+            Command::Sweep(a) => &mut a.trace,
+            Command::Merge(a) => &mut a.shards,
+            Command::Check(a) => &mut a.traces,
+            Command::Fidelity(a) => &mut a.files,
+            Command::Validate(a) => &mut a.traces,
+            Command::Plot(a) => &mut a.traces,
+            Command::Bench(a) => &mut a.traces,
+            Command::Generate(_) | Command::Policies(_) | Command::Gpus(_) | Command::Probe(_) => {
+                &mut []
+            }
+        }
+    }
+
     /// How many of the command's input files are standard input (`-`): more than one
     /// cannot be read (main refuses it), and one from a pipe is kept in a temporary
     /// file first (`spool.rs`).
-    pub fn stdin_inputs(&self) -> usize {
-        let inputs: &[PathBuf] = match self {
-            Command::Replay(a) => std::slice::from_ref(&a.trace),
-            Command::Diff(a) => std::slice::from_ref(&a.trace),
-            Command::Convert(a) => std::slice::from_ref(&a.input),
-            Command::Export(a) => std::slice::from_ref(&a.trace),
-            Command::Compare(a) => &a.traces,
-            Command::Fit(a) => &a.traces,
-            Command::Sweep(a) => &a.trace,
-            Command::Merge(a) => &a.shards,
-            Command::Check(a) => &a.traces,
-            Command::Fidelity(a) => &a.files,
-            Command::Validate(a) => &a.traces,
-            Command::Plot(a) => &a.traces,
-            Command::Bench(a) => &a.traces,
-            Command::Generate(_) | Command::Policies(_) | Command::Gpus(_) | Command::Probe(_) => {
-                &[]
-            }
-        };
-        inputs.iter().filter(|p| p.as_os_str() == STDIN).count()
+    pub fn stdin_inputs(&mut self) -> usize {
+        self.inputs_mut()
+            .iter()
+            .filter(|p| p.as_os_str() == STDIN)
+            .count()
     }
 }
 

@@ -162,6 +162,11 @@ fn main() -> ExitCode {
             return ExitCode::from(Exit::BadInput.code());
         }
     }
+    #[cfg(target_os = "linux")]
+    if let Err(e) = spool::descriptor_pipes(cli.command.inputs_mut()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(Exit::BadInput.code());
+    }
     // A panic is a bug: report it on one line, not as a backtrace dump.
     std::panic::set_hook(Box::new(|info| {
         let msg = info

@@ -18,6 +18,12 @@
 //! Only a pipe or socket is copied: a regular file (`< run.csv`) already reads as a
 //! file, and a terminal or device (`< /dev/zero`) is read as before (a device could
 //! fill the disk).
+//!
+//! A process substitution (`allocsim replay <(zstd -dc run.csv.zst)`) names a pipe
+//! `/dev/fd/N`: [`descriptor_pipes`] copies it the same way and names the copy instead
+//! (`/dev/fd/M`, the copy's descriptor, kept open until the process ends), which
+//! is what messages then name. A named pipe (`mkfifo`) keeps its name and is read once,
+//! whole, as before.
 
 use std::io;
 
@@ -31,39 +37,91 @@ use std::io;
 /// input was read: it cannot be read again.
 pub fn stdin() -> Result<bool, SpoolError> {
     let stdin = io::stdin();
+    if !is_pipe(&stdin) {
+        return Ok(false);
+    }
+    let name = "- (standard input)";
+    let Some(file) = copy(&mut stdin.lock(), name)? else {
+        return Ok(false);
+    };
+    rustix::stdio::dup2_stdin(&file).map_err(|e| SpoolError {
+        name: name.to_string(),
+        dir: std::env::temp_dir(),
+        e: e.into(),
+    })?;
+    Ok(true)
+}
+
+/// Copies each input named `/dev/fd/N` or `/proc/self/fd/N` that is a pipe or socket (a
+/// process substitution) into a temporary file, and names the copy in its place
+/// (`/dev/fd/M`); the copies stay open until the process ends. An input whose
+/// copy cannot be made is left as it is (read once, whole).
+///
+/// # Errors
+/// Reading a pipe or writing its copy failed after part of it was read.
+#[cfg(target_os = "linux")]
+pub fn descriptor_pipes(inputs: &mut [std::path::PathBuf]) -> Result<(), SpoolError> {
+    use std::os::fd::IntoRawFd;
+    for path in inputs {
+        let by_descriptor = ["/dev/fd/", "/proc/self/fd/"]
+            .iter()
+            .any(|dir| path.to_str().is_some_and(|p| p.starts_with(dir)));
+        if !by_descriptor {
+            continue;
+        }
+        let Ok(mut pipe) = std::fs::File::open(&*path) else {
+            continue;
+        };
+        if !is_pipe(&pipe) {
+            continue;
+        }
+        let name = path.display().to_string();
+        if let Some(file) = copy(&mut pipe, &name)? {
+            // Kept open for the rest of the process: the path below names it.
+            *path = std::path::PathBuf::from(format!("/dev/fd/{}", file.into_raw_fd()));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `fd` is a pipe or a socket.
+fn is_pipe(fd: impl std::os::fd::AsFd) -> bool {
     use rustix::fs::FileType;
-    let piped = rustix::fs::fstat(&stdin).is_ok_and(|st| {
+    rustix::fs::fstat(fd).is_ok_and(|st| {
         matches!(
             FileType::from_raw_mode(st.st_mode),
             FileType::Fifo | FileType::Socket
         )
-    });
-    if !piped {
-        return Ok(false);
-    }
+    })
+}
+
+/// `from` copied whole into a new unnamed temporary file in `$TMPDIR`; `None` where no
+/// temporary file can be made (nothing read then).
+fn copy(from: &mut impl io::Read, name: &str) -> Result<Option<std::fs::File>, SpoolError> {
     let dir = std::env::temp_dir();
     let Ok(mut file) = tempfile::tempfile_in(&dir) else {
-        return Ok(false);
+        return Ok(None);
     };
-    let stage = crate::progress::Stage::start("reading standard input".to_string());
+    let stage = crate::progress::Stage::start(format!("reading {name}"));
     // `io::copy` from a pipe to a file splices in the kernel.
-    io::copy(&mut stdin.lock(), &mut file).map_err(|e| SpoolError {
-        dir: dir.clone(),
+    io::copy(from, &mut file).map_err(|e| SpoolError {
+        name: name.to_string(),
+        dir,
         e,
     })?;
     drop(stage);
-    rustix::stdio::dup2_stdin(&file).map_err(|e| SpoolError { dir, e: e.into() })?;
-    Ok(true)
+    Ok(Some(file))
 }
 
-/// Standard input could not be kept: what [`stdin`] was doing, in one line.
+/// A piped input could not be kept: which, and what went wrong, in one line.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "- (standard input): keeping the piped input in a temporary file in {} failed: {e}; \
-     set TMPDIR to a directory with room, or save the input to a file and name it",
+    "{name}: keeping the piped input in a temporary file in {} failed: {e}; set TMPDIR to \
+     a directory with room, or save the input to a file and name it",
     dir.display()
 )]
 pub struct SpoolError {
+    name: String,
     dir: std::path::PathBuf,
     e: io::Error,
 }

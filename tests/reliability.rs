@@ -1084,8 +1084,8 @@ fn a_piped_trace_without_a_temporary_directory_is_read_whole() {
 }
 
 /// A trace read from a pipe (`/dev/stdin`, `<(zcat t.csv.gz)`, a named pipe) is read
-/// once and replays as the file does (standard input from a pipe through a temporary
-/// file, `src/spool.rs`; the others whole): `replay` read its first bytes to tell the format,
+/// once and replays as the file does (standard input from a pipe and a process
+/// substitution through a temporary file, `src/spool.rs`; a named pipe whole): `replay` read its first bytes to tell the format,
 /// then opened it again (a pipe: "cannot tell the trace format" of a valid CSV or
 /// snapshot; a named pipe whose writer had gone: waiting for ever), and `export` read a
 /// snapshot's first bytes, then failed on the rest.

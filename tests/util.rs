@@ -92,6 +92,18 @@ impl Drop for TempDir {
 }
 
 /// Whether this system has `mkfifo`; says the test is skipped where it has not.
+/// Whether bash runs here (for process substitutions), saying so where it does not.
+pub fn has_bash() -> bool {
+    let found = std::process::Command::new("bash")
+        .args(["-c", "true"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("skipped: no bash on this system");
+    }
+    found
+}
+
 pub fn has_mkfifo() -> bool {
     let found = std::process::Command::new("mkfifo")
         .arg("--version")
