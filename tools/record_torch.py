@@ -1749,20 +1749,21 @@ def serve_dynamic(rec, requests, max_seq, d_model, heads, layers, seed, empty_ev
             rec.cp(f"r{r}")
 
 
-@workload(batches=(4, 16, 64), hidden=2048, layers=4, calls=4, train=False)
-def compiled_graphs(rec, batches, hidden, layers, calls, train):
+@workload(batches=(4, 16, 64), hidden=2048, layers=4, calls=4, train=False, mode="reduce-overhead")
+def compiled_graphs(rec, batches, hidden, layers, calls, train, mode):
     """An MLP under `torch.compile(mode="reduce-overhead")`, as users turn CUDA graphs
     on: inductor's CUDA graph trees record each batch size's graph on its second call
     and replay it after, all graphs in one private pool that the trees manage
     themselves (checkpointing and restoring the pool's state between graphs); `calls`
     calls per batch size, in order, then every size again; with train=1 a training step
-    (forward and backward graphs, SGD outside them)."""
+    (forward and backward graphs, SGD outside them); `mode` is torch.compile's
+    (`default`: inductor's kernels, no CUDA graphs)."""
     torch.manual_seed(0)
     m = _gelu_mlp(hidden, layers, rec.dev)
     opt = torch.optim.SGD(m.parameters(), lr=1e-4) if train else None
     if not train:
         m.eval()
-    f = torch.compile(m, mode="reduce-overhead")
+    f = torch.compile(m, mode=mode)
     rec.setup_done()
 
     def call(b):
