@@ -631,23 +631,7 @@ impl FreeSet {
             nodes.place(id).1 == NO_CLASS,
             "block {id} is in a free set already"
         );
-        match self.index(slot) {
-            Some(i) => self.streams[i].insert(nodes, id, size),
-            None => self.insert_new_stream(nodes, slot as usize, id, size),
-        }
-    }
-
-    /// [`FreeSet::insert`] into a stream that has no slot here yet: makes the slots up
-    /// to `slot`.
-    #[inline(never)]
-    fn insert_new_stream(
-        &mut self,
-        nodes: &mut impl NodeTable,
-        slot: usize,
-        id: u32,
-        size: u64,
-    ) -> bool {
-        self.add_stream(slot).insert(nodes, id, size)
+        self.stream_mut(slot).insert(nodes, id, size)
     }
 
     /// The lists of stream `slot`, made if it has none here yet.
