@@ -1096,13 +1096,10 @@ mod tests {
             trace_len,
             allocated,
             reserved: 2 << 20,
-            max_allocated: 0,
-            max_reserved: 0,
             inactive_split,
-            num_alloc_retries: 0,
-            num_ooms: 0,
             segments: 1,
             driver_free: 70 << 30,
+            ..Checkpoint::default()
         };
         let run = RecordedRun {
             name: "delayed".into(),
@@ -1157,17 +1154,8 @@ mod tests {
     #[test]
     fn checkpoints_map_to_entries() {
         let cp = |trace_len| Checkpoint {
-            label: String::new(),
             trace_len,
-            allocated: 0,
-            reserved: 0,
-            max_allocated: 0,
-            max_reserved: 0,
-            inactive_split: 0,
-            num_alloc_retries: 0,
-            num_ooms: 0,
-            segments: 0,
-            driver_free: 0,
+            ..Checkpoint::default()
         };
         let run = RecordedRun {
             entries: vec![
@@ -1191,13 +1179,9 @@ mod tests {
             trace_len,
             allocated,
             reserved,
-            max_allocated: 0,
-            max_reserved: 0,
-            inactive_split: 0,
-            num_alloc_retries: 0,
-            num_ooms: 0,
             segments,
             driver_free: 70 * gib,
+            ..Checkpoint::default()
         };
         let run = RecordedRun {
             name: "tiny".into(),

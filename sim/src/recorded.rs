@@ -511,30 +511,16 @@ mod tests {
                 entry(Action::SegmentMap, 0x7f00_0000_0000, 2 << 20),
                 entry(Action::SegmentMap, 0x7f00_4000_0000, 2 << 20),
             ],
-            checkpoints: vec![checkpoint(u64::MAX, u64::MAX)],
+            checkpoints: vec![workloads::Checkpoint {
+                reserved: u64::MAX,
+                driver_free: u64::MAX,
+                ..workloads::Checkpoint::default()
+            }],
             ..RecordedRun::default()
         };
         assert_eq!(address_hints(&run, 80 << 30).unwrap().ranges.len(), 1);
         let d = run_device(&run, &SimDeviceOptions::default());
         assert_eq!((d.capacity_bytes, d.total_bytes), (u64::MAX, u64::MAX));
-    }
-
-    /// A checkpoint at the first entry where PyTorch held `reserved` bytes and the driver
-    /// reported `driver_free` free.
-    fn checkpoint(reserved: u64, driver_free: u64) -> workloads::Checkpoint {
-        workloads::Checkpoint {
-            label: "x".into(),
-            trace_len: 0,
-            allocated: 0,
-            reserved,
-            max_allocated: 0,
-            max_reserved: 0,
-            inactive_split: 0,
-            num_alloc_retries: 0,
-            num_ooms: 0,
-            segments: 0,
-            driver_free,
-        }
     }
 
     /// The recorded device: none without a recorded total; its card's name; without a
@@ -555,7 +541,11 @@ mod tests {
         assert_eq!(d.name, "NVIDIA H200, as recorded");
         assert_eq!((d.total_bytes, d.capacity_bytes), (140 * gib, 139 * gib));
         assert_eq!(d.usable_spread_bytes, 0);
-        run.checkpoints = vec![checkpoint(2 * gib, 130 * gib)];
+        run.checkpoints = vec![workloads::Checkpoint {
+            reserved: 2 * gib,
+            driver_free: 130 * gib,
+            ..workloads::Checkpoint::default()
+        }];
         assert_eq!(
             recorded_device(&run, &base).unwrap().capacity_bytes,
             132 * gib

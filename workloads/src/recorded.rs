@@ -106,7 +106,7 @@ pub struct RecordedEntry {
 }
 
 /// PyTorch's statistics at a labelled point of a recorded run.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct Checkpoint {
     /// The label given by the recording script.
     pub label: String,
