@@ -89,10 +89,7 @@ fn peak_kib_of(mut command: Command, fed: Option<&Path>) -> Option<u64> {
         .expect("allocsim starts");
     let writer = fed.map(|path| {
         let bytes = std::fs::read(path).expect("the fed file reads");
-        let mut pipe = child.stdin.take().expect("a piped stdin");
-        std::thread::spawn(move || {
-            let _ = std::io::Write::write_all(&mut pipe, &bytes);
-        })
+        crate::util::feed(&mut child, bytes)
     });
     let mut peak = None;
     let status = loop {

@@ -1069,11 +1069,7 @@ fn a_piped_trace_without_a_temporary_directory_is_read_whole() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let bytes = std::fs::read(root().join(csv)).unwrap();
-    let mut pipe = child.stdin.take().unwrap();
-    let writer = std::thread::spawn(move || {
-        let _ = std::io::Write::write_all(&mut pipe, &bytes);
-    });
+    let writer = crate::util::feed(&mut child, std::fs::read(root().join(csv)).unwrap());
     let o = child.wait_with_output().unwrap();
     writer.join().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));

@@ -42,11 +42,17 @@ pub fn spawn_fed(
         .stderr(Stdio::piped())
         .spawn()
         .expect("run allocsim");
-    let mut pipe = child.stdin.take().expect("a piped stdin");
-    let writer = std::thread::spawn(move || {
-        let _ = std::io::Write::write_all(&mut pipe, &input);
-    });
+    let writer = feed(&mut child, input);
     (child, writer)
+}
+
+/// Writes `input` to `child`'s piped stdin on a thread, which ends when the input is
+/// written or the child stops reading (the rest is not wanted), closing the pipe.
+pub fn feed(child: &mut std::process::Child, input: Vec<u8>) -> std::thread::JoinHandle<()> {
+    let mut pipe = child.stdin.take().expect("a piped stdin");
+    std::thread::spawn(move || {
+        let _ = std::io::Write::write_all(&mut pipe, &input);
+    })
 }
 
 /// stdout as text.
