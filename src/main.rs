@@ -146,8 +146,7 @@ fn main() -> ExitCode {
         }
     };
     cli.command.dash_means_stdout();
-    let stdin_inputs = cli.command.stdin_inputs();
-    if stdin_inputs > 1 {
+    if cli.command.stdin_inputs() > 1 {
         eprintln!(
             "error: - (standard input) is named more than once: it can be read once; save it \
              to a file to use it twice"
@@ -156,14 +155,7 @@ fn main() -> ExitCode {
     }
     // A piped trace reads as a file does (streamed, read again where needed).
     #[cfg(unix)]
-    if stdin_inputs == 1 {
-        if let Err(e) = spool::stdin() {
-            eprintln!("error: {e}");
-            return ExitCode::from(Exit::BadInput.code());
-        }
-    }
-    #[cfg(target_os = "linux")]
-    if let Err(e) = spool::descriptor_pipes(cli.command.inputs_mut()) {
+    if let Err(e) = spool::pipes(cli.command.inputs_mut()) {
         eprintln!("error: {e}");
         return ExitCode::from(Exit::BadInput.code());
     }

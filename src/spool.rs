@@ -7,7 +7,7 @@
 //! to read it whole into memory instead (about 40 bytes per event and 3–4× the time of
 //! a file: 397 MB and 1.98 s against 6.8 MB and 0.53 s for 10⁷ events).
 //!
-//! [`stdin`] copies a piped standard input into an unnamed temporary file (`O_TMPFILE`
+//! [`pipes`] copies a piped standard input into an unnamed temporary file (`O_TMPFILE`
 //! in `$TMPDIR`, gone when the process ends, however it ends) and puts that file on
 //! file descriptor 0. Every later open of `/dev/stdin` then opens the file from its
 //! start, as for `allocsim replay - < run.csv`: the commands stream it and read it
@@ -27,40 +27,46 @@
 
 use std::io;
 
-/// Copies standard input into a temporary file and puts the file on descriptor 0,
-/// when standard input is a pipe or socket. `Ok(false)` where nothing was done: not a
-/// pipe, or no temporary file could be made (nothing read yet: the caller reads the
-/// pipe as before).
+/// Makes the piped inputs among `inputs` files: standard input where one of them names
+/// it ([`stdin`]), and on Linux each named by a descriptor ([`descriptor_pipes`]).
 ///
 /// # Errors
-/// Reading the pipe or writing the file failed (the disk full, say) after part of the
-/// input was read: it cannot be read again.
-pub fn stdin() -> Result<bool, SpoolError> {
+/// Reading a pipe or writing its copy (the disk full, say) failed after part of it was
+/// read: it cannot be read again.
+pub fn pipes(inputs: &mut [std::path::PathBuf]) -> Result<(), SpoolError> {
+    if inputs.iter().any(|p| p.as_os_str() == crate::flags::STDIN) {
+        stdin()?;
+    }
+    #[cfg(target_os = "linux")]
+    descriptor_pipes(inputs)?;
+    Ok(())
+}
+
+/// Copies standard input into a temporary file and puts the file on descriptor 0,
+/// when standard input is a pipe or socket; nothing where it is not, or where no
+/// temporary file can be made (nothing read yet: the command reads the pipe as before).
+fn stdin() -> Result<(), SpoolError> {
     let stdin = io::stdin();
     if !is_pipe(&stdin) {
-        return Ok(false);
+        return Ok(());
     }
     let name = "- (standard input)";
     let Some(file) = copy(&mut stdin.lock(), name)? else {
-        return Ok(false);
+        return Ok(());
     };
     rustix::stdio::dup2_stdin(&file).map_err(|e| SpoolError {
         name: name.to_string(),
         dir: std::env::temp_dir(),
         e: e.into(),
-    })?;
-    Ok(true)
+    })
 }
 
 /// Copies each input named `/dev/fd/N` or `/proc/self/fd/N` that is a pipe or socket (a
 /// process substitution) into a temporary file, and names the copy in its place
 /// (`/dev/fd/M`); the copies stay open until the process ends. An input whose
 /// copy cannot be made is left as it is (read once, whole).
-///
-/// # Errors
-/// Reading a pipe or writing its copy failed after part of it was read.
 #[cfg(target_os = "linux")]
-pub fn descriptor_pipes(inputs: &mut [std::path::PathBuf]) -> Result<(), SpoolError> {
+fn descriptor_pipes(inputs: &mut [std::path::PathBuf]) -> Result<(), SpoolError> {
     use std::os::fd::IntoRawFd;
     for path in inputs {
         let by_descriptor = ["/dev/fd/", "/proc/self/fd/"]
