@@ -1606,8 +1606,9 @@ def oom_backoff(rec, batch, width, layers, steps, floor):
             opt.zero_grad(set_to_none=True)
             del x, loss
         except torch.cuda.OutOfMemoryError:
-            # Leaving the handler drops the failed step's tensors (the traceback's
-            # frames); the gradients computed so far go too.
+            # Leaving the handler drops the tensors of the frames the error came
+            # through; `x` (this frame's) lives until the retry assigns it again,
+            # as in a user's loop; the gradients computed so far are dropped here.
             opt.zero_grad(set_to_none=True)
             if batch <= floor:
                 raise
