@@ -425,6 +425,65 @@ fn every_policy_replays_pool_events() {
     }
 }
 
+/// A checkpoint restore's `restore_block` places the next request at the pool's free
+/// block it names (no large segment for a 1.5 MiB block carved from a small one); one
+/// naming an address where no free block starts is counted missed and said in a caveat,
+/// and policies without pools ignore it.
+#[test]
+fn a_checkpoint_restore_is_placed_or_said_missed() {
+    use policies::Device as _;
+    let pool = PoolId(0, 1);
+    let base = SimDevice::new(SimDeviceOptions::default())
+        .allocate_segment(2 << 20)
+        .unwrap()
+        .addr
+        .0;
+    let program = |addr: u64| {
+        let mut p = Program::default();
+        p.push(Event::BeginAllocateToPool {
+            pool,
+            streams: PoolStreams::All,
+        });
+        let a = p.alloc(256 << 10, 0);
+        let b = p.alloc(512 << 10, 0);
+        p.push(Event::EndAllocateToPool { pool });
+        p.free(a);
+        p.free(b);
+        p.push(Event::RestoreBlock { pool, addr });
+        let c = p.alloc(1536 << 10, 0);
+        p.free(c);
+        p.push(Event::ReleasePool { pool });
+        Trace::new("restore", p.events)
+    };
+    for (addr, missed, peak) in [(base, 0, 2u64 << 20), (base + 4096, 1, 22 << 20)] {
+        let trace = program(addr);
+        for config in PolicyConfig::defaults() {
+            let mut policy: Box<dyn Policy> = config.build().unwrap();
+            let mut device = SimDevice::new(SimDeviceOptions::default());
+            let options = ReplayOptions {
+                check_invariants: true,
+                ..ReplayOptions::default()
+            };
+            let r = sim::replay(&trace, policy.as_mut(), &mut device, &options).unwrap();
+            let caveats = sim::caveats(&trace, &config, &r);
+            if config.kind_name() == "caching" {
+                assert_eq!(r.missed_restore_count, missed, "{addr:#x}");
+                assert_eq!(r.summary.reserved_bytes_peak, peak, "{addr:#x}");
+                assert_eq!(caveats.len() as u64, missed, "{caveats:?}");
+                if missed > 0 {
+                    assert!(
+                        caveats[0].contains("not where the recording had them"),
+                        "{caveats:?}"
+                    );
+                }
+            } else {
+                assert_eq!(r.ignored_call_count, 4, "{}", config.kind_name());
+                assert_eq!(r.missed_restore_count, 0, "{}", config.kind_name());
+            }
+        }
+    }
+}
+
 /// `backend:cudaMallocAsync` parses as PyTorch 2.11 parses it (values of the native
 /// allocator's keys are not read under it, and are under `native`), and a replay under
 /// it says that backend is not modelled.

@@ -490,7 +490,7 @@ class Recorder:
         self.marks = []  # every mark, in the order taken
         self.checkpoints = []  # (label, mark, stats)
         self.empty_cache_marks = []
-        self.calls = []  # (mark, call, args)
+        self.calls = []  # (mark, call, args, end mark or None)
         self.pools = {}  # pool id -> dict
         self.windows = []  # dicts with begin/end marks
         self.releases = []  # (pool, mark, how)
@@ -603,13 +603,20 @@ class Recorder:
                 return
 
             def wrapper(*args, **kwargs):
-                if not rec.finished:
-                    m = rec.mark()
-                    if call == "empty_cache":
-                        rec.empty_cache_marks.append(m)
-                    else:
-                        rec.calls.append((m, call, [a if isinstance(a, (int, float, str)) else repr(a) for a in args]))
-                return orig(*args, **kwargs)
+                if rec.finished:
+                    return orig(*args, **kwargs)
+                m = rec.mark()
+                if call == "empty_cache":
+                    rec.empty_cache_marks.append(m)
+                    return orig(*args, **kwargs)
+                record = [m, call, [a if isinstance(a, (int, float, str)) else repr(a) for a in args], None]
+                rec.calls.append(record)
+                out = orig(*args, **kwargs)
+                if call == "set_checkpoint_pool_state":
+                    # The call's allocations and frees (a pool set back to a checkpoint)
+                    # lie between its two marks.
+                    record[3] = rec.mark()
+                return out
 
             setattr(C, name, wrapper)
 
@@ -898,7 +905,10 @@ class Recorder:
             "late_start": self.opts.late_start,
             "start_state": self.start_state,
             "checkpoints_before_trace": before,
-            "calls": [{"call": c, "at": at(m), "args": args} for m, c, args in self.calls],
+            "calls": [
+                dict({"call": c, "at": at(m), "args": args}, **({"end": at(end)} if end is not None else {}))
+                for m, c, args, end in self.calls
+            ],
             "pools": [
                 {"id": list(p), "created_at": at(info.get("created")),
                  **{k: v for k, v in info.items() if k != "created"}}

@@ -135,6 +135,16 @@ pub enum AllocatorCall<'a> {
     ResetAccumulatedStats,
     /// `torch.cuda.memory.caching_allocator_enable(enabled)`.
     SetEnabled(bool),
+    /// The next request is one block of a private pool set back to a checkpoint
+    /// (`setCheckpointPoolState`): it takes the free block of `pool` that starts at
+    /// `addr`, exactly the request's bytes (no rounding), splitting the block when it
+    /// is larger, instead of the best fit.
+    RestoreBlock {
+        /// The pool being set back.
+        pool: PoolId,
+        /// Where the block starts.
+        addr: DeviceAddr,
+    },
 }
 
 /// What a policy did with an [`AllocatorCall`].

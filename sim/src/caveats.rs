@@ -1,5 +1,6 @@
 //! Why a replay's numbers are not exact: what the trace's reader found
-//! ([`workloads::TraceMeta::caveats`]), calls the policy ignored, and settings the policy
+//! ([`workloads::TraceMeta::caveats`]), calls the policy ignored, blocks of a checkpoint
+//! restore it could not place where the recording had them, and settings the policy
 //! does not model. `replay`, `compare` and `fidelity` print them as warnings.
 
 use policies::caching::CachingConfig;
@@ -25,6 +26,16 @@ pub fn caveats(trace: &Trace, config: &PolicyConfig, replay: &Replay) -> Vec<Str
              its numbers serve every request from one heap",
             config.kind_name(),
             replay.ignored_call_count
+        ));
+    }
+    if replay.missed_restore_count > 0 {
+        out.push(format!(
+            "{}: {} block(s) of a private pool set back to a checkpoint (torch.compile's CUDA graph trees) were not \
+             where the recording had them (the replay's pool differs there: another configuration, or a replay \
+             that went another way before); those requests were served by the policy's own choice, so the pool \
+             can differ from PyTorch's from there on",
+            config.kind_name(),
+            replay.missed_restore_count
         ));
     }
     let short_of_start = replay.oom.as_ref().filter(|o| o.before_first_event());

@@ -50,6 +50,11 @@ pub struct Replay {
     /// Allocator calls (private pools, settings, statistics resets, enabling) the
     /// policy does not model and ignored: its numbers do not reflect them.
     pub ignored_call_count: u64,
+    /// Blocks of a private pool set back to a checkpoint (`restore_block`) that the
+    /// policy did not place where the recording had them (its pool differs there: another
+    /// configuration, or a replay that went another way before): those requests were
+    /// served as the policy serves any other.
+    pub missed_restore_count: u64,
     /// For a trace that starts mid-run under a policy that cannot take over PyTorch's
     /// state ([`Policy::adopt`]): the blocks live at the first entry, which it
     /// allocated in address order before the first event instead (0 otherwise).
@@ -676,6 +681,8 @@ where
         oom_count: 0,
         skipped: 0,
         ignored_calls: 0,
+        restore_at: None,
+        missed_restores: 0,
         before,
         dstats,
         stats: before,
@@ -700,6 +707,7 @@ where
         oom_count,
         skipped,
         ignored_calls,
+        missed_restores,
         next_index,
         ..
     } = engine;
@@ -713,6 +721,7 @@ where
         skipped_event_count: skipped,
         live_allocation_count: live.len(),
         ignored_call_count: ignored_calls,
+        missed_restore_count: missed_restores,
         started_by_allocating,
         final_policy: policy.stats(),
         final_device: device.stats(),
@@ -737,6 +746,10 @@ struct Engine<'r, 'd, P: ?Sized, O: ?Sized> {
     oom_count: u64,
     skipped: u64,
     ignored_calls: u64,
+    /// Where the next allocation should be, after a `restore_block` the policy applied.
+    restore_at: Option<DeviceAddr>,
+    /// Allocations after a `restore_block` that were not where it said.
+    missed_restores: u64,
     /// The policy's figures before this event, for the checks.
     before: PolicyStats,
     dstats: DeviceStats,
@@ -798,6 +811,8 @@ where
             oom_count,
             skipped,
             ignored_calls,
+            restore_at,
+            missed_restores,
             before,
             dstats,
             stats,
@@ -843,7 +858,11 @@ where
                     stream: StreamId(stream),
                 };
                 live.problem |= size_bytes == 0;
-                match policy.allocate(&mut *device, request) {
+                let result = policy.allocate(&mut *device, request);
+                if let Some(want) = restore_at.take() {
+                    *missed_restores += u64::from(result.as_ref().map_or(true, |a| a.addr != want));
+                }
+                match result {
                     Ok(a) => {
                         let outcome = Outcome::Allocated {
                             addr: a.addr,
@@ -1002,6 +1021,10 @@ where
                     Event::ResetPeakStats => AllocatorCall::ResetPeakStats,
                     Event::ResetAccumulatedStats => AllocatorCall::ResetAccumulatedStats,
                     Event::SetEnabled { enabled } => AllocatorCall::SetEnabled(enabled),
+                    Event::RestoreBlock { pool, addr } => AllocatorCall::RestoreBlock {
+                        pool: pool_id(pool),
+                        addr: DeviceAddr(addr),
+                    },
                     Event::Alloc { .. }
                     | Event::FreeRequested { .. }
                     | Event::Free { .. }
@@ -1009,7 +1032,12 @@ where
                     | Event::Mark { .. } => unreachable!("handled above"),
                 };
                 match policy.call(&mut *device, &call) {
-                    Ok(CallOutcome::Applied) => Outcome::Called { applied: true },
+                    Ok(CallOutcome::Applied) => {
+                        if let AllocatorCall::RestoreBlock { addr, .. } = call {
+                            *restore_at = Some(addr);
+                        }
+                        Outcome::Called { applied: true }
+                    }
                     Ok(CallOutcome::Ignored) => {
                         *ignored_calls += 1;
                         Outcome::Called { applied: false }
@@ -1194,6 +1222,7 @@ fn start_oom(
         skipped_event_count: 0,
         live_allocation_count: live.len(),
         ignored_call_count: 0,
+        missed_restore_count: 0,
         started_by_allocating,
         final_policy: stats,
         final_device: dstats,

@@ -376,6 +376,7 @@ mod tests {
             live_allocation_count: 0,
             started_by_allocating: 0,
             ignored_call_count: 0,
+            missed_restore_count: 0,
             final_policy: PolicyStats::default(),
             final_device: DeviceStats::default(),
         }

@@ -166,6 +166,39 @@ class Allocator:
                     self.freeable.discard(p)
                     del self.use_counts[p]
 
+    def checkpoint(self, pool):
+        """`getCheckpointState`: each segment of `pool` as its blocks' layout."""
+        return [
+            (s, [(b.addr, b.size, b.allocated) for b in s.blocks])
+            for s in self.segments
+            if s.pool == pool
+        ]
+
+    def set_checkpoint(self, pool, state):
+        """`setCheckpointPoolState`: every allocated block of the pool freed, each
+        checkpointed segment carved again block by block from its start, then the
+        blocks free in the checkpoint freed; the blocks allocated in it are returned
+        (segment, block) for their new owners."""
+        for s in [s for s in self.segments if s.pool == pool]:
+            for b in [b for b in s.blocks if b.allocated]:
+                self.free(s, b)
+        live = []
+        for s, layout in state:
+            carved = []
+            for addr, size, _ in layout:
+                b = s.take(size)
+                assert b.addr == addr and b.size == size
+                b.requested = size
+                self.allocated += size
+                self.record("alloc", addr, size, s.stream, pool)
+                carved.append(b)
+            for b, (_, _, allocated) in zip(carved, layout):
+                if allocated:
+                    live.append((s, b))
+                else:
+                    self.free(s, b)
+        return live
+
     def _release_where(self, which):
         for s in [s for s in self.segments if which(s) and s.empty()]:
             self.segments.remove(s)
@@ -312,6 +345,25 @@ def make(total=80 << 30, available=True, metadata=True, metadata_in_trace=True):
     C._cuda_endAllocateToPool = lambda device, pool: A.end(tuple(pool))
     C._cuda_endAllocateCurrentStreamToPool = lambda device, pool: A.end(tuple(pool))
     C._cuda_releasePool = lambda device, pool: A.release_pool(tuple(pool))
+
+    # What torch.compile's CUDA graph trees checkpoint their pool with and set it back
+    # by (the state object is opaque in PyTorch). The blocks live in the checkpoint come
+    # back as tensors here (PyTorch gives them to the trees' live storages).
+    class _AllocatorState:
+        def __init__(self, pool, segments):
+            self.pool, self.segments = pool, segments
+
+    C._cuda_getCheckpointState = lambda device, pool: _AllocatorState(tuple(pool), A.checkpoint(tuple(pool)))
+
+    def set_checkpoint_pool_state(device, state, stale_storages, storages_to_add_deleters_to):
+        out = []
+        for placed in A.set_checkpoint(state.pool, state.segments):
+            t = Tensor(0, "cpu")
+            t.placed = placed
+            out.append(t)
+        return out
+
+    C._cuda_setCheckpointPoolState = set_checkpoint_pool_state
 
     def empty_cache():
         torch._C._cuda_emptyCache()

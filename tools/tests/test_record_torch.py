@@ -83,6 +83,35 @@ def fake_tree_pool(rec):
 
 
 @rt.workload()
+def fake_checkpoint(rec):
+    """Test only: what torch.compile's CUDA graph trees do to record a graph on another
+    path: their pool checkpointed after a warm-up, used further, then set back to the
+    checkpoint (every block freed, the checkpoint's blocks allocated again where they
+    were, its free blocks freed), then the blocks live in it freed."""
+    torch, dev = T(), rec.dev
+    u8 = torch.uint8
+    rec.setup_done()
+    g = torch.cuda.CUDAGraph()
+    pool = (0, 9)
+    with torch.cuda.graph(g, pool=pool):
+        pass
+    torch._C._cuda_beginAllocateCurrentThreadToPool(0, pool)
+    a = torch.empty(MiB // 2, dtype=u8, device=dev)
+    b = torch.empty(MiB // 4, dtype=u8, device=dev)
+    del a
+    state = torch._C._cuda_getCheckpointState(0, pool)
+    c = torch.empty(MiB, dtype=u8, device=dev)
+    torch._C._cuda_endAllocateToPool(0, pool)
+    torch._C._cuda_releasePool(0, pool)
+    # The trees own these storages now: the restore frees their blocks.
+    b.placed = c.placed = None
+    restored = torch._C._cuda_setCheckpointPoolState(0, state, [], [])
+    del b, c
+    rec.cp("restored")
+    del restored, g
+
+
+@rt.workload()
 def fake_pools(rec):
     """Test only: two graph captures, default-pool work, a MemPool phase with a
     request from another thread, a reset graph, a destroyed graph, a destroyed
@@ -302,6 +331,21 @@ class PoolTests(RecorderTest):
         for x in w[1:]:
             inside = [e for e in j["events"][x["begin"] + 1 : x["end"]] if e[0] == "alloc"]
             self.assertEqual(len(inside), 1)
+
+    def test_checkpoint_restore_span(self):
+        """A pool set back to a checkpoint is a set_checkpoint_pool_state call with the
+        positions it began and returned at, and the allocations it made (one per
+        checkpointed block, each served from the pool) lie between them."""
+        name, j = self.record("fake_checkpoint")
+        calls = [c for c in j["calls"] if c["call"] == "set_checkpoint_pool_state"]
+        self.assertEqual(len(calls), 1)
+        at, end = calls[0]["at"], calls[0]["end"]
+        self.assertLess(at, end)
+        inside = [(i, e) for i, e in enumerate(j["events"]) if at < i < end]
+        allocs = [(i, e) for i, e in inside if e[0] == "alloc"]
+        self.assertEqual([e[2] for _, e in allocs], [MiB // 2, MiB // 4, MiB + MiB // 4])
+        pools = {r[0]: r[1:] for r in j["request_pools"]}
+        self.assertTrue(all(pools.get(i) == [0, 9] for i, _ in allocs))
 
     def test_golden_fake_pools_json(self):
         """The fake_pools recording is byte-for-byte the committed fixture (the Rust

@@ -19,7 +19,9 @@
 //! every stream; else `7`, `7;9`, or `none`), `end_allocate_to_pool,<pool>,,`,
 //! `release_pool,<pool>,,`, `empty_cache,<pool>,,` (one pool's cache),
 //! `set_allocator_settings,<conf>,,`, `reset_peak_memory_stats,,,`,
-//! `reset_accumulated_memory_stats,,,` and `caching_allocator_enable,true|false,,`.
+//! `reset_accumulated_memory_stats,,,`, `caching_allocator_enable,true|false,,` and
+//! `restore_block,<pool>,<addr>,` (a checkpoint restore's block: its address in the
+//! `bytes` field).
 //! Numbers are plain unsigned decimal integers
 //! (no sign, no unit, no separators), so the format stays trivially machine-written;
 //! sizes with units belong to the YAML format. Labels may contain commas, quotes and
@@ -273,6 +275,9 @@ pub fn write_csv_events<'e>(
                 "",
                 "",
             ])?,
+            Event::RestoreBlock { pool, addr } => {
+                csv.write_record(["restore_block", &pool_text(*pool), &addr.to_string(), ""])?
+            }
         }
     }
     csv.flush()
@@ -356,6 +361,7 @@ fn parse_row(
             | "reset_peak_memory_stats"
             | "reset_accumulated_memory_stats"
             | "caching_allocator_enable"
+            | "restore_block"
     ) {
         return Err(err(format!(
             "unknown op '{}' (expected {OP_NAMES})",
@@ -525,6 +531,14 @@ fn parse_row(
             };
             Ok(Event::SetEnabled { enabled })
         }
+        "restore_block" => {
+            must_be_empty(3)?;
+            let pool = pool_field(op, field(1)).map_err(err)?;
+            Ok(Event::RestoreBlock {
+                pool,
+                addr: number(2)?,
+            })
+        }
         _ => {
             must_be_empty(2)?;
             must_be_empty(3)?;
@@ -551,6 +565,7 @@ fn row_shape(op: &str) -> &'static str {
         "reset_peak_memory_stats" => "reset_peak_memory_stats,,,",
         "reset_accumulated_memory_stats" => "reset_accumulated_memory_stats,,,",
         "caching_allocator_enable" => "caching_allocator_enable,true|false,,",
+        "restore_block" => "restore_block,<pool>,<addr>,",
         _ => "mark,<label>,,",
     }
 }

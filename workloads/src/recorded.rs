@@ -7,7 +7,7 @@
 //! ([`read_recorded_json`]) and PyTorch's snapshot pickles
 //! ([`crate::snapshot::read_snapshot_pickle`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -578,6 +578,10 @@ struct JsonRelease {
 struct JsonCall {
     call: String,
     at: Option<u64>,
+    /// Where the call returned (`set_checkpoint_pool_state`; recorders before it was
+    /// written leave it out: the call then ends at the next mark).
+    #[serde(default)]
+    end: Option<u64>,
     #[serde(default)]
     args: Vec<serde_json::Value>,
 }
@@ -621,6 +625,8 @@ fn json_calls(
         }
     }
     let mut windows: Vec<(Option<u64>, u64, PoolId, PoolStreams)> = Vec::new();
+    // Allocations of a checkpoint restore (`set_checkpoint_pool_state`), by entry.
+    let mut restored: HashSet<u64> = HashSet::new();
     for w in &json.pool_windows {
         let Some((a, b)) = w.pool else {
             caveats.push(
@@ -709,11 +715,38 @@ fn json_calls(
             "set_checkpoint_pool_state" => {
                 // Inductor's CUDA graph trees set a private pool back to a checkpoint when
                 // they record a graph on another path of the tree: every block of the pool
-                // freed, then its checkpointed blocks allocated again where they were. The
-                // trace shows those frees and allocations as requests.
-                caveats.push(
-                    "the run set a private pool back to a checkpointed state (torch.compile's CUDA graph trees recording another path), which is not modelled: the allocations and frees that did it are replayed as requests, so its pool can differ from there on".to_string(),
-                );
+                // freed, then each checkpointed block allocated again where it was, then
+                // the checkpoint's free blocks freed. The trace shows those frees and
+                // allocations as entries; each allocation to a private pool inside the
+                // call takes the block it names.
+                let Some(at) = c.at else {
+                    caveats.push(
+                        "the run set a private pool back to a checkpointed state before its first recorded entry (torch.compile's CUDA graph trees recording another path): where those blocks went is not known, so the pool can differ from there on".to_string(),
+                    );
+                    continue;
+                };
+                let end = c.end.unwrap_or_else(|| {
+                    entries
+                        .iter()
+                        .enumerate()
+                        .skip(at as usize + 1)
+                        .find(|(_, e)| e.action == Action::Snapshot)
+                        .map_or(entries.len() as u64, |(i, _)| i as u64)
+                });
+                for i in at + 1..end.min(entries.len() as u64) {
+                    let e = &entries[i as usize];
+                    if let (Action::Alloc, Some(&pool)) = (e.action, request_pools.get(&i)) {
+                        if !pool.is_default() {
+                            push(
+                                Some(i - 1),
+                                3,
+                                Event::RestoreBlock { pool, addr: e.addr },
+                                &mut calls,
+                            );
+                            restored.insert(i);
+                        }
+                    }
+                }
                 continue;
             }
             other => {
@@ -734,6 +767,10 @@ fn json_calls(
             continue;
         }
         let i = i as u64;
+        if restored.contains(&i) {
+            // Placed by its restore, not routed.
+            continue;
+        }
         let routed = windows
             .iter()
             .filter(|(b, end, _, streams)| {
@@ -1036,8 +1073,9 @@ mod tests {
     /// up in their pool through them): scope `stream` routes its stream only, scope
     /// `thread` every stream; a restore of a pool's checkpointed state, which is not
     /// modelled, says so in a caveat.
+    /// Allocate-to-pool windows of both scopes become routing events and releases.
     #[test]
-    fn allocate_to_pool_windows_and_the_checkpoint_caveat() {
+    fn allocate_to_pool_windows() {
         let text = r#"{"events": [["alloc", 4096, 512, 7, 0], ["alloc", 8192, 512, 9, 0],
             ["free_requested", 4096, 512, 7, 0], ["free_completed", 4096, 512, 7, 0]],
             "pools": [{"id": [0, 1], "kind": "graph", "created_at": null}],
@@ -1045,7 +1083,6 @@ mod tests {
               {"pool": [0, 1], "kind": "allocate_to_pool", "scope": "stream", "streams": [7], "begin": null, "end": 2, "closed": true},
               {"pool": [0, 1], "kind": "allocate_to_pool", "scope": "thread", "streams": [], "begin": 2, "end": 3, "closed": true}],
             "pool_releases": [{"pool": [0, 1], "at": 3, "how": "release_pool"}],
-            "calls": [{"call": "set_checkpoint_pool_state", "at": 3, "args": [0]}],
             "request_pools": [[0, 0, 1]]}"#;
         let run = read_recorded_json_from(text.as_bytes(), Path::new("r.json")).unwrap();
         let pool = PoolId(0, 1);
@@ -1064,13 +1101,56 @@ mod tests {
             run.calls
         );
         assert!(run.calls.contains(&(Some(3), Event::ReleasePool { pool })));
-        assert_eq!(run.meta.caveats.len(), 1, "{:?}", run.meta.caveats);
-        assert!(
-            run.meta.caveats[0].contains("checkpointed state")
-                && run.meta.caveats[0].contains("not modelled"),
-            "{:?}",
-            run.meta.caveats
-        );
+        assert!(run.meta.caveats.is_empty(), "{:?}", run.meta.caveats);
+    }
+
+    /// A checkpoint restore's allocations to the pool (between the call's marks, or up
+    /// to the next mark when the recorder wrote no end) each follow a `restore_block`
+    /// naming their address, with no caveat and none taken for misrouted.
+    #[test]
+    fn a_checkpoint_restore_places_its_allocations() {
+        for end in [", \"end\": 5", ""] {
+            let text = format!(
+                r#"{{"events": [["snapshot", 0, 0, 0, 0], ["alloc", 4096, 512, 7, 0],
+                ["alloc", 4608, 1024, 7, 0], ["free_requested", 4608, 1024, 7, 0],
+                ["free_completed", 4608, 1024, 7, 0], ["snapshot", 0, 0, 0, 0],
+                ["alloc", 8192, 512, 0, 0]],
+                "pools": [{{"id": [0, 1], "kind": "graph", "created_at": null}}],
+                "pool_windows": [{{"pool": [0, 1], "kind": "allocate_to_pool", "scope": "thread",
+                  "streams": [], "begin": null, "end": null, "closed": true}}],
+                "calls": [{{"call": "set_checkpoint_pool_state", "at": 0, "args": [0]{end}}}],
+                "request_pools": [[1, 0, 1], [2, 0, 1]]}}"#
+            );
+            let run = read_recorded_json_from(text.as_bytes(), Path::new("r.json")).unwrap();
+            assert!(run.meta.caveats.is_empty(), "{end}: {:?}", run.meta.caveats);
+            let trace = run.to_trace().unwrap();
+            let pool = PoolId(0, 1);
+            let ops: Vec<String> = trace
+                .events
+                .iter()
+                .map(|e| match e {
+                    Event::RestoreBlock { pool: p, addr } if *p == pool => {
+                        format!("restore {addr}")
+                    }
+                    Event::Alloc { size_bytes, .. } => format!("alloc {size_bytes}"),
+                    other => other.op_name().to_string(),
+                })
+                .collect();
+            assert_eq!(
+                ops,
+                [
+                    "begin_allocate_to_pool",
+                    "end_allocate_to_pool",
+                    "restore 4096",
+                    "alloc 512",
+                    "restore 4608",
+                    "alloc 1024",
+                    "free",
+                    "alloc 512"
+                ],
+                "{end}"
+            );
+        }
     }
 
     #[test]

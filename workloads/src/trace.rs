@@ -155,6 +155,20 @@ pub enum Event {
         /// Whether the caching allocator is on.
         enabled: bool,
     },
+    /// The next [`Event::Alloc`] is one block of a private pool set back to a
+    /// checkpoint (`setCheckpointPoolState`, which `torch.compile`'s CUDA graph trees
+    /// call before recording a graph on another path of their tree): PyTorch frees
+    /// every block of the pool, then carves each checkpointed segment again block by
+    /// block from its start. The allocation takes the free block of `pool` that starts
+    /// at device address `addr` (as the recording had it), exactly its own size (no
+    /// rounding), splitting the block when it is larger, whatever the best fit would
+    /// be. Written `restore_block`.
+    RestoreBlock {
+        /// The pool being set back.
+        pool: PoolId,
+        /// Where the block starts.
+        addr: u64,
+    },
     /// A label with no effect on memory, e.g. an iteration boundary.
     Mark {
         /// Free text.
@@ -183,7 +197,8 @@ impl Event {
             | Event::BeginAllocateToPool { pool, .. }
             | Event::EndAllocateToPool { pool }
             | Event::ReleasePool { pool }
-            | Event::EmptyPoolCache { pool } => Some(pool),
+            | Event::EmptyPoolCache { pool }
+            | Event::RestoreBlock { pool, .. } => Some(pool),
             _ => None,
         }
     }
@@ -204,6 +219,7 @@ impl Event {
             Event::ResetPeakStats => "reset_peak_memory_stats",
             Event::ResetAccumulatedStats => "reset_accumulated_memory_stats",
             Event::SetEnabled { .. } => "caching_allocator_enable",
+            Event::RestoreBlock { .. } => "restore_block",
         }
     }
 
@@ -219,7 +235,8 @@ impl Event {
 /// Every op name YAML and CSV read, for messages.
 pub const OP_NAMES: &str = "alloc, free, free_requested, empty_cache, mark, create_pool, \
     begin_allocate_to_pool, end_allocate_to_pool, release_pool, set_allocator_settings, \
-    reset_peak_memory_stats, reset_accumulated_memory_stats or caching_allocator_enable";
+    reset_peak_memory_stats, reset_accumulated_memory_stats, caching_allocator_enable or \
+    restore_block";
 
 /// How the positions in [`Trace::locations`] are counted, for messages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

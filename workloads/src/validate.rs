@@ -445,7 +445,8 @@ impl Validator {
             | Event::BeginAllocateToPool { pool, .. }
             | Event::EndAllocateToPool { pool }
             | Event::ReleasePool { pool }
-            | Event::EmptyPoolCache { pool } => {
+            | Event::EmptyPoolCache { pool }
+            | Event::RestoreBlock { pool, .. } => {
                 if let Err(problem) = pool_step(&mut self.pools, event, pool, index) {
                     let op = event.op_name();
                     self.report(

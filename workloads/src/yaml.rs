@@ -889,6 +889,11 @@ pub fn write_yaml_events<'e>(
                 out,
                 "  - {{op: caching_allocator_enable, enabled: {enabled}}}"
             )?,
+            Event::RestoreBlock { pool, addr } => writeln!(
+                out,
+                "  - {{op: restore_block, pool: {}, addr: {addr}}}",
+                pool_text(*pool)
+            )?,
         }
     }
     Ok(())
@@ -907,6 +912,7 @@ fn allowed_keys(op: &str) -> Option<&'static [&'static str]> {
         "set_allocator_settings" => &["op", "conf"],
         "reset_peak_memory_stats" | "reset_accumulated_memory_stats" => &["op"],
         "caching_allocator_enable" => &["op", "enabled"],
+        "restore_block" => &["op", "pool", "addr"],
         _ => return None,
     })
 }
@@ -1040,6 +1046,10 @@ fn parse_event(fields: &[(Value, Value)]) -> Parsed {
         },
         "reset_peak_memory_stats" => Event::ResetPeakStats,
         "reset_accumulated_memory_stats" => Event::ResetAccumulatedStats,
+        "restore_block" => Event::RestoreBlock {
+            pool: pool_id(op, required("pool")?)?,
+            addr: uint("addr", required("addr")?)?,
+        },
         "caching_allocator_enable" => Event::SetEnabled {
             enabled: match required("enabled")? {
                 Value::Bool(b) => *b,
@@ -1188,7 +1198,8 @@ pub(crate) fn pool_event_strategy() -> impl proptest::strategy::Strategy<Value =
         pool.clone()
             .prop_map(|pool| Event::EndAllocateToPool { pool }),
         pool.clone().prop_map(|pool| Event::ReleasePool { pool }),
-        pool.prop_map(|pool| Event::EmptyPoolCache { pool }),
+        pool.clone().prop_map(|pool| Event::EmptyPoolCache { pool }),
+        (pool, any::<u64>()).prop_map(|(pool, addr)| Event::RestoreBlock { pool, addr }),
         any::<String>().prop_map(|conf| Event::SetAllocatorSettings { conf }),
         Just(Event::ResetPeakStats),
         Just(Event::ResetAccumulatedStats),

@@ -221,6 +221,22 @@ impl CachingPolicy {
         orig_size: u64,
         expandable_active: bool,
     ) -> Allocation {
+        let b = self.block(id);
+        let split = self.should_split(b.owner, b.pool(), b.size, size, expandable_active);
+        self.carve(id, stream, size, orig_size, split)
+    }
+
+    /// The rest of `alloc_found_block`, `split` decided: the request takes the front
+    /// of block `id` (out of its free set), which keeps the rest when `split`.
+    #[inline(always)]
+    pub(super) fn carve(
+        &mut self,
+        id: u32,
+        stream: StreamId,
+        size: u64,
+        orig_size: u64,
+        split: bool,
+    ) -> Allocation {
         let serial = self.next_serial;
         self.next_serial += 1;
         let b = self.block(id);
@@ -234,7 +250,6 @@ impl CachingPolicy {
             b.next,
             b.expandable(),
         );
-        let split = self.should_split(owner, pool, block_size, size, expandable_active);
         // `|`, not `||`: no branch on whether the block has a neighbour before it.
         let already_split = (prev != NIL) | (next != NIL);
         let (block_id, block_size) = if split {

@@ -57,6 +57,7 @@ mod invariants;
 mod malloc;
 mod pools;
 mod release;
+mod restore;
 mod stats;
 
 pub use config::{
@@ -516,6 +517,8 @@ pub struct CachingPolicy {
     next_serial: u64,
     /// The memory limit, resolved against the device's total at first use.
     allowed: Option<Option<u64>>,
+    /// The block the next request takes, set by [`AllocatorCall::RestoreBlock`].
+    restore: Option<restore::Restore>,
 }
 
 impl CachingPolicy {
@@ -560,6 +563,7 @@ impl CachingPolicy {
             completed_early: HashSet::new(),
             next_serial: 1,
             allowed: None,
+            restore: None,
         }
     }
 
@@ -850,6 +854,9 @@ impl Policy for CachingPolicy {
         device: &mut dyn Device,
         request: Request,
     ) -> Result<Allocation, AllocError> {
+        if self.restore.is_some() {
+            return self.restore_allocate(device, request.size_bytes, request.stream);
+        }
         self.malloc(device, request.size_bytes, request.stream)
     }
 

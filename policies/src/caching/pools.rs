@@ -335,6 +335,7 @@ impl CachingPolicy {
             AllocatorCall::ResetPeakStats => self.stats.reset_peaks(),
             AllocatorCall::ResetAccumulatedStats => self.stats.reset_accumulated(),
             AllocatorCall::SetEnabled(enabled) => self.enabled = enabled,
+            AllocatorCall::RestoreBlock { pool, addr } => self.restore_block(pool, addr.0)?,
         }
         Ok(CallOutcome::Applied)
     }

@@ -558,3 +558,56 @@ fn private_pool_count_after_its_expandable_segments_go() {
     assert_eq!(p.stats().reserved_bytes, 0, "every page unmapped");
     p.check_invariants();
 }
+
+/// A checkpoint restore's request takes the pool's free block at the address named,
+/// exactly its bytes, splitting the block where it is larger and keeping it in its
+/// small pool, where malloc would have made a large segment; a request whose block is
+/// not there is served from the pool being restored.
+#[test]
+fn a_restore_block_takes_the_named_block() {
+    let mut d = TestDevice::unbounded();
+    let mut p = CachingPolicy::default();
+    let pool = PoolId(0, 1);
+    let all = PoolStreams::All;
+    let begin = AllocatorCall::BeginAllocateToPool {
+        pool,
+        streams: &all,
+    };
+    p.call(&mut d, &begin).unwrap();
+    let x = p.allocate(&mut d, req(256 * 1024)).unwrap();
+    let y = p.allocate(&mut d, req(512 * 1024)).unwrap();
+    p.call(&mut d, &AllocatorCall::EndAllocateToPool { pool })
+        .unwrap();
+    let base = x.addr;
+    p.free(&mut d, &x).unwrap();
+    p.free(&mut d, &y).unwrap();
+    assert_eq!(p.stats().reserved_bytes, 2 * MIB, "one small segment");
+    let restore = |addr: u64| AllocatorCall::RestoreBlock {
+        pool,
+        addr: DeviceAddr(addr),
+    };
+    p.call(&mut d, &restore(base.0)).unwrap();
+    let a = p.allocate(&mut d, req(1536 * 1024)).unwrap();
+    assert_eq!((a.addr, a.block_bytes), (base, 1536 * 1024));
+    assert_eq!(p.stats().reserved_bytes, 2 * MIB, "no new segment");
+    assert_eq!(
+        p.caching_stats().inactive_split_bytes.all.current,
+        512 * 1024
+    );
+    p.call(&mut d, &restore(base.0 + 1536 * 1024)).unwrap();
+    let b = p.allocate(&mut d, req(512 * 1024)).unwrap();
+    assert_eq!(b.addr.0, base.0 + 1536 * 1024);
+    assert_eq!(p.caching_stats().inactive_split_bytes.all.current, 0);
+    assert_eq!(p.private_pools()[0].active_bytes, 2 * MIB);
+    p.check_invariants();
+    // Nothing free there: served from the pool, as usual.
+    p.call(&mut d, &restore(base.0)).unwrap();
+    let c = p.allocate(&mut d, req(4096)).unwrap();
+    assert_ne!(c.addr, base);
+    assert_eq!(p.private_pools()[0].segments, 2, "{:?}", p.private_pools());
+    p.check_invariants();
+    for alloc in [a, b, c] {
+        p.free(&mut d, &alloc).unwrap();
+    }
+    p.check_invariants();
+}
