@@ -484,6 +484,50 @@ fn a_checkpoint_restore_is_placed_or_said_missed() {
     }
 }
 
+/// On a device that puts the recording's segments elsewhere (a GPU; here a simulated
+/// device not following the recorded addresses), `sim::Placed` translates a restore's
+/// recorded address to where the device put that segment: placed, none missed; without
+/// it the block is missed.
+#[test]
+fn a_restore_is_placed_where_the_device_put_the_recorded_segment() {
+    let pool = PoolId(0, 1);
+    let recorded = 0x7f00_0000_0000_u64;
+    let mut p = Program::default();
+    p.push(Event::BeginAllocateToPool {
+        pool,
+        streams: PoolStreams::All,
+    });
+    let a = p.alloc(256 << 10, 0);
+    p.push(Event::EndAllocateToPool { pool });
+    p.free(a);
+    p.push(Event::RestoreBlock {
+        pool,
+        addr: recorded,
+    });
+    let b = p.alloc(1536 << 10, 0);
+    p.free(b);
+    let trace = Trace::new("restore", p.events);
+    let hints = sim::AddressHints {
+        segments: [(2 << 20, recorded)].into_iter().collect(),
+        ranges: Default::default(),
+    };
+    for translate in [true, false] {
+        let mut policy = CachingPolicy::default();
+        let mut sim_device = SimDevice::new(SimDeviceOptions::default());
+        let mut placed = sim::Placed::new(&mut sim_device, hints.clone());
+        let device: &mut dyn policies::Device = if translate {
+            &mut placed
+        } else {
+            placed.inner()
+        };
+        let r = sim::replay(&trace, &mut policy, device, &ReplayOptions::default()).unwrap();
+        // Placed: the front of the small segment's free block, no new segment.
+        let (missed, peak) = if translate { (0, 2 << 20) } else { (1, 22 << 20) };
+        assert_eq!(r.missed_restore_count, missed, "translate {translate}");
+        assert_eq!(r.summary.reserved_bytes_peak, peak, "translate {translate}");
+    }
+}
+
 /// `backend:cudaMallocAsync` parses as PyTorch 2.11 parses it (values of the native
 /// allocator's keys are not read under it, and are under `native`), and a replay under
 /// it says that backend is not modelled.

@@ -87,7 +87,12 @@ pub fn validate_one(
         .map_err(|e| ValidateError::Policy(e.to_string()))?;
     gpu.reset_timings();
     let before = policies::Device::stats(gpu);
-    let observed = sim::replay(&input.trace, policy.as_mut(), gpu, &options);
+    // A checkpoint restore names its blocks by their recorded addresses: translated to
+    // where the GPU put those segments.
+    let observed = {
+        let mut placed = sim::Placed::new(&mut *gpu, input.hints.for_policy(&spec.config));
+        sim::replay(&input.trace, policy.as_mut(), &mut placed, &options)
+    };
     let after = policies::Device::stats(gpu);
     let usable_spread_bytes = model.usable_spread_bytes;
     let validation = observed.map(|observed| Validation {

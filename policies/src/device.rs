@@ -168,6 +168,14 @@ pub trait Device {
     fn observed_used_bytes(&mut self) -> Option<u64> {
         None
     }
+
+    /// Where this device has the byte a recording had at `addr` (a checkpoint
+    /// restore's block): `addr` itself by default, right for a device that put the
+    /// recording's segments where it had them (a simulated one following the recorded
+    /// addresses); a device that put them elsewhere translates (`sim::Placed`).
+    fn recorded_address(&self, addr: u64) -> DeviceAddr {
+        DeviceAddr(addr)
+    }
 }
 
 /// Virtual memory management as the CUDA driver offers it: address space

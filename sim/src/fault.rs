@@ -228,6 +228,10 @@ impl<D: Device> Device for FaultyDevice<D> {
     fn observed_used_bytes(&mut self) -> Option<u64> {
         self.inner.observed_used_bytes()
     }
+
+    fn recorded_address(&self, addr: u64) -> policies::DeviceAddr {
+        self.inner.recorded_address(addr)
+    }
 }
 
 impl<D: Device> FaultyDevice<D> {

@@ -48,6 +48,7 @@ mod observe;
 mod packing;
 mod profile;
 pub mod recorded;
+mod placed;
 mod relocated;
 mod replay;
 pub mod report;
@@ -83,6 +84,7 @@ pub use observe::{
 pub use profile::{
     DeviceProfile, ProfileError, ProfileProblem, MAX_PROFILE_BYTES, MAX_USABLE_SPREAD_BYTES,
 };
+pub use placed::Placed;
 pub use relocated::Relocated;
 pub use replay::{
     replay, replay_checked, replay_events, replay_with, Replay, ReplayError, ReplayOptions,

@@ -505,6 +505,10 @@ impl Device for OpLog<'_> {
         self.device.observed_used_bytes()
     }
 
+    fn recorded_address(&self, addr: u64) -> DeviceAddr {
+        self.device.recorded_address(addr)
+    }
+
     /// Taking over a segment at its address is state, not one of PyTorch's operations:
     /// forwarded, not written down.
     fn adopt_segment(&mut self, addr: DeviceAddr, size_bytes: u64) -> Result<Segment, DeviceError> {

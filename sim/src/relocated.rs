@@ -45,6 +45,10 @@ impl<D: Device> Device for Relocated<D> {
     fn observed_used_bytes(&mut self) -> Option<u64> {
         self.0.observed_used_bytes()
     }
+
+    fn recorded_address(&self, addr: u64) -> DeviceAddr {
+        self.0.recorded_address(addr)
+    }
 }
 
 impl<D: Device> Relocated<D> {

@@ -1023,7 +1023,7 @@ where
                     Event::SetEnabled { enabled } => AllocatorCall::SetEnabled(enabled),
                     Event::RestoreBlock { pool, addr } => AllocatorCall::RestoreBlock {
                         pool: pool_id(pool),
-                        addr: DeviceAddr(addr),
+                        addr: device.recorded_address(addr),
                     },
                     Event::Alloc { .. }
                     | Event::FreeRequested { .. }

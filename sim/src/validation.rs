@@ -11,7 +11,7 @@ use policies::{Policy, PolicyConfig};
 
 use crate::replay::{Replay, ReplayError, ReplayOptions};
 use crate::report::write_records;
-use crate::{CompareInput, Relocated, SimDevice, SimDeviceOptions};
+use crate::{CompareInput, Placed, Relocated, SimDevice, SimDeviceOptions};
 
 /// The predicted side of a validation: `input` replayed under `policy` on the simulated
 /// device `model` (with the capacity already in it). A trace that starts mid-run is
@@ -19,7 +19,8 @@ use crate::{CompareInput, Relocated, SimDevice, SimDeviceOptions};
 /// the recording says they were and allocates them where its driver puts them
 /// (`gpu_backend::CudaDevice::adopt_segment`), so the prediction adopts them through the
 /// model's placements too ([`Relocated`], no recorded addresses), and those steer the
-/// caching policy's choices by address on both sides. Any other trace follows its
+/// caching policy's choices by address on both sides ([`Placed`] translating a
+/// checkpoint restore's recorded addresses, as on the GPU). Any other trace follows its
 /// recorded addresses ([`crate::AddressHints::for_policy`]).
 ///
 /// # Errors
@@ -33,6 +34,7 @@ pub fn predict(
 ) -> Result<Replay, ReplayError> {
     if input.trace.start.is_some() {
         let mut device = Relocated(SimDevice::new(model.clone()));
+        let mut device = Placed::new(&mut device, input.hints.for_policy(config));
         crate::replay(&input.trace, policy, &mut device, options)
     } else {
         let mut device = SimDevice::with_hints(model.clone(), input.hints.for_policy(config));

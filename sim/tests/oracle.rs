@@ -92,13 +92,14 @@ fn runs_in(dir: &std::path::Path) -> Vec<workloads::RecordedRun> {
 /// shared pool, with expandable segments; a MemPool with `no_split`, with `use_on_oom`
 /// and with expandable segments running out of memory inside it; on an H200,
 /// `torch.compile(mode="reduce-overhead")` inference and training, whose CUDA graph
-/// trees warm up in their pool outside any capture) are reproduced exactly, pool
-/// windows, releases and all.
+/// trees warm up in their pool outside any capture, and with several batch sizes set
+/// their pool back to a checkpoint: `setCheckpointPoolState`) are reproduced exactly,
+/// pool windows, releases, restores and all.
 #[test]
 fn every_pool_run_recorded_here_is_exact() {
     all_exact(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pools"),
-        11,
+        15,
     );
 }
 
