@@ -522,7 +522,11 @@ fn a_restore_is_placed_where_the_device_put_the_recorded_segment() {
         };
         let r = sim::replay(&trace, &mut policy, device, &ReplayOptions::default()).unwrap();
         // Placed: the front of the small segment's free block, no new segment.
-        let (missed, peak) = if translate { (0, 2 << 20) } else { (1, 22 << 20) };
+        let (missed, peak) = if translate {
+            (0, 2 << 20)
+        } else {
+            (1, 22 << 20)
+        };
         assert_eq!(r.missed_restore_count, missed, "translate {translate}");
         assert_eq!(r.summary.reserved_bytes_peak, peak, "translate {translate}");
     }

@@ -460,6 +460,14 @@ pub trait Policy {
         Ok(CallOutcome::Ignored)
     }
 
+    /// Requests after an applied [`AllocatorCall::RestoreBlock`] that did not get the
+    /// block it named (none there: another configuration's pool, a trace without the
+    /// recorded addresses, a replay that went another way before) and were served as
+    /// any other. 0 for a policy that ignores the call.
+    fn restores_missed(&self) -> u64 {
+        0
+    }
+
     /// Returns every segment the policy can give back (`torch.cuda.empty_cache()`).
     ///
     /// # Errors

@@ -31,8 +31,9 @@ pub fn caveats(trace: &Trace, config: &PolicyConfig, replay: &Replay) -> Vec<Str
     if replay.missed_restore_count > 0 {
         out.push(format!(
             "{}: {} block(s) of a private pool set back to a checkpoint (torch.compile's CUDA graph trees) were not \
-             where the recording had them (the replay's pool differs there: another configuration, or a replay \
-             that went another way before); those requests were served by the policy's own choice, so the pool \
+             where the recording had them (the trace carries no recorded segment addresses, as a CSV does not, or \
+             the replay's pool differs there: another configuration, or a replay that went another way before); \
+             those requests were served by the policy's own choice, so the pool \
              can differ from PyTorch's from there on",
             config.kind_name(),
             replay.missed_restore_count

@@ -46,9 +46,9 @@ pub mod iterations;
 mod metrics;
 mod observe;
 mod packing;
+mod placed;
 mod profile;
 pub mod recorded;
-mod placed;
 mod relocated;
 mod replay;
 pub mod report;
@@ -81,10 +81,10 @@ pub use metrics::{Oom, Recorder, Sample, Summary};
 pub use observe::{
     DeviceOp, DeviceOpKind, Observer, Outcome, Skip, Step, Timeline, TimelineWriter,
 };
+pub use placed::Placed;
 pub use profile::{
     DeviceProfile, ProfileError, ProfileProblem, MAX_PROFILE_BYTES, MAX_USABLE_SPREAD_BYTES,
 };
-pub use placed::Placed;
 pub use relocated::Relocated;
 pub use replay::{
     replay, replay_checked, replay_events, replay_with, Replay, ReplayError, ReplayOptions,

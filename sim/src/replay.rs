@@ -681,8 +681,6 @@ where
         oom_count: 0,
         skipped: 0,
         ignored_calls: 0,
-        restore_at: None,
-        missed_restores: 0,
         before,
         dstats,
         stats: before,
@@ -707,7 +705,6 @@ where
         oom_count,
         skipped,
         ignored_calls,
-        missed_restores,
         next_index,
         ..
     } = engine;
@@ -721,7 +718,7 @@ where
         skipped_event_count: skipped,
         live_allocation_count: live.len(),
         ignored_call_count: ignored_calls,
-        missed_restore_count: missed_restores,
+        missed_restore_count: policy.restores_missed(),
         started_by_allocating,
         final_policy: policy.stats(),
         final_device: device.stats(),
@@ -746,10 +743,6 @@ struct Engine<'r, 'd, P: ?Sized, O: ?Sized> {
     oom_count: u64,
     skipped: u64,
     ignored_calls: u64,
-    /// Where the next allocation should be, after a `restore_block` the policy applied.
-    restore_at: Option<DeviceAddr>,
-    /// Allocations after a `restore_block` that were not where it said.
-    missed_restores: u64,
     /// The policy's figures before this event, for the checks.
     before: PolicyStats,
     dstats: DeviceStats,
@@ -811,8 +804,6 @@ where
             oom_count,
             skipped,
             ignored_calls,
-            restore_at,
-            missed_restores,
             before,
             dstats,
             stats,
@@ -858,11 +849,7 @@ where
                     stream: StreamId(stream),
                 };
                 live.problem |= size_bytes == 0;
-                let result = policy.allocate(&mut *device, request);
-                if let Some(want) = restore_at.take() {
-                    *missed_restores += u64::from(result.as_ref().map_or(true, |a| a.addr != want));
-                }
-                match result {
+                match policy.allocate(&mut *device, request) {
                     Ok(a) => {
                         let outcome = Outcome::Allocated {
                             addr: a.addr,
@@ -1032,12 +1019,7 @@ where
                     | Event::Mark { .. } => unreachable!("handled above"),
                 };
                 match policy.call(&mut *device, &call) {
-                    Ok(CallOutcome::Applied) => {
-                        if let AllocatorCall::RestoreBlock { addr, .. } = call {
-                            *restore_at = Some(addr);
-                        }
-                        Outcome::Called { applied: true }
-                    }
+                    Ok(CallOutcome::Applied) => Outcome::Called { applied: true },
                     Ok(CallOutcome::Ignored) => {
                         *ignored_calls += 1;
                         Outcome::Called { applied: false }

@@ -519,6 +519,8 @@ pub struct CachingPolicy {
     allowed: Option<Option<u64>>,
     /// The block the next request takes, set by [`AllocatorCall::RestoreBlock`].
     restore: Option<restore::Restore>,
+    /// [`Policy::restores_missed`].
+    restores_missed: u64,
 }
 
 impl CachingPolicy {
@@ -564,6 +566,7 @@ impl CachingPolicy {
             next_serial: 1,
             allowed: None,
             restore: None,
+            restores_missed: 0,
         }
     }
 
@@ -913,6 +916,10 @@ impl Policy for CachingPolicy {
         call: &AllocatorCall<'_>,
     ) -> Result<CallOutcome, CallError> {
         self.apply_call(device, call)
+    }
+
+    fn restores_missed(&self) -> u64 {
+        self.restores_missed
     }
 
     fn adopt(

@@ -45,7 +45,7 @@ impl CachingPolicy {
     /// `setSegmentStateToCheckpoint` carves it. When the pool has no free block there
     /// that holds the request (another configuration's pool, or a replay that went
     /// another way before), the request is served as usual from the pool being set
-    /// back (the engine sees the other address and says so).
+    /// back, and counted ([`Policy::restores_missed`]).
     #[cold]
     #[inline(never)]
     pub(super) fn restore_allocate(
@@ -69,8 +69,18 @@ impl CachingPolicy {
             let split = self.block(id).size > size;
             return Ok(self.carve(id, stream, size, size, split));
         }
+        self.restores_missed += 1;
+        // Through `allocate` (the pending restore taken), so that the malloc keeps one
+        // caller and stays inlined there.
         self.captures.push((pool, PoolStreams::All));
-        let result = self.malloc(device, size, stream);
+        let result = Policy::allocate(
+            self,
+            device,
+            Request {
+                size_bytes: size,
+                stream,
+            },
+        );
         self.captures.pop();
         result
     }
