@@ -389,6 +389,18 @@ fn caching_allocator_disabled() {
     assert!(r.summary.reserved_bytes_peak >= 1000);
 }
 
+/// `trace` replayed under `config` on the default simulated device, invariants checked
+/// after every event.
+fn replay_checked(trace: &Trace, config: &PolicyConfig) -> sim::Replay {
+    let mut policy: Box<dyn Policy> = config.build().unwrap();
+    let mut device = SimDevice::new(SimDeviceOptions::default());
+    let options = ReplayOptions {
+        check_invariants: true,
+        ..ReplayOptions::default()
+    };
+    sim::replay(trace, policy.as_mut(), &mut device, &options).unwrap()
+}
+
 /// Every policy replays a trace with pool events and allocator calls: the caching policy
 /// applies them, the others ignore them and say so (a caveat naming the pools).
 #[test]
@@ -407,13 +419,7 @@ fn every_policy_replays_pool_events() {
     p.push(Event::EmptyCache);
     let trace = Trace::new("pools", p.events);
     for config in PolicyConfig::defaults() {
-        let mut policy: Box<dyn Policy> = config.build().unwrap();
-        let mut device = SimDevice::new(SimDeviceOptions::default());
-        let options = ReplayOptions {
-            check_invariants: true,
-            ..ReplayOptions::default()
-        };
-        let r = sim::replay(&trace, policy.as_mut(), &mut device, &options).unwrap();
+        let r = replay_checked(&trace, &config);
         assert_eq!(r.final_policy.reserved_bytes, 0, "{}", config.kind_name());
         let caveats = sim::caveats(&trace, &config, &r);
         if config.kind_name() == "caching" {
@@ -458,13 +464,7 @@ fn a_checkpoint_restore_is_placed_or_said_missed() {
     for (addr, missed, peak) in [(base, 0, 2u64 << 20), (base + 4096, 1, 22 << 20)] {
         let trace = program(addr);
         for config in PolicyConfig::defaults() {
-            let mut policy: Box<dyn Policy> = config.build().unwrap();
-            let mut device = SimDevice::new(SimDeviceOptions::default());
-            let options = ReplayOptions {
-                check_invariants: true,
-                ..ReplayOptions::default()
-            };
-            let r = sim::replay(&trace, policy.as_mut(), &mut device, &options).unwrap();
+            let r = replay_checked(&trace, &config);
             let caveats = sim::caveats(&trace, &config, &r);
             if config.kind_name() == "caching" {
                 assert_eq!(r.missed_restore_count, missed, "{addr:#x}");

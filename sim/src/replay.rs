@@ -51,9 +51,9 @@ pub struct Replay {
     /// policy does not model and ignored: its numbers do not reflect them.
     pub ignored_call_count: u64,
     /// Blocks of a private pool set back to a checkpoint (`restore_block`) that the
-    /// policy did not place where the recording had them (its pool differs there: another
-    /// configuration, or a replay that went another way before): those requests were
-    /// served as the policy serves any other.
+    /// policy did not place where the recording had them (a trace without the recorded
+    /// segment addresses, or a pool that differs there: another configuration, a replay
+    /// that went another way before): those requests were served as any other.
     pub missed_restore_count: u64,
     /// For a trace that starts mid-run under a policy that cannot take over PyTorch's
     /// state ([`Policy::adopt`]): the blocks live at the first entry, which it

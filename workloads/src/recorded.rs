@@ -1068,12 +1068,9 @@ mod tests {
         assert!(state.pools_recorded);
     }
 
-    /// The JSON reader fills the trace metadata from the file's fields.
     /// The windows of the allocate-to-pool bindings (inductor's CUDA graph trees warm
     /// up in their pool through them): scope `stream` routes its stream only, scope
-    /// `thread` every stream; a restore of a pool's checkpointed state, which is not
-    /// modelled, says so in a caveat.
-    /// Allocate-to-pool windows of both scopes become routing events and releases.
+    /// `thread` every stream.
     #[test]
     fn allocate_to_pool_windows() {
         let text = r#"{"events": [["alloc", 4096, 512, 7, 0], ["alloc", 8192, 512, 9, 0],
@@ -1153,6 +1150,7 @@ mod tests {
         }
     }
 
+    /// The JSON reader fills the trace metadata from the file's fields.
     #[test]
     fn json_fills_the_metadata() {
         let text = r#"{"workload": "w", "alloc_conf": "expandable_segments:True", "cap_bytes": 1024,
