@@ -1805,6 +1805,51 @@ def compiled_graphs(rec, batches, hidden, layers, calls, train, mode):
     rec.cp("empty_cache")
 
 
+@workload(batch=4, seqs=(128, 256, 512, 256, 1024), layers=4, d_model=768, heads=12, vocab=32000, calls=3, train=False)
+def compiled_gpt(rec, batch, seqs, layers, d_model, heads, vocab, calls, train):
+    """A GPT-like decoder (`_gpt`) under `torch.compile(mode="reduce-overhead",
+    dynamic=False)`, as a server or trainer turns CUDA graphs on with inputs bucketed by
+    length: each sequence length in `seqs` its own graph in inductor's CUDA graph trees,
+    recorded on the second call, and every length after the first recorded on another
+    path of the tree (the pool set back to a checkpoint first); `calls` calls per
+    length, then every length again; with train=1 a training step (forward and backward
+    graphs, AdamW outside them)."""
+    torch.manual_seed(0)
+    m = _gpt(vocab, max(seqs), layers, d_model, heads).to(rec.dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-4, fused=False) if train else None
+    if not train:
+        m.eval()
+    f = torch.compile(m, mode="reduce-overhead", dynamic=False)
+    rec.setup_done()
+
+    def call(seq):
+        tok = torch.randint(0, vocab, (batch, seq + 1), device=rec.dev)
+        torch.compiler.cudagraph_mark_step_begin()
+        if train:
+            logits = f(tok[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab).float(), tok[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.item()
+        with torch.no_grad():
+            return f(tok[:, :-1]).float().mean().item()
+
+    for seq in seqs:
+        for _ in range(calls):
+            call(seq)
+        rec.cp(f"seq{seq}")
+    for seq in seqs:
+        call(seq)
+    rec.cp("again")
+    del f
+    torch._dynamo.reset()
+    torch.cuda.synchronize()
+    rec.cp("reset")
+    torch.cuda.empty_cache()
+    rec.cp("empty_cache")
+
+
 @workload(batch=8, seq=1024, layers=6, d_model=1024, heads=16, steps=4, fp16=True)
 def checkpointed_train(rec, batch, seq, layers, d_model, heads, steps, fp16):
     """Transformer blocks trained with activation checkpointing

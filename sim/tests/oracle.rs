@@ -99,7 +99,7 @@ fn runs_in(dir: &std::path::Path) -> Vec<workloads::RecordedRun> {
 fn every_pool_run_recorded_here_is_exact() {
     all_exact(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pools"),
-        15,
+        17,
     );
 }
 
