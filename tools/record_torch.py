@@ -1850,6 +1850,69 @@ def compiled_gpt(rec, batch, seqs, layers, d_model, heads, vocab, calls, train):
     rec.cp("empty_cache")
 
 
+@workload(batch=64, hidden=2048, layers=4, steps=6)
+def graphed_callables(rec, batch, hidden, layers, steps):
+    """`torch.cuda.make_graphed_callables` of an MLP for training, as its docs show: the
+    forward and the backward captured into graphs sharing one pool (after warm-up
+    iterations on a side stream), then training steps that replay them, SGD outside."""
+    torch.manual_seed(0)
+    m = _gelu_mlp(hidden, layers, rec.dev)
+    opt = torch.optim.SGD(m.parameters(), lr=1e-4)
+    rec.setup_done()
+    sample = torch.randn(batch, hidden, device=rec.dev)
+    g = torch.cuda.make_graphed_callables(m, (sample,))
+    del sample
+    rec.cp("graphed")
+    for step in range(steps):
+        x = torch.randn(batch, hidden, device=rec.dev)
+        loss = g(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del x, loss
+        rec.cp(f"step{step}")
+    del g
+    torch.cuda.synchronize()
+    rec.cp("released")
+
+
+@workload(batch=32, hidden=4096, layers=4, steps=4, bucket_mb=25, as_view=False)
+def ddp_train(rec, batch, hidden, layers, steps, bucket_mb, as_view):
+    """DistributedDataParallel training in one process (NCCL, world size 1): gradient
+    buckets of `bucket_mb` MiB (`as_view=1`: gradients as views into the buckets), the
+    buckets' all-reduce hooked into the backward pass, AdamW."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29531")
+    torch.cuda.set_device(rec.dev)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        m = DDP(
+            _gelu_mlp(hidden, layers, rec.dev),
+            device_ids=[rec.dev.index],
+            bucket_cap_mb=bucket_mb,
+            gradient_as_bucket_view=bool(as_view),
+        )
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=False)
+        rec.setup_done()
+        for step in range(steps):
+            x = torch.randn(batch, hidden, device=rec.dev)
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del x, loss
+            rec.cp(f"step{step}")
+        del m, opt
+    finally:
+        dist.destroy_process_group()
+    torch.cuda.synchronize()
+    rec.cp("destroyed")
+
+
 @workload(batch=8, seq=1024, layers=6, d_model=1024, heads=16, steps=4, fp16=True)
 def checkpointed_train(rec, batch, seq, layers, d_model, heads, steps, fp16):
     """Transformer blocks trained with activation checkpointing

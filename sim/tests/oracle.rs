@@ -37,12 +37,13 @@ fn unseen_dir() -> PathBuf {
 /// inference, GPT training, caps that run out, expandable segments on an H100; a
 /// mixture of experts, a batch size found by catching out-of-memory errors, a
 /// prefetching side stream, serving that drops requests that run out, activation
-/// checkpointing under fp16 with a GradScaler and a pipeline of streams, on an H200),
+/// checkpointing under fp16 with a GradScaler, a pipeline of streams and
+/// DistributedDataParallel in one process, on an H200),
 /// are reproduced exactly under their own settings, and the table of docs/fidelity.md
 /// says so.
 #[test]
 fn every_unseen_run_is_exact() {
-    all_exact(&unseen_dir(), 28);
+    all_exact(&unseen_dir(), 31);
     let mut out = String::from(
         "| run | entries | reserved peak (B) | allocated peak (B) | OOM entry | segment ops | checkpoints | exact |\n| --- | ---: | ---: | ---: | ---: | --- | --- | --- |\n",
     );
@@ -93,13 +94,14 @@ fn runs_in(dir: &std::path::Path) -> Vec<workloads::RecordedRun> {
 /// and with expandable segments running out of memory inside it; on an H200,
 /// `torch.compile(mode="reduce-overhead")` inference and training, whose CUDA graph
 /// trees warm up in their pool outside any capture, and with several batch sizes set
-/// their pool back to a checkpoint: `setCheckpointPoolState`) are reproduced exactly,
+/// their pool back to a checkpoint: `setCheckpointPoolState`, an MLP and a GPT-like
+/// decoder; `make_graphed_callables` for training) are reproduced exactly,
 /// pool windows, releases, restores and all.
 #[test]
 fn every_pool_run_recorded_here_is_exact() {
     all_exact(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pools"),
-        17,
+        19,
     );
 }
 
