@@ -1760,6 +1760,29 @@ def serve_dynamic(rec, requests, max_seq, d_model, heads, layers, seed, empty_ev
             rec.cp(f"r{r}")
 
 
+def _compiled_rounds(rec, sizes, calls, call, label):
+    """The rounds of the compiled workloads: `calls` calls of `call` per size, a
+    checkpoint named `label` and the size after each, then every size once more
+    (checkpoint `again`)."""
+    for size in sizes:
+        for _ in range(calls):
+            call(size)
+        rec.cp(f"{label}{size}")
+    for size in sizes:
+        call(size)
+    rec.cp("again")
+
+
+def _compiled_teardown(rec):
+    """After the compiled function is dropped: dynamo reset (the CUDA graph trees and
+    their pool go), then the cache emptied, a checkpoint after each."""
+    torch._dynamo.reset()
+    torch.cuda.synchronize()
+    rec.cp("reset")
+    torch.cuda.empty_cache()
+    rec.cp("empty_cache")
+
+
 @workload(batches=(4, 16, 64), hidden=2048, layers=4, calls=4, train=False, mode="reduce-overhead")
 def compiled_graphs(rec, batches, hidden, layers, calls, train, mode):
     """An MLP under `torch.compile(mode="reduce-overhead")`, as users turn CUDA graphs
@@ -1790,19 +1813,9 @@ def compiled_graphs(rec, batches, hidden, layers, calls, train, mode):
             torch.compiler.cudagraph_mark_step_begin()
             return f(x).sum().item()
 
-    for b in batches:
-        for _ in range(calls):
-            call(b)
-        rec.cp(f"b{b}")
-    for b in batches:
-        call(b)
-    rec.cp("again")
+    _compiled_rounds(rec, batches, calls, call, "b")
     del f
-    torch._dynamo.reset()
-    torch.cuda.synchronize()
-    rec.cp("reset")
-    torch.cuda.empty_cache()
-    rec.cp("empty_cache")
+    _compiled_teardown(rec)
 
 
 @workload(batch=4, seqs=(128, 256, 512, 256, 1024), layers=4, d_model=768, heads=12, vocab=32000, calls=3, train=False)
@@ -1835,19 +1848,9 @@ def compiled_gpt(rec, batch, seqs, layers, d_model, heads, vocab, calls, train):
         with torch.no_grad():
             return f(tok[:, :-1]).float().mean().item()
 
-    for seq in seqs:
-        for _ in range(calls):
-            call(seq)
-        rec.cp(f"seq{seq}")
-    for seq in seqs:
-        call(seq)
-    rec.cp("again")
+    _compiled_rounds(rec, seqs, calls, call, "seq")
     del f
-    torch._dynamo.reset()
-    torch.cuda.synchronize()
-    rec.cp("reset")
-    torch.cuda.empty_cache()
-    rec.cp("empty_cache")
+    _compiled_teardown(rec)
 
 
 @workload(batch=64, hidden=2048, layers=4, steps=6)
