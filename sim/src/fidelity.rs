@@ -490,11 +490,23 @@ pub fn fidelity_with_requests(
                         || (requests.entries.iter().any(|e| e.action == Action::Oom)
                             && rounding.round_size(*sb) == *sa))
             }
+            // A MemPool's flags are settings of the run checked, which it keeps.
+            (Event::CreatePool { pool: pa, .. }, Event::CreatePool { pool: pb, .. }) => pa == pb,
+            // Each run's restore names its own addresses: those of the requests
+            // replayed are the device's hints.
+            (Event::RestoreBlock { pool: pa, .. }, Event::RestoreBlock { pool: pb, .. }) => {
+                pa == pb
+            }
             (a, b) => a == b,
         })
         .count();
     let mut trace = source;
     trace.events.truncate(shared);
+    for (e, t) in trace.events.iter_mut().zip(&target.events) {
+        if let Event::CreatePool { .. } = t {
+            e.clone_from(t);
+        }
+    }
     if !trace.locations.is_empty() {
         trace.locations = target.locations[..shared].to_vec();
     }
@@ -527,28 +539,47 @@ pub fn fidelity_with_requests(
     )
 }
 
-/// Renames the streams of `source` to those of `target`, by order of first use.
+/// Renames the streams of `source` to those of `target`, by order of first use (a
+/// stream's raw handle is the process's own: a side stream, such as the one a CUDA
+/// graph is captured on, has another in each run), in requests and in the streams a
+/// capture routes to its pool.
 fn remap_streams(source: &mut workloads::Trace, target: &workloads::Trace) {
+    fn streams_of(e: &Event) -> &[u64] {
+        match e {
+            Event::Alloc { stream, .. } => std::slice::from_ref(stream),
+            Event::BeginAllocateToPool {
+                streams: workloads::PoolStreams::Only(list),
+                ..
+            } => list,
+            _ => &[],
+        }
+    }
     fn order(t: &workloads::Trace) -> Vec<u64> {
         let mut seen = Vec::new();
-        for e in &t.events {
-            if let Event::Alloc { stream, .. } = e {
-                if !seen.contains(stream) {
-                    seen.push(*stream);
-                }
+        for s in t.events.iter().flat_map(streams_of) {
+            if !seen.contains(s) {
+                seen.push(*s);
             }
         }
         seen
     }
     let from = order(source);
     let to = order(target);
-    for e in &mut source.events {
-        if let Event::Alloc { stream, .. } = e {
-            if let Some(i) = from.iter().position(|s| s == stream) {
-                if let Some(&t) = to.get(i) {
-                    *stream = t;
-                }
+    let rename = |stream: &mut u64| {
+        if let Some(i) = from.iter().position(|s| s == stream) {
+            if let Some(&t) = to.get(i) {
+                *stream = t;
             }
+        }
+    };
+    for e in &mut source.events {
+        match e {
+            Event::Alloc { stream, .. } => rename(stream),
+            Event::BeginAllocateToPool {
+                streams: workloads::PoolStreams::Only(list),
+                ..
+            } => list.iter_mut().for_each(rename),
+            _ => {}
         }
     }
 }

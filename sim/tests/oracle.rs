@@ -384,14 +384,40 @@ fn address_free_replays_are_current() {
 /// and the reserved peak within one segment.
 #[test]
 fn what_if_pairs_are_current() {
-    let runs = all_runs();
+    check_doc_table("what-if", &what_if_table(&all_runs()));
+}
+
+/// The same for the runs with private pools (`tests/data/pools`): a capture's side
+/// stream has another raw handle in each process, and a MemPool's flags are the checked
+/// run's settings, so graph and MemPool runs compare in full.
+#[test]
+fn pool_what_if_pairs_are_current() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pools");
+    let table = what_if_table(&runs_in(&dir));
+    for (b, a) in [
+        ("graph_capture", "graph_capture__expandable_segments-True"),
+        ("graph_capture__expandable_segments-True", "graph_capture"),
+        ("mempool_phases", "mempool_phases__no_split-1"),
+        (
+            "graphed_callables",
+            "graphed_callables__expandable_segments-True",
+        ),
+    ] {
+        let row = format!("| `{b}` | `{a}` | all | yes |");
+        assert!(table.contains(&row), "{row} is not in\n{table}");
+    }
+    check_doc_table("what-if-pools", &table);
+}
+
+/// The what-if table of `runs`: every ordered pair of runs of one workload, checked.
+fn what_if_table(runs: &[workloads::RecordedRun]) -> String {
     let options = FidelityOptions::default();
     let mut out = String::from(
         "| run B | requests of A | compared | exact | first divergence | reserved peak (sim − PyTorch) | OOM entry |\n| --- | --- | --- | --- | ---: | ---: | --- |\n",
     );
     let (mut n, mut covered, mut exact, mut peaks, mut agree) = (0, 0, 0, 0, 0);
-    for b in &runs {
-        for a in &runs {
+    for b in runs {
+        for a in runs {
             if a.name == b.name || a.meta.workload != b.meta.workload {
                 continue;
             }
@@ -451,5 +477,5 @@ fn what_if_pairs_are_current() {
         "| all {n} pairs | | {covered} compared in full | {exact} of {covered} exact; {agree} of {} compared in part agree up to there | | {peaks} of {covered} equal | |\n",
         n - covered
     );
-    check_doc_table("what-if", &out);
+    out
 }
