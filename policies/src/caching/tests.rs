@@ -611,3 +611,60 @@ fn a_restore_block_takes_the_named_block() {
     }
     p.check_invariants();
 }
+
+/// Random work in a private pool with checkpoint restores aimed at its free blocks (any
+/// free block, any size up to it in 512-byte steps, as a checkpoint's block sizes are)
+/// keeps every invariant under the default, expandable and rounding settings, and each
+/// restore takes exactly the block it names.
+#[test]
+fn restores_keep_the_invariants() {
+    use crate::policy::BlockState;
+    use proptest::prelude::*;
+    let op = (0u8..5, 1u64..(48 << 20), any::<u32>());
+    let config = ProptestConfig::with_cases(256);
+    proptest!(config, |(ops in proptest::collection::vec(op, 1..120), conf in 0usize..3)| {
+        let confs = ["", "expandable_segments:True", "roundup_power2_divisions:4"];
+        let mut d = TestDevice::unbounded();
+        let mut p = policy(confs[conf]);
+        let pool = PoolId(0, 1);
+        let all = PoolStreams::All;
+        let begin = AllocatorCall::BeginAllocateToPool { pool, streams: &all };
+        p.call(&mut d, &begin).unwrap();
+        let mut live = Vec::new();
+        for (kind, size, pick) in ops {
+            let pick = pick as usize;
+            match kind {
+                0 | 1 => live.push(p.allocate(&mut d, req(size)).unwrap()),
+                2 if !live.is_empty() => {
+                    let a = live.swap_remove(pick % live.len());
+                    p.free(&mut d, &a).unwrap();
+                }
+                _ => {
+                    let free: Vec<(u64, u64)> = p
+                        .snapshot()
+                        .iter()
+                        .flat_map(|s| &s.blocks)
+                        .filter(|b| b.state == BlockState::Free)
+                        .map(|b| (b.addr.0, b.size_bytes))
+                        .collect();
+                    if free.is_empty() {
+                        continue;
+                    }
+                    let (addr, block) = free[pick % free.len()];
+                    let want = 512 * (1 + (size / 512) % (block / 512));
+                    let restore = AllocatorCall::RestoreBlock { pool, addr: DeviceAddr(addr) };
+                    p.call(&mut d, &restore).unwrap();
+                    let a = p.allocate(&mut d, req(want)).unwrap();
+                    prop_assert_eq!((a.addr.0, a.block_bytes), (addr, want));
+                    prop_assert_eq!(p.restores_missed(), 0);
+                    live.push(a);
+                }
+            }
+            p.check_invariants();
+        }
+        for a in live {
+            p.free(&mut d, &a).unwrap();
+        }
+        p.check_invariants();
+    });
+}
