@@ -208,6 +208,49 @@ fn plot_memory_over_the_run() {
     assert_eq!(bytes, std::fs::read(&again).unwrap(), "not deterministic");
 }
 
+/// A recorded run is drawn as `replay` replays it: under the settings it recorded
+/// (here `expandable_segments:True`) on the device it recorded (an H200), unless flags
+/// name others; the picture said otherwise (the default settings on the default 80 GiB
+/// device: a reserved peak of 2.09 GiB against the replay's 1.50 GiB).
+#[test]
+fn plot_a_recorded_run_as_replay_replays_it() {
+    let dir = TempDir::new("plot-recorded");
+    let svg = dir.path().join("t.svg");
+    let run: &std::ffi::OsStr =
+        "tests/data/unseen/moe_train__expandable_segments-True.json".as_ref();
+    plot(&[
+        run,
+        "--policies".as_ref(),
+        "caching".as_ref(),
+        "-o".as_ref(),
+        svg.as_os_str(),
+    ]);
+    let texts = svg_texts(&svg);
+    let has = |s: &str| texts.iter().any(|t| t.starts_with(s));
+    for want in [
+        "moe_train__expandable_segments-True: memory over the run on NVIDIA H200",
+        "reserved · caching (peak 1.50 GiB)",
+        "capacity 139.07 GiB usable of 139.80 GiB",
+    ] {
+        assert!(has(want), "no {want:?} in {texts:?}");
+    }
+    // Flags name the device and the settings: those apply.
+    plot(&[
+        run,
+        "--policies".as_ref(),
+        "caching".as_ref(),
+        "--alloc-conf".as_ref(),
+        "".as_ref(),
+        "--capacity".as_ref(),
+        "80GiB".as_ref(),
+        "-o".as_ref(),
+        svg.as_os_str(),
+    ]);
+    let texts = svg_texts(&svg);
+    let has = |s: &str| texts.iter().any(|t| t.starts_with(s));
+    assert!(has("reserved · caching (peak 2.09 GiB)"), "{texts:?}");
+}
+
 /// Over time for a snapshot that records it, with its annotations as ticks; an
 /// out-of-memory on a small device is named in the legend, and requested bytes are the
 /// whole trace's (from the replay that did not stop).

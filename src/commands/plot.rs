@@ -9,7 +9,7 @@ use plot::{
     TimelineChart, XAxis,
 };
 use policies::spec::PolicySpec;
-use sim::SimDevice;
+use sim::{SimDevice, SimDeviceOptions};
 use units::format_size_human;
 use workloads::Trace;
 
@@ -38,7 +38,6 @@ pub fn run(args: PlotArgs) -> anyhow::Result<Exit> {
     if setup.capacities.len() > 1 {
         bail!("--capacity: plot takes one capacity; `allocsim compare` takes several");
     }
-    let specs = load::policies(&args.policies, &setup.caching)?;
     let loaded = args
         .traces
         .iter()
@@ -47,13 +46,32 @@ pub fn run(args: PlotArgs) -> anyhow::Result<Exit> {
             load::load_trace(p, &args.input, &setup.options)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    // Each recorded run as `replay` replays it: under the settings it recorded, on the
+    // device it recorded, unless flags name others.
+    let drawn = args
+        .traces
+        .iter()
+        .zip(&loaded)
+        .map(|(path, l)| {
+            let settings = load::settings(&l.trace.meta, &args.device);
+            if let Some(note) = &settings.note {
+                eprintln!("note: {}: {note}", path.display());
+            }
+            Ok(Drawn {
+                loaded: l,
+                device: load::recorded_device(l.run.as_ref(), &args.device, &setup.options)
+                    .unwrap_or_else(|| setup.options.clone()),
+                specs: load::policies(&args.policies, &settings.caching)?,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let bytes = match args.segments {
         None => {
-            let chart = timeline_chart(&loaded, &specs, &setup, args.x_axis)?;
+            let chart = timeline_chart(&drawn, &setup, args.x_axis)?;
             plot::render_timeline(&chart, format, args.width, args.height)?
         }
         Some(moment) => {
-            let map = segment_map(&loaded[0], &specs, &setup, moment)?;
+            let map = segment_map(&drawn[0], &setup, moment)?;
             plot::render_segments(&map, format, args.width)?
         }
     };
@@ -65,18 +83,32 @@ pub fn run(args: PlotArgs) -> anyhow::Result<Exit> {
     Ok(Exit::Ran)
 }
 
-/// The device a replay of `loaded` under `spec` runs on.
-fn device(setup: &DeviceSetup, loaded: &Loaded, spec: &PolicySpec) -> SimDevice {
-    SimDevice::with_hints(setup.options.clone(), loaded.hints.for_policy(&spec.config))
+/// A trace to draw, with the device and the policies its replays run on.
+struct Drawn<'a> {
+    loaded: &'a Loaded,
+    /// The device it recorded, unless flags name one; else the flags' device.
+    device: SimDeviceOptions,
+    /// `--policies` under the settings it recorded, unless flags replace them.
+    specs: Vec<PolicySpec>,
+}
+
+impl Drawn<'_> {
+    /// The device a replay under `spec` runs on.
+    fn device(&self, spec: &PolicySpec) -> SimDevice {
+        SimDevice::with_hints(
+            self.device.clone(),
+            self.loaded.hints.for_policy(&spec.config),
+        )
+    }
 }
 
 /// Memory over the run of every trace under every policy.
 fn timeline_chart(
-    loaded: &[Loaded],
-    specs: &[PolicySpec],
+    drawn: &[Drawn<'_>],
     setup: &DeviceSetup,
     x_axis: Option<XAxisArg>,
 ) -> anyhow::Result<TimelineChart> {
+    let loaded: Vec<&Loaded> = drawn.iter().map(|d| d.loaded).collect();
     let timed = loaded.iter().all(|l| !l.trace.times_us.is_empty());
     // Over time when every trace says when its events happened, unless asked otherwise.
     let x_axis = match (x_axis, timed) {
@@ -96,15 +128,16 @@ fn timeline_chart(
     let several = loaded.len() > 1;
     let mut runs = Vec::new();
     let mut ticks = Vec::new();
-    for l in loaded {
+    for d in drawn {
+        let l = d.loaded;
         ticks.extend(Tick::marks(&l.trace, x_axis));
         ticks.extend(annotations(l, x_axis));
         // Requested bytes are the trace's, whatever the policy: drawn once, from the
         // replay that went furthest (a replay stops at its first out-of-memory).
         let mut furthest: Option<(f64, usize, plot::Series)> = None;
-        for spec in specs {
+        for spec in &d.specs {
             let mut policy = spec.config.build()?;
-            let mut device = device(setup, l, spec);
+            let mut device = d.device(spec);
             let mut recorder = SeriesRecorder::new(&l.trace, x_axis);
             let in_order = interrupt::in_order();
             let r = sim::replay_with(
@@ -148,23 +181,41 @@ fn timeline_chart(
         }
     }
     let names: Vec<&str> = loaded.iter().map(|l| l.trace.name.as_str()).collect();
-    let device = &setup.options;
+    // One device for all: named, its capacity drawn; runs recorded on other devices
+    // each replay on their own, and no one capacity line stands for them all.
+    let device = &drawn[0].device;
+    let one = drawn.iter().all(|d| {
+        (
+            &d.device.name,
+            d.device.capacity_bytes,
+            d.device.total_bytes,
+        ) == (&device.name, device.capacity_bytes, device.total_bytes)
+    });
     Ok(TimelineChart {
-        title: format!(
-            "{}: memory over the run on {}",
-            names.join(", "),
-            device.name
-        ),
+        title: if one {
+            format!(
+                "{}: memory over the run on {}",
+                names.join(", "),
+                device.name
+            )
+        } else {
+            format!(
+                "{}: memory over the run, each on the device it recorded",
+                names.join(", ")
+            )
+        },
         x_axis,
         runs,
-        capacity: Some((
-            device.capacity_bytes,
-            format!(
-                "capacity {} usable of {}",
-                format_size_human(device.capacity_bytes),
-                format_size_human(device.total_bytes)
-            ),
-        )),
+        capacity: one.then(|| {
+            (
+                device.capacity_bytes,
+                format!(
+                    "capacity {} usable of {}",
+                    format_size_human(device.capacity_bytes),
+                    format_size_human(device.total_bytes)
+                ),
+            )
+        }),
         ticks,
     })
 }
@@ -200,15 +251,15 @@ fn annotations(l: &Loaded, x_axis: XAxis) -> Vec<Tick> {
 
 /// The segments of `loaded` at `moment` under every policy, one panel each.
 fn segment_map(
-    loaded: &Loaded,
-    specs: &[PolicySpec],
+    drawn: &Drawn<'_>,
     setup: &DeviceSetup,
     moment: Moment,
 ) -> anyhow::Result<SegmentMap> {
-    let trace = &loaded.trace;
+    let trace = &drawn.loaded.trace;
+    let options = &drawn.device;
     let mut panels = Vec::new();
     let mut missing = Vec::new();
-    for spec in specs {
+    for spec in &drawn.specs {
         let at = match moment {
             Moment::Oom => None,
             Moment::Event(n) => {
@@ -222,7 +273,7 @@ fn segment_map(
             }
             Moment::Peak => {
                 let mut policy = spec.config.build()?;
-                let mut device = device(setup, loaded, spec);
+                let mut device = drawn.device(spec);
                 let r = replay(trace, policy.as_mut(), &mut device, setup, &mut ())?;
                 match r.summary.reserved_peak_event_index {
                     Some(i) => Some(i as usize),
@@ -235,7 +286,7 @@ fn segment_map(
             }
         };
         let mut policy = spec.config.build()?;
-        let mut device = device(setup, loaded, spec);
+        let mut device = drawn.device(spec);
         let mut capture = Capture::new(at);
         let r = replay(trace, policy.as_mut(), &mut device, setup, &mut capture)?;
         let Some(snapshot) = capture.snapshot else {
@@ -247,14 +298,14 @@ fn segment_map(
                      (the trace starts mid-run and its starting state does not fit a device of \
                      capacity {}): there is nothing to draw",
                     spec.label,
-                    format_size_human(setup.options.capacity_bytes)
+                    format_size_human(options.capacity_bytes)
                 ),
                 (None, _) => format!(
                     "--segments oom: {} does not run out of memory on {} at capacity {} \
                      (give a smaller --capacity, or draw peak or an event)",
                     spec.label,
                     trace.name,
-                    format_size_human(setup.options.capacity_bytes)
+                    format_size_human(options.capacity_bytes)
                 ),
                 (Some(n), Some(oom)) => format!(
                     "--segments {n}: under {} the replay ran out of memory at event {}, \
@@ -296,9 +347,9 @@ fn segment_map(
         eprintln!("note: not drawn: {m}");
     }
     Ok(SegmentMap {
-        title: format!("{}: segments on {}", trace.name, setup.options.name),
+        title: format!("{}: segments on {}", trace.name, options.name),
         panels,
-        capacity_bytes: Some(setup.options.capacity_bytes),
+        capacity_bytes: Some(options.capacity_bytes),
     })
 }
 
