@@ -256,6 +256,49 @@ fn generators_grids_and_inert_settings() {
     assert_eq!(stdout(&o).lines().count(), 25);
 }
 
+/// A sweep file that names no device runs a recorded run on the device it recorded (an
+/// H200 here, as `replay` runs it), other traces on the default device; one that names
+/// devices runs every trace on them. The H200 run ran on the default 80 GiB device.
+#[test]
+fn a_recorded_run_sweeps_on_its_own_device() {
+    let dir = TempDir::new("sweep-recorded");
+    let traces = format!(
+        "traces: [{}, {}]\npolicies:\n  - caching:\n      expandable_segments: [false, true]\n",
+        root().join("tests/data/unseen/moe_train.json").display(),
+        root().join("examples/seed000.yaml").display()
+    );
+    let plain = dir.file("plain.yaml", &traces);
+    let named = dir.file("named.yaml", &format!("{traces}capacities: [80GiB]\n"));
+    let run = |sweep: &std::path::Path| {
+        let o = allocsim([
+            "sweep".as_ref(),
+            sweep.as_os_str(),
+            "--format".as_ref(),
+            "csv".as_ref(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let csv = run(&plain);
+    let moe: Vec<&str> = csv.lines().filter(|l| l.contains(",moe_train,")).collect();
+    assert_eq!(moe.len(), 2, "{csv}");
+    for row in &moe {
+        // The recorded card and its total; the default configuration's reserved peak
+        // is `replay`'s (2 246 049 792 bytes).
+        assert!(row.contains(",NVIDIA H200 (recorded),"), "{row}");
+        assert!(row.contains(",150109880320,"), "{row}");
+    }
+    assert!(moe[0].contains(",2246049792,"), "{}", moe[0]);
+    assert!(
+        csv.lines()
+            .filter(|l| l.contains(",seed000,"))
+            .all(|l| l.contains(",80GiB,")),
+        "{csv}"
+    );
+    let csv = run(&named);
+    assert!(csv.lines().skip(1).all(|l| l.contains(",80GiB,")), "{csv}");
+}
+
 /// The bundled example sweep runs and recommends a configuration for every trace.
 #[test]
 fn the_example_sweep_runs() {

@@ -69,6 +69,10 @@ pub struct Sweep {
     pub policies: Vec<PolicyGrid>,
     /// The devices, in order: the capacities, then the GPUs.
     pub devices: Vec<SweepDevice>,
+    /// Whether the file names its devices (`capacities`, `gpus`, `gpu_profile`); when it
+    /// does not, a recorded run runs on the device it recorded, as `replay` runs it,
+    /// and any other trace on the default device (`devices`' one).
+    pub devices_named: bool,
     /// The caching policy's defaults (`alloc_conf`), applied before a combination's own
     /// options.
     pub caching: CachingDefaults,
@@ -271,11 +275,14 @@ pub struct Outcome {
 }
 
 /// How a sweep's traces load: each named for reports among all the sweep's traces (so
-/// that shards agree), read with the first device as the model of recorded addresses.
+/// that shards agree), read with the first device as the model of recorded addresses,
+/// and the device each recorded run recorded, where the file names none.
 struct Loader<'s> {
     sweep: &'s Sweep,
     names: Vec<String>,
     model: SimDeviceOptions,
+    /// Each trace's recorded device, set as it loads (`None`: the sweep's devices).
+    recorded: Vec<std::sync::OnceLock<Option<SweepDevice>>>,
 }
 
 impl<'s> Loader<'s> {
@@ -287,13 +294,36 @@ impl<'s> Loader<'s> {
                 .devices
                 .first()
                 .map_or_else(SimDeviceOptions::default, |d| d.options.clone()),
+            recorded: sweep.traces.iter().map(|_| Default::default()).collect(),
         }
     }
 
     fn load(&self, i: usize) -> Result<CompareInput, LoadError> {
-        let mut input = crate::inputs::load(&self.sweep.traces[i], &self.sweep.load, &self.model)?;
+        let (mut input, run) =
+            crate::inputs::load_with_run(&self.sweep.traces[i], &self.sweep.load, &self.model)?;
         input.trace.name = self.names[i].clone();
+        let recorded = run
+            .as_ref()
+            .filter(|_| !self.sweep.devices_named)
+            .and_then(|run| {
+                let options = crate::recorded::recorded_device(run, &self.model)?;
+                let card = run.meta.device.as_deref().unwrap_or("the GPU");
+                Some(SweepDevice {
+                    label: format!("{card} (recorded)"),
+                    options,
+                })
+            });
+        let _ = self.recorded[i].set(recorded);
         Ok(input)
+    }
+
+    /// The device trace `trace`'s row `device` runs on: its recorded one, where it has
+    /// one and the file names none, else the sweep's.
+    fn device(&self, trace: usize, device: usize) -> &SweepDevice {
+        match self.recorded[trace].get() {
+            Some(Some(d)) => d,
+            _ => &self.sweep.devices[device],
+        }
     }
 
     /// Each trace's expected load: a file's bytes (0 for a generated trace, or a file
@@ -334,7 +364,7 @@ pub fn run(sweep: &Sweep, options: &RunOptions<'_>) -> Result<Outcome, RunError>
     };
     let replay = |job: &Job, input: &CompareInput| {
         let combination = &sweep.combinations[job.policy];
-        let device = &sweep.devices[job.device];
+        let device = loader.device(job.trace, job.device);
         let row =
             crate::compare::run_one(input, &combination.spec, &device.options, &options.replay);
         tick();
@@ -394,7 +424,7 @@ pub fn run(sweep: &Sweep, options: &RunOptions<'_>) -> Result<Outcome, RunError>
                         &input.trace,
                         &input.hints,
                         &sweep.combinations[job.policy].spec.config,
-                        &sweep.devices[job.device].options,
+                        &loader.device(job.trace, job.device).options,
                         &options.replay,
                         &fit_options,
                     )?)
@@ -554,6 +584,9 @@ pub fn parse(text: &str, path: &Path) -> Result<Sweep, SweepError> {
         ));
     };
     let (policies, combinations) = parse_policies(&ctx, policies_key, policies_node)?;
+    let devices_named = ["gpu_profile", "capacities", "gpus"]
+        .iter()
+        .any(|k| field(k).is_some());
     let devices = parse_devices(
         &ctx,
         field("gpu_profile"),
@@ -564,6 +597,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Sweep, SweepError> {
         traces,
         policies,
         devices,
+        devices_named,
         caching: ctx.caching,
         load,
         combinations,
