@@ -1916,6 +1916,43 @@ def ddp_train(rec, batch, hidden, layers, steps, bucket_mb, as_view):
     rec.cp("destroyed")
 
 
+@workload(batch=16, hidden=4096, layers=6, steps=4, reshard=True)
+def fsdp_train(rec, batch, hidden, layers, steps, reshard):
+    """FullyShardedDataParallel (FSDP2, `fully_shard`) in one process (NCCL, world size
+    1): each layer's parameters gathered before use on the all-gather stream and freed
+    after (`reshard=1`: after the forward too, gathered again for the backward), the
+    gradients reduce-scattered on their own stream, AdamW."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29532")
+    torch.cuda.set_device(rec.dev)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        m = _gelu_mlp(hidden, layers, rec.dev)
+        for layer in m:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, reshard_after_forward=bool(reshard))
+        fully_shard(m, reshard_after_forward=bool(reshard))
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=False)
+        rec.setup_done()
+        for step in range(steps):
+            x = torch.randn(batch, hidden, device=rec.dev)
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del x, loss
+            rec.cp(f"step{step}")
+        del m, opt
+    finally:
+        dist.destroy_process_group()
+    torch.cuda.synchronize()
+    rec.cp("destroyed")
+
+
 @workload(batch=8, seq=1024, layers=6, d_model=1024, heads=16, steps=4, fp16=True)
 def checkpointed_train(rec, batch, seq, layers, d_model, heads, steps, fp16):
     """Transformer blocks trained with activation checkpointing

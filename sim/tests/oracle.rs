@@ -37,13 +37,13 @@ fn unseen_dir() -> PathBuf {
 /// inference, GPT training, caps that run out, expandable segments on an H100; a
 /// mixture of experts, a batch size found by catching out-of-memory errors, a
 /// prefetching side stream, serving that drops requests that run out, activation
-/// checkpointing under fp16 with a GradScaler, a pipeline of streams and
-/// DistributedDataParallel in one process, on an H200),
+/// checkpointing under fp16 with a GradScaler, a pipeline of streams,
+/// DistributedDataParallel and FSDP2 in one process, on an H200),
 /// are reproduced exactly under their own settings, and the table of docs/fidelity.md
 /// says so.
 #[test]
 fn every_unseen_run_is_exact() {
-    all_exact(&unseen_dir(), 31);
+    all_exact(&unseen_dir(), 34);
     let mut out = String::from(
         "| run | entries | reserved peak (B) | allocated peak (B) | OOM entry | segment ops | checkpoints | exact |\n| --- | ---: | ---: | ---: | ---: | --- | --- | --- |\n",
     );
