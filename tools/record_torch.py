@@ -1879,26 +1879,19 @@ def graphed_callables(rec, batch, hidden, layers, steps):
     rec.cp("released")
 
 
-@workload(batch=32, hidden=4096, layers=4, steps=4, bucket_mb=25, as_view=False)
-def ddp_train(rec, batch, hidden, layers, steps, bucket_mb, as_view):
-    """DistributedDataParallel training in one process (NCCL, world size 1): gradient
-    buckets of `bucket_mb` MiB (`as_view=1`: gradients as views into the buckets), the
-    buckets' all-reduce hooked into the backward pass, AdamW."""
+def _one_rank_training(rec, port, wrap, batch, hidden, layers, steps):
+    """The distributed workloads: a process group of one rank (NCCL, on `port`), the MLP
+    wrapped by `wrap` (DDP, FSDP), AdamW, `steps` training steps with a checkpoint
+    after each, then the group destroyed (checkpoint `destroyed`)."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29531")
+    os.environ.setdefault("MASTER_PORT", str(port))
     torch.cuda.set_device(rec.dev)
     dist.init_process_group("nccl", rank=0, world_size=1)
     try:
         torch.manual_seed(0)
-        m = DDP(
-            _gelu_mlp(hidden, layers, rec.dev),
-            device_ids=[rec.dev.index],
-            bucket_cap_mb=bucket_mb,
-            gradient_as_bucket_view=bool(as_view),
-        )
+        m = wrap(_gelu_mlp(hidden, layers, rec.dev))
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=False)
         rec.setup_done()
         for step in range(steps):
@@ -1914,6 +1907,19 @@ def ddp_train(rec, batch, hidden, layers, steps, bucket_mb, as_view):
         dist.destroy_process_group()
     torch.cuda.synchronize()
     rec.cp("destroyed")
+
+
+@workload(batch=32, hidden=4096, layers=4, steps=4, bucket_mb=25, as_view=False)
+def ddp_train(rec, batch, hidden, layers, steps, bucket_mb, as_view):
+    """DistributedDataParallel training in one process (NCCL, world size 1): gradient
+    buckets of `bucket_mb` MiB (`as_view=1`: gradients as views into the buckets), the
+    buckets' all-reduce hooked into the backward pass, AdamW."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def wrap(mlp):
+        return DDP(mlp, device_ids=[rec.dev.index], bucket_cap_mb=bucket_mb, gradient_as_bucket_view=bool(as_view))
+
+    _one_rank_training(rec, 29531, wrap, batch, hidden, layers, steps)
 
 
 @workload(batch=16, hidden=4096, layers=6, steps=4, reshard=True)
@@ -1922,35 +1928,16 @@ def fsdp_train(rec, batch, hidden, layers, steps, reshard):
     1): each layer's parameters gathered before use on the all-gather stream and freed
     after (`reshard=1`: after the forward too, gathered again for the backward), the
     gradients reduce-scattered on their own stream, AdamW."""
-    import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29532")
-    torch.cuda.set_device(rec.dev)
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        m = _gelu_mlp(hidden, layers, rec.dev)
-        for layer in m:
+    def wrap(mlp):
+        for layer in mlp:
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer, reshard_after_forward=bool(reshard))
-        fully_shard(m, reshard_after_forward=bool(reshard))
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=False)
-        rec.setup_done()
-        for step in range(steps):
-            x = torch.randn(batch, hidden, device=rec.dev)
-            loss = m(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            del x, loss
-            rec.cp(f"step{step}")
-        del m, opt
-    finally:
-        dist.destroy_process_group()
-    torch.cuda.synchronize()
-    rec.cp("destroyed")
+        fully_shard(mlp, reshard_after_forward=bool(reshard))
+        return mlp
+
+    _one_rank_training(rec, 29532, wrap, batch, hidden, layers, steps)
 
 
 @workload(batch=8, seq=1024, layers=6, d_model=1024, heads=16, steps=4, fp16=True)

@@ -56,6 +56,16 @@ def fake_churn(rec, n, every, seed):
     del weights
 
 
+def _trees_pool(torch):
+    """The trees' pool, (0, 9), made as torch.compile's CUDA graph trees make theirs: by
+    an empty capture into it. The graph (which keeps the pool) and the pool."""
+    g = torch.cuda.CUDAGraph()
+    pool = (0, 9)
+    with torch.cuda.graph(g, pool=pool):
+        pass
+    return g, pool
+
+
 @rt.workload()
 def fake_tree_pool(rec):
     """Test only: what torch.compile's CUDA graph trees do: an empty capture makes the
@@ -65,10 +75,7 @@ def fake_tree_pool(rec):
     torch, dev = T(), rec.dev
     u8 = torch.uint8
     rec.setup_done()
-    g = torch.cuda.CUDAGraph()
-    pool = (0, 9)
-    with torch.cuda.graph(g, pool=pool):
-        pass
+    g, pool = _trees_pool(torch)
     keep = []
     for size in (2 * MiB, 3 * MiB):
         torch._C._cuda_beginAllocateCurrentThreadToPool(0, pool)
@@ -91,10 +98,7 @@ def fake_checkpoint(rec):
     torch, dev = T(), rec.dev
     u8 = torch.uint8
     rec.setup_done()
-    g = torch.cuda.CUDAGraph()
-    pool = (0, 9)
-    with torch.cuda.graph(g, pool=pool):
-        pass
+    g, pool = _trees_pool(torch)
     torch._C._cuda_beginAllocateCurrentThreadToPool(0, pool)
     a = torch.empty(MiB // 2, dtype=u8, device=dev)
     b = torch.empty(MiB // 4, dtype=u8, device=dev)
