@@ -1783,8 +1783,8 @@ def _compiled_teardown(rec):
     rec.cp("empty_cache")
 
 
-@workload(batches=(4, 16, 64), hidden=2048, layers=4, calls=4, train=False, mode="reduce-overhead")
-def compiled_graphs(rec, batches, hidden, layers, calls, train, mode):
+@workload(batches=(4, 16, 64), hidden=2048, layers=4, calls=4, train=False, mode="reduce-overhead", reset=True)
+def compiled_graphs(rec, batches, hidden, layers, calls, train, mode, reset):
     """An MLP under `torch.compile(mode="reduce-overhead")`, as users turn CUDA graphs
     on: inductor's CUDA graph trees record each batch size's graph on its second call
     and replay it after, all graphs in one private pool that the trees manage
@@ -1815,18 +1815,19 @@ def compiled_graphs(rec, batches, hidden, layers, calls, train, mode):
 
     _compiled_rounds(rec, batches, calls, call, "b")
     del f
-    _compiled_teardown(rec)
+    if reset:
+        _compiled_teardown(rec)
 
 
-@workload(batch=4, seqs=(128, 256, 512, 256, 1024), layers=4, d_model=768, heads=12, vocab=32000, calls=3, train=False)
-def compiled_gpt(rec, batch, seqs, layers, d_model, heads, vocab, calls, train):
+@workload(batch=4, seqs=(128, 256, 512, 256, 1024), layers=4, d_model=768, heads=12, vocab=32000, calls=3, train=False, reset=True)
+def compiled_gpt(rec, batch, seqs, layers, d_model, heads, vocab, calls, train, reset):
     """A GPT-like decoder (`_gpt`) under `torch.compile(mode="reduce-overhead",
     dynamic=False)`, as a server or trainer turns CUDA graphs on with inputs bucketed by
     length: each sequence length in `seqs` its own graph in inductor's CUDA graph trees,
     recorded on the second call, and every length after the first recorded on another
     path of the tree (the pool set back to a checkpoint first); `calls` calls per
     length, then every length again; with train=1 a training step (forward and backward
-    graphs, AdamW outside them)."""
+    graphs, AdamW outside them); reset=0 as `compiled_graphs`'."""
     torch.manual_seed(0)
     m = _gpt(vocab, max(seqs), layers, d_model, heads).to(rec.dev)
     opt = torch.optim.AdamW(m.parameters(), lr=3e-4, fused=False) if train else None
@@ -1850,7 +1851,8 @@ def compiled_gpt(rec, batch, seqs, layers, d_model, heads, vocab, calls, train):
 
     _compiled_rounds(rec, seqs, calls, call, "seq")
     del f
-    _compiled_teardown(rec)
+    if reset:
+        _compiled_teardown(rec)
 
 
 @workload(batch=64, hidden=2048, layers=4, steps=6)

@@ -16,7 +16,7 @@
 //! What is taken (PyTorch 2.1 to 2.15; keys this crate does not use are ignored):
 //!
 //! - `device_traces[device]`: each entry (`action`, `addr`, `size`, `stream`; an `oom`
-//!   entry has `device_free` instead of `addr`) becomes a [`RecordedEntry`](crate::recorded::RecordedEntry), in order
+//!   entry has `device_free` instead of `addr`) becomes a [`RecordedEntry`], in order
 //!   (`oom` entries get address 0). `annotate` entries become [`Action::Annotate`] with
 //!   their text in [`SnapshotInfo::annotations`]; entries of a private pool
 //!   (`pool_id` other than `(0, 0)`, PyTorch 2.15 on) are listed in
@@ -56,7 +56,13 @@
 //! reader turns them into the trace's pool windows ([`RecordedRun::calls`]) and says
 //! in [`TraceMeta::caveats`] what it cannot attribute or place. The rules are in
 //! [`SnapshotPools`]'s module (`snapshot/pools.rs`) and `docs/trace-format.md`;
-//! [`SnapshotInfo::pools`] has the pool of every request.
+//! [`SnapshotInfo::pools`] has the pool of every request. The `alloc` entries of a
+//! checkpoint restore (`torch.compile`'s CUDA graph trees setting their pool back) get
+//! their `restore_block` from their stack frames: while reading, the private `seen`
+//! module looks for the trees' file name in the bytes, and a snapshot that names it
+//! and shows private pools is read again from its file with frames (not kept unless
+//! asked for); one that names it and shows no private pool gets a warning (the trees'
+//! pool was gone).
 //!
 //! **Reading keeps what the file holds; replaying checks it can.** A snapshot whose
 //! recording started late or whose ring buffer wrapped, one taken without a trace
@@ -79,6 +85,7 @@ mod pickle;
 mod pools;
 mod replayable;
 mod schema;
+mod seen;
 mod stream;
 mod value_de;
 mod write;
@@ -97,7 +104,7 @@ pub use stream::{plan_stream, plan_stream_with, StreamEvents, StreamPlan, WholeT
 pub use write::{snapshot_bytes, write_snapshot, SnapshotEncoding, SnapshotEntry, SnapshotOut};
 
 use crate::csv::file_stem;
-use crate::recorded::{Action, RecordedOom, RecordedRun, RecordedSegment};
+use crate::recorded::{Action, RecordedEntry, RecordedOom, RecordedRun, RecordedSegment};
 use crate::size::format_size_human;
 use crate::trace::{PoolId, TraceMeta};
 use crate::{Format, ReadError};
@@ -362,7 +369,47 @@ pub fn read_snapshot_pickle_with(
             limits.max_input = meta.len();
         }
     }
-    read(file, path, device, options, limits)
+    let (run, seen) = read(file, path, device, options, limits)?;
+    with_restores(run, seen, path, device, options)
+}
+
+/// A run read without stack frames from a snapshot that shows private pools and whose
+/// bytes name the CUDA graph trees ([`seen`]): read again from `path` with frames, so
+/// that the allocations of the trees' checkpoint restores take their blocks
+/// ([`Event::RestoreBlock`]), when `path` is a regular file (else the run as read,
+/// whose caveat says so). Frames not asked for are not kept.
+///
+/// [`Event::RestoreBlock`]: crate::Event::RestoreBlock
+fn with_restores(
+    run: RecordedRun,
+    seen: seen::Seen,
+    path: &Path,
+    device: usize,
+    options: &SnapshotOptions,
+) -> Result<RecordedRun, ReadError> {
+    let shows_pools = run
+        .snapshot
+        .as_ref()
+        .is_some_and(|s| !s.pools.shown.is_empty());
+    if !seen.trees || options.keep_frames || !shows_pools {
+        return Ok(run);
+    }
+    let Ok(file) = std::fs::File::open(path) else {
+        return Ok(run);
+    };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Ok(run);
+    }
+    let limits = Limits {
+        max_input: file.metadata().map_or(u64::MAX, |m| m.len()),
+        ..Limits::default()
+    };
+    let framed = SnapshotOptions { keep_frames: true };
+    let (mut again, _) = read(file, path, device, &framed, limits)?;
+    if let Some(s) = again.snapshot.as_mut() {
+        s.frames = None;
+    }
+    Ok(again)
 }
 
 /// The format table's reader ([`crate::Format::TorchPickle`]): as
@@ -372,13 +419,9 @@ pub(crate) fn read_input(input: crate::Input<'_>) -> Result<RecordedRun, ReadErr
     if let Some(len) = input.len {
         limits.max_input = len;
     }
-    read(
-        input.reader,
-        input.path,
-        input.device,
-        &SnapshotOptions::default(),
-        limits,
-    )
+    let options = SnapshotOptions::default();
+    let (run, seen) = read(input.reader, input.path, input.device, &options, limits)?;
+    with_restores(run, seen, input.path, input.device, &options)
 }
 
 /// As [`read_snapshot_pickle`], from any reader; `path` names the source in messages
@@ -400,6 +443,7 @@ pub fn read_snapshot_pickle_from(
         &SnapshotOptions::default(),
         Limits::default(),
     )
+    .map(|(run, _)| run)
 }
 
 /// [`read_snapshot_pickle_from`] with options.
@@ -412,7 +456,7 @@ pub fn read_snapshot_pickle_from_with(
     device: usize,
     options: &SnapshotOptions,
 ) -> Result<RecordedRun, ReadError> {
-    read(reader, path, device, options, Limits::default())
+    read(reader, path, device, options, Limits::default()).map(|(run, _)| run)
 }
 
 /// The stack frames PyTorch recorded for the entry of event `index` of `trace`, a trace
@@ -452,27 +496,33 @@ pub fn event_stack(
         .collect()
 }
 
+/// The run, and what its bytes named ([`seen`]).
 fn read(
     reader: impl io::Read,
     path: &Path,
     device: usize,
     options: &SnapshotOptions,
     limits: Limits,
-) -> Result<RecordedRun, ReadError> {
+) -> Result<(RecordedRun, seen::Seen), ReadError> {
+    let found = std::rc::Rc::new(std::cell::Cell::new(seen::Seen::default()));
+    let scan = seen::Scan::new(reader, std::rc::Rc::clone(&found));
     let (root, frames) =
-        pickle::read_value(reader, limits, options.keep_frames).map_err(|e| match *e {
+        pickle::read_value(scan, limits, options.keep_frames).map_err(|e| match *e {
             PickleError::Io(e) => ReadError::io(path, &e),
             PickleError::Bad { offset, message } => {
                 ReadError::syntax(path, Some(format!("byte {offset}")), escape(&message))
             }
         })?;
+    let seen = found.get();
     Snapshot {
         path,
         device,
         options,
         frames: std::cell::RefCell::new(frames),
+        seen,
     }
     .assemble(&root)
+    .map(|run| (run, seen))
 }
 
 /// What a snapshot holds for one device, read ([`Snapshot::parts`]).
@@ -495,6 +545,8 @@ struct Snapshot<'a> {
     options: &'a SnapshotOptions,
     /// The stack frames read (when kept).
     frames: std::cell::RefCell<schema::FrameTable>,
+    /// What the file's bytes named.
+    seen: seen::Seen,
 }
 
 impl Snapshot<'_> {
@@ -728,6 +780,11 @@ impl Snapshot<'_> {
         if self.options.keep_frames {
             info.frames = Some(self.frames.take().into_frames(stacks));
         }
+        // A checkpoint restore's allocations, found by their frames.
+        let restores = match &info.frames {
+            Some(frames) if self.seen.trees => restore_entries(&entries, frames),
+            _ => Vec::new(),
+        };
         // The pool of each request, and the releases that were a private pool's own
         // emptyCache rather than torch.cuda.empty_cache().
         let entry_pools: Vec<(u64, PoolId)> =
@@ -756,8 +813,16 @@ impl Snapshot<'_> {
             entries.len() + points.len(),
             &source_indexes,
             &pool_caches,
+            &restores,
+            &points,
         );
         drop(attribution);
+        let mut caveats = caveats;
+        caveats.extend(seen::caveat(
+            self.seen,
+            !pool_summary.shown.is_empty(),
+            self.options.keep_frames,
+        ));
         info.pools = pool_summary;
         // The inferred entries go in place (a snapshot's trace can be millions of
         // entries: no copy); each takes the time of the entry it was inserted before.
@@ -797,6 +862,40 @@ impl Snapshot<'_> {
             ..RecordedRun::default()
         })
     }
+}
+
+/// The `alloc` entries (indexes in the file) whose stack holds a checkpoint restore's
+/// frame ([`seen::is_restore_frame`]).
+fn restore_entries(entries: &[RecordedEntry], frames: &Frames) -> Vec<usize> {
+    let marked: Vec<bool> = frames
+        .frames
+        .iter()
+        .map(|f| seen::is_restore_frame(&f.name))
+        .collect();
+    let mut stacks: Vec<Option<bool>> = vec![None; frames.stack_count()];
+    let mut out = Vec::new();
+    for &(entry, stack) in &frames.entries {
+        let Some(e) = entries.get(entry as usize) else {
+            continue;
+        };
+        if e.action != Action::Alloc {
+            continue;
+        }
+        let Some(slot) = stacks.get_mut(stack as usize) else {
+            continue;
+        };
+        let restore = *slot.get_or_insert_with(|| {
+            frames
+                .stack_indexes(stack)
+                .iter()
+                .any(|&f| marked.get(f as usize).copied().unwrap_or(false))
+        });
+        if restore {
+            out.push(entry as usize);
+        }
+    }
+    out.sort_unstable();
+    out
 }
 
 /// Whether garbage collection may give back default-pool segments inside any malloc:

@@ -359,13 +359,20 @@ impl Attribution {
     /// caveats, and what the snapshot says per request. `entries` are the file's
     /// entries; with the inferred `empty_cache` entries there are `final_len`, and
     /// `source_indexes` gives the file index of each; `pool_caches` are the release
-    /// runs taken as a pool's `emptyCache` (file index of the run's first entry, slot).
+    /// runs taken as a pool's `emptyCache` (file index of the run's first entry, slot);
+    /// `restores` are the `alloc` entries of checkpoint restores (file indexes, in
+    /// order): each of a private pool's takes its block ([`Event::RestoreBlock`]);
+    /// `empty_caches` the file indexes of the entries an inferred `empty_cache()` goes
+    /// before, in order: one ends a pool's run of requests ([`Attribution::events`]'s
+    /// runs).
     pub(super) fn events(
         &self,
         entries: &[RecordedEntry],
         final_len: usize,
         source_indexes: &[u64],
         pool_caches: &[(usize, u32)],
+        restores: &[usize],
+        empty_caches: &[usize],
     ) -> Routing {
         let mut summary = SnapshotPools {
             shown: self.shown.clone(),
@@ -401,10 +408,18 @@ impl Attribution {
         let mut calls: Vec<(Option<u64>, u8, Event)> = Vec::new();
         let pool = |slot: u32| self.table[slot as usize];
         let mut alive = vec![false; self.table.len()];
-        // Runs of consecutive requests of one private pool.
+        // Runs of consecutive requests of one private pool, each ended by an inferred
+        // `empty_cache()` too: one that gives memory back comes while no allocation to
+        // a pool is under way (PyTorch then gives back no default-pool memory, and none
+        // of a pool in use), as where `torch.cuda.graph` empties the cache between the
+        // CUDA graph trees' warm-up in their pool and the capture.
         let mut run: Option<(u32, usize, usize, Vec<u64>)> = None;
         let mut runs: Vec<(u32, usize, usize, Vec<u64>)> = Vec::new();
+        let mut next_empty_cache = empty_caches.iter().peekable();
         for (i, e) in entries.iter().enumerate() {
+            if next_empty_cache.next_if(|&&p| p <= i).is_some() {
+                runs.extend(run.take());
+            }
             if !is_request(e.action) {
                 continue;
             }
@@ -490,6 +505,13 @@ impl Attribution {
         }
         for &(start, slot) in pool_caches {
             calls.push((before(start), 3, Event::EmptyPoolCache { pool: pool(slot) }));
+        }
+        for &i in restores {
+            let slot = self.of.get(i).copied().unwrap_or(UNKNOWN);
+            if slot != UNKNOWN && slot != DEFAULT {
+                let (pool, addr) = (pool(slot), entries[i].addr);
+                calls.push((before(i), 6, Event::RestoreBlock { pool, addr }));
+            }
         }
         calls.sort_by_key(|(at, rank, _)| (at.map_or(0, |a| a + 1), *rank));
 
@@ -832,6 +854,13 @@ pub(super) struct PoolStream {
     pub failed: bool,
     unattributed: Some5,
     run: Option<RequestRun>,
+    /// The slot of the run closed at a run of releases, which the next request may
+    /// go on ([`Attribution::events`]' runs end at an inferred `empty_cache()`, decided
+    /// later): the starts of the runs of releases since its last request.
+    cut: Option<(u32, Vec<u64>)>,
+    /// Runs that go on one closed at runs of releases: (index in `runs`, the releases'
+    /// starts); merged back at the end unless one of those was an `empty_cache()`.
+    cuts: Vec<(usize, Vec<u64>)>,
     runs: Vec<ClosedRun>,
     /// The streams of the closed runs, one run after the other.
     run_streams: Vec<u64>,
@@ -909,6 +938,8 @@ impl PoolStream {
             failed: false,
             unattributed: Some5::default(),
             run: None,
+            cut: None,
+            cuts: Vec::new(),
             runs: Vec::new(),
             run_streams: Vec::new(),
             last_request: vec![None; n],
@@ -1012,6 +1043,16 @@ impl PoolStream {
         }
         match e.action {
             a if is_release(a) => {
+                if self.open.is_none() {
+                    if let Some(r) = &self.run {
+                        let slot = r.slot;
+                        self.close_run();
+                        self.cut = Some((slot, Vec::new()));
+                    }
+                    if let Some((_, starts)) = &mut self.cut {
+                        starts.push(index);
+                    }
+                }
                 let run = self.open.get_or_insert_with(|| Releases {
                     start: index,
                     first: slot,
@@ -1049,6 +1090,7 @@ impl PoolStream {
                     self.last_request[slot as usize] = Some(index);
                     self.first_release[slot as usize] = None;
                 }
+                let cut = self.cut.take();
                 match &mut self.run {
                     Some(r) if private && r.slot == slot => {
                         r.last = index;
@@ -1059,6 +1101,9 @@ impl PoolStream {
                     _ => {
                         self.close_run();
                         if private {
+                            if let Some((_, starts)) = cut.filter(|(s, _)| *s == slot) {
+                                self.cuts.push((self.runs.len(), starts));
+                            }
                             self.run = Some(RequestRun {
                                 slot,
                                 first: index,
@@ -1106,6 +1151,54 @@ impl PoolStream {
         }
     }
 
+    /// Joins each run closed at runs of releases to the one it goes on when none of
+    /// those releases was an inferred `empty_cache()` (`points`, ascending): the runs
+    /// [`Attribution::events`] makes.
+    fn merge_uncut(&mut self, points: &[u64]) {
+        if self.cuts.is_empty() {
+            return;
+        }
+        let joined: std::collections::HashSet<usize> = std::mem::take(&mut self.cuts)
+            .into_iter()
+            .filter(|(_, starts)| !starts.iter().any(|s| points.binary_search(s).is_ok()))
+            .map(|(k, _)| k)
+            .collect();
+        if joined.is_empty() {
+            return;
+        }
+        let mut runs: Vec<ClosedRun> = Vec::with_capacity(self.runs.len());
+        let mut streams: Vec<u64> = Vec::with_capacity(self.run_streams.len());
+        let mut start = 0usize;
+        for (k, run) in std::mem::take(&mut self.runs).into_iter().enumerate() {
+            let own = &self.run_streams[start..run.streams_end as usize];
+            start = run.streams_end as usize;
+            if joined.contains(&k) && !runs.is_empty() {
+                // The previous run's streams are the last ones kept.
+                let from = match runs.len() {
+                    1 => 0,
+                    n => runs[n - 2].streams_end as usize,
+                };
+                let mut union: Vec<u64> = streams[from..].to_vec();
+                union.extend_from_slice(own);
+                union.sort_unstable();
+                union.dedup();
+                streams.truncate(from);
+                streams.extend_from_slice(&union);
+                let prev = runs.last_mut().expect("a run before");
+                prev.last = run.last;
+                prev.streams_end = streams.len() as u64;
+            } else {
+                streams.extend_from_slice(own);
+                runs.push(ClosedRun {
+                    streams_end: streams.len() as u64,
+                    ..run
+                });
+            }
+        }
+        self.runs = runs;
+        self.run_streams = streams;
+    }
+
     /// Keeps the run of requests open, if any, in a few bytes.
     fn close_run(&mut self) {
         if let Some(mut run) = self.run.take() {
@@ -1149,6 +1242,7 @@ impl PoolStream {
                 }
             }
         }
+        self.merge_uncut(&points);
         // Positions counted with the inferred entries: raw entry `x` lands at
         // `x + (points before or at it)`, its inferred entry (if any) just before.
         let before = |x: u64| -> Option<u64> {
@@ -1418,7 +1512,14 @@ mod tests {
             calls,
             caveats,
             pools: summary,
-        } = a.events(&entries, out.len(), &indexes, &caches);
+        } = a.events(
+            &entries,
+            out.len(),
+            &indexes,
+            &caches,
+            &[],
+            &inferred(&out, &indexes),
+        );
         // The MemPool's one request says nothing of no_split.
         assert_eq!(caveats.len(), 1, "{caveats:?}");
         assert!(caveats[0].contains("MemPool(s) (0, 1) were created with no_split"));
@@ -1465,6 +1566,71 @@ mod tests {
     /// after a pool's requests (a capture may still have been under way), and a MemPool
     /// whose requests never shared a segment (no_split or not); a MemPool whose
     /// requests shared a segment is not.
+    /// An `empty_cache()` that gives back default-pool memory between two requests of
+    /// one pool ends the pool's window there (PyTorch gives back no default-pool
+    /// memory while allocation to a pool is under way): the CUDA graph trees' warm-up
+    /// in their pool, `torch.cuda.graph`'s `empty_cache()`, then the capture.
+    #[test]
+    fn an_empty_cache_ends_a_pools_window() {
+        let t = PoolId(0, 1);
+        let entries = vec![
+            e(Action::SegmentAlloc, B, 2 * MIB, 0), // 0: default
+            e(Action::Alloc, B, 512, 0),            // 1
+            e(Action::FreeRequested, B, 512, 0),    // 2
+            e(Action::FreeCompleted, B, 512, 0),    // 3
+            e(Action::SegmentAlloc, A, 2 * MIB, 0), // 4: the trees' pool
+            e(Action::Alloc, A, 512, 0),            // 5: warm-up
+            e(Action::SegmentFree, B, 2 * MIB, 0),  // 6: empty_cache()
+            e(Action::Alloc, A + 512, 512, 7),      // 7: capture
+        ];
+        let pools: Vec<(u64, PoolId)> = [(4, t), (5, t), (7, t)]
+            .into_iter()
+            .map(|(i, p)| (i as u64, p))
+            .collect();
+        // Every entry says its pool (2.15): the others are the default pools'.
+        let a = attribute(&entries, &pools, true, &[]);
+        let (out, indexes) =
+            super::super::empty_cache::infer_empty_cache_with(&entries, |s, e, inside| {
+                a.release_run(s, e, inside, false) == ReleaseRun::EmptyCache
+            });
+        let points = inferred(&out, &indexes);
+        assert_eq!(points, vec![6]);
+        let windows = |points: &[usize]| {
+            a.events(&entries, out.len(), &indexes, &[], &[], points)
+                .calls
+                .into_iter()
+                .filter(|(_, e)| {
+                    matches!(
+                        e,
+                        Event::BeginAllocateToPool { .. } | Event::EndAllocateToPool { .. }
+                    )
+                })
+                .map(|(at, e)| (at, matches!(e, Event::BeginAllocateToPool { .. })))
+                .collect::<Vec<_>>()
+        };
+        // Positions count the inferred entry (before entry 6, at 6).
+        assert_eq!(
+            windows(&points),
+            vec![
+                (Some(4), true),
+                (Some(5), false),
+                (Some(7), true),
+                (Some(8), false)
+            ]
+        );
+        // Without the empty_cache() one window spans both requests.
+        assert_eq!(windows(&[]), vec![(Some(4), true), (Some(8), false)]);
+    }
+
+    /// The file indexes the inferred `empty_cache` entries of `out` go before.
+    fn inferred(out: &[RecordedEntry], indexes: &[u64]) -> Vec<usize> {
+        out.iter()
+            .zip(indexes)
+            .filter(|(e, _)| e.action == Action::EmptyCache)
+            .map(|(_, &i)| i as usize)
+            .collect()
+    }
+
     #[test]
     fn what_the_windows_cannot_say_is_named() {
         let entries = vec![
@@ -1481,7 +1647,14 @@ mod tests {
             caveats,
             pools: summary,
             ..
-        } = a.events(&entries, out.len(), &indexes, &[]);
+        } = a.events(
+            &entries,
+            out.len(),
+            &indexes,
+            &[],
+            &[],
+            &inferred(&out, &indexes),
+        );
         assert_eq!(summary.unattributed, vec![3]);
         assert_eq!(caveats.len(), 3, "{caveats:?}");
         assert!(caveats[0].starts_with("the snapshot shows private pools (0, 1) (CUDA graphs or MemPools) but does not say the pool of 1 of its 2 requests (entries 3)"), "{}", caveats[0]);
@@ -1501,7 +1674,16 @@ mod tests {
         entries.insert(4, e(Action::FreeCompleted, A + 512, 512, 0));
         let a = attribute(&entries, &[], false, &segments);
         let (out, indexes) = super::super::empty_cache::infer_empty_cache(&entries);
-        let caveats = a.events(&entries, out.len(), &indexes, &[]).caveats;
+        let caveats = a
+            .events(
+                &entries,
+                out.len(),
+                &indexes,
+                &[],
+                &[],
+                &inferred(&out, &indexes),
+            )
+            .caveats;
         assert_eq!(caveats.len(), 1, "{caveats:?}");
         assert!(caveats[0].contains("waiting for other streams"));
     }

@@ -73,6 +73,7 @@ use std::thread::JoinHandle;
 use super::pickle::{self, Limits, SinkFactory, Value};
 use super::pools::{self, CallCursor, PoolPlan, PoolStream};
 use super::schema::{self, EntrySink};
+use super::seen::{self, Scan, Seen};
 use super::{Parts, Snapshot, SnapshotOptions};
 use crate::csv::file_stem;
 use crate::recorded::{Action, RecordedEntry, RecordedRun, RecordedSegment};
@@ -98,6 +99,10 @@ pub enum WholeTrace {
     StartsMidRun,
     /// The second pass did not read what the first did (the file changed).
     Changed,
+    /// The snapshot shows private pools and its bytes name the CUDA graph trees, which
+    /// may have set their pool back to checkpoints: the whole-trace reader reads its
+    /// stack frames to find those restores' allocations.
+    Restores,
 }
 
 /// What the first pass found: enough to replay the snapshot's trace as the second
@@ -324,14 +329,18 @@ pub fn plan_stream_with(
         let at = serial as usize;
         Box::new(move |index, entry, pool| tallies.borrow_mut()[at].entry(index, entry, pool))
     });
-    let root = pickle::read_value_streaming(std::io::BufReader::new(file), limits, factory)
-        .map_err(|_| WholeTrace::Problem)?;
+    let found = Rc::new(std::cell::Cell::new(Seen::default()));
+    let scan = Scan::new(std::io::BufReader::new(file), Rc::clone(&found));
+    let root =
+        pickle::read_value_streaming(scan, limits, factory).map_err(|_| WholeTrace::Problem)?;
+    let seen = found.get();
     let options = SnapshotOptions::default();
     let snapshot = Snapshot {
         path,
         device,
         options: &options,
         frames: RefCell::default(),
+        seen,
     };
     let Parts {
         store,
@@ -396,6 +405,11 @@ pub fn plan_stream_with(
         super::gc_possible(&info),
         allocs,
     );
+    if seen.trees && pools.shows_pools() {
+        return Err(WholeTrace::Restores);
+    }
+    // Only the caveat of the trees without their pool can come here.
+    let trees = seen::caveat(seen, pools.shows_pools(), true);
     let routed = if pools.shows_pools() {
         let mut plan = pool_pass(path, serial, limits, tally.len, pools)?;
         // From a state with private pools: as `RecordedRun::to_trace` has it.
@@ -425,7 +439,10 @@ pub fn plan_stream_with(
                 caveats: routed
                     .as_ref()
                     .map(|r| r.caveats.clone())
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
+                    .into_iter()
+                    .chain(trees)
+                    .collect(),
                 ..TraceMeta::default()
             },
             entries,
