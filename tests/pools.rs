@@ -275,24 +275,35 @@ fn checkpoint_restores_in_a_pickle_take_their_blocks() {
     ));
 }
 
-/// A compiled run's pickle taken while its trees' pool was alive (`compiled_graphs`,
-/// batch sizes 4 and 16, one restore each way) replays exactly from the snapshot alone,
-/// its restores taking their blocks, through the streaming replay too.
+/// Compiled runs' pickles taken while their trees' pool was alive (`compiled_graphs`,
+/// batch sizes 4 and 16; 4, 16 and 64 with expandable segments) replay exactly from the
+/// snapshot alone, their restores taking their blocks, with no warning: the trees'
+/// pool `(0, 1)` is known from the frames to be a graph pool's, not a MemPool's whose
+/// `no_split` nothing shows (the expandable run was reported not exact for that before).
 #[test]
-fn a_compiled_pickle_with_its_pool_replays_exactly() {
-    let pickle = compiled_dir().join("compiled_graphs__batches-4_16_calls-3_reset-0.pickle");
-    let run = read(&pickle);
-    assert_eq!(
-        restore_blocks(&run),
-        restore_blocks(&read(&pickle.with_extension("json")))
-    );
-    assert!(!restore_blocks(&run).is_empty());
-    assert!(run.meta.caveats.is_empty(), "{:?}", run.meta.caveats);
-    let report = fidelity(&run, &FidelityOptions::default()).unwrap();
-    assert!(report.row.exact, "{}", report.explain());
-    let out = allocsim(["replay", pickle.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+fn compiled_pickles_with_their_pool_replay_exactly() {
+    for name in [
+        "compiled_graphs__batches-4_16_calls-3_reset-0",
+        "compiled_graphs__reset-0__expandable_segments-True",
+    ] {
+        let pickle = compiled_dir().join(format!("{name}.pickle"));
+        let run = read(&pickle);
+        assert_eq!(
+            restore_blocks(&run),
+            restore_blocks(&read(&pickle.with_extension("json")))
+        );
+        assert!(!restore_blocks(&run).is_empty());
+        assert!(
+            run.meta.caveats.is_empty(),
+            "{name}: {:?}",
+            run.meta.caveats
+        );
+        let report = fidelity(&run, &FidelityOptions::default()).unwrap();
+        assert!(report.row.exact, "{}", report.explain());
+        let out = allocsim(["replay", pickle.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    }
 }
 
 /// A pickle taken after the trees' pool was gone (`torch._dynamo.reset()`) shows no

@@ -18,7 +18,8 @@
 #                                  between 32 processes (usable_spread_bytes)
 #   full.csv (+ .log)              the traces of tests/data (recorded runs of
 #                                  oracle/h100-torch2.11 and recorded/, snapshot pickles,
-#                                  the private-pool runs of pools/ and their 2.15 pickles),
+#                                  the private-pool runs of pools/, their 2.15 pickles and
+#                                  the compiled runs' pickles of pools/compiled),
 #                                  the examples, the golden traces and two generated
 #                                  traces, under the five policies, no capacity
 #   capacity.csv (+ .log)          the five capacity runs of the committed H100 validation
@@ -146,8 +147,9 @@ pages_trace pages-20m $((20 * MIB)) 800
 ORACLE=(tests/data/oracle/h100-torch2.11/*.json)
 RECORDED=(tests/data/recorded/*.json)
 PICKLES=(tests/data/torch/*.pickle tests/data/oracle/h100-torch2.11-pickles/*.pickle)
-# Private pools (CUDA graphs, MemPools): the recorded runs and their 2.15-shaped pickles.
-POOLS=(tests/data/pools/*.json tests/data/pools/*__torch215.pickle)
+# Private pools (CUDA graphs, MemPools): the recorded runs and their 2.15-shaped pickles,
+# and the compiled runs' snapshot pickles (checkpoint restores found by their frames).
+POOLS=(tests/data/pools/*.json tests/data/pools/*__torch215.pickle tests/data/pools/compiled/*.pickle)
 # examples/ also holds sweep files: take only what `allocsim check` reads as a trace.
 OTHERS=()
 for f in examples/*.yaml examples/*.csv tests/data/traces/*.yaml "$WORK/gen-s1.yaml" "$WORK/gen-ln-s2.yaml"; do

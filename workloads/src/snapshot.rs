@@ -780,10 +780,10 @@ impl Snapshot<'_> {
         if self.options.keep_frames {
             info.frames = Some(self.frames.take().into_frames(stacks));
         }
-        // A checkpoint restore's allocations, found by their frames.
-        let restores = match &info.frames {
-            Some(frames) if self.seen.trees => restore_entries(&entries, frames),
-            _ => Vec::new(),
+        // The CUDA graph trees' allocations and their checkpoint restores', by frames.
+        let from_frames = match &info.frames {
+            Some(frames) if self.seen.trees => from_frames(&entries, frames),
+            _ => pools::FromFrames::default(),
         };
         // The pool of each request, and the releases that were a private pool's own
         // emptyCache rather than torch.cuda.empty_cache().
@@ -813,7 +813,7 @@ impl Snapshot<'_> {
             entries.len() + points.len(),
             &source_indexes,
             &pool_caches,
-            &restores,
+            &from_frames,
             &points,
         );
         drop(attribution);
@@ -865,15 +865,22 @@ impl Snapshot<'_> {
 }
 
 /// The `alloc` entries (indexes in the file) whose stack holds a checkpoint restore's
-/// frame ([`seen::is_restore_frame`]).
-fn restore_entries(entries: &[RecordedEntry], frames: &Frames) -> Vec<usize> {
-    let marked: Vec<bool> = frames
+/// frame ([`seen::is_restore_frame`]), and those whose stack holds a frame of the CUDA
+/// graph trees' file ([`seen::is_trees_frame`]).
+fn from_frames(entries: &[RecordedEntry], frames: &Frames) -> pools::FromFrames {
+    // Per frame, then per stack (computed once): (restore, trees).
+    let marks: Vec<(bool, bool)> = frames
         .frames
         .iter()
-        .map(|f| seen::is_restore_frame(&f.name))
+        .map(|f| {
+            (
+                seen::is_restore_frame(&f.name),
+                seen::is_trees_frame(&f.filename),
+            )
+        })
         .collect();
-    let mut stacks: Vec<Option<bool>> = vec![None; frames.stack_count()];
-    let mut out = Vec::new();
+    let mut stacks: Vec<Option<(bool, bool)>> = vec![None; frames.stack_count()];
+    let mut out = pools::FromFrames::default();
     for &(entry, stack) in &frames.entries {
         let Some(e) = entries.get(entry as usize) else {
             continue;
@@ -884,17 +891,24 @@ fn restore_entries(entries: &[RecordedEntry], frames: &Frames) -> Vec<usize> {
         let Some(slot) = stacks.get_mut(stack as usize) else {
             continue;
         };
-        let restore = *slot.get_or_insert_with(|| {
+        let (restore, trees) = *slot.get_or_insert_with(|| {
             frames
                 .stack_indexes(stack)
                 .iter()
-                .any(|&f| marked.get(f as usize).copied().unwrap_or(false))
+                .fold((false, false), |(r, t), &f| {
+                    let (fr, ft) = marks.get(f as usize).copied().unwrap_or_default();
+                    (r || fr, t || ft)
+                })
         });
         if restore {
-            out.push(entry as usize);
+            out.restores.push(entry as usize);
+        }
+        if trees {
+            out.trees.push(entry as usize);
         }
     }
-    out.sort_unstable();
+    out.restores.sort_unstable();
+    out.trees.sort_unstable();
     out
 }
 

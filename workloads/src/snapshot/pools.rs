@@ -112,6 +112,18 @@ pub struct SnapshotPools {
     pub by_address: u64,
 }
 
+/// What a snapshot's stack frames say about its requests, when they were read (file
+/// indexes of `alloc` entries, ascending).
+#[derive(Debug, Default)]
+pub(super) struct FromFrames {
+    /// The allocations of checkpoint restores: each of a private pool's takes its block
+    /// ([`Event::RestoreBlock`]).
+    pub restores: Vec<usize>,
+    /// Allocations made by `torch.compile`'s CUDA graph trees: their pool is a graph
+    /// pool handle's (`torch.cuda.graph_pool_handle()`), never a `no_split` MemPool.
+    pub trees: Vec<usize>,
+}
+
 /// What the reader adds to a snapshot's run for its private pools.
 pub(super) struct Routing {
     /// The pool events, each after the entry it names ([`crate::RecordedRun::calls`]).
@@ -360,18 +372,16 @@ impl Attribution {
     /// entries; with the inferred `empty_cache` entries there are `final_len`, and
     /// `source_indexes` gives the file index of each; `pool_caches` are the release
     /// runs taken as a pool's `emptyCache` (file index of the run's first entry, slot);
-    /// `restores` are the `alloc` entries of checkpoint restores (file indexes, in
-    /// order): each of a private pool's takes its block ([`Event::RestoreBlock`]);
-    /// `empty_caches` the file indexes of the entries an inferred `empty_cache()` goes
-    /// before, in order: one ends a pool's run of requests ([`Attribution::events`]'s
-    /// runs).
+    /// `frames` what the stack frames say, when read; `empty_caches` the file indexes
+    /// of the entries an inferred `empty_cache()` goes before, in order: one ends a
+    /// pool's run of requests ([`Attribution::events`]'s runs).
     pub(super) fn events(
         &self,
         entries: &[RecordedEntry],
         final_len: usize,
         source_indexes: &[u64],
         pool_caches: &[(usize, u32)],
-        restores: &[usize],
+        frames: &FromFrames,
         empty_caches: &[usize],
     ) -> Routing {
         let mut summary = SnapshotPools {
@@ -506,7 +516,7 @@ impl Attribution {
         for &(start, slot) in pool_caches {
             calls.push((before(start), 3, Event::EmptyPoolCache { pool: pool(slot) }));
         }
-        for &i in restores {
+        for &i in &frames.restores {
             let slot = self.of.get(i).copied().unwrap_or(UNKNOWN);
             if slot != UNKNOWN && slot != DEFAULT {
                 let (pool, addr) = (pool(slot), entries[i].addr);
@@ -553,7 +563,15 @@ impl Attribution {
         if !delayed.is_empty() {
             caveats.push(delayed_caveat(&delayed, delayed.len()));
         }
-        let unsure = self.unsure_no_split(entries);
+        let mut unsure = self.unsure_no_split(entries);
+        // The CUDA graph trees' pool is a graph pool handle's, not a MemPool.
+        unsure.retain(|p| {
+            !frames.trees.iter().any(|&i| {
+                self.of
+                    .get(i)
+                    .is_some_and(|&s| s != UNKNOWN && self.table[s as usize] == *p)
+            })
+        });
         if !unsure.is_empty() {
             caveats.push(no_split_caveat(&unsure));
         }
@@ -1517,7 +1535,7 @@ mod tests {
             out.len(),
             &indexes,
             &caches,
-            &[],
+            &FromFrames::default(),
             &inferred(&out, &indexes),
         );
         // The MemPool's one request says nothing of no_split.
@@ -1596,17 +1614,24 @@ mod tests {
         let points = inferred(&out, &indexes);
         assert_eq!(points, vec![6]);
         let windows = |points: &[usize]| {
-            a.events(&entries, out.len(), &indexes, &[], &[], points)
-                .calls
-                .into_iter()
-                .filter(|(_, e)| {
-                    matches!(
-                        e,
-                        Event::BeginAllocateToPool { .. } | Event::EndAllocateToPool { .. }
-                    )
-                })
-                .map(|(at, e)| (at, matches!(e, Event::BeginAllocateToPool { .. })))
-                .collect::<Vec<_>>()
+            a.events(
+                &entries,
+                out.len(),
+                &indexes,
+                &[],
+                &FromFrames::default(),
+                points,
+            )
+            .calls
+            .into_iter()
+            .filter(|(_, e)| {
+                matches!(
+                    e,
+                    Event::BeginAllocateToPool { .. } | Event::EndAllocateToPool { .. }
+                )
+            })
+            .map(|(at, e)| (at, matches!(e, Event::BeginAllocateToPool { .. })))
+            .collect::<Vec<_>>()
         };
         // Positions count the inferred entry (before entry 6, at 6).
         assert_eq!(
@@ -1652,7 +1677,7 @@ mod tests {
             out.len(),
             &indexes,
             &[],
-            &[],
+            &FromFrames::default(),
             &inferred(&out, &indexes),
         );
         assert_eq!(summary.unattributed, vec![3]);
@@ -1680,7 +1705,7 @@ mod tests {
                 out.len(),
                 &indexes,
                 &[],
-                &[],
+                &FromFrames::default(),
                 &inferred(&out, &indexes),
             )
             .caveats;

@@ -33,6 +33,11 @@ pub(crate) fn is_restore_frame(name: &str) -> bool {
     name == RESTORE_FUNCTION || name.contains(RESTORE_METHOD)
 }
 
+/// Whether a frame (by its file's name) is the CUDA graph trees'.
+pub(crate) fn is_trees_frame(filename: &str) -> bool {
+    filename.ends_with(TREES_FILE)
+}
+
 /// What the reader says about what [`Scan`] found, for a snapshot that shows private
 /// pools or none (`shows_pools`), read with stack frames or without (`frames_read`).
 pub(crate) fn caveat(seen: Seen, shows_pools: bool, frames_read: bool) -> Option<String> {
@@ -145,5 +150,9 @@ mod tests {
         let cpp = "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::setCheckpointPoolState";
         assert!(is_restore_frame(RESTORE_FUNCTION) && is_restore_frame(cpp));
         assert!(!is_restore_frame("apply_checkpoint"));
+        assert!(is_trees_frame(
+            "/usr/lib/python3/site-packages/torch/_inductor/cudagraph_trees.py"
+        ));
+        assert!(!is_trees_frame("cudagraph_trees.pyc"));
     }
 }
