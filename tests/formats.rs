@@ -158,3 +158,50 @@ mod robustness {
         assert_eq!(parsed, 38);
     }
 }
+
+/// A user's own script's snapshots (`tests/data/torch/user/user_empty_cache.py`, H200,
+/// no recorder, no private pool; PyTorch's default stack traces, Python ones only, and
+/// with expandable segments): `torch.cuda.empty_cache()`, then an allocation that needs
+/// a new segment at once. By position that release was the malloc's own (which PyTorch
+/// does only when cudaMalloc fails), and the replay kept the freed segments (a reserved
+/// peak of 700 MiB where PyTorch had 400); the frames say it was `empty_cache()`, and
+/// every one replays exactly. Such a snapshot is read whole (twice: with its frames the
+/// second time), and read from a stream its frames cannot be read again: a warning.
+#[test]
+fn an_empty_cache_right_before_a_new_segment_is_one() {
+    let dir = root().join("tests/data/torch/user");
+    for name in [
+        "empty_cache",
+        "empty_cache__python",
+        "empty_cache__expandable",
+    ] {
+        let path = dir.join(format!("{name}.pickle"));
+        let run = workloads::read_recorded(&path, None, 0).unwrap();
+        let empty_caches = run
+            .entries
+            .iter()
+            .filter(|e| e.action == workloads::Action::EmptyCache)
+            .count();
+        assert_eq!(empty_caches, 2, "{name}");
+        let report = fidelity(&run, &FidelityOptions::default()).unwrap();
+        assert!(report.row.exact, "{name}: {}", report.explain());
+        assert!(matches!(
+            workloads::snapshot::plan_stream(&path, 0),
+            Err(workloads::snapshot::WholeTrace::Frames)
+        ));
+        let bytes = std::fs::read(&path).unwrap();
+        let streamed =
+            workloads::snapshot::read_snapshot_pickle_from(bytes.as_slice(), &path, 0).unwrap();
+        let caveat = streamed.meta.caveats.join("\n");
+        assert!(
+            caveat.contains("torch.cuda.empty_cache() calls"),
+            "{caveat}"
+        );
+        assert!(
+            !fidelity(&streamed, &FidelityOptions::default())
+                .unwrap()
+                .row
+                .exact
+        );
+    }
+}

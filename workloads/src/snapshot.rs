@@ -48,7 +48,10 @@
 //! of the insertions, [`RecordedRun::source_indexes`] maps entries back to the
 //! pickle's own 0-based entry indexes (an inserted entry takes the index of the run's
 //! first entry), so `entry N` in messages and event locations always means
-//! `device_traces[device][N]` of the file.
+//! `device_traces[device][N]` of the file. A run right before a segment allocation is a
+//! malloc's own by position, unless the stack frames show `torch.cuda.empty_cache()`:
+//! a snapshot whose bytes name `empty_cache` and that has such a run is read again from
+//! its file with frames (the private `seen` module).
 //!
 //! **Private pools** (CUDA graphs, MemPools): the pool of each request is its entry's
 //! `pool_id` (2.15), or that of the listed segment its block lies in (2.11's
@@ -369,29 +372,27 @@ pub fn read_snapshot_pickle_with(
             limits.max_input = meta.len();
         }
     }
-    let (run, seen) = read(file, path, device, options, limits)?;
-    with_restores(run, seen, path, device, options)
+    let (run, needs_frames) = read(file, path, device, options, limits)?;
+    with_restores(run, needs_frames, path, device, options)
 }
 
-/// A run read without stack frames from a snapshot that shows private pools and whose
-/// bytes name the CUDA graph trees ([`seen`]): read again from `path` with frames, so
-/// that the allocations of the trees' checkpoint restores take their blocks
-/// ([`Event::RestoreBlock`]), when `path` is a regular file (else the run as read,
-/// whose caveat says so). Frames not asked for are not kept.
+/// A run read without stack frames from a snapshot that needs them
+/// ([`seen::frames_needed`]: the CUDA graph trees with their pool, or
+/// `torch.cuda.empty_cache()` where a release could be a malloc's): read again from
+/// `path` with frames, so that the allocations of the trees' checkpoint restores take
+/// their blocks ([`Event::RestoreBlock`]) and the releases of `empty_cache()` are
+/// known, when `path` is a regular file (else the run as read, whose caveat says so).
+/// Frames not asked for are not kept.
 ///
 /// [`Event::RestoreBlock`]: crate::Event::RestoreBlock
 fn with_restores(
     run: RecordedRun,
-    seen: seen::Seen,
+    needs_frames: bool,
     path: &Path,
     device: usize,
     options: &SnapshotOptions,
 ) -> Result<RecordedRun, ReadError> {
-    let shows_pools = run
-        .snapshot
-        .as_ref()
-        .is_some_and(|s| !s.pools.shown.is_empty());
-    if !seen.trees || options.keep_frames || !shows_pools {
+    if !needs_frames || options.keep_frames {
         return Ok(run);
     }
     let Ok(file) = std::fs::File::open(path) else {
@@ -420,8 +421,8 @@ pub(crate) fn read_input(input: crate::Input<'_>) -> Result<RecordedRun, ReadErr
         limits.max_input = len;
     }
     let options = SnapshotOptions::default();
-    let (run, seen) = read(input.reader, input.path, input.device, &options, limits)?;
-    with_restores(run, seen, input.path, input.device, &options)
+    let (run, needs_frames) = read(input.reader, input.path, input.device, &options, limits)?;
+    with_restores(run, needs_frames, input.path, input.device, &options)
 }
 
 /// As [`read_snapshot_pickle`], from any reader; `path` names the source in messages
@@ -496,14 +497,14 @@ pub fn event_stack(
         .collect()
 }
 
-/// The run, and what its bytes named ([`seen`]).
+/// The run, and whether it needs its stack frames ([`seen::frames_needed`]).
 fn read(
     reader: impl io::Read,
     path: &Path,
     device: usize,
     options: &SnapshotOptions,
     limits: Limits,
-) -> Result<(RecordedRun, seen::Seen), ReadError> {
+) -> Result<(RecordedRun, bool), ReadError> {
     let found = std::rc::Rc::new(std::cell::Cell::new(seen::Seen::default()));
     let scan = seen::Scan::new(reader, std::rc::Rc::clone(&found));
     let (root, frames) =
@@ -513,16 +514,16 @@ fn read(
                 ReadError::syntax(path, Some(format!("byte {offset}")), escape(&message))
             }
         })?;
-    let seen = found.get();
-    Snapshot {
+    let snapshot = Snapshot {
         path,
         device,
         options,
         frames: std::cell::RefCell::new(frames),
-        seen,
-    }
-    .assemble(&root)
-    .map(|run| (run, seen))
+        seen: found.get(),
+        needs_frames: std::cell::Cell::new(false),
+    };
+    let run = snapshot.assemble(&root)?;
+    Ok((run, snapshot.needs_frames.get()))
 }
 
 /// What a snapshot holds for one device, read ([`Snapshot::parts`]).
@@ -547,6 +548,9 @@ struct Snapshot<'a> {
     frames: std::cell::RefCell<schema::FrameTable>,
     /// What the file's bytes named.
     seen: seen::Seen,
+    /// Whether the trace needs its stack frames ([`seen::frames_needed`]; set when
+    /// it is assembled).
+    needs_frames: std::cell::Cell<bool>,
 }
 
 impl Snapshot<'_> {
@@ -782,7 +786,7 @@ impl Snapshot<'_> {
         }
         // The CUDA graph trees' allocations and their checkpoint restores', by frames.
         let from_frames = match &info.frames {
-            Some(frames) if self.seen.trees => from_frames(&entries, frames),
+            Some(frames) => from_frames(&entries, frames),
             _ => pools::FromFrames::default(),
         };
         // The pool of each request, and the releases that were a private pool's own
@@ -793,7 +797,17 @@ impl Snapshot<'_> {
         let attribution = pools::attribute(&entries, &entry_pools, every_entry, &segments);
         let mut pool_caches = Vec::new();
         let gc_possible = gc_possible(&info);
+        let mut ambiguous = false;
         let points = empty_cache_points(&entries, |start, end, inside_malloc| {
+            ambiguous |= inside_malloc;
+            // `torch.cuda.empty_cache()` by its frames, wherever the releases fall.
+            let called = from_frames
+                .empty_caches
+                .get(from_frames.empty_caches.partition_point(|&i| i < start))
+                .is_some_and(|&i| i < end);
+            if called {
+                return true;
+            }
             match attribution.release_run(start, end, inside_malloc, gc_possible) {
                 pools::ReleaseRun::Malloc => false,
                 pools::ReleaseRun::EmptyCache => true,
@@ -817,11 +831,14 @@ impl Snapshot<'_> {
             &points,
         );
         drop(attribution);
+        let shows_pools = !pool_summary.shown.is_empty();
+        let needs_frames = seen::frames_needed(self.seen, shows_pools, ambiguous);
+        self.needs_frames.set(needs_frames);
         let mut caveats = caveats;
         caveats.extend(seen::caveat(
             self.seen,
-            !pool_summary.shown.is_empty(),
-            self.options.keep_frames,
+            shows_pools,
+            needs_frames && !self.options.keep_frames,
         ));
         info.pools = pool_summary;
         // The inferred entries go in place (a snapshot's trace can be millions of
@@ -864,51 +881,64 @@ impl Snapshot<'_> {
     }
 }
 
-/// The `alloc` entries (indexes in the file) whose stack holds a checkpoint restore's
-/// frame ([`seen::is_restore_frame`]), and those whose stack holds a frame of the CUDA
-/// graph trees' file ([`seen::is_trees_frame`]).
+/// What the stack frames say ([`pools::FromFrames`]): the `alloc` entries (indexes in
+/// the file) whose stack holds a checkpoint restore's frame ([`seen::is_restore_frame`])
+/// or a frame of the CUDA graph trees' file ([`seen::is_trees_frame`]), and the
+/// segment releases whose stack holds `torch.cuda.empty_cache()`'s
+/// ([`seen::is_empty_cache_frame`]).
 fn from_frames(entries: &[RecordedEntry], frames: &Frames) -> pools::FromFrames {
-    // Per frame, then per stack (computed once): (restore, trees).
-    let marks: Vec<(bool, bool)> = frames
+    // Per frame, then per stack (computed once): restore, trees, empty_cache.
+    let marks: Vec<[bool; 3]> = frames
         .frames
         .iter()
         .map(|f| {
-            (
+            [
                 seen::is_restore_frame(&f.name),
                 seen::is_trees_frame(&f.filename),
-            )
+                seen::is_empty_cache_frame(&f.name, &f.filename),
+            ]
         })
         .collect();
-    let mut stacks: Vec<Option<(bool, bool)>> = vec![None; frames.stack_count()];
+    let mut stacks: Vec<Option<[bool; 3]>> = vec![None; frames.stack_count()];
     let mut out = pools::FromFrames::default();
     for &(entry, stack) in &frames.entries {
         let Some(e) = entries.get(entry as usize) else {
             continue;
         };
-        if e.action != Action::Alloc {
+        let release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+        if e.action != Action::Alloc && !release {
             continue;
         }
         let Some(slot) = stacks.get_mut(stack as usize) else {
             continue;
         };
-        let (restore, trees) = *slot.get_or_insert_with(|| {
-            frames
-                .stack_indexes(stack)
-                .iter()
-                .fold((false, false), |(r, t), &f| {
-                    let (fr, ft) = marks.get(f as usize).copied().unwrap_or_default();
-                    (r || fr, t || ft)
-                })
+        let [restore, trees, empty_cache] = *slot.get_or_insert_with(|| {
+            let mut any = [false; 3];
+            for &f in frames.stack_indexes(stack) {
+                let m = marks.get(f as usize).copied().unwrap_or_default();
+                for (a, b) in any.iter_mut().zip(m) {
+                    *a |= b;
+                }
+            }
+            any
         });
+        let entry = entry as usize;
+        if release {
+            if empty_cache {
+                out.empty_caches.push(entry);
+            }
+            continue;
+        }
         if restore {
-            out.restores.push(entry as usize);
+            out.restores.push(entry);
         }
         if trees {
-            out.trees.push(entry as usize);
+            out.trees.push(entry);
         }
     }
     out.restores.sort_unstable();
     out.trees.sort_unstable();
+    out.empty_caches.sort_unstable();
     out
 }
 

@@ -8,7 +8,9 @@
 //! `annotate` entries) is not `segment_alloc`, `segment_map` or `oom` (or that ends the
 //! trace) is taken as an `empty_cache` call, and an [`Action::EmptyCache`] entry is
 //! inserted before the run. An `empty_cache` call that released nothing left no trace
-//! and cannot be recovered; it has no effect on PyTorch's memory either.
+//! and cannot be recovered; it has no effect on PyTorch's memory either. Where the
+//! snapshot's stack frames were read, a run whose releases show
+//! `torch.cuda.empty_cache()` is one wherever it falls (the reader's `decide`).
 
 use crate::recorded::{Action, RecordedEntry};
 

@@ -122,6 +122,10 @@ pub(super) struct FromFrames {
     /// Allocations made by `torch.compile`'s CUDA graph trees: their pool is a graph
     /// pool handle's (`torch.cuda.graph_pool_handle()`), never a `no_split` MemPool.
     pub trees: Vec<usize>,
+    /// Segment releases `torch.cuda.empty_cache()` made: each starts or lies in a run
+    /// of releases that is an `empty_cache()` wherever it falls (before a capture's
+    /// first segment, too, which looks like the capture's malloc giving memory back).
+    pub empty_caches: Vec<usize>,
 }
 
 /// What the reader adds to a snapshot's run for its private pools.

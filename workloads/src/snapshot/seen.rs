@@ -1,17 +1,23 @@
-//! A name in a snapshot's bytes that says its stack frames are needed.
+//! Names in a snapshot's bytes that say its stack frames are needed.
 //!
 //! Stack frames are most of a snapshot's bytes, and the reader skips them unless asked
-//! ([`super::SnapshotOptions::keep_frames`]). Two things only they show, both about
-//! `torch.compile`'s CUDA graph trees (`torch/_inductor/cudagraph_trees.py`): which
-//! entries a checkpoint restore made (the trees set their private pool back to a
-//! checkpoint in `apply_checkpoint_execution_state_in_allocator`, through
-//! `setCheckpointPoolState`, whose allocations take the checkpointed blocks, not the
-//! best fit), and that the trees ran at all when the snapshot no longer shows their
-//! pool. [`Scan`] looks for the trees' file name in the bytes as the pickle machine
-//! reads them (one substring search, far faster than the parse); the reader reads the
-//! file again with frames only when it finds it in a snapshot that shows private pools.
-//! (A caller of `torch._C._cuda_setCheckpointPoolState` other than the trees is not
-//! looked for: its restores replay as ordinary requests.)
+//! ([`super::SnapshotOptions::keep_frames`]). In a snapshot with private pools, some
+//! things only frames show:
+//! - which entries a checkpoint restore made: `torch.compile`'s CUDA graph trees
+//!   (`torch/_inductor/cudagraph_trees.py`) set their private pool back to a checkpoint
+//!   in `apply_checkpoint_execution_state_in_allocator`, through
+//!   `setCheckpointPoolState`, whose allocations take the checkpointed blocks, not the
+//!   best fit; and which requests are the trees' (their pool is no MemPool);
+//! - which segment releases were `torch.cuda.empty_cache()` (`torch.cuda.graph` calls it
+//!   just before capturing): a release right before a capture's first segment looks like
+//!   the capture's malloc giving memory back, which it does not.
+//!
+//! And without private pools, that the trees ran at all though their pool is gone.
+//! [`Scan`] looks for the trees' file name and `empty_cache` in the bytes as the pickle
+//! machine reads them (a substring search each, far faster than the parse); the reader
+//! reads the file again with frames only when it finds one in a snapshot that shows
+//! private pools. (A caller of `torch._C._cuda_setCheckpointPoolState` other than the
+//! trees is not looked for: its restores replay as ordinary requests.)
 
 use std::cell::Cell;
 use std::io::{self, Read};
@@ -27,6 +33,16 @@ pub(crate) const RESTORE_METHOD: &str = "::setCheckpointPoolState";
 /// The file of inductor's CUDA graph trees (`torch.compile(mode="reduce-overhead")`),
 /// which defines [`RESTORE_FUNCTION`].
 const TREES_FILE: &str = "cudagraph_trees.py";
+/// `torch.cuda.empty_cache` (Python frames, in `torch/cuda/memory.py`).
+const EMPTY_CACHE: &str = "empty_cache";
+/// Its binding (C++ frames, `stacks="all"`).
+const EMPTY_CACHE_BINDING: &str = "THCPModule_emptyCache";
+
+/// Whether a frame is `torch.cuda.empty_cache()`'s (by its function's and file's names).
+pub(crate) fn is_empty_cache_frame(name: &str, filename: &str) -> bool {
+    (name == EMPTY_CACHE && filename.ends_with("memory.py"))
+        || name.starts_with(EMPTY_CACHE_BINDING)
+}
 
 /// Whether a frame (by its function's name) is a checkpoint restore's.
 pub(crate) fn is_restore_frame(name: &str) -> bool {
@@ -38,18 +54,33 @@ pub(crate) fn is_trees_frame(filename: &str) -> bool {
     filename.ends_with(TREES_FILE)
 }
 
+/// Whether a snapshot needs its stack frames: it names the CUDA graph trees and shows
+/// private pools (their checkpoint restores, and which requests are theirs), or it
+/// names `empty_cache` and has a run of releases right before a segment allocation or
+/// an `oom` (`ambiguous`: by position a malloc's own, which the frames tell from an
+/// `empty_cache()`).
+pub(crate) fn frames_needed(seen: Seen, shows_pools: bool, ambiguous: bool) -> bool {
+    (seen.trees && shows_pools) || (seen.empty_cache && ambiguous)
+}
+
 /// What the reader says about what [`Scan`] found, for a snapshot that shows private
-/// pools or none (`shows_pools`), read with stack frames or without (`frames_read`).
-pub(crate) fn caveat(seen: Seen, shows_pools: bool, frames_read: bool) -> Option<String> {
-    if !seen.trees {
-        return None;
-    }
-    if shows_pools && !frames_read {
+/// pools or none (`shows_pools`), whose frames were needed and not read (`unread`: it
+/// did not come from a file).
+pub(crate) fn caveat(seen: Seen, shows_pools: bool, unread: bool) -> Option<String> {
+    if unread {
+        let trees = seen.trees && shows_pools;
         return Some(format!(
-            "the snapshot's stack frames show torch.compile's CUDA graph trees ({TREES_FILE}), which set their pool back to checkpoints, but it was not read from a file, so its frames were not read again to find those restores: their allocations replay as ordinary requests of the pool (not exact); give the snapshot as a file"
+            "the snapshot's stack frames show {}, but it was not read from a file, so its frames were not read again to find {}: {} (not exact); give the snapshot as a file",
+            if trees { "torch.compile's CUDA graph trees" } else { "torch.cuda.empty_cache() calls" },
+            if trees { "the trees' checkpoint restores and which releases torch.cuda.empty_cache() made" } else { "which segment releases they made" },
+            if trees {
+                "the restores' allocations replay as ordinary requests of the pool, and a release right before a segment allocation is taken for the malloc's"
+            } else {
+                "a release right before a segment allocation is taken for the malloc's"
+            },
         ));
     }
-    if !shows_pools {
+    if seen.trees && !shows_pools {
         return Some(format!(
             "the snapshot's stack frames show torch.compile's CUDA graph trees ({TREES_FILE}), but it shows no private pool: the trees' pool was gone when the snapshot was taken (torch._dynamo.reset(), or the compiled function freed), and PyTorch before 2.15 records no pool on trace entries, so the trees' requests replay from the default pools (not exact); take the snapshot while the compiled function is alive, or record the run with tools/record_torch.py"
         ));
@@ -62,47 +93,58 @@ pub(crate) fn caveat(seen: Seen, shows_pools: bool, frames_read: bool) -> Option
 pub(crate) struct Seen {
     /// The CUDA graph trees' file name.
     pub trees: bool,
+    /// `empty_cache`.
+    pub empty_cache: bool,
 }
 
-/// A reader that looks for [`TREES_FILE`] in what passes through it.
+/// A reader that looks for [`TREES_FILE`] and [`EMPTY_CACHE`] in what passes through it.
 pub(crate) struct Scan<R> {
     inner: R,
-    finder: Finder<'static>,
-    /// The last bytes read (one less than the name), for a name cut in two.
+    trees: Finder<'static>,
+    empty_cache: Finder<'static>,
+    /// The last bytes read (one less than the longer name), for a name cut in two.
     tail: Vec<u8>,
     seen: Rc<Cell<Seen>>,
 }
+
+/// One less than the longer name.
+const KEEP: usize = if TREES_FILE.len() > EMPTY_CACHE.len() {
+    TREES_FILE.len() - 1
+} else {
+    EMPTY_CACHE.len() - 1
+};
 
 impl<R: Read> Scan<R> {
     /// `inner`, scanned; `seen` is updated as it is read.
     pub(crate) fn new(inner: R, seen: Rc<Cell<Seen>>) -> Scan<R> {
         Scan {
             inner,
-            finder: Finder::new(TREES_FILE.as_bytes()),
-            tail: Vec::with_capacity(2 * TREES_FILE.len()),
+            trees: Finder::new(TREES_FILE.as_bytes()),
+            empty_cache: Finder::new(EMPTY_CACHE.as_bytes()),
+            tail: Vec::with_capacity(2 * KEEP),
             seen,
         }
     }
 
     fn look(&mut self, bytes: &[u8]) {
-        if self.seen.get().trees || bytes.is_empty() {
+        let mut seen = self.seen.get();
+        if (seen.trees && seen.empty_cache) || bytes.is_empty() {
             return;
         }
-        let keep = TREES_FILE.len() - 1;
         // A name across the previous read and this one: the tail and this read's head.
-        let head = &bytes[..bytes.len().min(keep)];
+        let head = &bytes[..bytes.len().min(KEEP)];
         self.tail.extend_from_slice(head);
-        let found = self.finder.find(&self.tail).is_some() || self.finder.find(bytes).is_some();
-        if found {
-            self.seen.set(Seen { trees: true });
-            return;
+        for hay in [&self.tail[..], bytes] {
+            seen.trees = seen.trees || self.trees.find(hay).is_some();
+            seen.empty_cache = seen.empty_cache || self.empty_cache.find(hay).is_some();
         }
-        // The new tail: the last `keep` bytes read.
-        if bytes.len() >= keep {
+        self.seen.set(seen);
+        // The new tail: the last `KEEP` bytes read.
+        if bytes.len() >= KEEP {
             self.tail.clear();
-            self.tail.extend_from_slice(&bytes[bytes.len() - keep..]);
+            self.tail.extend_from_slice(&bytes[bytes.len() - KEEP..]);
         } else {
-            let drop = self.tail.len().saturating_sub(keep);
+            let drop = self.tail.len().saturating_sub(KEEP);
             self.tail.drain(..drop);
         }
     }
@@ -129,23 +171,27 @@ mod tests {
         seen.get()
     }
 
-    /// The trees' file name is found whole, cut across reads anywhere, one byte at a
-    /// time, and nothing else is; restore frames are told by name.
+    /// Each name is found whole, cut across reads anywhere, one byte at a time, and
+    /// nothing else is; restore, trees' and `empty_cache` frames are told by name.
     #[test]
-    fn the_name_is_found_across_reads() {
-        let text = format!("xx/torch/_inductor/{TREES_FILE}yy");
+    fn names_are_found_across_reads() {
+        let text = format!("xx/torch/_inductor/{TREES_FILE}yy{EMPTY_CACHE}zz");
         let bytes = text.as_bytes();
-        let yes = Seen { trees: true };
+        let both = Seen {
+            trees: true,
+            empty_cache: true,
+        };
         for cut in 0..=bytes.len() {
             for cut2 in cut..=bytes.len() {
                 let seen = scan(&[&bytes[..cut], &bytes[cut..cut2], &bytes[cut2..]]);
-                assert_eq!(seen, yes, "{cut} {cut2}");
+                assert_eq!(seen, both, "{cut} {cut2}");
             }
         }
         let ones: Vec<&[u8]> = bytes.chunks(1).collect();
-        assert_eq!(scan(&ones), yes);
-        assert_eq!(scan(&[b"cudagraph_trees", b".p", b"y_"]), yes);
+        assert_eq!(scan(&ones), both);
+        assert!(scan(&[b"cudagraph_trees", b".p", b"y_"]).trees);
         assert_eq!(scan(&[b"cudagraph_trees.p", b"", b"x"]), Seen::default());
+        assert!(scan(&[b"empty_cach", b"e"]).empty_cache);
         assert_eq!(scan(&[RESTORE_FUNCTION.as_bytes()]), Seen::default());
         let cpp = "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::setCheckpointPoolState";
         assert!(is_restore_frame(RESTORE_FUNCTION) && is_restore_frame(cpp));
@@ -154,5 +200,11 @@ mod tests {
             "/usr/lib/python3/site-packages/torch/_inductor/cudagraph_trees.py"
         ));
         assert!(!is_trees_frame("cudagraph_trees.pyc"));
+        assert!(is_empty_cache_frame("empty_cache", "/torch/cuda/memory.py"));
+        assert!(is_empty_cache_frame(
+            "THCPModule_emptyCache(_object*, _object*)",
+            ""
+        ));
+        assert!(!is_empty_cache_frame("empty_cache", "/user/script.py"));
     }
 }

@@ -99,10 +99,12 @@ pub enum WholeTrace {
     StartsMidRun,
     /// The second pass did not read what the first did (the file changed).
     Changed,
-    /// The snapshot shows private pools and its bytes name the CUDA graph trees, which
-    /// may have set their pool back to checkpoints: the whole-trace reader reads its
-    /// stack frames to find those restores' allocations.
-    Restores,
+    /// The snapshot needs its stack frames (`seen::frames_needed`: the CUDA graph trees
+    /// with their pool, which may have set it back to checkpoints, or
+    /// `torch.cuda.empty_cache()` where a release could be a malloc's): the whole-trace
+    /// reader reads them to find those restores' allocations and which segment
+    /// releases `empty_cache()` made.
+    Frames,
 }
 
 /// What the first pass found: enough to replay the snapshot's trace as the second
@@ -159,6 +161,11 @@ struct Tally {
     /// first come.
     entry_pools: Vec<PoolId>,
     pools_seen: HashMap<PoolId, ()>,
+    /// The last entry with effect was a segment release (`empty_cache_points`' runs).
+    releasing: bool,
+    /// A run of releases came right before a segment allocation or an `oom` (by
+    /// position a malloc's own; `seen::frames_needed`).
+    ambiguous: bool,
 }
 
 /// What the first free of a block live at the first entry says of it.
@@ -201,6 +208,14 @@ impl Tally {
         }
         self.counts[slot(e.action)] += 1;
         self.past_end |= e.addr.checked_add(e.size).is_none();
+        if !matches!(e.action, Action::Snapshot | Action::Annotate) {
+            self.ambiguous |= self.releasing
+                && matches!(
+                    e.action,
+                    Action::SegmentAlloc | Action::SegmentMap | Action::Oom
+                );
+            self.releasing = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+        }
         if e.action.is_segment_op() {
             self.segment_ops.push((index, e));
         }
@@ -341,6 +356,7 @@ pub fn plan_stream_with(
         options: &options,
         frames: RefCell::default(),
         seen,
+        needs_frames: std::cell::Cell::new(false),
     };
     let Parts {
         store,
@@ -405,11 +421,11 @@ pub fn plan_stream_with(
         super::gc_possible(&info),
         allocs,
     );
-    if seen.trees && pools.shows_pools() {
-        return Err(WholeTrace::Restores);
+    if seen::frames_needed(seen, pools.shows_pools(), tally.ambiguous) {
+        return Err(WholeTrace::Frames);
     }
     // Only the caveat of the trees without their pool can come here.
-    let trees = seen::caveat(seen, pools.shows_pools(), true);
+    let trees = seen::caveat(seen, pools.shows_pools(), false);
     let routed = if pools.shows_pools() {
         let mut plan = pool_pass(path, serial, limits, tally.len, pools)?;
         // From a state with private pools: as `RecordedRun::to_trace` has it.
