@@ -228,6 +228,7 @@ fn repository_snapshots_stream_as_held() {
         "tests/data/torch/synthetic/torch215_p2.pickle",
         "tests/data/torch/synthetic/torch215_p4.pickle",
         "tests/data/torch/synthetic/torch215_p5.pickle",
+        "tests/data/torch/user/scenario_mempool.pickle",
     ];
     assert_eq!(streamed, expected);
 }

@@ -17,7 +17,8 @@
 #                                  of every set, with the spread of usable memory
 #                                  between 32 processes (usable_spread_bytes)
 #   full.csv (+ .log)              the traces of tests/data (recorded runs of
-#                                  oracle/h100-torch2.11 and recorded/, snapshot pickles,
+#                                  oracle/h100-torch2.11 and recorded/, snapshot pickles
+#                                  (the recorder's and users' own, torch/user),
 #                                  the private-pool runs of pools/, their 2.15 pickles and
 #                                  the compiled runs' pickles of pools/compiled),
 #                                  the examples, the golden traces and two generated
@@ -146,7 +147,7 @@ pages_trace pages-20m $((20 * MIB)) 800
 
 ORACLE=(tests/data/oracle/h100-torch2.11/*.json)
 RECORDED=(tests/data/recorded/*.json)
-PICKLES=(tests/data/torch/*.pickle tests/data/oracle/h100-torch2.11-pickles/*.pickle)
+PICKLES=(tests/data/torch/*.pickle tests/data/torch/user/*.pickle tests/data/oracle/h100-torch2.11-pickles/*.pickle)
 # Private pools (CUDA graphs, MemPools): the recorded runs and their 2.15-shaped pickles,
 # and the compiled runs' snapshot pickles (checkpoint restores found by their frames).
 POOLS=(tests/data/pools/*.json tests/data/pools/*__torch215.pickle tests/data/pools/compiled/*.pickle)
