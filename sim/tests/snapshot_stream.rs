@@ -228,7 +228,11 @@ fn repository_snapshots_stream_as_held() {
         "tests/data/torch/synthetic/torch215_p2.pickle",
         "tests/data/torch/synthetic/torch215_p4.pickle",
         "tests/data/torch/synthetic/torch215_p5.pickle",
+        "tests/data/torch/user/scenario_config.pickle",
         "tests/data/torch/user/scenario_mempool.pickle",
+        "tests/data/torch/user/scenario_oom_continue.pickle",
+        "tests/data/torch/user/scenario_raw.pickle",
+        "tests/data/torch/user/scenario_ring__expandable.pickle",
     ];
     assert_eq!(streamed, expected);
 }
