@@ -204,16 +204,29 @@ fn an_empty_cache_right_before_a_new_segment_is_one() {
                 .exact
         );
     }
+    // Recorded without stack frames (`context=None`), the snapshot cannot say: it
+    // replays by position (the freed segments kept) and says so, naming the entry.
+    let path = dir.join("empty_cache__no_frames.pickle");
+    let run = workloads::read_recorded(&path, None, 0).unwrap();
+    let caveat = run.meta.caveats.join("\n");
+    assert!(
+        caveat.contains("has no stack frames") && caveat.contains("at entry 16,"),
+        "{caveat}"
+    );
+    let report = fidelity(&run, &FidelityOptions::default()).unwrap();
+    assert!(!report.row.exact && !report.row.segment_ops_match);
+    let out = crate::util::allocsim(["replay", path.to_str().unwrap()]);
+    assert!(crate::util::stderr(&out).contains("has no stack frames"));
 }
 
-/// Users' own scripts' snapshots (`tests/data/torch/user/user_scenarios.py` and
-/// `user_scenarios2.py`, H200, no recorder, PyTorch's default stack traces), each a
+/// Users' own scripts' snapshots (`tests/data/torch/user/user_scenarios*.py`, H200,
+/// no recorder, PyTorch's default stack traces), each a
 /// common way of using the allocator: every one makes PyTorch's segment decisions, peak
 /// and OOM, and each is exact but the CUDA graph captures, whose warm-up requests on the
 /// side stream were given back before the snapshot (PyTorch 2.11 writes no pool for
 /// them: a warning). Capped runs are given their cap (`set_per_process_memory_fraction`
 /// of 0.02 and 0.01 of the H200's 150 109 880 320 bytes), which a snapshot does not
-/// hold. Main before (`7dc5d2f`) made eight of the thirteen part from PyTorch, each at
+/// hold. Main before (`7dc5d2f`) made eleven of the sixteen part from PyTorch, each at
 /// an `empty_cache()` right before a new segment (the ring buffer's too).
 #[test]
 fn users_snapshots_make_pytorchs_decisions() {
@@ -233,6 +246,10 @@ fn users_snapshots_make_pytorchs_decisions() {
         ("oom_continue", Some(1_501_098_803), true),
         ("raw", None, true),
         ("config", None, true),
+        // user_scenarios3.py
+        ("kv_server", None, true),
+        ("kv_server__expandable_gc", None, true),
+        ("shared_pool_graphs", None, false),
     ] {
         let path = dir.join(format!("scenario_{name}.pickle"));
         let run = workloads::read_recorded(&path, None, 0).unwrap();

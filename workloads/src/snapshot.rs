@@ -797,9 +797,9 @@ impl Snapshot<'_> {
         let attribution = pools::attribute(&entries, &entry_pools, every_entry, &segments);
         let mut pool_caches = Vec::new();
         let gc_possible = gc_possible(&info);
-        let mut ambiguous = false;
+        // The first run of releases taken for a malloc's own by position alone.
+        let mut ambiguous: Option<usize> = None;
         let points = empty_cache_points(&entries, |start, end, inside_malloc| {
-            ambiguous |= inside_malloc;
             // `torch.cuda.empty_cache()` by its frames, wherever the releases fall.
             let called = from_frames
                 .empty_caches
@@ -809,7 +809,10 @@ impl Snapshot<'_> {
                 return true;
             }
             match attribution.release_run(start, end, inside_malloc, gc_possible) {
-                pools::ReleaseRun::Malloc => false,
+                pools::ReleaseRun::Malloc => {
+                    ambiguous.get_or_insert(start);
+                    false
+                }
                 pools::ReleaseRun::EmptyCache => true,
                 pools::ReleaseRun::PoolCache(slot) => {
                     pool_caches.push((start, slot));
@@ -832,7 +835,7 @@ impl Snapshot<'_> {
         );
         drop(attribution);
         let shows_pools = !pool_summary.shown.is_empty();
-        let needs_frames = seen::frames_needed(self.seen, shows_pools, ambiguous);
+        let needs_frames = seen::frames_needed(self.seen, shows_pools, ambiguous.is_some());
         self.needs_frames.set(needs_frames);
         let mut caveats = caveats;
         caveats.extend(seen::caveat(
@@ -840,6 +843,9 @@ impl Snapshot<'_> {
             shows_pools,
             needs_frames && !self.options.keep_frames,
         ));
+        if let Some(at) = ambiguous.filter(|_| !self.seen.frames) {
+            caveats.push(seen::no_frames_caveat(at));
+        }
         info.pools = pool_summary;
         // The inferred entries go in place (a snapshot's trace can be millions of
         // entries: no copy); each takes the time of the entry it was inserted before.

@@ -35,6 +35,8 @@ pub(crate) const RESTORE_METHOD: &str = "::setCheckpointPoolState";
 const TREES_FILE: &str = "cudagraph_trees.py";
 /// `torch.cuda.empty_cache` (Python frames, in `torch/cuda/memory.py`).
 const EMPTY_CACHE: &str = "empty_cache";
+/// A key of every stack frame dict: the snapshot has stack frames at all.
+const FRAME_KEY: &str = "filename";
 /// Its binding (C++ frames, `stacks="all"`).
 const EMPTY_CACHE_BINDING: &str = "THCPModule_emptyCache";
 
@@ -61,6 +63,22 @@ pub(crate) fn is_trees_frame(filename: &str) -> bool {
 /// `empty_cache()`).
 pub(crate) fn frames_needed(seen: Seen, shows_pools: bool, ambiguous: bool) -> bool {
     (seen.trees && shows_pools) || (seen.empty_cache && ambiguous)
+}
+
+/// Whether the streamed read hands a snapshot to the whole-trace reader for its stack
+/// frames or their absence: [`frames_needed`], or a run of releases right before a
+/// segment allocation (`ambiguous`, by position alone) in a snapshot with no frames,
+/// which the whole-trace reader's pools may settle and which it warns about otherwise.
+pub(crate) fn stream_declines(seen: Seen, shows_pools: bool, ambiguous: bool) -> bool {
+    frames_needed(seen, shows_pools, ambiguous) || (ambiguous && !seen.frames)
+}
+
+/// The warning for a snapshot without stack frames whose run of releases at entry `at`
+/// comes right before a segment allocation (or an `oom`), taken for the malloc's own.
+pub(crate) fn no_frames_caveat(at: usize) -> String {
+    format!(
+        "the snapshot has no stack frames, so it cannot say whether the segment releases at entry {at}, right before a segment allocation, were torch.cuda.empty_cache() or the malloc's own (PyTorch releases inside a malloc when cudaMalloc fails near the device's capacity, or for garbage collection): they replay as the malloc's, and if they were empty_cache() the replay keeps segments PyTorch gave back from there (not exact); record with stack traces (torch.cuda.memory._record_memory_history()'s default)"
+    )
 }
 
 /// What the reader says about what [`Scan`] found, for a snapshot that shows private
@@ -95,6 +113,8 @@ pub(crate) struct Seen {
     pub trees: bool,
     /// `empty_cache`.
     pub empty_cache: bool,
+    /// A stack frame dict's key: the snapshot has frames.
+    pub frames: bool,
 }
 
 /// A reader that looks for [`TREES_FILE`] and [`EMPTY_CACHE`] in what passes through it.
@@ -102,17 +122,15 @@ pub(crate) struct Scan<R> {
     inner: R,
     trees: Finder<'static>,
     empty_cache: Finder<'static>,
+    frames: Finder<'static>,
     /// The last bytes read (one less than the longer name), for a name cut in two.
     tail: Vec<u8>,
     seen: Rc<Cell<Seen>>,
 }
 
-/// One less than the longer name.
-const KEEP: usize = if TREES_FILE.len() > EMPTY_CACHE.len() {
-    TREES_FILE.len() - 1
-} else {
-    EMPTY_CACHE.len() - 1
-};
+/// One less than the longest name ([`TREES_FILE`]).
+const KEEP: usize = TREES_FILE.len() - 1;
+const _: () = assert!(TREES_FILE.len() >= EMPTY_CACHE.len() && TREES_FILE.len() >= FRAME_KEY.len());
 
 impl<R: Read> Scan<R> {
     /// `inner`, scanned; `seen` is updated as it is read.
@@ -121,6 +139,7 @@ impl<R: Read> Scan<R> {
             inner,
             trees: Finder::new(TREES_FILE.as_bytes()),
             empty_cache: Finder::new(EMPTY_CACHE.as_bytes()),
+            frames: Finder::new(FRAME_KEY.as_bytes()),
             tail: Vec::with_capacity(2 * KEEP),
             seen,
         }
@@ -128,7 +147,7 @@ impl<R: Read> Scan<R> {
 
     fn look(&mut self, bytes: &[u8]) {
         let mut seen = self.seen.get();
-        if (seen.trees && seen.empty_cache) || bytes.is_empty() {
+        if (seen.trees && seen.empty_cache && seen.frames) || bytes.is_empty() {
             return;
         }
         // A name across the previous read and this one: the tail and this read's head.
@@ -137,6 +156,7 @@ impl<R: Read> Scan<R> {
         for hay in [&self.tail[..], bytes] {
             seen.trees = seen.trees || self.trees.find(hay).is_some();
             seen.empty_cache = seen.empty_cache || self.empty_cache.find(hay).is_some();
+            seen.frames = seen.frames || self.frames.find(hay).is_some();
         }
         self.seen.set(seen);
         // The new tail: the last `KEEP` bytes read.
@@ -175,11 +195,12 @@ mod tests {
     /// nothing else is; restore, trees' and `empty_cache` frames are told by name.
     #[test]
     fn names_are_found_across_reads() {
-        let text = format!("xx/torch/_inductor/{TREES_FILE}yy{EMPTY_CACHE}zz");
+        let text = format!("xx/torch/_inductor/{TREES_FILE}yy{EMPTY_CACHE}zz{FRAME_KEY}");
         let bytes = text.as_bytes();
         let both = Seen {
             trees: true,
             empty_cache: true,
+            frames: true,
         };
         for cut in 0..=bytes.len() {
             for cut2 in cut..=bytes.len() {
@@ -192,6 +213,7 @@ mod tests {
         assert!(scan(&[b"cudagraph_trees", b".p", b"y_"]).trees);
         assert_eq!(scan(&[b"cudagraph_trees.p", b"", b"x"]), Seen::default());
         assert!(scan(&[b"empty_cach", b"e"]).empty_cache);
+        assert!(scan(&[b"file", b"name"]).frames);
         assert_eq!(scan(&[RESTORE_FUNCTION.as_bytes()]), Seen::default());
         let cpp = "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::setCheckpointPoolState";
         assert!(is_restore_frame(RESTORE_FUNCTION) && is_restore_frame(cpp));

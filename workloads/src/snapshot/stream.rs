@@ -101,9 +101,10 @@ pub enum WholeTrace {
     Changed,
     /// The snapshot needs its stack frames (`seen::frames_needed`: the CUDA graph trees
     /// with their pool, which may have set it back to checkpoints, or
-    /// `torch.cuda.empty_cache()` where a release could be a malloc's): the whole-trace
-    /// reader reads them to find those restores' allocations and which segment
-    /// releases `empty_cache()` made.
+    /// `torch.cuda.empty_cache()` where a release could be a malloc's), or has none
+    /// where a release could be a malloc's: the whole-trace reader reads them to find
+    /// those restores' allocations and which segment releases `empty_cache()` made, or
+    /// says what it cannot tell.
     Frames,
 }
 
@@ -421,7 +422,7 @@ pub fn plan_stream_with(
         super::gc_possible(&info),
         allocs,
     );
-    if seen::frames_needed(seen, pools.shows_pools(), tally.ambiguous) {
+    if seen::stream_declines(seen, pools.shows_pools(), tally.ambiguous) {
         return Err(WholeTrace::Frames);
     }
     // Only the caveat of the trees without their pool can come here.
@@ -1288,7 +1289,8 @@ mod pool_tests {
     /// `oom` or a `snapshot` entry), blocks allocated and freed at once or after
     /// waiting for other streams, on three streams. `mode` 0: every entry carries its
     /// `pool_id` (2.15); 1: none does (2.11: by address); 2: only the private pools'
-    /// entries do. Some of the pools' segments are given back at the end.
+    /// entries do. Some of the pools' segments are given back at the end. The last
+    /// entry has a stack frame.
     fn pool_trace(seed: u64, mode: u8) -> P {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let pools = [(0, 0), (1, 0), (0, 1), (2, 0)];
@@ -1446,7 +1448,7 @@ mod pool_tests {
             .collect();
         let mut top = vec![
             ("segments", P::List(segments)),
-            ("device_traces", P::List(vec![P::List(entries)])),
+            ("device_traces", P::List(vec![P::List(with_frame(entries))])),
         ];
         if seed % 3 == 0 {
             top.push((
@@ -1455,6 +1457,20 @@ mod pool_tests {
             ));
         }
         dict(top)
+    }
+
+    /// `entries` with a stack frame on the last (kept by `cut_head`): a snapshot with
+    /// frames and no `empty_cache` call streams with its releases read by position.
+    fn with_frame(mut entries: Vec<P>) -> Vec<P> {
+        let frame = dict(vec![
+            ("filename", P::String("train.py".into())),
+            ("line", P::I64(1)),
+            ("name", P::String("step".into())),
+        ]);
+        if let Some(P::Dict(d)) = entries.last_mut() {
+            d.insert(HashableValue::String("frames".into()), P::List(vec![frame]));
+        }
+        entries
     }
 
     /// `pool_trace` with the first `k` entries of its trace cut off, as a ring buffer
