@@ -13,17 +13,17 @@
 //!   the capture's malloc giving memory back, which it does not.
 //!
 //! And without private pools, that the trees ran at all though their pool is gone.
-//! [`Scan`] looks for the trees' file name and `empty_cache` in the bytes as the pickle
-//! machine reads them (a substring search each, far faster than the parse); the reader
-//! reads the file again with frames only when it finds one in a snapshot that shows
-//! private pools. (A caller of `torch._C._cuda_setCheckpointPoolState` other than the
+//! [`Scan`] looks for the trees' file name, `empty_cache` and a frame dict's key in the
+//! bytes as the pickle machine reads them (one multi-pattern search, far faster than the
+//! parse); the reader reads the file again with frames only when they are needed
+//! ([`frames_needed`]). (A caller of `torch._C._cuda_setCheckpointPoolState` other than the
 //! trees is not looked for: its restores replay as ordinary requests.)
 
 use std::cell::Cell;
 use std::io::{self, Read};
 use std::rc::Rc;
 
-use memchr::memmem::Finder;
+use aho_corasick::AhoCorasick;
 
 /// The function of inductor's CUDA graph trees that sets their pool back to a
 /// checkpoint (Python frames); its allocations are the restore's.
@@ -117,12 +117,12 @@ pub(crate) struct Seen {
     pub frames: bool,
 }
 
-/// A reader that looks for [`TREES_FILE`] and [`EMPTY_CACHE`] in what passes through it.
+/// A reader that looks for [`TREES_FILE`], [`EMPTY_CACHE`] and [`FRAME_KEY`] in what
+/// passes through it.
 pub(crate) struct Scan<R> {
     inner: R,
-    trees: Finder<'static>,
-    empty_cache: Finder<'static>,
-    frames: Finder<'static>,
+    /// The three names, found in one pass.
+    names: &'static AhoCorasick,
     /// The last bytes read (one less than the longer name), for a name cut in two.
     tail: Vec<u8>,
     seen: Rc<Cell<Seen>>,
@@ -135,11 +135,13 @@ const _: () = assert!(TREES_FILE.len() >= EMPTY_CACHE.len() && TREES_FILE.len() 
 impl<R: Read> Scan<R> {
     /// `inner`, scanned; `seen` is updated as it is read.
     pub(crate) fn new(inner: R, seen: Rc<Cell<Seen>>) -> Scan<R> {
+        static NAMES: std::sync::OnceLock<AhoCorasick> = std::sync::OnceLock::new();
+        let names = NAMES.get_or_init(|| {
+            AhoCorasick::new([TREES_FILE, EMPTY_CACHE, FRAME_KEY]).expect("three short names")
+        });
         Scan {
             inner,
-            trees: Finder::new(TREES_FILE.as_bytes()),
-            empty_cache: Finder::new(EMPTY_CACHE.as_bytes()),
-            frames: Finder::new(FRAME_KEY.as_bytes()),
+            names,
             tail: Vec::with_capacity(2 * KEEP),
             seen,
         }
@@ -154,9 +156,13 @@ impl<R: Read> Scan<R> {
         let head = &bytes[..bytes.len().min(KEEP)];
         self.tail.extend_from_slice(head);
         for hay in [&self.tail[..], bytes] {
-            seen.trees = seen.trees || self.trees.find(hay).is_some();
-            seen.empty_cache = seen.empty_cache || self.empty_cache.find(hay).is_some();
-            seen.frames = seen.frames || self.frames.find(hay).is_some();
+            for m in self.names.find_iter(hay) {
+                match m.pattern().as_usize() {
+                    0 => seen.trees = true,
+                    1 => seen.empty_cache = true,
+                    _ => seen.frames = true,
+                }
+            }
         }
         self.seen.set(seen);
         // The new tail: the last `KEEP` bytes read.
