@@ -373,7 +373,7 @@ pub fn read_snapshot_pickle_with(
         }
     }
     let (run, needs_frames) = read(file, path, device, options, limits)?;
-    with_restores(run, needs_frames, path, device, options)
+    reread_with_frames(run, needs_frames, path, device, options)
 }
 
 /// A run read without stack frames from a snapshot that needs them
@@ -385,7 +385,7 @@ pub fn read_snapshot_pickle_with(
 /// Frames not asked for are not kept.
 ///
 /// [`Event::RestoreBlock`]: crate::Event::RestoreBlock
-fn with_restores(
+fn reread_with_frames(
     run: RecordedRun,
     needs_frames: bool,
     path: &Path,
@@ -422,7 +422,7 @@ pub(crate) fn read_input(input: crate::Input<'_>) -> Result<RecordedRun, ReadErr
     }
     let options = SnapshotOptions::default();
     let (run, needs_frames) = read(input.reader, input.path, input.device, &options, limits)?;
-    with_restores(run, needs_frames, input.path, input.device, &options)
+    reread_with_frames(run, needs_frames, input.path, input.device, &options)
 }
 
 /// As [`read_snapshot_pickle`], from any reader; `path` names the source in messages

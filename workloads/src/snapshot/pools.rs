@@ -1651,6 +1651,20 @@ mod tests {
         assert_eq!(windows(&[]), vec![(Some(4), true), (Some(8), false)]);
     }
 
+    /// What `a` makes of `entries`, with the `empty_cache` calls the rule by position
+    /// infers and nothing from frames.
+    fn routing(a: &Attribution, entries: &[RecordedEntry]) -> Routing {
+        let (out, indexes) = super::super::empty_cache::infer_empty_cache(entries);
+        a.events(
+            entries,
+            out.len(),
+            &indexes,
+            &[],
+            &FromFrames::default(),
+            &inferred(&out, &indexes),
+        )
+    }
+
     /// The file indexes the inferred `empty_cache` entries of `out` go before.
     fn inferred(out: &[RecordedEntry], indexes: &[u64]) -> Vec<usize> {
         out.iter()
@@ -1671,19 +1685,11 @@ mod tests {
         ];
         let segments = [segment(A, 2 * MIB, (0, 1), false)];
         let a = attribute(&entries, &[], false, &segments);
-        let (out, indexes) = super::super::empty_cache::infer_empty_cache(&entries);
         let Routing {
             caveats,
             pools: summary,
             ..
-        } = a.events(
-            &entries,
-            out.len(),
-            &indexes,
-            &[],
-            &FromFrames::default(),
-            &inferred(&out, &indexes),
-        );
+        } = routing(&a, &entries);
         assert_eq!(summary.unattributed, vec![3]);
         assert_eq!(caveats.len(), 3, "{caveats:?}");
         assert!(caveats[0].starts_with("the snapshot shows private pools (0, 1) (CUDA graphs or MemPools) but does not say the pool of 1 of its 2 requests (entries 3)"), "{}", caveats[0]);
@@ -1702,17 +1708,7 @@ mod tests {
         entries[3] = e(Action::Alloc, A + 512, 512, 0);
         entries.insert(4, e(Action::FreeCompleted, A + 512, 512, 0));
         let a = attribute(&entries, &[], false, &segments);
-        let (out, indexes) = super::super::empty_cache::infer_empty_cache(&entries);
-        let caveats = a
-            .events(
-                &entries,
-                out.len(),
-                &indexes,
-                &[],
-                &FromFrames::default(),
-                &inferred(&out, &indexes),
-            )
-            .caveats;
+        let caveats = routing(&a, &entries).caveats;
         assert_eq!(caveats.len(), 1, "{caveats:?}");
         assert!(caveats[0].contains("waiting for other streams"));
     }
