@@ -358,3 +358,28 @@ fn a_users_compiled_snapshot_makes_pytorchs_decisions() {
     let k = run.source_indexes.iter().position(|&i| i == 1770).unwrap();
     assert_eq!(run.entries[k].action, Action::EmptyCache);
 }
+
+/// A user's transformer under `torch.compile(mode="reduce-overhead")` with sequence
+/// buckets, trained, recorded into a ring buffer of 1500 entries
+/// (`user_scenarios4.py compiled_ring`, H200, no recorder): a snapshot that starts
+/// mid-run with the trees' pool live, and `torch.cuda.graph`'s `empty_cache()` before
+/// captures in it. It makes PyTorch's segment decisions and peak (main before parted at
+/// entry 181); what it cannot say (segments live at its start whose pool is unknown, 2
+/// requests' pool) its caveats say.
+#[test]
+fn a_compiled_ring_buffer_snapshot_makes_pytorchs_decisions() {
+    let pickle = compiled_dir().join("user_transformer_ring.pickle");
+    let run = read(&pickle);
+    assert!(run.to_trace().unwrap().start.is_some());
+    let report = fidelity(&run, &FidelityOptions::default()).unwrap();
+    assert!(report.row.segment_ops_match, "{}", report.explain());
+    assert_eq!(
+        report.row.reserved_bytes_peak_sim,
+        report.row.reserved_bytes_peak_torch
+    );
+    let caveats = run.meta.caveats.join("\n");
+    assert!(
+        caveats.contains("does not say the pool of 2 of its"),
+        "{caveats}"
+    );
+}
