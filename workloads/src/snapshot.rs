@@ -398,11 +398,16 @@ fn reread_with_frames(
     let Ok(file) = std::fs::File::open(path) else {
         return Ok(run);
     };
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
+    let Some(len) = file
+        .metadata()
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+    else {
         return Ok(run);
-    }
+    };
     let limits = Limits {
-        max_input: file.metadata().map_or(u64::MAX, |m| m.len()),
+        max_input: len,
         ..Limits::default()
     };
     let framed = SnapshotOptions { keep_frames: true };

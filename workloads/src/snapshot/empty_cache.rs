@@ -47,30 +47,42 @@ pub(super) const EMPTY_CACHE: RecordedEntry = RecordedEntry {
     stream: 0,
 };
 
+/// A segment release: what a run of releases is made of.
+pub(super) fn is_release(a: Action) -> bool {
+    matches!(a, Action::SegmentFree | Action::SegmentUnmap)
+}
+
+/// An entry the rule passes over when it looks for what follows a run of releases
+/// (no effect on memory).
+pub(super) fn passed_over(a: Action) -> bool {
+    matches!(a, Action::Snapshot | Action::Annotate)
+}
+
+/// Whether a run of releases followed by `a` (the next entry not [`passed_over`]) lies
+/// inside a malloc: the malloc's own segment allocation or mapping, or its `oom`.
+pub(super) fn ends_inside_malloc(a: Action) -> bool {
+    matches!(a, Action::SegmentAlloc | Action::SegmentMap | Action::Oom)
+}
+
 /// Where [`infer_empty_cache_with`] inserts its `empty_cache` entries: the index of
 /// the entry each goes before (the first of its run of releases), ascending.
 pub(super) fn empty_cache_points(
     entries: &[RecordedEntry],
     mut decide: impl FnMut(usize, usize, bool) -> bool,
 ) -> Vec<usize> {
-    let releases = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
     let mut points = Vec::new();
     let mut i = 0;
     while i < entries.len() {
-        if releases(entries[i].action) {
+        if is_release(entries[i].action) {
             let start = i;
             let mut end = i;
-            while end < entries.len() && releases(entries[end].action) {
+            while end < entries.len() && is_release(entries[end].action) {
                 end += 1;
             }
-            let next = entries[end..]
+            let inside_malloc = entries[end..]
                 .iter()
-                .find(|e| !matches!(e.action, Action::Snapshot | Action::Annotate))
-                .map(|e| e.action);
-            let inside_malloc = matches!(
-                next,
-                Some(Action::SegmentAlloc | Action::SegmentMap | Action::Oom)
-            );
+                .find(|e| !passed_over(e.action))
+                .is_some_and(|e| ends_inside_malloc(e.action));
             if decide(start, end, inside_malloc) {
                 points.push(start);
             }

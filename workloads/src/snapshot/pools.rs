@@ -38,6 +38,8 @@ use std::collections::{BTreeMap, HashMap};
 use crate::recorded::{Action, RecordedEntry, RecordedSegment};
 use crate::trace::{Event, PoolId, PoolStreams};
 
+use super::empty_cache::{ends_inside_malloc, is_release, passed_over};
+
 /// No pool known.
 const UNKNOWN: u32 = u32::MAX;
 /// The default pools' slot in the table.
@@ -216,10 +218,6 @@ impl Table {
 
 fn is_request(a: Action) -> bool {
     matches!(a, Action::Alloc | Action::Oom)
-}
-
-fn is_release(a: Action) -> bool {
-    matches!(a, Action::SegmentFree | Action::SegmentUnmap)
 }
 
 /// Removes `[start, end)` from a set of disjoint intervals (start → (end, slot)) and
@@ -1048,13 +1046,8 @@ impl PoolStream {
                 self.awaiting_next.push(run);
             }
         }
-        if !matches!(e.action, Action::Snapshot | Action::Annotate)
-            && !self.awaiting_next.is_empty()
-        {
-            let inside = matches!(
-                e.action,
-                Action::SegmentAlloc | Action::SegmentMap | Action::Oom
-            );
+        if !passed_over(e.action) && !self.awaiting_next.is_empty() {
+            let inside = ends_inside_malloc(e.action);
             for run in std::mem::take(&mut self.awaiting_next) {
                 if inside {
                     self.awaiting_request.push(run);

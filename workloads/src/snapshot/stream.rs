@@ -70,6 +70,7 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use super::empty_cache::{ends_inside_malloc, is_release, passed_over};
 use super::pickle::{self, Limits, SinkFactory, Value};
 use super::pools::{self, CallCursor, PoolPlan, PoolStream};
 use super::schema::{self, EntrySink};
@@ -209,13 +210,9 @@ impl Tally {
         }
         self.counts[slot(e.action)] += 1;
         self.past_end |= e.addr.checked_add(e.size).is_none();
-        if !matches!(e.action, Action::Snapshot | Action::Annotate) {
-            self.ambiguous |= self.releasing
-                && matches!(
-                    e.action,
-                    Action::SegmentAlloc | Action::SegmentMap | Action::Oom
-                );
-            self.releasing = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+        if !passed_over(e.action) {
+            self.ambiguous |= self.releasing && ends_inside_malloc(e.action);
+            self.releasing = is_release(e.action);
         }
         if e.action.is_segment_op() {
             self.segment_ops.push((index, e));
@@ -878,11 +875,7 @@ impl Events {
             }
             next => {
                 if let Some((start, _)) = self.run.take() {
-                    let inside_malloc = matches!(
-                        next,
-                        Action::SegmentAlloc | Action::SegmentMap | Action::Oom
-                    );
-                    if !inside_malloc {
+                    if !ends_inside_malloc(next) {
                         self.push(Event::EmptyCache, start);
                     }
                 }
